@@ -1,0 +1,74 @@
+"""The engine's start-up configuration: one frozen dataclass built at the entry point.
+
+Everything that decides memory is here and fixed for the life of the process: the longest context,
+the largest chunk, the batch, the block size and the KV extent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import PlanError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str  # HF checkpoint folder, config.json, or .gguf file
+    device: str = "auto"  # "auto" -> cuda if available else cpu
+    dtype: str = "auto"  # "auto" -> float32 on CPU, bfloat16 on CUDA
+    max_context: int = 4096  # longest prompt + output of one sequence
+    chunk_tokens: int = 512  # most tokens computed in one step (the prefill chunk)
+    max_batch: int = 8  # most sequences running at once
+    block_size: int = 16  # KV block size in tokens
+    num_blocks: int | None = None  # KV extent; None -> every running sequence can reach max_context
+    attn_tile_tokens: int = 256  # keys per attention tile
+    max_queue: int = 256  # waiting requests beyond which add_request raises QueueFull
+    enable_prefix_cache: bool = True
+    device_memory_bytes: int | None = None  # None -> the device's total memory
+    memory_utilization: float = 0.92  # share of device memory the plan may take
+    strict_allocations: bool = True  # CUDA: a device allocation after warm-up is an error
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", *_DTYPES):
+            raise PlanError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
+        for name in ("max_context", "chunk_tokens", "max_batch", "block_size", "attn_tile_tokens",
+                     "max_queue"):
+            if getattr(self, name) < 1:
+                raise PlanError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_context < 2:
+            raise PlanError("max_context must be >= 2")
+        if self.attn_tile_tokens % self.block_size:
+            raise PlanError(f"attn_tile_tokens={self.attn_tile_tokens} must be a multiple of "
+                            f"block_size={self.block_size}")
+        if not 0.1 <= self.memory_utilization <= 1.0:
+            raise PlanError(f"memory_utilization must be in [0.1, 1], got {self.memory_utilization}")
+        if self.num_blocks is not None and self.num_blocks < self.blocks_per_seq + 1:
+            raise PlanError(
+                f"num_blocks={self.num_blocks} cannot hold one sequence of max_context="
+                f"{self.max_context} ({self.blocks_per_seq} blocks of {self.block_size} + the null "
+                f"block); raise num_blocks or lower max_context")
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return -(-self.max_context // self.block_size)
+
+    @property
+    def resolved_num_blocks(self) -> int:
+        return self.num_blocks or self.max_batch * self.blocks_per_seq + 1
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]

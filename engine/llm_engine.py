@@ -1,0 +1,222 @@
+"""The engine both workers share: requests in, tokens out, memory fixed at start-up.
+
+``LLMEngine.from_config`` loads the checkpoint, makes the memory plan (refusing one that does not
+fit), allocates the KV extent and the workspace, runs the worst-case warm-up and locks. After that
+a request either fits the plan (checked in ``add_request``, before any compute) or is refused.
+Single-threaded: one thread owns the engine and the device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.errors import ContextLengthExceeded, DuplicateRequest, InvalidRequest, QueueFull
+from engine.kv_cache import KVCache
+from engine.memory_planner import MemoryPlan, device_memory, make_plan
+from engine.model_config import ModelConfig
+from engine.model_runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.sequence import Sequence, SequenceStatus
+
+log = logging.getLogger(__name__)
+
+
+class KVImport(Protocol):
+    def __call__(self, kv: KVCache, block_ids: list[int], num_prompt_tokens: int) -> int:
+        """Fill the leading tokens' KV into ``block_ids``; return how many leading tokens."""
+        ...
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_imported_tokens: int
+    num_output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    free_kv_tokens: int
+    steps_completed: int
+    tokens_advanced: int
+    num_preemptions: int
+    device_allocs_since_warmup: int | None
+
+
+class LLMEngine:
+    def __init__(self, ec: EngineConfig, model_config: ModelConfig,
+                 weights: dict[str, torch.Tensor], model_fingerprint: str = "",
+                 non_torch_bytes: int = 0) -> None:
+        self.config = ec
+        self.model_config = model_config
+        self.model_fingerprint = model_fingerprint
+        weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        self.plan: MemoryPlan = make_plan(model_config, ec, device_memory(ec), weight_bytes,
+                                          non_torch_bytes)
+        self.plan.check()
+        self.runner = ModelRunner(model_config, ec, weights, self.plan)
+        self.block_manager = BlockManager(self.plan.kv_spec.num_blocks, ec.block_size,
+                                          ec.enable_prefix_cache)
+        eos = model_config.eos_token_ids
+        self.scheduler = Scheduler(
+            SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos)),
+            self.block_manager, on_admit=self._on_admit)
+        self.warmup_report = self.runner.warmup()
+        self._seqs: dict[str, Sequence] = {}
+        self._imports: dict[str, KVImport] = {}
+        self._generators: dict[str, torch.Generator | None] = {}
+        self._kept: dict[str, Sequence] = {}
+        self._pending: list[RequestOutput] = []
+        self._arrivals = 0
+        self._steps = 0
+        self._tokens = 0
+        self._preemptions = 0
+        self._rng = torch.Generator().manual_seed(ec.seed)
+
+    @classmethod
+    def from_config(cls, ec: EngineConfig) -> LLMEngine:
+        from engine.checkpoint import load_checkpoint
+
+        non_torch = 0
+        if ec.torch_device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(ec.torch_device)
+            non_torch = total - free - torch.cuda.memory_reserved(ec.torch_device)
+        ckpt = load_checkpoint(ec.model, dtype=ec.torch_dtype, device=ec.torch_device)
+        return cls(ec, ckpt.config, ckpt.state_dict, ckpt.model_fingerprint, non_torch)
+
+    @property
+    def kv_cache(self) -> KVCache:
+        return self.runner.kv
+
+    # -- requests -------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling: SamplingParams,
+                    *, kv_import: KVImport | None = None, keep_kv: bool = False,
+                    first_token_id: int | None = None) -> None:
+        """Queue a request, or raise before any compute if the plan cannot hold it."""
+        ec = self.config
+        prompt = [int(t) for t in prompt_token_ids]
+        if not prompt:
+            raise InvalidRequest("the prompt is empty: at least one token is needed", "prompt")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequest(f"token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
+        if len(prompt) + sampling.max_tokens > ec.max_context:
+            raise ContextLengthExceeded(len(prompt), sampling.max_tokens, ec.max_context)
+        if request_id in self._seqs or request_id in self._kept:
+            raise DuplicateRequest(f"request id {request_id!r} is already in this engine")
+        if len(self.scheduler.waiting) >= ec.max_queue:
+            raise QueueFull(f"the waiting queue is full ({ec.max_queue} requests); retry later")
+        seq = Sequence(request_id, prompt, sampling, self._arrivals, keep_kv=keep_kv,
+                       has_kv_import=kv_import is not None)
+        self._arrivals += 1
+        self._seqs[request_id] = seq
+        if sampling.seed is not None:
+            gen = torch.Generator(self.runner.device).manual_seed(sampling.seed)
+        else:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._rng))
+            gen = torch.Generator(self.runner.device).manual_seed(seed)
+        self._generators[request_id] = gen
+        if kv_import is not None:
+            self._imports[request_id] = kv_import
+        if first_token_id is not None:
+            seq.external_first_token = True
+            seq.output_token_ids.append(int(first_token_id))
+            reason = self.scheduler.finish_reason(seq, int(first_token_id))
+            if reason is not None:
+                seq.status = SequenceStatus.FINISHED
+                seq.finish_reason = reason
+                self._pending.append(self._output(seq, [], True, reason))
+                self._forget(seq)
+                return
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return self.release(request_id)
+        self._pending.append(self._output(seq, [], True, "abort"))
+        self._forget(seq)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending)
+
+    def kept_kv(self, request_id: str) -> tuple[list[int], int]:
+        seq = self._kept[request_id]
+        return list(seq.block_ids), seq.num_computed_tokens
+
+    def release(self, request_id: str) -> bool:
+        seq = self._kept.pop(request_id, None)
+        if seq is None:
+            return False
+        self.block_manager.free(seq.block_ids)
+        seq.block_ids = []
+        return True
+
+    # -- stepping -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        self._preemptions += len(sched.preempted)
+        if sched.is_empty:
+            return outputs
+        params = {c.request_id: self._seqs[c.request_id].sampling for c in sched.chunks}
+        sampled = self.runner.execute(sched, params, self._generators)
+        self._steps += 1
+        self._tokens += sched.num_tokens
+        for u in self.scheduler.update_from_output(sched, sampled):
+            seq = self._seqs[u.request_id]
+            outputs.append(self._output(seq, list(u.new_token_ids), u.finished, u.finish_reason))
+            if u.finished:
+                if seq.keep_kv:
+                    self._kept[seq.request_id] = seq
+                self._forget(seq)
+        return outputs
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            free_kv_tokens=self.block_manager.num_free_blocks * self.config.block_size,
+            steps_completed=self._steps, tokens_advanced=self._tokens,
+            num_preemptions=self._preemptions,
+            device_allocs_since_warmup=self.runner.device_allocs_since_warmup)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _on_admit(self, seq: Sequence) -> None:
+        kv_import = self._imports.get(seq.request_id)
+        if kv_import is None:
+            return
+        loaded = kv_import(self.runner.kv, list(seq.block_ids), seq.num_prompt_tokens)
+        # At least the last token is computed, so there are logits to sample from.
+        loaded = min(int(loaded), seq.num_tokens - 1, seq.num_prompt_tokens)
+        if loaded > seq.num_computed_tokens:
+            seq.num_imported_tokens = loaded
+            seq.num_computed_tokens = loaded
+            seq.num_cached_tokens = loaded
+
+    def _output(self, seq: Sequence, new: list[int], finished: bool,
+                reason: str | None) -> RequestOutput:
+        return RequestOutput(seq.request_id, new, finished, reason, seq.num_prompt_tokens,
+                             seq.num_cached_tokens, seq.num_imported_tokens,
+                             len(seq.output_token_ids))
+
+    def _forget(self, seq: Sequence) -> None:
+        self._seqs.pop(seq.request_id, None)
+        self._imports.pop(seq.request_id, None)
+        self._generators.pop(seq.request_id, None)

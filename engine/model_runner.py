@@ -1,0 +1,179 @@
+"""Runs one scheduled step on the device: builds the StepBatch, calls the model, samples.
+
+Owns the tensors of the plan (KV cache, workspace, rope tables) and the worst-case warm-up that
+turns the plan's arithmetic into a measured peak. Never sizes anything by what a request asks for.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionShape
+from engine.block_manager import NULL_BLOCK
+from engine.config import EngineConfig
+from engine.errors import DeviceAllocationAfterLock
+from engine.kv_cache import KVCache
+from engine.memory_planner import MemoryPlan
+from engine.model_config import ModelConfig
+from engine.models import build_model
+from engine.rope import RotaryTable
+from engine.sampler import sample
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledChunk, SchedulerOutput
+from engine.step_batch import StepBatch
+from engine.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WarmupReport:
+    workspace_peak_bytes: int
+    workspace_capacity_bytes: int
+    activation_peak_bytes: int | None  # CUDA only: measured transient peak of the worst step
+    activation_planned_bytes: int
+    device_allocs_after_warmup: int | None  # CUDA only
+
+
+class ModelRunner:
+    def __init__(self, model_cfg: ModelConfig, ec: EngineConfig, weights: dict[str, torch.Tensor],
+                 plan: MemoryPlan) -> None:
+        self.model_cfg = model_cfg
+        self.ec = ec
+        self.plan = plan
+        self.device = ec.torch_device
+        self.dtype = ec.torch_dtype
+        self.block_size = ec.block_size
+        self.kv = KVCache(plan.kv_spec, self.device)
+        self.ws = Workspace(plan.workspace_bytes, self.device)
+        rotary_dim = model_cfg.head_dim
+        self.rope = RotaryTable(model_cfg.rope, rotary_dim, ec.max_context,
+                                model_cfg.max_position_embeddings, self.dtype, self.device)
+        self.attn_shape = AttentionShape(model_cfg.num_heads, model_cfg.num_kv_heads,
+                                         model_cfg.head_dim, ec.block_size, ec.attn_tile_tokens)
+        self.model = build_model(model_cfg, weights, self.rope, self.attn_shape)
+        self.num_steps = 0
+        self.warmup_report: WarmupReport | None = None
+        self._device_allocs: int | None = None
+
+    # -- one step -------------------------------------------------------------------------------
+    def build_batch(self, chunks: list[ScheduledChunk]) -> StepBatch:
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        qsl = [0]
+        logits_rows = []
+        for c in chunks:
+            ids.extend(c.token_ids)
+            for p in range(c.start, c.start + c.num_tokens):
+                pos.append(p)
+                slots.append(c.block_ids[p // bs] * bs + p % bs)
+            qsl.append(qsl[-1] + c.num_tokens)
+            if c.do_sample:
+                logits_rows.append(qsl[-1] - 1)
+        dev = self.device
+        return StepBatch(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(pos, dtype=torch.int64, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            query_start_loc=qsl,
+            context_lens=[c.context_len for c in chunks],
+            block_tables=[list(c.block_ids) for c in chunks],
+            cache_slots=[c.cache_slot for c in chunks],
+            logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=dev),
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, params: dict[str, SamplingParams],
+                generators: dict[str, torch.Generator | None]) -> dict[str, int]:
+        batch = self.build_batch(out.chunks)
+        sampled_ids = [c.request_id for c in out.chunks if c.do_sample]
+        with self.ws.scope():
+            hidden = self.model.forward(batch, self.kv, self.ws)
+            tokens: list[int] = []
+            if sampled_ids:
+                logits = self.ws.take((len(sampled_ids), self.model_cfg.vocab_size),
+                                      torch.float32, caller="model_runner.logits")
+                self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
+                tokens = sample(logits, [params[r] for r in sampled_ids],
+                                [generators.get(r) for r in sampled_ids], self.ws)
+        self.num_steps += 1
+        self._check_device_allocations()
+        return dict(zip(sampled_ids, tokens, strict=True))
+
+    # -- warm-up --------------------------------------------------------------------------------
+    def warmup(self) -> WarmupReport:
+        """Run the worst-case steps of the plan: the longest chunk against the longest context,
+        and a full batch of decodes at the longest context. KV writes go to the null block."""
+        ec = self.ec
+        bs = self.block_size
+        usable = self.plan.kv_spec.num_blocks - 1
+        table = tuple(1 + (i % usable) for i in range(ec.blocks_per_seq))
+        chunk = min(ec.chunk_tokens, ec.max_context - 1)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        greedy = SamplingParams(max_tokens=1, temperature=0.0)
+        random = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.9, top_k=50, seed=0)
+        steps = [
+            [ScheduledChunk("warmup-prefill", ec.max_context - 1 - chunk, chunk, (0,) * chunk,
+                            table, 0, True)],
+            [ScheduledChunk(f"warmup-decode-{i}", ec.max_context - 1, 1, (0,), table, i, True)
+             for i in range(ec.max_batch)],
+        ]
+        for chunks in steps:
+            # Writes of warm-up tokens land in the null block, never in a real block.
+            chunks = [ScheduledChunk(c.request_id, c.start, c.num_tokens, c.token_ids,
+                                     c.block_ids, c.cache_slot, c.do_sample) for c in chunks]
+            params = {c.request_id: (random if i % 2 else greedy) for i, c in enumerate(chunks)}
+            gens = {c.request_id: torch.Generator(self.device).manual_seed(0) for c in chunks}
+            self._execute_warmup(chunks, params, gens)
+        del bs
+        act_peak = None
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            act_peak = torch.cuda.max_memory_allocated(self.device) - base
+            self._device_allocs = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
+        self.ws.lock()
+        self.num_steps = 0
+        self.warmup_report = WarmupReport(self.ws.peak_bytes, self.ws.capacity, act_peak,
+                                          self.plan.term("activations"), self._device_allocs)
+        return self.warmup_report
+
+    def _execute_warmup(self, chunks: list[ScheduledChunk], params: dict[str, SamplingParams],
+                        gens: dict[str, torch.Generator]) -> None:
+        batch = self.build_batch(chunks)
+        batch.slot_mapping.fill_(NULL_BLOCK)
+        sampled_ids = [c.request_id for c in chunks]
+        with torch.inference_mode(), self.ws.scope():
+            hidden = self.model.forward(batch, self.kv, self.ws)
+            logits = self.ws.take((len(sampled_ids), self.model_cfg.vocab_size), torch.float32,
+                                  caller="model_runner.logits")
+            self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
+            sample(logits, [params[r] for r in sampled_ids], [gens[r] for r in sampled_ids],
+                   self.ws)
+
+    def _check_device_allocations(self) -> None:
+        if self._device_allocs is None:
+            return
+        now = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
+        if now != self._device_allocs:
+            msg = (f"step {self.num_steps}: the CUDA caching allocator made {now - self._device_allocs}"
+                   f" device allocation(s) after warm-up ({self._device_allocs} -> {now}); the plan "
+                   "under-counted a transient buffer")
+            self._device_allocs = now
+            if self.ec.strict_allocations:
+                raise DeviceAllocationAfterLock(msg)
+            log.warning(msg)
+
+    @property
+    def device_allocs_since_warmup(self) -> int | None:
+        if self._device_allocs is None or self.warmup_report is None:
+            return None
+        return self._device_allocs - (self.warmup_report.device_allocs_after_warmup or 0)

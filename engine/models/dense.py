@@ -1,0 +1,117 @@
+"""Llama, Qwen2 and Qwen3: one dense decoder that reads top to bottom.
+
+Differences between the families are data, not subclasses: q/k/v bias (Qwen2) is present when the
+checkpoint has it, per-head q/k RMSNorm (Qwen3) when the config says so. Attention goes through
+engine.attention (tiled, workspace-backed); no step builds anything whose size depends on context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionShape, paged_attention
+from engine.kv_cache import KVCache
+from engine.model_config import ModelConfig
+from engine.rope import RotaryTable
+from engine.step_batch import StepBatch
+from engine.workspace import Workspace
+
+_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # As transformers: normalise in fp32, cast back, then scale.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@dataclass
+class _Layer:
+    input_norm: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_bias: torch.Tensor | None
+    k_bias: torch.Tensor | None
+    v_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+
+class DenseDecoder:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], rope: RotaryTable,
+                 attn_shape: AttentionShape) -> None:
+        self.cfg = cfg
+        self.rope = rope
+        self.attn_shape = attn_shape
+        self.scale = cfg.head_dim ** -0.5
+        act = cfg.hf_config.get("hidden_act", "silu")
+        if act not in _ACTIVATIONS:
+            from engine.errors import CheckpointError
+            raise CheckpointError(f"unsupported hidden_act {act!r} in config.json")
+        self.act = _ACTIVATIONS[act]
+        self.embed = weights["model.embed_tokens.weight"]
+        self.final_norm = weights["model.norm.weight"]
+        self.lm_head = weights.get("lm_head.weight", self.embed) if not cfg.tie_word_embeddings \
+            else self.embed
+        self.layers = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            self.layers.append(_Layer(
+                input_norm=weights[p + "input_layernorm.weight"],
+                q=weights[a + "q_proj.weight"], k=weights[a + "k_proj.weight"],
+                v=weights[a + "v_proj.weight"],
+                q_bias=weights.get(a + "q_proj.bias"), k_bias=weights.get(a + "k_proj.bias"),
+                v_bias=weights.get(a + "v_proj.bias"),
+                o=weights[a + "o_proj.weight"], o_bias=weights.get(a + "o_proj.bias"),
+                q_norm=weights.get(a + "q_norm.weight") if cfg.qk_norm else None,
+                k_norm=weights.get(a + "k_norm.weight") if cfg.qk_norm else None,
+                post_norm=weights[p + "post_attention_layernorm.weight"],
+                gate=weights[p + "mlp.gate_proj.weight"], up=weights[p + "mlp.up_proj.weight"],
+                down=weights[p + "mlp.down_proj.weight"],
+            ))
+
+    def forward(self, batch: StepBatch, kv: KVCache, ws: Workspace) -> torch.Tensor:
+        """-> hidden states [N, hidden] after the last layer (before the final norm)."""
+        cfg = self.cfg
+        n = batch.num_tokens
+        h, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        x = F.embedding(batch.input_ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            residual = x
+            y = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
+            q = F.linear(y, layer.q, layer.q_bias).view(n, h, d)
+            k = F.linear(y, layer.k, layer.k_bias).view(n, hk, d)
+            v = F.linear(y, layer.v, layer.v_bias).view(n, hk, d)
+            if layer.q_norm is not None:
+                q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
+                k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+            q = self.rope.apply(q, batch.positions)
+            k = self.rope.apply(k, batch.positions)
+            kv.write(i, batch.slot_mapping, k, v)
+            k_cache, v_cache = kv.layer(i)
+            attn = torch.empty_like(q)
+            paged_attention(q, k_cache, v_cache, batch, self.scale, attn, ws, self.attn_shape)
+            x = residual + F.linear(attn.view(n, h * d), layer.o, layer.o_bias)
+            residual = x
+            y = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
+            x = residual + F.linear(self.act(F.linear(y, layer.gate)) * F.linear(y, layer.up),
+                                    layer.down)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden] -> out [n, vocab] fp32."""
+        y = rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps)
+        out.copy_(F.linear(y, self.lm_head))
+        return out

@@ -1,0 +1,201 @@
+"""Decides what runs in the next step: chunked prefill and continuous batching of decodes.
+
+Plain data in, plain data out: the scheduler sees token ids and block ids, never tensors, so it is
+tested on a CPU with a fake pool. It never asks for memory outside the fixed block pool: when the
+pool is dry it preempts the latest arrival (its KV is recomputed later), a planned and tested path.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch: int  # sequences running at once
+    chunk_tokens: int  # tokens computed in one step, all sequences together
+    max_context: int  # longest prompt + output a sequence may reach
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert self.max_batch >= 1 and self.chunk_tokens >= 1 and self.max_context >= 2
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """``num_tokens`` tokens of one sequence starting at position ``start``."""
+
+    request_id: str
+    start: int
+    num_tokens: int
+    token_ids: tuple[int, ...]  # the tokens computed in this step
+    block_ids: tuple[int, ...]  # the sequence's whole block table
+    cache_slot: int
+    do_sample: bool  # the chunk ends at the sequence's last token: sample the next one
+
+    @property
+    def context_len(self) -> int:
+        return self.start + self.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True)
+class SeqUpdate:
+    """What one step did to a sequence, for the engine to report."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
+                 on_admit: Callable[[Sequence], None] | None = None) -> None:
+        self.config = config
+        self.blocks = block_manager
+        self.on_admit = on_admit
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._free_slots = list(range(config.max_batch - 1, -1, -1))
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.chunk_tokens
+        planned: list[tuple[Sequence, int]] = []
+        # Running sequences first, oldest first, so decodes are never starved by new prefills.
+        for seq in sorted(self.running, key=lambda s: s.arrival):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:  # preempted in this loop
+                continue
+            n = min(seq.num_uncomputed, budget)
+            while not self.blocks.append_slots(seq.block_ids, seq.num_computed_tokens + n):
+                victim = max(self.running, key=lambda s: s.arrival)
+                self._preempt(victim)
+                out.preempted.append(victim.request_id)
+                planned = [(s, k) for s, k in planned if s is not victim]
+                if victim is seq:
+                    n = 0
+                    break
+            if n:
+                planned.append((seq, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch:
+            seq = self.waiting[0]
+            if not self._admit(seq):
+                break
+            self.waiting.popleft()
+            n = min(seq.num_uncomputed, budget)
+            planned.append((seq, n))
+            budget -= n
+        for seq, n in planned:
+            start = seq.num_computed_tokens
+            tokens = seq.token_ids()[start : start + n]
+            out.chunks.append(ScheduledChunk(
+                request_id=seq.request_id, start=start, num_tokens=n, token_ids=tuple(tokens),
+                block_ids=tuple(seq.block_ids), cache_slot=seq.cache_slot,
+                do_sample=start + n == seq.num_tokens,
+            ))
+        return out
+
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[SeqUpdate]:
+        """Advance counters by what ran, append sampled tokens, finish what is done."""
+        by_id = {s.request_id: s for s in self.running}
+        updates = []
+        for chunk in out.chunks:
+            seq = by_id.get(chunk.request_id)
+            if seq is None:  # aborted while the step ran
+                continue
+            seq.num_computed_tokens += chunk.num_tokens
+            self.blocks.register_full_blocks(seq.block_ids, seq.token_ids(), seq.num_computed_tokens)
+            if not chunk.do_sample:
+                continue
+            token = sampled[chunk.request_id]
+            seq.output_token_ids.append(token)
+            reason = self.finish_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason)
+            updates.append(SeqUpdate(seq.request_id, (token,), reason is not None, reason))
+        return updates
+
+    def abort(self, request_id: str) -> Sequence | None:
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                seq.status = SequenceStatus.FINISHED
+                seq.finish_reason = "abort"
+                return seq
+        for seq in self.running:
+            if seq.request_id == request_id:
+                self._finish(seq, "abort", keep_kv=False)
+                return seq
+        return None
+
+    def finish_reason(self, seq: Sequence, token: int) -> str | None:
+        sp = seq.sampling
+        if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.config.eos_token_ids):
+            return "stop"
+        if len(seq.output_token_ids) >= sp.max_tokens or seq.num_tokens >= self.config.max_context:
+            return "length"
+        return None
+
+    def _admit(self, seq: Sequence) -> bool:
+        # Blocks for every token so far plus the one this sequence will sample next; at least the
+        # last token is computed so there are logits to sample from.
+        got = self.blocks.allocate(seq.token_ids(), seq.num_tokens + 1, seq.num_tokens - 1)
+        if got is None:
+            return False
+        seq.block_ids, seq.num_computed_tokens = got
+        seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
+        seq.status = SequenceStatus.RUNNING
+        seq.cache_slot = self._free_slots.pop()
+        self.running.append(seq)
+        if self.on_admit is not None:
+            self.on_admit(seq)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._release(seq, keep_kv=False)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_cached_tokens = 0
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _finish(self, seq: Sequence, reason: str, keep_kv: bool | None = None) -> None:
+        self._release(seq, keep_kv=seq.keep_kv if keep_kv is None else keep_kv)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _release(self, seq: Sequence, keep_kv: bool) -> None:
+        self.running.remove(seq)
+        if not keep_kv:
+            self.blocks.free(seq.block_ids)
+            seq.block_ids = []
+        self._free_slots.append(seq.cache_slot)
+        seq.cache_slot = -1

@@ -1,0 +1,54 @@
+"""The scheduler's view of one request: token ids and counters, no tensors."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival: int  # admission order; preemption evicts the latest arrival first
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose KV is written
+    block_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache or imported
+    num_imported_tokens: int = 0  # of those, loaded by kv_import
+    cache_slot: int = -1  # index in [0, max_batch) for families with per-sequence state
+    finish_reason: str | None = None
+    keep_kv: bool = False
+    num_preemptions: int = 0
+    has_kv_import: bool = False
+    # Set when output token 0 was sampled elsewhere (prefill worker); counts towards max_tokens.
+    external_first_token: bool = False
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids

@@ -1,0 +1,107 @@
+"""The scheduler on plain data: no tensors, a real block pool."""
+
+from engine.block_manager import BlockManager
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.sequence import Sequence
+
+
+def make(num_blocks=64, block_size=4, max_batch=4, chunk=8, max_context=64, eos=(0,)):
+    bm = BlockManager(num_blocks, block_size)
+    return Scheduler(SchedulerConfig(max_batch, chunk, max_context, eos), bm), bm
+
+
+def seq(rid, n, arrival, max_tokens=4, first=1):
+    return Sequence(rid, list(range(first, first + n)), SamplingParams(max_tokens=max_tokens,
+                                                               temperature=0), arrival)
+
+
+def run_step(s, token=5):
+    out = s.schedule()
+    sampled = {c.request_id: token for c in out.chunks if c.do_sample}
+    return out, s.update_from_output(out, sampled)
+
+
+def test_chunked_prefill_respects_token_budget_and_samples_at_end():
+    s, _ = make(chunk=8)
+    s.add(seq("a", 19, 0))
+    sizes = []
+    for _ in range(3):
+        out, ups = run_step(s)
+        sizes.append([(c.start, c.num_tokens, c.do_sample) for c in out.chunks])
+    assert sizes == [[(0, 8, False)], [(8, 8, False)], [(16, 3, True)]]
+    assert ups[0].new_token_ids == (5,)
+
+
+def test_decodes_batched_with_prefill_and_decodes_go_first():
+    s, _ = make(chunk=8)
+    s.add(seq("a", 3, 0))
+    run_step(s)  # a prefilled, one token sampled
+    s.add(seq("b", 20, 1))
+    out, _ = run_step(s)
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [("a", 1), ("b", 7)]
+
+
+def test_finish_on_eos_and_length_frees_blocks():
+    s, bm = make()
+    free0 = bm.num_free_blocks
+    s.add(seq("a", 3, 0, max_tokens=2))
+    _, ups = run_step(s, token=5)
+    assert not ups[0].finished
+    _, ups = run_step(s, token=5)
+    assert ups[0].finished and ups[0].finish_reason == "length"
+    assert bm.num_free_blocks == free0 and not s.has_unfinished()
+    s.add(seq("b", 3, 1, max_tokens=10))
+    _, ups = run_step(s, token=0)
+    assert ups[0].finish_reason == "stop"
+
+
+def test_max_batch_bounds_running():
+    s, _ = make(max_batch=2, chunk=100)
+    for i in range(3):
+        s.add(seq(f"r{i}", 3, i))
+    out = s.schedule()
+    assert len(out.chunks) == 2 and len(s.waiting) == 1
+
+
+def test_preemption_when_pool_is_dry_recomputes_latest_arrival():
+    # 6 usable blocks of 4 tokens; two sequences of 9 tokens take 3 blocks each (prompt + 1).
+    s, bm = make(num_blocks=7, block_size=4, chunk=100, max_batch=4)
+    s.add(seq("a", 9, 0, max_tokens=10))
+    s.add(seq("b", 9, 1, max_tokens=10, first=100))  # no prefix shared with a
+    run_step(s)
+    assert bm.num_free_blocks == 0
+    # each now holds 10 tokens and needs its 4th block at token 13: run until one is preempted
+    preempted = []
+    for _ in range(5):
+        out, _ = run_step(s)
+        preempted += out.preempted
+        if preempted:
+            break
+    assert preempted == ["b"]
+    assert [c.request_id for c in out.chunks] == ["a"]
+    b = s.waiting[0]
+    assert b.request_id == "b" and b.num_computed_tokens == 0 and b.num_preemptions == 1
+    assert b.output_token_ids and not b.block_ids
+    # b comes back once a finishes, recomputing prompt + outputs so far
+    for _ in range(20):
+        out, ups = run_step(s)
+        if any(c.request_id == "b" for c in out.chunks):
+            break
+    last = out.chunks[-1]
+    # recomputed from its longest surviving cached prefix, outputs included
+    assert last.request_id == "b" and last.start % 4 == 0 and last.start < 9
+    # (b has since sampled one more token from this chunk)
+    assert last.start + last.num_tokens == 9 + len(b.output_token_ids) - 1 and last.do_sample
+
+
+def test_abort_waiting_and_running():
+    s, bm = make()
+    free0 = bm.num_free_blocks
+    s.add(seq("a", 3, 0))
+    s.add(seq("b", 3, 1))
+    run_step(s)
+    assert s.abort("a").finish_reason == "abort"
+    assert s.abort("b") is not None
+    assert s.abort("zzz") is None
+    assert bm.num_free_blocks == free0 and not s.has_unfinished()
