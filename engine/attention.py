@@ -104,7 +104,7 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
     with ws.scope():
         bufs = [ws.take(s, dt, caller="attention.paged_attention")
                 for s, dt in _buffers(shape, rows, b, k_cache.dtype)]
-        k_raw, v_raw, masked, rowsum, qg, kt, vt, scores, m, l, m_new, acc, pv, slots = bufs
+        k_raw, v_raw, masked, rowsum, qg, kt, vt, scores, m, denom, m_new, acc, pv, slots = bufs
         starts = [batch.query_start_loc[i] for i in seqs]
         ctx = [batch.context_lens[i] for i in seqs]
         # q: [b, rows, Hq, D] -> [b, Hkv, G*rows, D] (row r of group j at index j*rows + r)
@@ -113,7 +113,7 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
             qg[j].copy_(qs)
         qg.mul_(scale)
         m.fill_(float("-inf"))
-        l.zero_()
+        denom.zero_()
         acc.zero_()
         # query position of each row: context_len - rows + r
         row_pos = torch.arange(rows, device=dev).repeat(g)  # [gq]
@@ -146,12 +146,12 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
             # rescale the running sums by exp(m_old - m_new)
             m.sub_(m_new).exp_()
             torch.sum(scores, dim=-1, out=rowsum)
-            l.mul_(m).add_(rowsum)
+            denom.mul_(m).add_(rowsum)
             acc.mul_(m.unsqueeze(-1))
             torch.matmul(scores, vt.permute(0, 2, 1, 3), out=pv)
             acc.add_(pv)
             m.copy_(m_new)
-        acc.div_(l.unsqueeze(-1))
+        acc.div_(denom.unsqueeze(-1))
         for j, s in enumerate(starts):
             res = acc[j].view(hkv, g, rows, d).permute(2, 0, 1, 3).reshape(rows, hkv * g, d)
             out[s : s + rows].copy_(res)

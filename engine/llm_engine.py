@@ -189,6 +189,20 @@ class LLMEngine:
                 self._forget(seq)
         return outputs
 
+    def final_logits(self, prompt_token_ids: Seq[int], request_id: str = "score") -> torch.Tensor:
+        """Logits [vocab] fp32 at the prompt's last position, computed through the same chunked
+        path as serving (for tests and scoring). Runs the engine until the request is done."""
+        self.runner.capture_logits.add(request_id)
+        try:
+            self.add_request(request_id, prompt_token_ids, SamplingParams(max_tokens=1,
+                                                                          temperature=0.0))
+            while request_id not in self.runner.captured_logits:
+                if not self.step() and not self.has_unfinished():
+                    raise RuntimeError(f"{request_id} finished without logits")
+            return self.runner.captured_logits.pop(request_id)
+        finally:
+            self.runner.capture_logits.discard(request_id)
+
     def stats(self) -> EngineStats:
         return EngineStats(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),

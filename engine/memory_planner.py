@@ -129,7 +129,8 @@ def dense_activation_bytes(cfg: ModelConfig, chunk: int, max_batch: int, elem: i
 
 
 def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
-              weight_bytes: int | None = None, non_torch_bytes: int = 0) -> MemoryPlan:
+              weight_bytes: int | None = None, non_torch_bytes: int = 0,
+              device_label: str | None = None) -> MemoryPlan:
     dtype = ec.torch_dtype
     elem = torch.empty((), dtype=dtype).element_size()
     kv_spec = KVCacheSpec(model.num_layers, ec.resolved_num_blocks, ec.block_size,
@@ -161,7 +162,7 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
     if non_torch_bytes:
         terms.append(PlanTerm("non_torch", non_torch_bytes,
                               "CUDA context and libraries, measured before loading"))
-    return MemoryPlan(tuple(terms), str(ec.torch_device), device_memory_bytes,
+    return MemoryPlan(tuple(terms), device_label or str(ec.torch_device), device_memory_bytes,
                       ec.memory_utilization, kv_spec, ec.max_context, ec.chunk_tokens, ec.max_batch)
 
 

@@ -56,6 +56,8 @@ class ModelRunner:
                                          model_cfg.head_dim, ec.block_size, ec.attn_tile_tokens)
         self.model = build_model(model_cfg, weights, self.rope, self.attn_shape)
         self.num_steps = 0
+        self.capture_logits: set[str] = set()  # request ids whose next logits row is kept
+        self.captured_logits: dict[str, torch.Tensor] = {}
         self.warmup_report: WarmupReport | None = None
         self._device_allocs: int | None = None
 
@@ -99,6 +101,9 @@ class ModelRunner:
                 logits = self.ws.take((len(sampled_ids), self.model_cfg.vocab_size),
                                       torch.float32, caller="model_runner.logits")
                 self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
+                for row, rid in enumerate(sampled_ids):
+                    if rid in self.capture_logits:  # off the hot path: tests and scoring only
+                        self.captured_logits[rid] = logits[row].clone().cpu()
                 tokens = sample(logits, [params[r] for r in sampled_ids],
                                 [generators.get(r) for r in sampled_ids], self.ws)
         self.num_steps += 1

@@ -1,0 +1,75 @@
+"""``bulkhead plan``: print the memory plan for a model and limits without loading weights."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.errors import EngineError
+from engine.memory_planner import GiB, make_plan
+from engine.model_config import ModelConfig
+
+
+def _model_config(path: str) -> ModelConfig:
+    p = Path(path)
+    if p.suffix == ".json":
+        return ModelConfig.from_json_file(p)  # named after its folder
+    if p.is_dir() and (p / "config.json").exists():
+        return ModelConfig.from_json_file(p / "config.json")
+    from engine.checkpoint import load_model_config
+    return load_model_config(p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bulkhead plan", description=__doc__)
+    ap.add_argument("--model", required=True,
+                    help="config.json, a checkpoint folder, or a .gguf file (weights not read)")
+    ap.add_argument("--max-context", type=int, required=True, help="longest prompt + output")
+    ap.add_argument("--chunk-tokens", type=int, default=2048, help="largest prefill chunk")
+    ap.add_argument("--max-batch", type=int, default=8, help="most sequences running at once")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--num-blocks", type=int, default=None,
+                    help="KV extent in blocks (default: every sequence can reach max-context)")
+    ap.add_argument("--attn-tile-tokens", type=int, default=256)
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--device-memory-gib", type=float, default=96.0,
+                    help="device memory to plan against (default: a 96 GB card)")
+    ap.add_argument("--memory-utilization", type=float, default=0.92)
+    ap.add_argument("--json", action="store_true", help="print JSON, one entry per term")
+    args = ap.parse_args(argv)
+    try:
+        mc = _model_config(args.model)
+        ec = EngineConfig(model=args.model, device="cpu", dtype=args.dtype,
+                          max_context=args.max_context, chunk_tokens=args.chunk_tokens,
+                          max_batch=args.max_batch, block_size=args.block_size,
+                          num_blocks=args.num_blocks, attn_tile_tokens=args.attn_tile_tokens,
+                          memory_utilization=args.memory_utilization)
+        plan = make_plan(mc, ec, int(args.device_memory_gib * GiB),
+                         device_label=f"planned {args.device_memory_gib:g} GiB device")
+    except EngineError as e:
+        print(f"bulkhead plan: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"model": mc.name, "family": mc.family, **plan.to_json()}, indent=2))
+    else:
+        print(f"model {mc.name} ({mc.family}), dtype {args.dtype}, max_context {ec.max_context}, "
+              f"chunk {ec.chunk_tokens}, max_batch {ec.max_batch}")
+        print(plan.table())
+        if not plan.fits:
+            print("\nDOES NOT FIT: " + str(_safe_check(plan)))
+    return 0 if plan.fits else 1
+
+
+def _safe_check(plan) -> str:
+    try:
+        plan.check()
+    except EngineError as e:
+        return str(e)
+    return ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
