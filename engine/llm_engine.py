@@ -17,7 +17,13 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.errors import ContextLengthExceeded, DuplicateRequest, InvalidRequest, QueueFull
+from engine.errors import (
+    ContextLengthExceeded,
+    DuplicateRequest,
+    InvalidRequest,
+    PlanError,
+    QueueFull,
+)
 from engine.kv_cache import KVCache
 from engine.memory_planner import MemoryPlan, device_memory, make_plan
 from engine.model_config import ModelConfig
@@ -77,6 +83,13 @@ class LLMEngine:
             SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos)),
             self.block_manager, on_admit=self._on_admit)
         self.warmup_report = self.runner.warmup()
+        rep = self.warmup_report
+        if rep.activation_peak_bytes is not None and rep.activation_peak_bytes > rep.activation_planned_bytes:
+            # The plan under-counted what the worst step really takes: refuse to serve on it.
+            raise PlanError(
+                f"warm-up measured {rep.activation_peak_bytes:,} B of transient activations, the "
+                f"plan counted {rep.activation_planned_bytes:,} B; the plan is wrong for this "
+                "model/device, so the server would not be safe to run")
         self._seqs: dict[str, Sequence] = {}
         self._imports: dict[str, KVImport] = {}
         self._generators: dict[str, torch.Generator | None] = {}
