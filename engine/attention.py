@@ -80,9 +80,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     shape: AttentionShape) -> torch.Tensor:
     """q, out: [N, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D].
 
-    Sequence b's queries are its last q_len tokens (causal). Single-query sequences are batched
-    together; each multi-query chunk runs alone.
+    Sequence b's queries are its last q_len tokens (causal). With the kernel tensors of the batch
+    set (CUDA), one Triton launch covers every sequence and needs no scratch. Otherwise the
+    PyTorch path: single-query sequences batched together, each multi-query chunk alone.
     """
+    if batch.block_tables_t is not None:
+        import kernels
+
+        return kernels.paged_attention(q, k_cache, v_cache, batch.block_tables_t,
+                                       batch.query_start_loc_t, batch.context_lens_t, scale, out)
     decode_idx = [i for i in range(batch.num_seqs) if batch.query_len(i) == 1]
     if decode_idx:
         _attend(q, k_cache, v_cache, batch, decode_idx, 1, scale, out, ws, shape)

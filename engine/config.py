@@ -25,7 +25,8 @@ class EngineConfig:
     max_batch: int = 8  # most sequences running at once
     block_size: int = 16  # KV block size in tokens
     num_blocks: int | None = None  # KV extent; None -> every running sequence can reach max_context
-    attn_tile_tokens: int = 256  # keys per attention tile
+    attn_tile_tokens: int = 256  # keys per attention tile (PyTorch path)
+    attention_backend: str = "auto"  # "auto" (triton on CUDA, else torch) | "torch" | "triton"
     max_queue: int = 256  # waiting requests beyond which add_request raises QueueFull
     enable_prefix_cache: bool = True
     device_memory_bytes: int | None = None  # None -> the device's total memory
@@ -45,6 +46,9 @@ class EngineConfig:
         if self.attn_tile_tokens % self.block_size:
             raise PlanError(f"attn_tile_tokens={self.attn_tile_tokens} must be a multiple of "
                             f"block_size={self.block_size}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise PlanError(f"attention_backend must be auto, torch or triton; got "
+                            f"{self.attention_backend!r}")
         if not 0.1 <= self.memory_utilization <= 1.0:
             raise PlanError(f"memory_utilization must be in [0.1, 1], got {self.memory_utilization}")
         if self.num_blocks is not None and self.num_blocks < self.blocks_per_seq + 1:
@@ -66,6 +70,12 @@ class EngineConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    @property
+    def use_triton_attention(self) -> bool:
+        if self.attention_backend == "auto":
+            return self.torch_device.type == "cuda"
+        return self.attention_backend == "triton"
 
     @property
     def torch_dtype(self) -> torch.dtype:

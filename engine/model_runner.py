@@ -78,6 +78,18 @@ class ModelRunner:
             if c.do_sample:
                 logits_rows.append(qsl[-1] - 1)
         dev = self.device
+        kernel_meta = {}
+        if self.ec.use_triton_attention:
+            width = max(len(c.block_ids) for c in chunks)
+            table = torch.zeros(len(chunks), width, dtype=torch.int32)
+            for i, c in enumerate(chunks):
+                table[i, : len(c.block_ids)] = torch.tensor(c.block_ids, dtype=torch.int32)
+            kernel_meta = dict(
+                block_tables_t=table.to(dev),
+                query_start_loc_t=torch.tensor(qsl, dtype=torch.int32, device=dev),
+                context_lens_t=torch.tensor([c.context_len for c in chunks], dtype=torch.int32,
+                                            device=dev),
+            )
         return StepBatch(
             input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
             positions=torch.tensor(pos, dtype=torch.int64, device=dev),
@@ -87,6 +99,7 @@ class ModelRunner:
             block_tables=[list(c.block_ids) for c in chunks],
             cache_slots=[c.cache_slot for c in chunks],
             logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=dev),
+            **kernel_meta,
         )
 
     @torch.inference_mode()

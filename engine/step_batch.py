@@ -17,6 +17,10 @@ class StepBatch:
     block_tables: list[list[int]]  # [B][num_blocks_of_seq]
     cache_slots: list[int]  # [B] fixed per-sequence slot in [0, max_batch)
     logits_indices: torch.Tensor  # [num_sampled] rows of the hidden states to sample from
+    # Device copies for kernels, built once per step when a kernel backend is in use:
+    block_tables_t: torch.Tensor | None = None  # [B, max_blocks] int32, null-block padded
+    query_start_loc_t: torch.Tensor | None = None  # [B + 1] int32
+    context_lens_t: torch.Tensor | None = None  # [B] int32
 
     @property
     def num_seqs(self) -> int:
