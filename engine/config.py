@@ -32,6 +32,7 @@ class EngineConfig:
     device_memory_bytes: int | None = None  # None -> the device's total memory
     memory_utilization: float = 0.92  # share of device memory the plan may take
     strict_allocations: bool = True  # CUDA: a device allocation after warm-up is an error
+    cuda_graphs: bool = True  # CUDA + Triton attention: capture decode steps as graphs
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -76,6 +77,10 @@ class EngineConfig:
         if self.attention_backend == "auto":
             return self.torch_device.type == "cuda"
         return self.attention_backend == "triton"
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        return self.cuda_graphs and self.torch_device.type == "cuda" and self.use_triton_attention
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -25,7 +25,7 @@ from engine.errors import (
     QueueFull,
 )
 from engine.kv_cache import KVCache
-from engine.memory_planner import MemoryPlan, device_memory, make_plan
+from engine.memory_planner import MemoryPlan, device_memory, library_workspaces, make_plan
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
@@ -73,7 +73,7 @@ class LLMEngine:
         self.model_fingerprint = model_fingerprint
         weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         self.plan: MemoryPlan = make_plan(model_config, ec, device_memory(ec), weight_bytes,
-                                          non_torch_bytes)
+                                          non_torch_bytes, library_workspaces(ec))
         self.plan.check()
         self.runner = ModelRunner(model_config, ec, weights, self.plan)
         self.block_manager = BlockManager(self.plan.kv_spec.num_blocks, ec.block_size,

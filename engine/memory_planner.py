@@ -20,6 +20,8 @@ from engine.sampler import sampler_workspace_bytes
 from engine.workspace import _align
 
 GiB = 1 << 30
+MiB = 1 << 20
+GRAPH_POOL_SLACK = 42 * MiB
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def dense_activation_bytes(cfg: ModelConfig, chunk: int, max_batch: int, elem: i
 
 def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
               weight_bytes: int | None = None, non_torch_bytes: int = 0,
-              device_label: str | None = None) -> MemoryPlan:
+              library_bytes: int = 0, device_label: str | None = None) -> MemoryPlan:
     dtype = ec.torch_dtype
     elem = torch.empty((), dtype=dtype).element_size()
     kv_spec = KVCacheSpec(model.num_layers, ec.resolved_num_blocks, ec.block_size,
@@ -145,6 +147,8 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
                  f"num_blocks {kv_spec.num_blocks} x block_size {ec.block_size} x layers "
                  f"{model.num_layers} x 2 x kv_heads {model.num_kv_heads} x head_dim "
                  f"{model.head_dim} x {elem} B"),
+        PlanTerm("ws.attention", 0, "Triton paged attention keeps its tiles on chip", True)
+        if ec.use_triton_attention else
         PlanTerm("ws.attention", attention_workspace_bytes(attn, ec.chunk_tokens, ec.max_batch,
                                                            dtype),
                  f"max(chunk {ec.chunk_tokens} x 1 seq, 1 x batch {ec.max_batch}) x heads x tile "
@@ -159,11 +163,38 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
                  f"chunk {ec.chunk_tokens} x (6h + 5q + 4kv + 4i) x {elem} B + fp32 norms"
                  " + max_batch x vocab logits"),
     ]
+    if ec.use_cuda_graphs:
+        terms.append(PlanTerm(
+            "cuda_graph_pool",
+            dense_activation_bytes(model, ec.max_batch, ec.max_batch, elem) + GRAPH_POOL_SLACK,
+            f"activations of a {ec.max_batch}-token decode step + 42 MiB allocator segment "
+            "granularity (one 2 MiB small-pool and two 20 MiB large-pool segments)"))
+    if library_bytes:
+        terms.append(PlanTerm("library_workspaces", library_bytes,
+                              "cuBLAS/cuBLASLt workspaces, measured by probe matmuls at start-up"))
     if non_torch_bytes:
         terms.append(PlanTerm("non_torch", non_torch_bytes,
                               "CUDA context and libraries, measured before loading"))
     return MemoryPlan(tuple(terms), device_label or str(ec.torch_device), device_memory_bytes,
                       ec.memory_utilization, kv_spec, ec.max_context, ec.chunk_tokens, ec.max_batch)
+
+
+def library_workspaces(ec: EngineConfig) -> int:
+    """Bytes that cuBLAS takes from the caching allocator for its workspaces on first use (32 MiB
+    per handle and stream on Hopper): measured by running each matmul flavour once, before the
+    warm-up, so they are a term of the plan and not a surprise in the first step."""
+    dev = ec.torch_device
+    if dev.type != "cuda":
+        return 0
+    torch.cuda.synchronize(dev)
+    before = torch.cuda.memory_allocated(dev)
+    for dt in {ec.torch_dtype, torch.float32}:
+        a = torch.ones(64, 64, dtype=dt, device=dev)
+        torch.nn.functional.linear(a, a)
+        torch.matmul(a.view(1, 64, 64), a.view(1, 64, 64))
+        del a
+    torch.cuda.synchronize(dev)
+    return torch.cuda.memory_allocated(dev) - before
 
 
 def device_memory(ec: EngineConfig) -> int:

@@ -14,7 +14,8 @@ import torch
 from engine.attention import AttentionShape
 from engine.block_manager import NULL_BLOCK
 from engine.config import EngineConfig
-from engine.errors import DeviceAllocationAfterLock
+from engine.cuda_graphs import DecodeGraphs
+from engine.errors import DeviceAllocationAfterLock, PlanError
 from engine.kv_cache import KVCache
 from engine.memory_planner import MemoryPlan
 from engine.model_config import ModelConfig
@@ -56,6 +57,8 @@ class ModelRunner:
                                          model_cfg.head_dim, ec.block_size, ec.attn_tile_tokens)
         self.model = build_model(model_cfg, weights, self.rope, self.attn_shape)
         self.num_steps = 0
+        self.graphs: DecodeGraphs | None = None
+        self.num_graph_steps = 0
         self.capture_logits: set[str] = set()  # request ids whose next logits row is kept
         self.captured_logits: dict[str, torch.Tensor] = {}
         self.warmup_report: WarmupReport | None = None
@@ -102,18 +105,29 @@ class ModelRunner:
             **kernel_meta,
         )
 
+    def _forward_logits(self, batch: StepBatch, ws: Workspace, logits: torch.Tensor) -> None:
+        hidden = self.model.forward(batch, self.kv, ws)
+        self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, params: dict[str, SamplingParams],
                 generators: dict[str, torch.Generator | None]) -> dict[str, int]:
-        batch = self.build_batch(out.chunks)
         sampled_ids = [c.request_id for c in out.chunks if c.do_sample]
         with self.ws.scope():
-            hidden = self.model.forward(batch, self.kv, self.ws)
             tokens: list[int] = []
+            if self.graphs is not None and self.graphs.can_run(out.chunks):
+                logits = self.graphs.run(out.chunks)
+                self.num_graph_steps += 1
+            else:
+                batch = self.build_batch(out.chunks)
+                hidden = self.model.forward(batch, self.kv, self.ws)
+                logits = None
+                if sampled_ids:
+                    logits = self.ws.take((len(sampled_ids), self.model_cfg.vocab_size),
+                                          torch.float32, caller="model_runner.logits")
+                    self.model.compute_logits(hidden.index_select(0, batch.logits_indices),
+                                              logits)
             if sampled_ids:
-                logits = self.ws.take((len(sampled_ids), self.model_cfg.vocab_size),
-                                      torch.float32, caller="model_runner.logits")
-                self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
                 for row, rid in enumerate(sampled_ids):
                     if rid in self.capture_logits:  # off the hot path: tests and scoring only
                         self.captured_logits[rid] = logits[row].clone().cpu()
@@ -128,7 +142,6 @@ class ModelRunner:
         """Run the worst-case steps of the plan: the longest chunk against the longest context,
         and a full batch of decodes at the longest context. KV writes go to the null block."""
         ec = self.ec
-        bs = self.block_size
         usable = self.plan.kv_spec.num_blocks - 1
         table = tuple(1 + (i % usable) for i in range(ec.blocks_per_seq))
         chunk = min(ec.chunk_tokens, ec.max_context - 1)
@@ -137,37 +150,59 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
             base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        greedy = SamplingParams(max_tokens=1, temperature=0.0)
-        random = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.9, top_k=50, seed=0)
+        # A full token budget shared by a full batch: every sequence's metadata live at once.
+        share = [chunk // ec.max_batch + (i < chunk % ec.max_batch) for i in range(ec.max_batch)]
+        mixed = [ScheduledChunk(f"warmup-mixed-{i}", ec.max_context - 1 - n, n, (0,) * n, table,
+                                i, True) for i, n in enumerate(share) if n > 0]
         steps = [
             [ScheduledChunk("warmup-prefill", ec.max_context - 1 - chunk, chunk, (0,) * chunk,
                             table, 0, True)],
             [ScheduledChunk(f"warmup-decode-{i}", ec.max_context - 1, 1, (0,), table, i, True)
              for i in range(ec.max_batch)],
+            mixed,
         ]
-        for chunks in steps:
-            # Writes of warm-up tokens land in the null block, never in a real block.
-            chunks = [ScheduledChunk(c.request_id, c.start, c.num_tokens, c.token_ids,
-                                     c.block_ids, c.cache_slot, c.do_sample) for c in chunks]
-            params = {c.request_id: (random if i % 2 else greedy) for i, c in enumerate(chunks)}
-            gens = {c.request_id: torch.Generator(self.device).manual_seed(0) for c in chunks}
-            self._execute_warmup(chunks, params, gens)
-        del bs
+        self._run_warmup_steps(steps)
         act_peak = None
         if cuda:
             torch.cuda.synchronize(self.device)
             act_peak = torch.cuda.max_memory_allocated(self.device) - base
-            self._device_allocs = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
         self.ws.lock()
+        if ec.use_cuda_graphs:
+            self._capture_graphs()
+        if cuda:
+            # torch.cuda.graph() empties the allocator's cache before capturing: run the worst
+            # steps again so the cache holds what serving needs, then take the baseline.
+            self._run_warmup_steps(steps)
+            torch.cuda.synchronize(self.device)
+            self._device_allocs = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
         self.num_steps = 0
         self.warmup_report = WarmupReport(self.ws.peak_bytes, self.ws.capacity, act_peak,
                                           self.plan.term("activations"), self._device_allocs)
         return self.warmup_report
 
+    def _run_warmup_steps(self, steps: list[list[ScheduledChunk]]) -> None:
+        greedy = SamplingParams(max_tokens=1, temperature=0.0)
+        random = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.9, top_k=50, seed=0)
+        for chunks in steps:
+            params = {c.request_id: (random if i % 2 else greedy) for i, c in enumerate(chunks)}
+            gens = {c.request_id: torch.Generator(self.device).manual_seed(0) for c in chunks}
+            self._execute_warmup(chunks, params, gens)
+
+    def _capture_graphs(self) -> None:
+        ec = self.ec
+        self.graphs = DecodeGraphs(self._forward_logits, self.ws, self.model_cfg.vocab_size,
+                                   ec.max_batch, ec.blocks_per_seq, ec.block_size, self.device)
+        with torch.inference_mode():
+            self.graphs.capture()
+        planned = self.plan.term("cuda_graph_pool")
+        if self.graphs.pool_bytes > planned:
+            raise PlanError(f"CUDA graph capture took {self.graphs.pool_bytes:,} B, the plan "
+                            f"counted {planned:,} B for its pool; refusing to serve on a wrong plan")
+
     def _execute_warmup(self, chunks: list[ScheduledChunk], params: dict[str, SamplingParams],
                         gens: dict[str, torch.Generator]) -> None:
         batch = self.build_batch(chunks)
-        batch.slot_mapping.fill_(NULL_BLOCK)
+        batch.slot_mapping.fill_(NULL_BLOCK)  # warm-up writes land in the null block only
         sampled_ids = [c.request_id for c in chunks]
         with torch.inference_mode(), self.ws.scope():
             hidden = self.model.forward(batch, self.kv, self.ws)

@@ -38,11 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device-memory-gib", type=float, default=96.0,
                     help="device memory to plan against (default: a 96 GB card)")
     ap.add_argument("--memory-utilization", type=float, default=0.92)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="plan for a CUDA device (Triton attention, decode graphs) or the CPU path")
     ap.add_argument("--json", action="store_true", help="print JSON, one entry per term")
     args = ap.parse_args(argv)
     try:
         mc = _model_config(args.model)
-        ec = EngineConfig(model=args.model, device="cpu", dtype=args.dtype,
+        ec = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
                           max_context=args.max_context, chunk_tokens=args.chunk_tokens,
                           max_batch=args.max_batch, block_size=args.block_size,
                           num_blocks=args.num_blocks, attn_tile_tokens=args.attn_tile_tokens,

@@ -1,0 +1,140 @@
+"""``python -m engine.bench``: engine decode and prefill figures on a CUDA device, beside
+transformers ``generate`` on the same weights in the same run. Random weights (shapes only).
+
+Prints one table and, with --json, writes the figures. Also reports device allocations after
+warm-up over the whole run (must be 0) and whether decode steps ran as CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model_config import ModelConfig
+from engine.sampling_params import SamplingParams
+
+SHAPES = {
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                      rope_theta=500000.0, max_position_embeddings=131072),
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         rope_theta=100000.0, max_position_embeddings=8192,
+                         tie_word_embeddings=True),
+}
+
+
+def _hf_model(shape: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**SHAPES[shape], bos_token_id=None, eos_token_id=None)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    return model
+
+
+def _engine(model, **kw) -> LLMEngine:
+    cfg = ModelConfig.from_hf_dict(model.config.to_dict())
+    weights = dict(model.state_dict())
+    ec = EngineConfig(model="bench", device="cuda", dtype="bfloat16", **kw)
+    return LLMEngine(ec, cfg, weights)
+
+
+def _decode_tps(engine: LLMEngine, batch: int, prompt: int, steps: int) -> float:
+    g = torch.Generator().manual_seed(0)
+    vocab = engine.model_config.vocab_size
+    for i in range(batch):
+        engine.add_request(f"d{batch}-{i}", torch.randint(0, vocab, (prompt,), generator=g).tolist(),
+                           SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True))
+    # prefill (and a couple of decode steps) untimed
+    for _ in range(-(-batch * prompt // engine.config.chunk_tokens) + 2):
+        engine.step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    while engine.has_unfinished():
+        engine.step()
+    return batch * steps / dt
+
+
+def _hf_decode_tps(model, batch: int, prompt: int, steps: int) -> float:
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device="cuda")
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+        torch.cuda.synchronize()
+    return batch * steps / (time.perf_counter() - t)
+
+
+def _prefill(engine: LLMEngine, n: int) -> tuple[float, float]:
+    vocab = engine.model_config.vocab_size
+    prompt = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(1)).tolist()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    engine.add_request(f"p{n}", prompt, SamplingParams(max_tokens=1, temperature=0))
+    while engine.has_unfinished():
+        engine.step()
+    torch.cuda.synchronize()
+    ttft = time.perf_counter() - t
+    return n / ttft, ttft
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__)
+    ap.add_argument("--shapes", default="smollm2-135m,llama3-8b")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--prefill", default="4096,32768,131072")
+    ap.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    rows = []
+    for shape in args.shapes.split(","):
+        model = _hf_model(shape)
+        batches = [int(b) for b in args.batches.split(",")]
+        eng = _engine(model, max_context=512, chunk_tokens=4096, max_batch=max(batches))
+        for b in batches:
+            tps = _decode_tps(eng, b, 128, args.steps)
+            hf = None if args.no_hf else _hf_decode_tps(model, b, 128, args.steps)
+            rows.append(dict(shape=shape, kind="decode", batch=b, tokens_per_s=tps,
+                             hf_tokens_per_s=hf, graph_steps=eng.runner.num_graph_steps,
+                             allocs_after_warmup=eng.stats().device_allocs_since_warmup))
+            print(rows[-1], flush=True)
+        del eng
+        torch.cuda.empty_cache()  # between engines only: no engine is serving here
+        lens = [int(x) for x in args.prefill.split(",")]
+        peng = _engine(model, max_context=max(lens) + 8, chunk_tokens=4096, max_batch=1,
+                       cuda_graphs=False)
+        for n in lens:
+            tps, ttft = _prefill(peng, n)
+            rows.append(dict(shape=shape, kind="prefill", prompt=n, tokens_per_s=tps, ttft_s=ttft,
+                             allocs_after_warmup=peng.stats().device_allocs_since_warmup))
+            print(rows[-1], flush=True)
+        del peng, model
+        torch.cuda.empty_cache()
+    print(f"\n{'shape':<14}{'kind':<9}{'batch/prompt':>13}{'tok/s':>12}{'hf tok/s':>10}"
+          f"{'TTFT s':>8}{'allocs':>7}")
+    for r in rows:
+        size = r.get("batch") or r.get("prompt")
+        hf = r.get("hf_tokens_per_s")
+        print(f"{r['shape']:<14}{r['kind']:<9}{size:>13}{r['tokens_per_s']:>12.1f}"
+              f"{(f'{hf:.1f}' if hf else '-'):>10}{r.get('ttft_s', float('nan')):>8.3f}"
+              f"{r['allocs_after_warmup']!s:>7}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,133 @@
+"""Decode steps captured as CUDA graphs over the locked workspace and the fixed KV extent.
+
+The workspace makes this natural: every scratch buffer of a step is a view at a fixed offset of
+one arena, the KV cache never moves, and the step's inputs live in static buffers allocated here
+once. Capture runs after the worst-case warm-up, all graphs share one private pool (largest batch
+first), and that pool is a term of the memory plan checked against what capture really took.
+Never captures prefill chunks (their shapes vary); those run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from engine.scheduler import ScheduledChunk
+from engine.step_batch import StepBatch
+from engine.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, 513, 16))
+    out = [s for s in sizes if s < max_batch] + [max_batch]
+    return sorted(set(out))
+
+
+class DecodeGraphs:
+    def __init__(self, forward: Callable[[StepBatch, Workspace, torch.Tensor], None],
+                 ws: Workspace,
+                 vocab_size: int, max_batch: int, blocks_per_seq: int, block_size: int,
+                 device: torch.device) -> None:
+        self._forward = forward  # (batch, ws, logits_out [bs, vocab]) -> None
+        self.ws = ws
+        self.vocab_size = vocab_size
+        self.block_size = block_size
+        self.sizes = graph_batch_sizes(max_batch)
+        m = self.sizes[-1]
+        self.input_ids = torch.zeros(m, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(m, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.zeros(m, dtype=torch.int64, device=device)
+        self.block_tables = torch.zeros(m, blocks_per_seq, dtype=torch.int32, device=device)
+        self.context_lens = torch.ones(m, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(m + 1, dtype=torch.int32, device=device)
+        self.rows = torch.arange(m, dtype=torch.int64, device=device)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: dict[int, torch.Tensor] = {}
+        self.pool_bytes = 0
+
+    @property
+    def static_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (
+            self.input_ids, self.positions, self.slot_mapping, self.block_tables,
+            self.context_lens, self.query_start_loc, self.rows))
+
+    def _batch(self, bs: int) -> StepBatch:
+        return StepBatch(
+            input_ids=self.input_ids[:bs], positions=self.positions[:bs],
+            slot_mapping=self.slot_mapping[:bs], query_start_loc=list(range(bs + 1)),
+            context_lens=[1] * bs, block_tables=[[0]] * bs, cache_slots=list(range(bs)),
+            logits_indices=self.rows[:bs], block_tables_t=self.block_tables[:bs],
+            query_start_loc_t=self.query_start_loc[: bs + 1], context_lens_t=self.context_lens[:bs])
+
+    def _step(self, bs: int) -> torch.Tensor:
+        # The logits buffer sits at the base of the arena for every size, so the sampler that
+        # runs after a replay (in a nested scope) never overwrites it.
+        logits = self.ws.take((self.sizes[-1], self.vocab_size), torch.float32,
+                              caller="cuda_graphs.logits")[:bs]
+        with self.ws.scope():
+            self._forward(self._batch(bs), self.ws, logits)
+        return logits
+
+    def capture(self) -> None:
+        dev = self.input_ids.device
+        pool = torch.cuda.graph_pool_handle()
+        for bs in reversed(self.sizes):
+            self._reset_inputs()
+            # Eager once on the current stream first (compiles any Triton specialisation for this
+            # size). Not on a side stream: blocks cached for a side stream are never reused by
+            # the serving stream, and every size would leave its own copy behind.
+            with self.ws.scope():
+                self._step(bs)
+            torch.cuda.synchronize(dev)
+            before_capture = torch.cuda.memory_reserved(dev)
+            graph = torch.cuda.CUDAGraph()
+            with self.ws.scope(), torch.cuda.graph(graph, pool=pool):
+                self._logits[bs] = self._step(bs)
+            self._graphs[bs] = graph
+            torch.cuda.synchronize(dev)
+            self.pool_bytes += torch.cuda.memory_reserved(dev) - before_capture
+        log.info("captured decode graphs for batch sizes %s (pool %.1f MiB)", self.sizes,
+                 self.pool_bytes / 2**20)
+
+    def _reset_inputs(self) -> None:
+        self.input_ids.zero_()
+        self.positions.zero_()
+        self.slot_mapping.zero_()  # pad rows write into the null block
+        self.block_tables.zero_()
+        self.context_lens.fill_(1)
+
+    def can_run(self, chunks: list[ScheduledChunk]) -> bool:
+        return bool(self._graphs) and 0 < len(chunks) <= self.sizes[-1] and all(
+            c.num_tokens == 1 and c.do_sample for c in chunks)
+
+    def run(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """Replay the smallest captured size that fits; -> logits [len(chunks), vocab] fp32, a
+        view valid until the enclosing workspace scope ends (the caller holds it open)."""
+        n = len(chunks)
+        bs = next(s for s in self.sizes if s >= n)
+        bsz = self.block_size
+        self._reset_inputs()
+        width = self.block_tables.shape[1]
+        ids, pos, slots, ctx = [], [], [], []
+        table = torch.zeros(n, width, dtype=torch.int32)
+        for i, c in enumerate(chunks):
+            p = c.start
+            ids.append(c.token_ids[0])
+            pos.append(p)
+            slots.append(c.block_ids[p // bsz] * bsz + p % bsz)
+            ctx.append(c.context_len)
+            table[i, : len(c.block_ids)] = torch.tensor(c.block_ids, dtype=torch.int32)
+        # Host -> device copies straight into the static buffers: no device allocation per step.
+        self.input_ids[:n].copy_(torch.tensor(ids))
+        self.positions[:n].copy_(torch.tensor(pos))
+        self.slot_mapping[:n].copy_(torch.tensor(slots))
+        self.context_lens[:n].copy_(torch.tensor(ctx, dtype=torch.int32))
+        self.block_tables[:n].copy_(table)
+        # Same arena offset as at capture: take the logits region, then replay.
+        self.ws.take((self.sizes[-1], self.vocab_size), torch.float32, caller="cuda_graphs.logits")
+        self._graphs[bs].replay()
+        return self._logits[bs][:n]
