@@ -150,8 +150,10 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
             base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        # A full token budget shared by a full batch: every sequence's metadata live at once.
-        share = [chunk // ec.max_batch + (i < chunk % ec.max_batch) for i in range(ec.max_batch)]
+        # A full token budget shared by a full batch: every sequence's metadata live at once,
+        # and up to chunk_tokens tokens in the step even when one sequence cannot hold them all.
+        total = min(ec.chunk_tokens, ec.max_batch * (ec.max_context - 1))
+        share = [total // ec.max_batch + (i < total % ec.max_batch) for i in range(ec.max_batch)]
         mixed = [ScheduledChunk(f"warmup-mixed-{i}", ec.max_context - 1 - n, n, (0,) * n, table,
                                 i, True) for i, n in enumerate(share) if n > 0]
         steps = [
