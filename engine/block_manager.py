@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 NULL_BLOCK = 0  # never handed out: padding for block tables, sink for warm-up writes
 
@@ -87,15 +87,18 @@ class BlockManager:
         block_ids.extend(self._pop_free() for _ in range(need))
         return True
 
-    def register_full_blocks(self, block_ids: list[int], token_ids: Sequence[int],
-                             num_computed: int) -> None:
-        """Publish the hashes of blocks whose every token's KV is now computed."""
+    def register_full_blocks(self, block_ids: list[int], hashes: list[bytes],
+                             tokens: Callable[[int, int], Sequence[int]], num_computed: int) -> None:
+        """Publish the hashes of blocks whose every token's KV is now computed. ``hashes`` holds
+        the chain of the blocks already hashed and is extended in place, so each block is hashed
+        once in a sequence's life; ``tokens(start, end)`` returns the sequence's tokens."""
         if not self.enable_prefix_cache:
             return
-        parent = b""
-        for i in range(num_computed // self.block_size):
+        bs = self.block_size
+        for i in range(len(hashes), num_computed // bs):
+            parent = chain_hash(hashes[-1] if hashes else b"", tokens(i * bs, (i + 1) * bs))
+            hashes.append(parent)
             block = block_ids[i]
-            parent = chain_hash(parent, token_ids[i * self.block_size : (i + 1) * self.block_size])
             if self._block_hash[block] is None and parent not in self._hash_to_block:
                 self._block_hash[block] = parent
                 self._hash_to_block[parent] = block

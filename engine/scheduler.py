@@ -115,7 +115,7 @@ class Scheduler:
             budget -= n
         for seq, n in planned:
             start = seq.num_computed_tokens
-            tokens = seq.token_ids()[start : start + n]
+            tokens = seq.token_slice(start, start + n)
             out.chunks.append(ScheduledChunk(
                 request_id=seq.request_id, start=start, num_tokens=n, token_ids=tuple(tokens),
                 block_ids=tuple(seq.block_ids), cache_slot=seq.cache_slot,
@@ -132,7 +132,8 @@ class Scheduler:
             if seq is None:  # aborted while the step ran
                 continue
             seq.num_computed_tokens += chunk.num_tokens
-            self.blocks.register_full_blocks(seq.block_ids, seq.token_ids(), seq.num_computed_tokens)
+            self.blocks.register_full_blocks(seq.block_ids, seq.block_hashes, seq.token_slice,
+                                             seq.num_computed_tokens)
             if not chunk.do_sample:
                 continue
             token = sampled[chunk.request_id]
@@ -197,5 +198,6 @@ class Scheduler:
         if not keep_kv:
             self.blocks.free(seq.block_ids)
             seq.block_ids = []
+            seq.block_hashes = []
         self._free_slots.append(seq.cache_slot)
         seq.cache_slot = -1

@@ -50,5 +50,18 @@ class Sequence:
     def is_prefill(self) -> bool:
         return self.num_computed_tokens < self.num_prompt_tokens
 
+    # Hashes of this sequence's full, computed blocks, in order (the prefix-cache chain); grown
+    # incrementally so a step never rehashes the whole context.
+    block_hashes: list[bytes] = field(default_factory=list)
+
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """tokens[start:end] without building the whole list (a step must not cost O(context))."""
+        p = len(self.prompt_token_ids)
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
