@@ -1,0 +1,452 @@
+"""`bulkhead bench`: a bounded load generator for any OpenAI-compatible endpoint.
+
+Sends streamed chat or completion requests at a request rate (Poisson arrivals) or a fixed
+concurrency, with synthetic prompts of a given length (plus, optionally, a long prompt every
+k-th request), and measures per request the time to first token, the gaps between tokens and the
+end-to-end latency.  Prints a table of p50/p90/p99/max and throughput, writes JSON and a PNG plot.
+
+Bounded by construction: a number of requests, an optional duration, a concurrency cap and a
+per-request timeout.  Must never import torch (it runs on any client machine); matplotlib is
+imported only to draw the plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+# Common English words: each is one token in most BPE vocabularies, so N words ~ N tokens.
+_WORDS = (
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "it",
+    "an",
+    "were",
+    "are",
+    "which",
+    "this",
+    "be",
+    "or",
+    "has",
+    "had",
+    "first",
+    "one",
+    "their",
+    "its",
+    "new",
+    "after",
+    "who",
+    "they",
+    "two",
+    "her",
+    "she",
+    "been",
+    "other",
+    "when",
+    "there",
+    "all",
+    "also",
+    "into",
+    "during",
+    "time",
+    "only",
+    "may",
+    "over",
+    "about",
+    "more",
+    "most",
+    "some",
+    "city",
+    "world",
+    "state",
+    "year",
+    "school",
+    "through",
+    "where",
+    "many",
+    "these",
+    "then",
+    "them",
+    "both",
+    "such",
+    "up",
+    "out",
+    "between",
+    "under",
+    "while",
+    "however",
+    "would",
+    "could",
+    "people",
+    "known",
+    "part",
+    "later",
+    "each",
+    "well",
+    "before",
+)
+
+
+class BenchError(ValueError):
+    """A bench option is unusable; the message names it."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    base_url: str = "http://127.0.0.1:8000"
+    model: str = ""  # "" = the first model of GET /v1/models
+    endpoint: str = "completions"  # "completions" | "chat"
+    num_requests: int = 100
+    duration_s: float = 0.0  # stop sending after this long; 0 = no time bound
+    request_rate: float = math.inf  # requests per second (Poisson); inf = as fast as allowed
+    concurrency: int = 16  # most requests in flight
+    prompt_tokens: int = 128  # approximate, in words
+    output_tokens: int = 64  # max_tokens of every request
+    long_prompt_tokens: int = 0  # a long prompt of this length ...
+    long_prompt_every: int = 0  # ... every k-th request (0 = never)
+    ignore_eos: bool = True  # ask for exactly output_tokens (vLLM extension)
+    timeout_s: float = 300.0  # per request
+    seed: int = 0
+    api_key: str = ""
+    out_json: str = ""
+    out_png: str = ""
+
+    def __post_init__(self) -> None:
+        if self.endpoint not in ("completions", "chat"):
+            raise BenchError(f"endpoint: {self.endpoint!r} is not 'completions' or 'chat'")
+        for name in ("num_requests", "concurrency", "prompt_tokens", "output_tokens"):
+            if getattr(self, name) < 1:
+                raise BenchError(f"{name}: {getattr(self, name)} must be >= 1")
+        if self.request_rate <= 0:
+            raise BenchError(f"request_rate: {self.request_rate} must be > 0")
+        if self.duration_s < 0 or self.timeout_s <= 0:
+            raise BenchError("duration_s must be >= 0 and timeout_s > 0")
+        if self.long_prompt_every < 0 or self.long_prompt_tokens < 0:
+            raise BenchError("long_prompt_every and long_prompt_tokens must be >= 0")
+        if self.long_prompt_every and not self.long_prompt_tokens:
+            raise BenchError("long_prompt_every needs long_prompt_tokens > 0")
+
+
+@dataclass
+class RequestRecord:
+    index: int
+    prompt_words: int
+    start_s: float = 0.0  # since the start of the run
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    error: str | None = None
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    """p50/p90/p99/max/mean by the nearest-rank method; None when there is no value."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
+    s = sorted(values)
+
+    def rank(p: float) -> float:
+        return s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))]
+
+    return {
+        "p50": rank(50),
+        "p90": rank(90),
+        "p99": rank(99),
+        "max": s[-1],
+        "mean": sum(s) / len(s),
+    }
+
+
+def _prompt(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def _body(cfg: BenchConfig, model: str, prompt: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": cfg.output_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+    }
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
+    if cfg.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+def _chunk_text(chunk: dict[str, Any]) -> str:
+    out = ""
+    for choice in chunk.get("choices") or []:
+        if "delta" in choice:
+            out += (choice["delta"] or {}).get("content") or ""
+        else:
+            out += choice.get("text") or ""
+    return out
+
+
+async def _one(
+    client: httpx.AsyncClient,
+    cfg: BenchConfig,
+    model: str,
+    rec: RequestRecord,
+    prompt: str,
+    t0: float,
+) -> None:
+    path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
+    started = time.perf_counter()
+    rec.start_s = started - t0
+    last: float | None = None
+    chunks = 0
+    try:
+        async with client.stream("POST", path, json=_body(cfg, model, prompt)) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                rec.error = f"HTTP {resp.status_code}: {text[:200]}"
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: ") :]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    rec.error = f"stream error: {chunk['error'].get('message')}"
+                    return
+                if chunk.get("usage"):
+                    rec.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+                    rec.prompt_tokens = int(chunk["usage"].get("prompt_tokens") or 0)
+                if _chunk_text(chunk):
+                    now = time.perf_counter()
+                    chunks += 1
+                    if last is None:
+                        rec.ttft_s = now - started
+                    else:
+                        rec.itl_s.append(now - last)
+                    last = now
+        rec.e2e_s = time.perf_counter() - started
+        if not rec.output_tokens:
+            rec.output_tokens = chunks
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"
+
+
+async def _resolve_model(client: httpx.AsyncClient, cfg: BenchConfig) -> str:
+    if cfg.model:
+        return cfg.model
+    resp = await client.get("/v1/models")
+    resp.raise_for_status()
+    return str(resp.json()["data"][0]["id"])
+
+
+async def run_bench(cfg: BenchConfig) -> tuple[list[RequestRecord], float]:
+    """Run the load; return the records and the wall time of the run."""
+    rng = random.Random(cfg.seed)
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    limits = httpx.Limits(max_connections=cfg.concurrency + 4)
+    async with httpx.AsyncClient(
+        base_url=cfg.base_url.rstrip("/"), headers=headers, timeout=cfg.timeout_s, limits=limits
+    ) as client:
+        model = await _resolve_model(client, cfg)
+        gate = asyncio.Semaphore(cfg.concurrency)
+        records: list[RequestRecord] = []
+        tasks: list[asyncio.Task[None]] = []
+
+        async def guarded(rec: RequestRecord, prompt: str, t0: float) -> None:
+            async with gate:
+                await _one(client, cfg, model, rec, prompt, t0)
+
+        t0 = time.perf_counter()
+        next_at = 0.0
+        for i in range(cfg.num_requests):
+            if cfg.duration_s and time.perf_counter() - t0 >= cfg.duration_s:
+                break
+            long = cfg.long_prompt_every and (i + 1) % cfg.long_prompt_every == 0
+            words = cfg.long_prompt_tokens if long else cfg.prompt_tokens
+            rec = RequestRecord(index=i, prompt_words=words)
+            records.append(rec)
+            if math.isfinite(cfg.request_rate):
+                next_at += rng.expovariate(cfg.request_rate)
+                delay = t0 + next_at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            # the semaphore bounds in-flight requests; tasks wait their turn
+            tasks.append(asyncio.create_task(guarded(rec, _prompt(rng, words), t0)))
+        await asyncio.gather(*tasks)
+        return records, time.perf_counter() - t0
+
+
+def summarize(cfg: BenchConfig, records: Sequence[RequestRecord], wall_s: float) -> dict[str, Any]:
+    ok = [r for r in records if r.error is None]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    return {
+        "requests": len(records),
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "duration_s": wall_s,
+        "request_throughput": len(ok) / wall_s if wall_s > 0 else 0.0,
+        "output_token_throughput": out_tokens / wall_s if wall_s > 0 else 0.0,
+        "total_token_throughput": (out_tokens + in_tokens) / wall_s if wall_s > 0 else 0.0,
+        "output_tokens": out_tokens,
+        "prompt_tokens": in_tokens,
+        "ttft_s": percentiles([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "itl_s": percentiles([x for r in ok for x in r.itl_s]),
+        "e2e_s": percentiles([r.e2e_s for r in ok if r.e2e_s is not None]),
+        "errors": sorted({r.error for r in records if r.error})[:10],
+    }
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1000:.1f}"
+
+    lines = [
+        f"requests {summary['completed']}/{summary['requests']} ok, {summary['failed']} failed, "
+        f"{summary['duration_s']:.2f} s",
+        f"throughput: {summary['request_throughput']:.2f} req/s, "
+        f"{summary['output_token_throughput']:.1f} output tok/s, "
+        f"{summary['total_token_throughput']:.1f} total tok/s",
+        f"{'metric (ms)':<14}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}{'mean':>10}",
+    ]
+    for key, label in (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
+        p = summary[key]
+        lines.append(
+            f"{label:<14}"
+            + "".join(f"{ms(p[k]):>10}" for k in ("p50", "p90", "p99", "max", "mean"))
+        )
+    for err in summary["errors"]:
+        lines.append(f"error: {err}")
+    return "\n".join(lines)
+
+
+def plot(records: Sequence[RequestRecord], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in records if r.error is None and r.e2e_s is not None]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, values, title in (
+        (axes[0], [r.ttft_s * 1000 for r in ok if r.ttft_s is not None], "TTFT (ms)"),
+        (axes[1], [x * 1000 for r in ok for x in r.itl_s], "inter-token latency (ms)"),
+    ):
+        s = sorted(values)
+        ax.plot(s, [(i + 1) / len(s) for i in range(len(s))] if s else [])
+        ax.set_title(f"{title}, CDF")
+        ax.set_xlabel("ms")
+        ax.grid(True, alpha=0.3)
+    axes[2].scatter([r.start_s for r in ok], [(r.e2e_s or 0.0) * 1000 for r in ok], s=8)
+    axes[2].set_title("end-to-end latency by start time")
+    axes[2].set_xlabel("request start (s)")
+    axes[2].set_ylabel("ms")
+    axes[2].grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bulkhead bench", description=__doc__.split("\n")[0])
+    d = BenchConfig()
+    p.add_argument("--base-url", default=d.base_url, help="server root (without /v1)")
+    p.add_argument("--model", default=d.model, help="default: first model of /v1/models")
+    p.add_argument("--endpoint", choices=("completions", "chat"), default=d.endpoint,
+                   help="/v1/completions or /v1/chat/completions")
+    p.add_argument("--num-requests", type=int, default=d.num_requests,
+                   help="requests to send (the hard bound)")
+    p.add_argument(
+        "--duration-s",
+        type=float,
+        default=d.duration_s,
+        help="stop sending after this many seconds (0 = only --num-requests)",
+    )
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=d.request_rate,
+        help="requests per second, Poisson arrivals (default: inf)",
+    )
+    p.add_argument("--concurrency", type=int, default=d.concurrency,
+                   help="most requests in flight")
+    p.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens,
+                   help="prompt length in words (~tokens); the JSON has the real counts")
+    p.add_argument("--output-tokens", type=int, default=d.output_tokens,
+                   help="max_tokens of each request")
+    p.add_argument("--long-prompt-tokens", type=int, default=d.long_prompt_tokens,
+                   help="length of the occasional long prompt (words)")
+    p.add_argument("--long-prompt-every", type=int, default=d.long_prompt_every,
+                   help="every k-th request gets the long prompt (0 = never)")
+    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="let requests stop at EOS (default: exactly --output-tokens)")
+    p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="per-request timeout")
+    p.add_argument("--seed", type=int, default=d.seed, help="prompts and arrival times")
+    p.add_argument("--api-key", default=d.api_key, help="sent as a Bearer token")
+    p.add_argument("--out-json", default="bench.json", help="'' to skip")
+    p.add_argument("--out-png", default="bench.png", help="'' to skip")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        cfg = BenchConfig(**vars(args))
+    except BenchError as exc:
+        print(f"bulkhead bench: {exc}", file=sys.stderr)
+        return 2
+    try:
+        records, wall_s = asyncio.run(run_bench(cfg))
+    except httpx.HTTPError as exc:
+        print(f"bulkhead bench: cannot reach {cfg.base_url}: {exc}", file=sys.stderr)
+        return 1
+    summary = summarize(cfg, records, wall_s)
+    print(format_table(summary))
+    if cfg.out_json:
+        out = {
+            "config": {
+                k: (None if isinstance(v, float) and math.isinf(v) else v)
+                for k, v in asdict(cfg).items()
+                if k != "api_key"
+            },
+            "summary": summary,
+            "requests": [asdict(r) for r in records],
+        }
+        Path(cfg.out_json).write_text(json.dumps(out, indent=1))
+    if cfg.out_png:
+        plot(records, cfg.out_png)
+    return 0 if summary["completed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

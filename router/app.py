@@ -1,0 +1,157 @@
+"""The OpenAI-compatible HTTP app: `create_app(settings)` builds it, with all state in its lifespan.
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
+GET /metrics.  Every error leaves as an OpenAI-shaped body (router/errors.py); a bad request never
+changes server state.  This module must never import torch or ``engine/``, and never keep state at
+module level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from router.admission import Admission
+from router.background import BackgroundTasks
+from router.dispatch import Dispatcher
+from router.errors import ApiError, no_worker
+from router.job import chat_job, completion_job
+from router.metrics import RouterMetrics
+from router.registry import StaticRegistry, WorkerRegistry
+from router.schemas import ChatCompletionRequest, CompletionRequest
+from router.serving import RouterContext, as_api_error, error_response, serve_generation
+from router.settings import RouterSettings
+from router.tokenizer_port import RouterTokenizer, load_tokenizer
+from router.worker_client import CallDeadlines
+
+log = logging.getLogger("bulkhead.router")
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "json-or-python"})
+
+
+def _param_of(loc: tuple[Any, ...]) -> str:
+    """'messages[0].content' from pydantic's loc, without the union member tags it inserts."""
+    parts = [p for p in loc if p != "body" and not (
+        isinstance(p, str) and (p in _TYPE_TAGS or not p.isidentifier()))]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid body", "type": ""}
+    if first.get("type") == "json_invalid":
+        return ApiError(400, f"Malformed JSON body: {first.get('msg')}", "invalid_request_error",
+                        "body", "invalid_json")
+    param = _param_of(tuple(first.get("loc", ())))
+    if not param:
+        return ApiError(400, f"Request body: {first.get('msg')}", "invalid_request_error",
+                        "body", "invalid_body")
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return ApiError(400, f"{param}: {first.get('msg')}{more}", "invalid_request_error", param,
+                    "invalid_value")
+
+
+def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = None,
+               registry: WorkerRegistry | None = None) -> FastAPI:
+    """Build the app.  `tokenizer` / `registry` default to the ones the settings describe."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tok = tokenizer if tokenizer is not None else await asyncio.to_thread(
+            load_tokenizer, settings.model)
+        reg: WorkerRegistry = registry if registry is not None else StaticRegistry(
+            settings.prefill_workers, settings.decode_workers,
+            CallDeadlines(settings.info_timeout_s, settings.prefill_timeout_s,
+                          settings.first_token_timeout_s, settings.stream_idle_timeout_s),
+            settings.poll_interval_s)
+        metrics = RouterMetrics(reg.loads)
+        background = BackgroundTasks()
+        await reg.start()
+        if not reg.loads():
+            log.warning("no worker answered GetInfo yet; requests get 503 until one does")
+        app.state.ctx = RouterContext(
+            settings, tok, reg, metrics, background,
+            Dispatcher(settings, tok, reg, metrics, background),
+            Admission(settings.max_inflight_requests, settings.retry_after_s))
+        log.info("serving model %r", settings.model_name)
+        try:
+            yield
+        finally:
+            await background.close()
+            await reg.stop()
+
+    app = FastAPI(title="Bulkhead router", lifespan=lifespan)
+
+    def ctx_of(request: Request) -> RouterContext:
+        return request.app.state.ctx
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(_validation_error(exc))
+
+    @app.exception_handler(ApiError)
+    async def _on_api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(ApiError(exc.status_code, str(exc.detail),
+                                       "invalid_request_error", None, None))
+
+    @app.exception_handler(Exception)
+    async def _on_any(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(as_api_error(exc, ctx_of(request)))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        ctx = ctx_of(request)
+        return await serve_generation(ctx, request,
+                                      lambda: chat_job(body, ctx.settings, ctx.tokenizer))
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        ctx = ctx_of(request)
+        return await serve_generation(ctx, request,
+                                      lambda: completion_job(body, ctx.settings, ctx.tokenizer))
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        ctx = ctx_of(request)
+        decode = [w for w in ctx.registry.loads() if w.role == "decode" and w.healthy]
+        card: dict[str, Any] = {"id": ctx.settings.model_name, "object": "model",
+                                "created": 0, "owned_by": "bulkhead"}
+        if decode:
+            card["max_model_len"] = max(w.max_context for w in decode)
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        ctx = ctx_of(request)
+        loads = ctx.registry.loads()
+        workers = {w.address: {"role": w.role, "healthy": w.healthy} for w in loads}
+        for addr, problem in ctx.registry.problems().items():
+            workers.setdefault(addr, {"healthy": False})["problem"] = problem
+        if any(w.role == "decode" and w.healthy for w in loads):
+            return JSONResponse({"status": "ok", "workers": workers})
+        err = no_worker("decode", ctx.settings.retry_after_s)
+        return JSONResponse({"status": "unavailable", "workers": workers},
+                            status_code=503, headers=err.headers())
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(ctx_of(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,218 @@
+"""One choice of one request, from routing decision to its last token.
+
+Split route: Prefill on the prefill worker, send its first token at once, then Generate on the
+decode worker with has_prefill, first_token_id and the KV handle.  Decode route: Generate alone.
+Tokens become text through `TextStream`; a stop string ends the choice early, which cancels the
+Generate call and sends Abort.  A decode worker that cannot be reached before it sent anything is
+replaced once by another (`reroute`); an unreachable prefill worker makes the decode worker
+prefill the prompt itself.  Any way out other than a normal finish (error, stop string,
+client disconnect) cancels the RPC and Aborts the request on the worker.
+
+Convention with the decode worker: after a split, the Generate stream does NOT repeat
+first_token_id; it carries the tokens after it.  This module never formats HTTP answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from proto import bulkhead_pb2 as pb
+from router.background import BackgroundTasks
+from router.errors import WorkerCallError
+from router.metrics import RouterMetrics
+from router.policy import Route
+from router.text_stream import Decoder, TextStream
+from router.worker_client import WorkerClient
+
+log = logging.getLogger("bulkhead.router.choice")
+
+
+@dataclass
+class ChoiceDelta:
+    """New output of one choice; `finish_reason` is set on its last delta."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+
+
+@dataclass
+class ChoiceStats:
+    """What the usage block and the metrics need once a choice ends."""
+
+    num_cached_tokens: int = 0       # prompt tokens loaded instead of computed (client's view)
+    num_loaded_tokens: int = 0       # prompt KV tokens loaded from the external store
+    num_recomputed_tokens: int = 0   # prompt tokens computed by a worker
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ChoiceSpec:
+    index: int
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: pb.SamplingParams
+    stop: tuple[str, ...]
+    route: Route
+    deadline_unix_s: float
+
+
+class ChoiceRunner:
+    """Runs one choice against the workers; iterate `deltas()` once."""
+
+    def __init__(self, spec: ChoiceSpec, clients: Callable[[str], WorkerClient],
+                 tokenizer: Decoder, metrics: RouterMetrics, background: BackgroundTasks,
+                 on_unavailable: Callable[[str, str], None],
+                 reroute: Callable[[str], str | None] = lambda failed: None) -> None:
+        self.spec = spec
+        self.stats = ChoiceStats()
+        self._clients = clients
+        self._metrics = metrics
+        self._background = background
+        self._on_unavailable = on_unavailable
+        self._reroute = reroute
+        self._num_generated_chunks = 0
+        self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop)
+        self._last_token_at: float | None = None
+
+    def _delta(self, token_ids: list[int], finish_reason: str | None = None) -> ChoiceDelta:
+        now = time.monotonic()
+        if token_ids:
+            if self._last_token_at is not None:
+                self._metrics.itl.observe(now - self._last_token_at)
+            self._last_token_at = now
+            self._metrics.generated_tokens.inc(len(token_ids))
+        text = self._text.add(token_ids)
+        if self._text.stopped:
+            finish_reason = "stop"
+        elif finish_reason is not None:
+            text += self._text.finish()
+        self.stats.token_ids.extend(token_ids)
+        self.stats.text += text
+        self.stats.finish_reason = finish_reason
+        return ChoiceDelta(self.spec.index, text, token_ids, finish_reason)
+
+    def _abort_later(self, address: str) -> None:
+        client = self._clients(address)
+        self._background.spawn(client.abort(self.spec.request_id),
+                               f"Abort of {self.spec.request_id} on {address}")
+
+    def _failed(self, err: WorkerCallError) -> WorkerCallError:
+        if err.code == grpc.StatusCode.UNAVAILABLE:
+            self._on_unavailable(err.address, f"{err.phase}: {err.details}")
+        return err
+
+    async def _prefill(self, address: str) -> pb.PrefillResponse:
+        s = self.spec
+        req = pb.PrefillRequest(request_id=s.request_id, prompt_token_ids=s.prompt_token_ids,
+                                sampling=s.sampling, deadline_unix_s=s.deadline_unix_s)
+        started = time.monotonic()
+        done = False
+        try:
+            resp = await self._clients(address).prefill(req)
+            done = True
+        except WorkerCallError as err:
+            done = err.code == grpc.StatusCode.UNAVAILABLE   # it never reached the worker
+            raise self._failed(err) from None
+        finally:
+            if not done:
+                self._abort_later(address)
+        self._metrics.phase.labels("prefill").observe(time.monotonic() - started)
+        self.stats.num_cached_tokens = int(resp.num_cached_tokens)
+        self.stats.num_recomputed_tokens = int(resp.num_computed_tokens)
+        return resp
+
+    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
+        s = self.spec
+        gen = pb.GenerateRequest(request_id=s.request_id, prompt_token_ids=s.prompt_token_ids,
+                                 sampling=s.sampling, deadline_unix_s=s.deadline_unix_s)
+        resp = None
+        if s.route.kind == "split":
+            assert s.route.prefill_address is not None
+            try:
+                resp = await self._prefill(s.route.prefill_address)
+            except WorkerCallError as err:
+                # An unreachable prefill worker ran nothing: the decode worker, whose plan the
+                # policy checked holds this context, prefills the prompt itself.
+                if err.code != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                log.warning("prefill worker %s unreachable (%s); %s prefills %s itself",
+                            err.address, err.details, s.route.decode_address, s.request_id)
+        if resp is not None:
+            finish = resp.finish_reason or None
+            delta = self._delta([int(resp.first_token_id)], finish)
+            yield delta
+            if delta.finish_reason is not None:
+                return
+            gen.has_prefill = True
+            gen.first_token_id = resp.first_token_id
+            gen.kv.CopyFrom(resp.kv)
+        address = s.route.decode_address
+        try:
+            async for delta in self._generate(address, gen):
+                yield delta
+        except WorkerCallError as err:
+            # Nothing ran on a worker we could not reach: try one other decode worker (the KV of
+            # a split is in the store, so any compatible decode worker can load it).
+            if err.code != grpc.StatusCode.UNAVAILABLE or self._num_generated_chunks:
+                raise
+            other = self._reroute(address)
+            if other is None:
+                raise
+            async for delta in self._generate(other, gen):
+                yield delta
+
+    async def _generate(self, address: str, req: pb.GenerateRequest) -> AsyncIterator[ChoiceDelta]:
+        stream = self._clients(address).generate(req)
+        started = time.monotonic()
+        first = True
+        finished = unreachable = False
+        try:
+            async for chunk in stream:
+                self._num_generated_chunks += 1
+                if first:
+                    self._metrics.phase.labels("first_token").observe(time.monotonic() - started)
+                    first = False
+                reason = chunk.finish_reason or None
+                if reason == "abort":
+                    finished = True
+                    raise WorkerCallError(address, "decode", grpc.StatusCode.ABORTED,
+                                          "the worker aborted the request")
+                if chunk.HasField("usage"):
+                    self._take_usage(chunk.usage, req.has_prefill)
+                delta = self._delta(list(chunk.token_ids), reason)
+                if delta.finish_reason is not None:
+                    # a stop string ends the choice while the worker still runs: abort it below
+                    finished = reason is not None
+                    yield delta
+                    return
+                if delta.text or delta.token_ids:
+                    yield delta
+            raise WorkerCallError(address, "decode", grpc.StatusCode.INTERNAL,
+                                  "the Generate stream ended without a finish reason")
+        except WorkerCallError as err:
+            unreachable = err.code == grpc.StatusCode.UNAVAILABLE   # an Abort would not arrive
+            raise self._failed(err) from None
+        finally:
+            self._metrics.phase.labels("decode").observe(time.monotonic() - started)
+            if not finished:
+                stream.cancel()
+                if not unreachable:
+                    self._abort_later(address)
+
+    def _take_usage(self, usage: pb.Usage, has_prefill: bool) -> None:
+        self.stats.num_loaded_tokens = int(usage.loaded_kv_tokens)
+        if has_prefill:
+            # the prefill worker computed the prompt; the decode side only loaded/recomputed a tail
+            self.stats.num_recomputed_tokens += int(usage.recomputed_tokens)
+        else:
+            self.stats.num_cached_tokens = int(usage.cached_tokens)
+            self.stats.num_recomputed_tokens = int(usage.recomputed_tokens)

@@ -1,0 +1,158 @@
+"""A validated, tokenized generation request: what the dispatcher runs, with no HTTP left in it.
+
+Built from the pydantic request bodies; checks the settings-dependent limits (n, stop strings,
+number of prompts, token ids in range) and refuses unsupported features with a 400 that names
+the field.  This module must never reach a worker and never import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from router.errors import ApiError, invalid_request, model_not_found
+from router.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from router.settings import RouterSettings
+from router.tokenizer_port import RouterTokenizer
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    kind: Literal["chat", "completion"]
+    model: str
+    prompts: tuple[tuple[int, ...], ...]   # token ids of each prompt
+    max_tokens: int | None                  # None: as many as the context allows (chat)
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    n: int
+    stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+
+def _unsupported(param: str, what: str) -> ApiError:
+    return ApiError(400, f"{param}: {what} is not supported by this server.",
+                    "invalid_request_error", param, "unsupported_parameter")
+
+
+def _common(req: _SamplingFields, settings: RouterSettings) -> dict[str, object]:
+    if req.model is not None and req.model != settings.model_name:
+        raise model_not_found(req.model, settings.model_name)
+    if req.n > settings.max_n:
+        raise invalid_request(f"n: {req.n} is more than the limit {settings.max_n}", "n")
+    stop: tuple[str, ...]
+    if req.stop is None:
+        stop = ()
+    elif isinstance(req.stop, str):
+        stop = (req.stop,)
+    else:
+        stop = tuple(req.stop)
+    if len(stop) > settings.max_stop_strings:
+        raise invalid_request(f"stop: {len(stop)} strings, the limit is "
+                              f"{settings.max_stop_strings}", "stop")
+    if any(s == "" for s in stop):
+        raise invalid_request("stop: empty stop strings are not allowed", "stop")
+    if req.presence_penalty != 0.0:
+        raise _unsupported("presence_penalty", "a non-zero presence_penalty")
+    if req.frequency_penalty != 0.0:
+        raise _unsupported("frequency_penalty", "a non-zero frequency_penalty")
+    if req.stream_options is not None and not req.stream:
+        raise invalid_request("stream_options: only allowed when stream is true",
+                              "stream_options")
+    top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
+    return dict(
+        model=settings.model_name,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=top_k, seed=req.seed, n=req.n, stop=stop,
+        stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
+        stream=req.stream,
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        return_token_ids=req.return_token_ids)
+
+
+def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
+             tokenizer: RouterTokenizer) -> GenerationJob:
+    common = _common(req, settings)
+    if req.logprobs or req.top_logprobs:
+        raise _unsupported("logprobs", "logprobs")
+    if req.tools:
+        raise _unsupported("tools", "tool calling")
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        raise _unsupported("response_format", "a response_format other than text")
+    if req.max_tokens is not None and req.max_completion_tokens is not None \
+            and req.max_tokens != req.max_completion_tokens:
+        raise invalid_request("max_tokens and max_completion_tokens disagree; send one",
+                              "max_completion_tokens")
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as exc:  # a template may raise on an order of roles it does not accept
+        raise invalid_request(f"messages: the chat template refused them: {exc}",
+                              "messages") from None
+    ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+    if not ids:
+        raise invalid_request("messages: they render to an empty prompt", "messages")
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    return GenerationJob(kind="chat", prompts=(ids,), max_tokens=max_tokens, **common)  # type: ignore[arg-type]
+
+
+def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[int, ...]:
+    if not ids:
+        raise invalid_request(f"{param}: empty prompt", param)
+    end = vocab_size if vocab_size is not None else 2**31   # proto token ids are int32
+    for tid in ids:
+        if not 0 <= tid < end:
+            raise invalid_request(f"{param}: token id {tid} is outside [0, {end})", param)
+    return tuple(ids)
+
+
+def completion_job(req: CompletionRequest, settings: RouterSettings,
+                   tokenizer: RouterTokenizer) -> GenerationJob:
+    common = _common(req, settings)
+    if req.logprobs is not None:
+        raise _unsupported("logprobs", "logprobs")
+    if req.echo:
+        raise _unsupported("echo", "echo")
+    if req.suffix:
+        raise _unsupported("suffix", "suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise _unsupported("best_of", "best_of other than n")
+    vocab_size = getattr(tokenizer, "vocab_size", None)
+    p = req.prompt
+    raw: list[str | list[int]]
+    if isinstance(p, str):
+        raw = [p]
+    elif p and all(isinstance(x, int) for x in p):
+        raw = [list(p)]  # type: ignore[arg-type]
+    else:
+        raw = list(p)  # type: ignore[arg-type]
+    if not raw:
+        raise invalid_request("prompt: empty list", "prompt")
+    if len(raw) > settings.max_prompts:
+        raise invalid_request(f"prompt: {len(raw)} prompts, the limit is {settings.max_prompts}",
+                              "prompt")
+    if len(raw) * req.n > settings.max_prompts:
+        raise invalid_request(f"n: {len(raw)} prompts x n={req.n} is more than "
+                              f"{settings.max_prompts} choices", "n")
+    prompts = []
+    for i, item in enumerate(raw):
+        param = "prompt" if len(raw) == 1 else f"prompt[{i}]"
+        if isinstance(item, str):
+            ids = tokenizer.encode(item, add_special_tokens=True)
+            prompts.append(_check_ids(ids, None, param))
+        else:
+            prompts.append(_check_ids(item, vocab_size, param))
+    max_tokens = 16 if req.max_tokens is None else req.max_tokens
+    return GenerationJob(kind="completion", prompts=tuple(prompts), max_tokens=max_tokens,
+                         **common)  # type: ignore[arg-type]

@@ -1,0 +1,90 @@
+"""Prometheus metrics of one router app, in a registry owned by that app (no global registry).
+
+Latencies (TTFT, inter-token, end-to-end, time per phase) are histograms; requests are counted by
+outcome; KV tokens by how the prompt was served (loaded from the store vs recomputed); worker
+queue depth and load are read from the worker registry at scrape time.  This module must never
+block and never label by request content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from router.policy import WorkerLoad
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                    120.0, 300.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class _WorkerCollector(Collector):
+    def __init__(self, loads: Callable[[], list[WorkerLoad]]) -> None:
+        self._loads = loads
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        loads = self._loads()
+        waiting = GaugeMetricFamily("bulkhead_worker_queue_depth",
+                                    "Requests waiting in a worker's queue (last GetInfo).",
+                                    labels=["worker", "role"])
+        running = GaugeMetricFamily("bulkhead_worker_running",
+                                    "Requests running on a worker (last GetInfo).",
+                                    labels=["worker", "role"])
+        healthy = GaugeMetricFamily("bulkhead_worker_healthy", "1 if the worker answers GetInfo.",
+                                    labels=["worker", "role"])
+        free_kv = GaugeMetricFamily("bulkhead_worker_free_kv_tokens",
+                                    "KV tokens not held by any sequence (last GetInfo).",
+                                    labels=["worker", "role"])
+        inflight = GaugeMetricFamily("bulkhead_worker_router_inflight",
+                                     "Choices this router has sent to a worker and not seen end.",
+                                     labels=["worker", "role"])
+        for w in loads:
+            labels = [w.address, w.role]
+            inflight.add_metric(labels, w.num_inflight)
+            waiting.add_metric(labels, w.num_waiting)
+            running.add_metric(labels, w.num_running)
+            healthy.add_metric(labels, 1.0 if w.healthy else 0.0)
+            free_kv.add_metric(labels, w.free_kv_tokens)
+        yield from (waiting, running, healthy, free_kv, inflight)
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+
+class RouterMetrics:
+    """The router's metrics; one instance per app."""
+
+    def __init__(self, loads: Callable[[], list[WorkerLoad]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttft = Histogram("bulkhead_time_to_first_token_seconds",
+                              "Request arrival to first token sent.", ["route"],
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("bulkhead_inter_token_latency_seconds",
+                             "Time between two consecutive tokens of one choice.",
+                             buckets=_ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("bulkhead_e2e_request_latency_seconds",
+                             "Request arrival to last byte of the answer.", ["outcome"],
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.phase = Histogram("bulkhead_phase_seconds",
+                               "Time spent per phase: tokenize, lookup, prefill, first_token, "
+                               "decode.", ["phase"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.requests = Counter("bulkhead_requests", "Requests by outcome (ok or error code).",
+                                ["outcome"], registry=r)
+        self.routes = Counter("bulkhead_routes", "Choices by route: split or decode.", ["route"],
+                              registry=r)
+        self.kv_tokens = Counter("bulkhead_prompt_tokens",
+                                 "Prompt tokens by how they were served: loaded (KV from the "
+                                 "store), cached (any reuse, loaded included), recomputed.",
+                                 ["source"], registry=r)
+        self.generated_tokens = Counter("bulkhead_generation_tokens", "Tokens generated.",
+                                        registry=r)
+        self.in_flight = Gauge("bulkhead_router_requests_in_flight",
+                               "Requests the router is serving now.", registry=r)
+        r.register(_WorkerCollector(loads))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,110 @@
+"""OpenAI response shapes: full responses, stream chunks, usage, and SSE framing.
+
+Chat and completions differ only in object names and where the text goes (`message`/`delta`
+vs `text`).  `return_token_ids` (vLLM extension) adds `prompt_token_ids` (top level for chat, on
+the choice for completions) and `token_ids` on each choice.  This module is pure formatting: it
+must never await, reach a worker or read settings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from router.choice_runner import ChoiceDelta, ChoiceRunner
+from router.job import GenerationJob
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n"
+
+
+def usage(job: GenerationJob, runners: Sequence[ChoiceRunner]) -> dict[str, Any]:
+    """Prompt tokens count once per prompt (not per choice), as OpenAI does."""
+    prompt_tokens = sum(len(p) for p in job.prompts)
+    completion_tokens = sum(len(r.stats.token_ids) for r in runners)
+    cached = 0
+    for p_index in range(len(job.prompts)):
+        choices = runners[p_index * job.n:(p_index + 1) * job.n]
+        cached += max((r.stats.num_cached_tokens for r in choices), default=0)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def full_response(job: GenerationJob, request_id: str, created: int,
+                  runners: Sequence[ChoiceRunner]) -> dict[str, Any]:
+    choices = []
+    for r in sorted(runners, key=lambda r: r.spec.index):
+        choice: dict[str, Any] = {"index": r.spec.index, "logprobs": None,
+                                  "finish_reason": r.stats.finish_reason}
+        if job.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": r.stats.text}
+        else:
+            choice["text"] = r.stats.text
+            if job.return_token_ids:
+                choice["prompt_token_ids"] = list(r.spec.prompt_token_ids)
+        if job.return_token_ids:
+            choice["token_ids"] = list(r.stats.token_ids)
+        choices.append(choice)
+    body: dict[str, Any] = {
+        "id": request_id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
+        "created": created, "model": job.model, "choices": choices,
+        "usage": usage(job, runners)}
+    if job.kind == "chat" and job.return_token_ids:
+        body["prompt_token_ids"] = list(job.prompts[0])
+    return body
+
+
+@dataclass
+class ChunkWriter:
+    """Builds the SSE chunks of one streamed request."""
+
+    job: GenerationJob
+    request_id: str
+    created: int
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.request_id,
+            "object": "chat.completion.chunk" if self.job.kind == "chat" else "text_completion",
+            "created": self.created, "model": self.job.model, "choices": choices}
+        if self.job.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def opening(self) -> list[str]:
+        """Chat: one chunk per choice with the assistant role (and prompt ids when asked)."""
+        if self.job.kind != "chat":
+            return []
+        out = []
+        for index in range(self.job.num_choices):
+            chunk = self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
+                                  "logprobs": None, "finish_reason": None}])
+            if self.job.return_token_ids and index == 0:
+                chunk["prompt_token_ids"] = list(self.job.prompts[0])
+            out.append(sse(chunk))
+        return out
+
+    def delta(self, d: ChoiceDelta, first_of_choice: bool) -> str | None:
+        if not d.text and not d.token_ids and d.finish_reason is None:
+            return None
+        choice: dict[str, Any] = {"index": d.index, "logprobs": None,
+                                  "finish_reason": d.finish_reason}
+        if self.job.kind == "chat":
+            choice["delta"] = {"content": d.text} if d.text else {}
+        else:
+            choice["text"] = d.text
+            if self.job.return_token_ids and first_of_choice:
+                choice["prompt_token_ids"] = list(self.job.prompts[d.index // self.job.n])
+        if self.job.return_token_ids:
+            choice["token_ids"] = list(d.token_ids)
+        return sse(self._chunk([choice]))
+
+    def usage_chunk(self, runners: Sequence[ChoiceRunner]) -> str:
+        chunk = self._chunk([])
+        chunk["usage"] = usage(self.job, runners)
+        return sse(chunk)

@@ -1,0 +1,189 @@
+"""Serving one generation request: build the job, dispatch it, answer JSON or SSE.
+
+`serve_generation` owns a request from admission to its last byte: TTFT / e2e / outcome metrics,
+one log line, the in-flight slot, and the clean-up (worker calls cancelled, Aborts sent) on every
+way out, including a client that disconnects.  It must never import torch and never hold state
+outside the `RouterContext` it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from router.admission import Admission
+from router.background import BackgroundTasks
+from router.choice_runner import ChoiceDelta
+from router.dispatch import Dispatch, Dispatcher
+from router.errors import ApiError, WorkerCallError, from_worker_error
+from router.job import GenerationJob
+from router.metrics import RouterMetrics
+from router.openai_format import ChunkWriter, full_response, sse
+from router.registry import WorkerRegistry
+from router.settings import RouterSettings
+from router.sse import ClientGone, EventStreamResponse, run_until_disconnect
+from router.tokenizer_port import RouterTokenizer
+
+log = logging.getLogger("bulkhead.router")
+
+
+@dataclass(frozen=True)
+class RouterContext:
+    """Everything a request handler needs; built in the lifespan, stored on app.state."""
+
+    settings: RouterSettings
+    tokenizer: RouterTokenizer
+    registry: WorkerRegistry
+    metrics: RouterMetrics
+    background: BackgroundTasks
+    dispatcher: Dispatcher
+    admission: Admission
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+
+
+def as_api_error(exc: BaseException, ctx: RouterContext) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, WorkerCallError):
+        return from_worker_error(exc, ctx.settings.retry_after_s)
+    log.error("internal error: %r", exc, exc_info=exc)
+    return ApiError(500, f"Internal error: {type(exc).__name__}", "server_error", None,
+                    "internal_error")
+
+
+class _Outcome:
+    """Observes one request once: TTFT at the first token, e2e and a log line at the end."""
+
+    def __init__(self, metrics: RouterMetrics, admission: Admission) -> None:
+        admission.acquire()   # raises 429 when the router is full
+        self._admission = admission
+        self._metrics = metrics
+        self._started = time.monotonic()
+        self._ttft_s: float | None = None
+        self._done = False
+        self.dispatch: Dispatch | None = None
+        metrics.in_flight.inc()
+
+    def saw(self, d: ChoiceDelta, route: str) -> None:
+        if d.token_ids and self._ttft_s is None:
+            self._ttft_s = time.monotonic() - self._started
+            self._metrics.ttft.labels(route).observe(self._ttft_s)
+
+    def finish(self, outcome: str) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._admission.release()
+        e2e_s = time.monotonic() - self._started
+        self._metrics.in_flight.dec()
+        self._metrics.requests.labels(outcome).inc()
+        self._metrics.e2e.labels(outcome).observe(e2e_s)
+        d = self.dispatch
+        if d is not None:   # one line per request that reached a worker (no request content)
+            log.info("%s outcome=%s routes=%s prompt_tokens=%d output_tokens=%d ttft_s=%s "
+                     "e2e_s=%.3f", d.request_id, outcome,
+                     ",".join(sorted({r.spec.route.kind for r in d.runners})),
+                     sum(len(r.spec.prompt_token_ids) for r in d.runners),
+                     sum(len(r.stats.token_ids) for r in d.runners),
+                     "-" if self._ttft_s is None else f"{self._ttft_s:.3f}", e2e_s)
+
+
+def _account(dispatch: Dispatch, metrics: RouterMetrics) -> None:
+    for r in dispatch.runners:
+        metrics.kv_tokens.labels("loaded").inc(r.stats.num_loaded_tokens)
+        metrics.kv_tokens.labels("cached").inc(r.stats.num_cached_tokens)
+        metrics.kv_tokens.labels("recomputed").inc(r.stats.num_recomputed_tokens)
+
+
+async def _stream_body(ctx: RouterContext, job: GenerationJob, dispatch: Dispatch,
+                       first: ChoiceDelta, events: AsyncIterator[ChoiceDelta],
+                       outcome: _Outcome) -> AsyncIterator[str]:
+    writer = ChunkWriter(job, dispatch.request_id, int(time.time()))
+    route = dispatch.runners[0].spec.route.kind
+    seen: set[int] = set()
+    result = "cancelled"
+    try:
+        for line in writer.opening():
+            yield line
+        delta: ChoiceDelta | None = first
+        while delta is not None:
+            outcome.saw(delta, route)
+            chunk = writer.delta(delta, delta.index not in seen)
+            seen.add(delta.index)
+            if chunk is not None:
+                yield chunk
+            delta = await anext(events, None)
+        if job.include_usage:
+            yield writer.usage_chunk(dispatch.runners)
+        result = "ok"
+        yield sse("[DONE]")
+    except (ApiError, WorkerCallError) as exc:
+        err = as_api_error(exc, ctx)
+        result = err.code or str(err.status)
+        yield sse(err.body())
+        yield sse("[DONE]")
+    finally:
+        await events.aclose()
+        dispatch.close()
+        _account(dispatch, ctx.metrics)
+        outcome.finish(result)
+
+
+async def serve_generation(ctx: RouterContext, request: Request,
+                 build: Callable[[], GenerationJob]) -> Response:
+    try:
+        outcome = _Outcome(ctx.metrics, ctx.admission)
+    except ApiError as err:
+        ctx.metrics.requests.labels(err.code or str(err.status)).inc()
+        return error_response(err)
+    handed_over = False
+    result = "error"
+    try:
+        started = time.monotonic()
+        job = await asyncio.to_thread(build)
+        ctx.metrics.phase.labels("tokenize").observe(time.monotonic() - started)
+        dispatch = await ctx.dispatcher.start(job)
+        outcome.dispatch = dispatch
+        events = dispatch.deltas()
+        try:
+            if job.stream:
+                first = await run_until_disconnect(anext(events), request.receive)
+                handed_over = True
+                return EventStreamResponse(
+                    _stream_body(ctx, job, dispatch, first, events, outcome),
+                    headers={"x-request-id": dispatch.request_id})
+            route = dispatch.runners[0].spec.route.kind
+
+            async def collect() -> None:
+                async for d in events:
+                    outcome.saw(d, route)
+
+            await run_until_disconnect(collect(), request.receive)
+            _account(dispatch, ctx.metrics)
+            result = "ok"
+            return JSONResponse(full_response(job, dispatch.request_id, int(time.time()),
+                                              dispatch.runners),
+                                headers={"x-request-id": dispatch.request_id})
+        finally:
+            if not handed_over:
+                await events.aclose()
+                dispatch.close()   # also when the generator never started
+    except ClientGone:
+        result = "cancelled"
+        return Response(status_code=499)
+    except (ApiError, WorkerCallError) as exc:
+        err = as_api_error(exc, ctx)
+        result = err.code or str(err.status)
+        return error_response(err)
+    finally:
+        if not handed_over:
+            outcome.finish(result)

@@ -1,0 +1,185 @@
+"""The router's settings: one frozen dataclass built once at the entry point.
+
+Sources, later ones win: defaults < YAML file (``--config`` / ``BULKHEAD_CONFIG``) < environment
+variables ``BULKHEAD_<FIELD>`` < command-line flags.  Every field is documented below; the
+README and ``bulkhead router --help`` are generated from the same descriptions.
+
+This module must never import torch, ``engine/`` or anything that talks to the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENV_PREFIX = "BULKHEAD_"
+
+
+class SettingsError(ValueError):
+    """A setting has a value we cannot use; the message names the setting and the limit."""
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """Settings of the OpenAI-compatible router.  Env var: ``BULKHEAD_`` + the upper-case name."""
+
+    model: str = field(default="", metadata=_doc(
+        "Path of the model (HF folder or .gguf file); the tokenizer and chat template load from it."))
+    served_model_name: str = field(default="", metadata=_doc(
+        "Name clients use in the `model` field; default: the model path's stem."))
+    host: str = field(default="127.0.0.1", metadata=_doc("Address the HTTP server binds."))
+    port: int = field(default=8000, metadata=_doc("Port the HTTP server binds."))
+    prefill_workers: tuple[str, ...] = field(default=(), metadata=_doc(
+        "host:port of each prefill worker (env: comma-separated list)."))
+    decode_workers: tuple[str, ...] = field(default=(), metadata=_doc(
+        "host:port of each decode worker (env: comma-separated list)."))
+    split_threshold_tokens: int = field(default=256, metadata=_doc(
+        "Uncached prompt tokens from which a request is prefilled on a prefill worker."))
+    poll_interval_s: float = field(default=2.0, metadata=_doc(
+        "Seconds between GetInfo polls of every worker."))
+    info_timeout_s: float = field(default=2.0, metadata=_doc(
+        "Deadline of the small RPCs: GetInfo, Lookup, Abort."))
+    prefill_timeout_s: float = field(default=300.0, metadata=_doc(
+        "Deadline of one Prefill RPC (prompt computed and KV stored)."))
+    first_token_timeout_s: float = field(default=120.0, metadata=_doc(
+        "Longest wait for the first token of a Generate stream."))
+    stream_idle_timeout_s: float = field(default=60.0, metadata=_doc(
+        "Longest wait between two chunks of a Generate stream."))
+    request_timeout_s: float = field(default=0.0, metadata=_doc(
+        "Whole-request deadline sent to the workers (deadline_unix_s); 0 = none."))
+    retry_after_s: int = field(default=1, metadata=_doc(
+        "Value of the Retry-After header on 429 and 503 answers."))
+    max_inflight_requests: int = field(default=0, metadata=_doc(
+        "Requests the router serves at once; past it new ones get 429 (0 = no bound)."))
+    max_n: int = field(default=16, metadata=_doc("Largest `n` (choices per request) accepted."))
+    max_stop_strings: int = field(default=16, metadata=_doc("Most `stop` strings per request."))
+    max_prompts: int = field(default=64, metadata=_doc(
+        "Most prompts in one /v1/completions request (a list of prompts)."))
+    log_level: str = field(default="info", metadata=_doc("Python log level of the router."))
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise SettingsError(f"port: {self.port} is not in 1..65535")
+        if self.split_threshold_tokens < 1:
+            raise SettingsError(f"split_threshold_tokens: {self.split_threshold_tokens} must be >= 1")
+        for name in ("poll_interval_s", "info_timeout_s", "prefill_timeout_s",
+                     "first_token_timeout_s", "stream_idle_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
+        if self.request_timeout_s < 0:
+            raise SettingsError(f"request_timeout_s: {self.request_timeout_s} must be >= 0")
+        if self.max_inflight_requests < 0:
+            raise SettingsError(f"max_inflight_requests: {self.max_inflight_requests} must be >= 0")
+        if self.retry_after_s < 0:
+            raise SettingsError(f"retry_after_s: {self.retry_after_s} must be >= 0")
+        for name in ("max_n", "max_stop_strings", "max_prompts"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")
+        for name in ("prefill_workers", "decode_workers"):
+            for addr in getattr(self, name):
+                host, sep, port = addr.rpartition(":")
+                if not sep or not host or not port.isdigit():
+                    raise SettingsError(f"{name}: {addr!r} is not host:port")
+
+    @property
+    def model_name(self) -> str:
+        """The name served on /v1/models and accepted in requests."""
+        if self.served_model_name:
+            return self.served_model_name
+        return Path(self.model).stem if self.model else "bulkhead"
+
+
+def _field_types() -> dict[str, Any]:
+    """Field name -> str, int, float or tuple (for the comma-list fields)."""
+    hints = typing.get_type_hints(RouterSettings)
+    return {f.name: typing.get_origin(hints[f.name]) or hints[f.name]
+            for f in dataclasses.fields(RouterSettings)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = _field_types()[name]
+    try:
+        if kind is tuple:
+            if isinstance(value, str):
+                return tuple(v.strip() for v in value.split(",") if v.strip())
+            return tuple(str(v) for v in value)
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{name}: cannot read {value!r} as {kind.__name__}") from exc
+
+
+def _from_yaml(path: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise SettingsError(f"config: cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SettingsError(f"config: {path} must hold a mapping of setting -> value")
+    section = data.get("router", data)
+    known = _field_types()
+    unknown = sorted(set(section) - set(known))
+    if unknown:
+        raise SettingsError(f"config: unknown router settings in {path}: {', '.join(unknown)}")
+    return {k: _coerce(k, v) for k, v in section.items()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `bulkhead router` flags; every flag defaults to None so unset flags do not override."""
+    parser = argparse.ArgumentParser(
+        prog="bulkhead router", description="OpenAI-compatible router in front of Bulkhead workers.")
+    parser.add_argument("--config", default=None, help="YAML file of settings (env: BULKHEAD_CONFIG).")
+    for f in dataclasses.fields(RouterSettings):
+        flag = "--" + f.name.replace("_", "-")
+        env = ENV_PREFIX + f.name.upper()
+        help_text = f"{f.metadata['doc']} (env: {env}; default: {f.default!r})"
+        if f.name in ("prefill_workers", "decode_workers"):
+            # `--decode A --decode B` or `--decode A,B`; the short names mirror the issue text.
+            parser.add_argument(flag, "--" + f.name.split("_")[0], dest=f.name, action="append",
+                                default=None, help=help_text)
+        else:
+            parser.add_argument(flag, dest=f.name, default=None, help=help_text)
+    return parser
+
+
+def load_settings(argv: Sequence[str] | None = None,
+                  env: Mapping[str, str] | None = None) -> RouterSettings:
+    """Build the settings from defaults, YAML, environment and flags (in that order)."""
+    env = os.environ if env is None else env
+    args = build_parser().parse_args(list(argv) if argv is not None else [])
+    values: dict[str, Any] = {}
+    config_path = args.config or env.get(ENV_PREFIX + "CONFIG")
+    if config_path:
+        values.update(_from_yaml(config_path))
+    for name in _field_types():
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None and raw != "":
+            values[name] = _coerce(name, raw)
+    for name in _field_types():
+        raw = getattr(args, name)
+        if raw is None:
+            continue
+        if isinstance(raw, list):
+            raw = ",".join(raw)
+        values[name] = _coerce(name, raw)
+    return RouterSettings(**values)
+
+
+def settings_table() -> str:
+    """Markdown table of every router setting (for the README)."""
+    rows = ["| setting | env | flag | default | meaning |", "|---|---|---|---|---|"]
+    for f in dataclasses.fields(RouterSettings):
+        rows.append(f"| `{f.name}` | `{ENV_PREFIX}{f.name.upper()}` | "
+                    f"`--{f.name.replace('_', '-')}` | `{f.default!r}` | {f.metadata['doc']} |")
+    return "\n".join(rows)

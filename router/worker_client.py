@@ -1,0 +1,112 @@
+"""gRPC client of one worker: every call has a deadline and every failure is a `WorkerCallError`.
+
+A `Generate` stream is read through `GenerateStream`, which applies the first-token and
+stream-idle deadlines and cancels the call (the worker then aborts the request) when they pass
+or when the caller stops early.  This module must never block forever and never import torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from proto import bulkhead_pb2 as pb
+from proto import bulkhead_pb2_grpc as pb_grpc
+from router.errors import WorkerCallError
+
+
+@dataclass(frozen=True)
+class CallDeadlines:
+    """Seconds each phase may take; see RouterSettings for their meaning."""
+
+    info_s: float = 2.0
+    prefill_s: float = 300.0
+    first_token_s: float = 120.0
+    stream_idle_s: float = 60.0
+
+
+class GenerateStream:
+    """One server-streaming Generate call, read chunk by chunk under deadlines."""
+
+    def __init__(self, call: Any, address: str, deadlines: CallDeadlines) -> None:
+        self._call = call
+        self._address = address
+        self._deadlines = deadlines
+        self._num_chunks = 0
+        self._done = False
+
+    def __aiter__(self) -> GenerateStream:
+        return self
+
+    async def __anext__(self) -> pb.GenerateChunk:
+        if self._done:
+            raise StopAsyncIteration
+        first = self._num_chunks == 0
+        phase = "first_token" if first else "stream_idle"
+        timeout = self._deadlines.first_token_s if first else self._deadlines.stream_idle_s
+        try:
+            async with asyncio.timeout(timeout):   # no extra task per chunk, unlike wait_for
+                msg = await self._call.read()
+        except TimeoutError:
+            self.cancel()
+            raise WorkerCallError(self._address, phase, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  f"no chunk within {timeout:g} s") from None
+        except grpc.aio.AioRpcError as exc:
+            self._done = True
+            raise WorkerCallError(self._address, phase, exc.code(), exc.details() or "") from None
+        if msg is grpc.aio.EOF:
+            self._done = True
+            raise StopAsyncIteration
+        self._num_chunks += 1
+        return msg
+
+    def cancel(self) -> None:
+        """Cancel the RPC; cancelling a Generate call aborts the request on the worker."""
+        self._done = True
+        self._call.cancel()
+
+
+class WorkerClient:
+    """Calls of the bulkhead.v1.Worker service on one address."""
+
+    def __init__(self, address: str, deadlines: CallDeadlines) -> None:
+        self.address = address
+        self._deadlines = deadlines
+        self._channel = grpc.aio.insecure_channel(
+            address, options=[("grpc.enable_retries", 0),
+                              ("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+        self._stub = pb_grpc.WorkerStub(self._channel)
+
+    async def _unary(self, method: Any, request: Any, phase: str, timeout: float) -> Any:
+        try:
+            return await method(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise WorkerCallError(self.address, phase, exc.code(), exc.details() or "") from None
+
+    async def get_info(self) -> pb.WorkerInfo:
+        return await self._unary(self._stub.GetInfo, pb.WorkerInfoRequest(), "info",
+                                 self._deadlines.info_s)
+
+    async def lookup(self, prompt_token_ids: Sequence[int]) -> int:
+        resp = await self._unary(self._stub.Lookup,
+                                 pb.LookupRequest(prompt_token_ids=prompt_token_ids), "lookup",
+                                 self._deadlines.info_s)
+        return int(resp.num_cached_tokens)
+
+    async def prefill(self, request: pb.PrefillRequest) -> pb.PrefillResponse:
+        return await self._unary(self._stub.Prefill, request, "prefill", self._deadlines.prefill_s)
+
+    def generate(self, request: pb.GenerateRequest) -> GenerateStream:
+        return GenerateStream(self._stub.Generate(request), self.address, self._deadlines)
+
+    async def abort(self, request_id: str) -> bool:
+        resp = await self._unary(self._stub.Abort, pb.AbortRequest(request_id=request_id),
+                                 "abort", self._deadlines.info_s)
+        return bool(resp.found)
+
+    async def close(self) -> None:
+        await self._channel.close(grace=None)
