@@ -28,6 +28,7 @@ from engine.kv_cache import KVCache
 from engine.memory_planner import MemoryPlan, device_memory, library_workspaces, make_plan
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
+from engine.models import uses_paged_kv
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
@@ -76,8 +77,10 @@ class LLMEngine:
                                           non_torch_bytes, library_workspaces(ec))
         self.plan.check()
         self.runner = ModelRunner(model_config, ec, weights, self.plan)
+        # Prefix sharing by block hash needs the state to live in those blocks: not so for
+        # families with per-slot state (DeepSeek-V4), which always compute from their start.
         self.block_manager = BlockManager(self.plan.kv_spec.num_blocks, ec.block_size,
-                                          ec.enable_prefix_cache)
+                                          ec.enable_prefix_cache and uses_paged_kv(model_config))
         eos = model_config.eos_token_ids
         self.scheduler = Scheduler(
             SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos)),

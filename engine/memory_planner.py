@@ -135,6 +135,9 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
               library_bytes: int = 0, device_label: str | None = None) -> MemoryPlan:
     dtype = ec.torch_dtype
     elem = torch.empty((), dtype=dtype).element_size()
+    if model.family == "deepseek_v4":
+        return _deepseek_v4_plan(model, ec, device_memory_bytes, weight_bytes, non_torch_bytes,
+                                 library_bytes, device_label)
     kv_spec = KVCacheSpec(model.num_layers, ec.resolved_num_blocks, ec.block_size,
                           model.num_kv_heads, model.head_dim, dtype)
     attn = AttentionShape(model.num_heads, model.num_kv_heads, model.head_dim, ec.block_size,
@@ -169,6 +172,56 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
             dense_activation_bytes(model, ec.max_batch, ec.max_batch, elem) + GRAPH_POOL_SLACK,
             f"activations of a {ec.max_batch}-token decode step + 42 MiB allocator segment "
             "granularity (one 2 MiB small-pool and two 20 MiB large-pool segments)"))
+    if library_bytes:
+        terms.append(PlanTerm("library_workspaces", library_bytes,
+                              "cuBLAS/cuBLASLt workspaces, measured by probe matmuls at start-up"))
+    if non_torch_bytes:
+        terms.append(PlanTerm("non_torch", non_torch_bytes,
+                              "CUDA context and libraries, measured before loading"))
+    return MemoryPlan(tuple(terms), device_label or str(ec.torch_device), device_memory_bytes,
+                      ec.memory_utilization, kv_spec, ec.max_context, ec.chunk_tokens, ec.max_batch)
+
+
+def _deepseek_v4_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
+                      weight_bytes: int | None, non_torch_bytes: int, library_bytes: int,
+                      device_label: str | None) -> MemoryPlan:
+    """DeepSeek-V4: its state is per sequence slot (sliding window, compressed entries, indexer
+    keys, compressor carry-over), sized by the family's own functions; the paged pool only
+    counts tokens for admission (zero layers, zero bytes)."""
+    from engine.models.deepseek_v4.cache_state import deepseek_v4_cache_bytes
+    from engine.models.deepseek_v4.config import DeepseekV4Config
+    from engine.models.deepseek_v4.sizing import (
+        deepseek_v4_step_peak_bytes,
+        deepseek_v4_step_scratch_bytes,
+        deepseek_v4_workspace_bytes,
+    )
+
+    dtype = ec.torch_dtype
+    cfg = DeepseekV4Config.from_hf_dict(model.hf_config)
+    kernels = ec.use_triton_attention
+    kv_spec = KVCacheSpec(0, ec.resolved_num_blocks, ec.block_size, 1, 1, dtype)
+    terms = [PlanTerm("weights", weight_bytes or 0,
+                      "as loaded" if weight_bytes else "not estimated for deepseek_v4 "
+                      "(pass --weights-gib)")]
+    for name, nbytes in deepseek_v4_cache_bytes(cfg, ec.max_batch, ec.max_context, dtype).items():
+        terms.append(PlanTerm(f"state.{name}", nbytes,
+                              f"per slot x max_batch {ec.max_batch} at max_context {ec.max_context}"))
+    scratch = deepseek_v4_step_scratch_bytes(cfg, ec.chunk_tokens, ec.max_context, ec.max_batch,
+                                             dtype, "kernels" if kernels else "torch")
+    if kernels:
+        terms.append(PlanTerm("ws.indexer", _align(deepseek_v4_workspace_bytes(
+            cfg, max(ec.chunk_tokens, ec.max_batch), ec.max_context)),
+            "tiled indexer top-k scratch + [rows, topk] outputs (kernels' size function)", True))
+    terms += [
+        PlanTerm("ws.logits", _align(ec.max_batch * model.vocab_size * 4),
+                 f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),
+        PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size)),
+                 "vocab x (4 + 8 + 4) B", True),
+        PlanTerm("activations", deepseek_v4_step_peak_bytes(scratch),
+                 "mHC streams + max(attention parts, MoE, final norm) at chunk "
+                 f"{ec.chunk_tokens} against {ec.max_context}: "
+                 + ", ".join(f"{k}={v}" for k, v in scratch.items())),
+    ]
     if library_bytes:
         terms.append(PlanTerm("library_workspaces", library_bytes,
                               "cuBLAS/cuBLASLt workspaces, measured by probe matmuls at start-up"))

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionShape
 from engine.block_manager import NULL_BLOCK
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
@@ -19,8 +18,7 @@ from engine.errors import DeviceAllocationAfterLock, PlanError
 from engine.kv_cache import KVCache
 from engine.memory_planner import MemoryPlan
 from engine.model_config import ModelConfig
-from engine.models import build_model
-from engine.rope import RotaryTable
+from engine.models import build_model, prepare_warmup_slot, reset_slots, uses_paged_kv
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, SchedulerOutput
@@ -50,12 +48,10 @@ class ModelRunner:
         self.block_size = ec.block_size
         self.kv = KVCache(plan.kv_spec, self.device)
         self.ws = Workspace(plan.workspace_bytes, self.device)
-        rotary_dim = model_cfg.head_dim
-        self.rope = RotaryTable(model_cfg.rope, rotary_dim, ec.max_context,
-                                model_cfg.max_position_embeddings, self.dtype, self.device)
-        self.attn_shape = AttentionShape(model_cfg.num_heads, model_cfg.num_kv_heads,
-                                         model_cfg.head_dim, ec.block_size, ec.attn_tile_tokens)
-        self.model = build_model(model_cfg, weights, self.rope, self.attn_shape)
+        self.model = build_model(model_cfg, weights, ec)
+        # Decode graphs need a step whose host-side work is all in the inputs: true of the
+        # dense families, not of DeepSeek-V4 (its runner checks slot state on the host).
+        self.use_graphs = ec.use_cuda_graphs and uses_paged_kv(model_cfg)
         self.num_steps = 0
         self.graphs: DecodeGraphs | None = None
         self.num_graph_steps = 0
@@ -169,7 +165,7 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
             act_peak = torch.cuda.max_memory_allocated(self.device) - base
         self.ws.lock()
-        if ec.use_cuda_graphs:
+        if self.use_graphs:
             self._capture_graphs()
         if cuda:
             # torch.cuda.graph() empties the allocator's cache before capturing: run the worst
@@ -177,6 +173,7 @@ class ModelRunner:
             self._run_warmup_steps(steps)
             torch.cuda.synchronize(self.device)
             self._device_allocs = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
+        reset_slots(self.model)
         self.num_steps = 0
         self.warmup_report = WarmupReport(self.ws.peak_bytes, self.ws.capacity, act_peak,
                                           self.plan.term("activations"), self._device_allocs)
@@ -186,6 +183,8 @@ class ModelRunner:
         greedy = SamplingParams(max_tokens=1, temperature=0.0)
         random = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.9, top_k=50, seed=0)
         for chunks in steps:
+            for c in chunks:
+                prepare_warmup_slot(self.model, c.cache_slot, c.start)
             params = {c.request_id: (random if i % 2 else greedy) for i, c in enumerate(chunks)}
             gens = {c.request_id: torch.Generator(self.device).manual_seed(0) for c in chunks}
             self._execute_warmup(chunks, params, gens)

@@ -1,0 +1,166 @@
+"""One DeepSeek-V4 attention block (sliding, CSA or HCA): low-rank queries, shared-KV MQA with
+head_dim 512, partial interleaved RoPE, per-head sinks, grouped output projection.
+
+Parameter names follow transformers' ``DeepseekV4Attention``. Reads and writes the slot state in
+:class:`DeepseekV4CacheState` for every sequence of the step; never allocates cache memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.models.deepseek_v4.backend import V4Backend, attend, select_topk
+from engine.models.deepseek_v4.cache_state import LayerCache
+from engine.models.deepseek_v4.compressor import V4Compressor
+from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
+from engine.models.deepseek_v4.indexer import V4Indexer
+from engine.models.deepseek_v4.norms import RMSNorm, unweighted_rms_norm
+from engine.models.deepseek_v4.rope import V4Rotary, apply_rope
+
+
+@dataclass(frozen=True)
+class SeqSpan:
+    """One sequence of the step: tokens ``[begin, end)`` of the flat batch, its cache slot, and
+    how many tokens the slot had absorbed before this step (= position of its first token)."""
+
+    begin: int
+    end: int
+    slot: int
+    start_pos: int
+
+
+@dataclass
+class _StepRows:
+    """Per-token tensors of one layer's step, sliced per sequence by :meth:`rows`."""
+
+    q: torch.Tensor  # [N, H, D] rotated queries
+    kv: torch.Tensor  # [N, D] rotated shared K=V
+    kv_c: torch.Tensor | None = None  # compressor projections [N, width]
+    gate_c: torch.Tensor | None = None
+    kv_i: torch.Tensor | None = None  # indexer compressor projections [N, 2 * index_head_dim]
+    gate_i: torch.Tensor | None = None
+    idx_q: torch.Tensor | None = None  # [N, Hi, Di]
+    idx_w: torch.Tensor | None = None  # [N, Hi] fp32
+
+    def rows(self, sp: SeqSpan) -> _StepRows:
+        sl = slice(sp.begin, sp.end)
+        return _StepRows(**{k: None if v is None else v[sl] for k, v in vars(self).items()})
+
+
+class V4CSACompressor(V4Compressor):
+    """CSA's overlapping compressor; owns the indexer (transformers: ``compressor.indexer``)."""
+
+    def __init__(self, cfg: DeepseekV4Config) -> None:
+        super().__init__(cfg.hidden_size, cfg.head_dim, cfg.csa_rate, True, cfg.rms_norm_eps)
+        self.indexer = V4Indexer(cfg)
+
+
+class GroupedLinear(nn.Module):
+    """Block-diagonal projection: ``weight [groups * out_per_group, in_per_group]``."""
+
+    def __init__(self, in_per_group: int, out_features: int, groups: int) -> None:
+        super().__init__()
+        self.groups = groups
+        self.weight = nn.Parameter(torch.empty(out_features, in_per_group))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [N, groups, in_per_group] -> [N, groups * out_per_group]
+        w = self.weight.view(self.groups, -1, x.shape[-1])  # [G, out/G, in]
+        return torch.einsum("ngi,goi->ngo", x, w).flatten(1)
+
+
+class V4Attention(nn.Module):
+    def __init__(self, cfg: DeepseekV4Config, layer_idx: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layer_type = cfg.layer_types[layer_idx]
+        self.is_main_rope = self.layer_type == SLIDING
+        h, d = cfg.num_heads, cfg.head_dim
+        self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
+        self.q_a_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.q_b_proj = nn.Linear(cfg.q_lora_rank, h * d, bias=False)
+        self.kv_proj = nn.Linear(cfg.hidden_size, d, bias=False)
+        self.kv_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.o_a_proj = GroupedLinear(h * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, cfg.o_groups)
+        self.o_b_proj = nn.Linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, bias=False)
+        self.sinks = nn.Parameter(torch.zeros(h, dtype=torch.float32))
+        self.compressor: V4Compressor | None = None
+        if self.layer_type == CSA:
+            self.compressor = V4CSACompressor(cfg)
+        elif self.layer_type != SLIDING:
+            self.compressor = V4Compressor(
+                cfg.hidden_size, d, cfg.hca_rate, False, cfg.rms_norm_eps
+            )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        compress_rotary: V4Rotary,
+        spans: list[SeqSpan],
+        cache: LayerCache,
+        backend: V4Backend,
+        ws: object | None = None,
+    ) -> torch.Tensor:
+        """x: [N, hidden] (already input-normed); rope: this layer's (cos, sin) [N, R/2] at the
+        tokens' positions. Returns [N, hidden]."""
+        cfg = self.cfg
+        n = x.shape[0]
+        h, d = cfg.num_heads, cfg.head_dim
+        cos, sin = rope
+        q_res = self.q_a_norm(self.q_a_proj(x))  # [N, q_lora_rank]
+        q = unweighted_rms_norm(self.q_b_proj(q_res).view(n, h, d), cfg.rms_norm_eps)
+        q = apply_rope(q, cos, sin)  # [N, H, D]
+        kv = apply_rope(self.kv_norm(self.kv_proj(x)), cos, sin)  # [N, D]
+        t = _StepRows(q=q, kv=kv)
+        if self.compressor is not None:
+            t.kv_c, t.gate_c = self.compressor.project(x)
+        if isinstance(self.compressor, V4CSACompressor):
+            t.idx_q, t.idx_w = self.compressor.indexer.queries(q_res, x, cos, sin)
+            t.kv_i, t.gate_i = self.compressor.indexer.project(x)
+        out = torch.empty_like(q)
+        for sp in spans:
+            # one Workspace frame per sequence: its indexer scratch is reused by the next one
+            scope = ws.scope() if ws is not None else contextlib.nullcontext()  # type: ignore[attr-defined]
+            with scope:
+                self._one_sequence(sp, out[sp.begin : sp.end], t.rows(sp), compress_rotary, cache,
+                                   backend, ws)
+        out = apply_rope(out, cos, -sin)  # undo the rotation V picked up (K == V)
+        grouped = self.o_a_proj(out.view(n, cfg.o_groups, -1))
+        return self.o_b_proj(grouped)
+
+    def _one_sequence(
+        self, sp: SeqSpan, out: torch.Tensor, t: _StepRows, rotary: V4Rotary, cache: LayerCache,
+        backend: V4Backend, ws: object | None,
+    ) -> None:
+        """Extends the slot's state with this chunk and writes its attention into ``out``."""
+        c, n0, slot, win = sp.end - sp.begin, sp.start_pos, sp.slot, self.cfg.sliding_window
+        dev = t.q.device
+        ring = cache.window[slot]  # [W, D]
+        num_prev = min(n0, win - 1)
+        prev_pos = torch.arange(n0 - num_prev, n0, device=dev) % win
+        window_kv = torch.cat([ring[prev_pos], t.kv])  # [num_prev + C, D]
+        keep = min(c, win)
+        ring[torch.arange(n0 + c - keep, n0 + c, device=dev) % win] = t.kv[c - keep :]
+        comp = topk_idx = None
+        rate = 0
+        if self.compressor is not None:
+            assert cache.compressor is not None
+            rate = self.compressor.rate
+            assert t.kv_c is not None and t.gate_c is not None
+            num_entries = self.compressor.compress(t.kv_c, t.gate_c, cache.compressor, slot, n0, rotary)
+            comp = cache.compressor.entries[slot]
+            if isinstance(self.compressor, V4CSACompressor):
+                assert cache.indexer is not None and t.kv_i is not None and t.gate_i is not None
+                assert t.idx_q is not None and t.idx_w is not None
+                self.compressor.indexer.compress(t.kv_i, t.gate_i, cache.indexer, slot, n0, rotary)
+                keys = cache.indexer.entries[slot, :num_entries]
+                # query i (position n0 + i) sees the entries of windows closed by then
+                kv_end = torch.div(torch.arange(n0 + 1, n0 + c + 1, device=dev), rate, rounding_mode="floor")
+                topk_idx = select_topk(backend, t.idx_q, keys, t.idx_w, kv_end, self.cfg.index_topk, ws)
+        attend(backend, out, t.q, window_kv, num_prev, win, self.sinks, self.cfg.head_dim**-0.5, n0,
+               comp, rate, topk_idx)

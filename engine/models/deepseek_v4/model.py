@@ -1,0 +1,188 @@
+"""The DeepSeek-V4 causal LM for the engine: HF tensor names, flat multi-sequence steps.
+
+``forward`` takes the concatenated tokens of all scheduled sequences (each a chunk of prefill or
+one decode token) with per-sequence cache slots, extends each slot's state in
+:class:`DeepseekV4CacheState`, and returns the final hidden states; ``compute_logits`` applies the
+LM head into a caller-given buffer. Never allocates cache memory and never grows the extent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from engine.errors import CheckpointError, InvalidRequest
+from engine.models.deepseek_v4.attention import SeqSpan, V4Attention
+from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.cache_state import DeepseekV4CacheState
+from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
+from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, hc_merge
+from engine.models.deepseek_v4.moe import V4MoE
+from engine.models.deepseek_v4.norms import RMSNorm
+from engine.models.deepseek_v4.rope import rotaries
+from engine.models.deepseek_v4.weights import dequantize_hf, is_deepseek_layout, to_hf_names
+
+# Parameters transformers keeps in fp32 whatever the checkpoint dtype (by name fragment).
+_FP32_FRAGMENTS = (
+    "attn_hc.", "ffn_hc.", "hc_head.", "sinks", "position_bias", "e_score_correction_bias",
+    "q_a_norm.", "kv_norm.", "input_layernorm.", "post_attention_layernorm.", "model.norm.",
+)
+
+
+class V4DecoderLayer(nn.Module):
+    def __init__(self, cfg: DeepseekV4Config, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = V4Attention(cfg, layer_idx)
+        self.mlp = V4MoE(cfg, layer_idx)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn_hc = HyperConnection(cfg)
+        self.ffn_hc = HyperConnection(cfg)
+
+
+class _Backbone(nn.Module):
+    """Holds the ``model.*`` tensors."""
+
+    def __init__(self, cfg: DeepseekV4Config) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(V4DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hc_head = HyperHead(cfg)
+
+
+class DeepseekV4Model(nn.Module):
+    """``state_dict()`` names equal transformers' ``DeepseekV4ForCausalLM`` (minus the MTP
+    layers, which transformers ignores too)."""
+
+    def __init__(self, cfg: DeepseekV4Config, backend: V4Backend | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.backend = backend or V4Backend()
+        self.model = _Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.main_rotary, self.compress_rotary = rotaries(cfg)
+
+    # --- construction ------------------------------------------------------------------------
+    @classmethod
+    def empty(
+        cls, cfg: DeepseekV4Config, dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu", backend: V4Backend | None = None,
+    ) -> DeepseekV4Model:
+        """Uninitialised weights on ``device``: ``dtype``, except the tensors transformers keeps
+        in fp32 (norms, mHC, sinks, position and routing biases)."""
+        with torch.device("meta"):
+            model = cls(cfg, backend)
+        model.to_empty(device=device)
+        model.main_rotary, model.compress_rotary = (r.to(device) for r in rotaries(cfg))
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if "rotary" in name or not t.is_floating_point():
+                continue
+            want = torch.float32 if any(f in name for f in _FP32_FRAGMENTS) else dtype
+            if t.dtype != want:
+                _replace(model, name, torch.empty(t.shape, dtype=want, device=t.device))
+        return model.eval()
+
+    @classmethod
+    def from_state_dict(
+        cls, cfg: DeepseekV4Config, state_dict: Mapping[str, torch.Tensor],
+        dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
+        backend: V4Backend | None = None,
+    ) -> DeepseekV4Model:
+        """Build with :meth:`empty` and load the tensors: transformers names, or DeepSeek's own
+        layout (renamed, experts merged, FP8/FP4 dequantized by :mod:`.weights`). Raises
+        CheckpointError naming missing, unexpected or mis-shaped tensors."""
+        model = cls.empty(cfg, dtype, device, backend)
+        if is_deepseek_layout(state_dict):
+            sd = to_hf_names(state_dict, dtype)
+        else:
+            sd = dequantize_hf(dict(state_dict), dtype)
+        if cfg.tie_word_embeddings and "lm_head.weight" not in sd:
+            sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+        own = dict(model.named_parameters()) | dict(model.named_buffers())
+        own = {k: v for k, v in own.items() if "rotary" not in k}
+        sd = {k: v for k, v in sd.items() if not k.startswith("mtp.") and ".mtp." not in k}
+        missing = sorted(set(own) - set(sd))
+        unexpected = sorted(set(sd) - set(own))
+        if missing or unexpected:
+            raise CheckpointError(
+                f"deepseek_v4 state dict mismatch: missing {missing[:8]} ({len(missing)}), "
+                f"unexpected {unexpected[:8]} ({len(unexpected)})"
+            )
+        with torch.no_grad():
+            for name, dst in own.items():
+                src = sd[name]
+                if tuple(src.shape) != tuple(dst.shape):
+                    raise CheckpointError(
+                        f"deepseek_v4 tensor {name}: checkpoint shape {tuple(src.shape)}, "
+                        f"expected {tuple(dst.shape)}"
+                    )
+                dst.copy_(src)
+        return model
+
+    # --- step --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        query_start_loc: Sequence[int],
+        cache_slots: Sequence[int],
+        cache: DeepseekV4CacheState,
+        ws: object | None = None,
+    ) -> torch.Tensor:
+        """input_ids, positions: [N] (sequence i owns rows ``query_start_loc[i]:[i+1]``, at
+        consecutive positions from its slot's ``num_tokens``). Returns hidden [N, hidden].
+        ``ws``: the engine's Workspace (kernel scratch is taken from it when given)."""
+        cfg = self.cfg
+        backend = self.backend.resolved(input_ids.device)
+        if len(set(cache_slots)) != len(cache_slots):
+            raise InvalidRequest(f"a cache slot appears twice in one step: {list(cache_slots)}",
+                                 field="cache_slots")
+        spans = []
+        for i, slot in enumerate(cache_slots):
+            b, e = int(query_start_loc[i]), int(query_start_loc[i + 1])
+            if not 0 <= slot < cache.max_batch:
+                raise InvalidRequest(f"cache slot {slot} outside [0, {cache.max_batch})", field="cache_slots")
+            cache.check_room(slot, e - b)
+            spans.append(SeqSpan(b, e, slot, cache.num_tokens[slot]))
+        x = self.model.embed_tokens(input_ids)  # [N, hidden]
+        streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [N, hc, hidden]
+        ropes = {
+            True: self.main_rotary(positions, x.dtype),
+            False: self.compress_rotary(positions, x.dtype),
+        }
+        for layer, lc in zip(self.model.layers, cache.layers, strict=True):
+            attn: V4Attention = layer.self_attn
+            post, comb, collapsed = layer.attn_hc(streams)
+            a = attn(
+                layer.input_layernorm(collapsed), ropes[attn.layer_type == SLIDING],
+                self.compress_rotary, spans, lc, backend, ws,
+            )
+            streams = hc_merge(post, comb, a, streams)
+            post, comb, collapsed = layer.ffn_hc(streams)
+            m = layer.mlp(layer.post_attention_layernorm(collapsed), input_ids)
+            streams = hc_merge(post, comb, m, streams)
+        for sp in spans:
+            cache.num_tokens[sp.slot] = sp.start_pos + (sp.end - sp.begin)
+        return self.model.norm(self.model.hc_head(streams))
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [n, hidden] -> logits [n, vocab] (written into ``out`` when given)."""
+        logits = self.lm_head(hidden)
+        if out is None:
+            return logits
+        out.copy_(logits)
+        return out
+
+
+def _replace(model: nn.Module, name: str, new: torch.Tensor) -> None:
+    mod_name, _, attr = name.rpartition(".")
+    mod = model.get_submodule(mod_name)
+    if attr in mod._parameters:
+        mod._parameters[attr] = nn.Parameter(new, requires_grad=False)
+    else:
+        mod._buffers[attr] = new

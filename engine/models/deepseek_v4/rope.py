@@ -1,0 +1,51 @@
+"""DeepSeek-V4's interleaved partial RoPE: consecutive channel pairs of the *trailing*
+``rope_head_dim`` channels of a head rotate; the leading channels pass through.
+
+Never allocates tables that scale with context: cos/sin are computed for the positions at hand.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.models.deepseek_v4.config import DeepseekV4Config, RopeParams
+
+
+class V4Rotary(nn.Module):
+    """cos/sin ``[N, rope_dim // 2]`` for one rope flavour (main or compress)."""
+
+    def __init__(self, params: RopeParams, rope_dim: int, max_positions: int) -> None:
+        super().__init__()
+        inv_freq, scale = params.inv_freq_and_scale(rope_dim, max_positions)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.scale = scale
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [N] int -> cos, sin: [N, rope_dim // 2] in ``dtype`` (as transformers casts)
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+        return (freqs.cos() * self.scale).to(dtype), (freqs.sin() * self.scale).to(dtype)
+
+
+def rotaries(cfg: DeepseekV4Config) -> tuple[V4Rotary, V4Rotary]:
+    """(main, compress) rotaries of a config."""
+    mp = cfg.max_position_embeddings
+    return (
+        V4Rotary(cfg.main_rope, cfg.rope_head_dim, mp),
+        V4Rotary(cfg.compress_rope, cfg.rope_head_dim, mp),
+    )
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [N, ..., D]; cos/sin: [N, R/2] (broadcast over the middle dims). Rotates the last R
+    channels pairwise in fp32 and returns a new tensor in x's dtype."""
+    half = cos.shape[-1]
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)
+    c = cos.float().reshape(shape)
+    s = sin.float().reshape(shape)
+    rope = x[..., -2 * half :].float()
+    x1, x2 = rope[..., 0::2], rope[..., 1::2]  # [N, ..., R/2]
+    r1 = x1 * c - x2 * s
+    r2 = x2 * c + x1 * s
+    rotated = torch.stack((r1, r2), dim=-1).flatten(-2).to(x.dtype)
+    return torch.cat([x[..., : -2 * half], rotated], dim=-1)

@@ -1,0 +1,117 @@
+"""Worst-case per-step scratch of the DeepSeek-V4 family, for the memory planner.
+
+Each entry is the peak of one part of a step at ``chunk_tokens`` scheduled tokens against a
+context of ``max_context``. The mHC streams live through the whole step; the attention parts
+(projections, compressor, indexer, sparse attention) are live together; the MoE and the final
+norm each run alone. :func:`deepseek_v4_step_peak_bytes` composes them that way; the plain sum
+is a looser bound. The indexer's scratch comes from the
+kernels package's own size function. Never allocates; pure arithmetic on the config.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.models.deepseek_v4.config import CSA, DeepseekV4Config
+from engine.models.deepseek_v4.indexer import INDEXER_KV_TILE, INDEXER_Q_TILE
+from engine.models.deepseek_v4.sparse_attention import ATTN_Q_TILE
+
+
+def deepseek_v4_step_scratch_bytes(
+    cfg: DeepseekV4Config, chunk_tokens: int, max_context: int, max_batch: int,
+    dtype: torch.dtype = torch.bfloat16, backend: str = "kernels",
+) -> dict[str, int]:
+    """Bytes by role: ``mhc_streams``, ``attention_projections``, ``compressor``, ``indexer``,
+    ``sparse_attention``, ``moe``, ``final_norm``. ``backend`` is the resolved
+    :class:`V4Backend` kind of both operations ("kernels" or "torch")."""
+    n = max(chunk_tokens, max_batch)  # a decode step schedules up to max_batch tokens
+    e, f = torch.empty((), dtype=dtype).element_size(), 4
+    hid, hc = cfg.hidden_size, cfg.hc_mult
+    h, d, r2 = cfg.num_heads, cfg.head_dim, cfg.rope_head_dim
+    out: dict[str, int] = {}
+    # streams + their next value + the merge temporaries, and the fp32 mixing input of an mHC
+    # (flattened streams, normed copy, one elementwise temporary, the fp32 collapse product).
+    out["mhc_streams"] = n * hc * hid * (4 * e + 4 * f) + n * hid * (2 * e + 2 * f)
+    # q_b output, its fp32 norm temporaries and the normed copy; rope temporaries on the rope
+    # slice; the attention output and its de-rotated copy; low-rank and grouped projections.
+    q_elems = n * h * d
+    rope_tmp = 6 * n * h * r2 * f
+    out["attention_projections"] = (
+        q_elems * (3 * e + 2 * f) + rope_tmp + n * (cfg.q_lora_rank + cfg.o_groups * cfg.o_lora_rank) * (e + f)
+        + n * (d + hid) * (2 * e + f)
+    )
+    comp = 0
+    idx = 0
+    attn = 0
+    rates = {cfg.rate(t) for t in cfg.layer_types if cfg.rate(t)}
+    for rate in rates:
+        widths = [2 * d if rate == cfg.csa_rate and cfg.uses_csa else d]
+        if rate == cfg.csa_rate and cfg.uses_csa:
+            widths.append(2 * cfg.index_head_dim)
+        for w in widths:
+            rows = n + rate
+            # projections (+ carry), fp32 biased gates, the overlap layout (kv + fp32 gate),
+            # softmax weights and the weighted product, per chunk.
+            comp = max(comp, rows * w * (2 * e + 2 * f) + rows * w * (e + f) * 2 + rows * w * (e + f))
+    if cfg.uses_csa:
+        keys = max_context // cfg.csa_rate
+        hi, di, k = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
+        q_and_w = n * hi * di * (2 * e + 6 * f) + n * hi * f * 2 + n * 8
+        if backend == "kernels":
+            from kernels.indexer_topk import indexer_topk_workspace_bytes
+
+            sel = indexer_topk_workspace_bytes(n, hi, di, keys, k) + n * k * (4 + 4)
+        else:
+            rq, kt = min(n, INDEXER_Q_TILE), min(keys, INDEXER_KV_TILE)
+            sel = rq * hi * di * f + 2 * rq * hi * kt * f + kt * di * f + 3 * rq * (k + kt) * (f + 8)
+            sel += n * k * 8
+        idx = q_and_w + sel
+    window_rows = cfg.sliding_window - 1 + n
+    if backend == "kernels":
+        attn = window_rows * d * e + n * 4 * 4 + n * cfg.index_topk * 4
+    else:
+        t = min(n, ATTN_Q_TILE)
+        visible = max(
+            [cfg.index_topk if lt == CSA else max_context // cfg.rate(lt) for lt in cfg.layer_types if cfg.rate(lt)],
+            default=0,
+        )
+        kw = t + cfg.sliding_window
+        per_key = t * h * f * 4  # logits, shifted logits, probabilities, one mask temporary
+        gathered = t * cfg.index_topk * d * f if cfg.uses_csa else 0
+        attn = window_rows * d * e + (kw + visible) * (per_key + d * f) + gathered + 3 * t * h * d * f
+    out["compressor"] = comp
+    out["indexer"] = idx
+    out["sparse_attention"] = attn
+    inter, kx, ne = cfg.moe_intermediate_size, cfg.num_experts_per_tok, cfg.n_routed_experts
+    routed_rows = n * kx  # hash tables may repeat an expert for a token: bound by all picks
+    out["moe"] = (
+        n * ne * f * 4 + routed_rows * (8 * 4 + f)  # scores, routing, sort
+        + routed_rows * (hid * e + 2 * inter * e + 4 * inter * e + 2 * hid * e)  # per-expert rows
+        + n * hid * e * 2 + n * inter * e * 5  # output accumulator, shared expert
+    )
+    out["final_norm"] = n * hc * hid * f * 3 + n * hid * (e + 2 * f)
+    return out
+
+
+_ATTENTION_PARTS = ("attention_projections", "compressor", "indexer", "sparse_attention")
+
+
+def deepseek_v4_step_peak_bytes(scratch: dict[str, int]) -> int:
+    """Transient peak of one step from :func:`deepseek_v4_step_scratch_bytes`'s parts:
+    streams + max(attention parts together, MoE, final norm)."""
+    attention = sum(scratch[k] for k in _ATTENTION_PARTS)
+    return scratch["mhc_streams"] + max(attention, scratch["moe"], scratch["final_norm"])
+
+
+def deepseek_v4_workspace_bytes(cfg: DeepseekV4Config, chunk_tokens: int, max_context: int) -> int:
+    """Bytes the family takes from the engine's Workspace in one step (kernels backend): the
+    indexer's scratch and its two [rows, topk] outputs, plus alignment slack. The rest of a
+    step's transient memory is the ``deepseek_v4_step_scratch_bytes`` activations."""
+    if not cfg.uses_csa:
+        return 0
+    from kernels.indexer_topk import indexer_topk_workspace_bytes
+
+    need = indexer_topk_workspace_bytes(
+        chunk_tokens, cfg.index_n_heads, cfg.index_head_dim, max_context // cfg.csa_rate, cfg.index_topk
+    )
+    return need + 2 * chunk_tokens * cfg.index_topk * 4 + 3 * 256

@@ -1,0 +1,44 @@
+"""Run under TRITON_INTERPRET=1 by test_deepseek_v4_triton_interp.py (its own process, because
+the variable must be set before triton is imported): the kernels backend, with its scratch taken
+from an engine Workspace, against the torch backend on a two-sequence step. Prints the max
+difference and the workspace peak."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+assert os.environ.get("TRITON_INTERPRET") == "1"
+sys.path.insert(0, os.path.dirname(__file__))
+
+from conftest import build_hf_v4  # noqa: E402
+
+from engine.models.deepseek_v4 import (  # noqa: E402
+    DeepseekV4CacheState,
+    DeepseekV4Config,
+    DeepseekV4Model,
+    V4Backend,
+)
+from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes  # noqa: E402
+from engine.workspace import Workspace  # noqa: E402
+
+model, raw = build_hf_v4("s-csa-hca_yarn_hc2")
+cfg = DeepseekV4Config.from_hf_dict(raw)
+g = torch.Generator().manual_seed(0)
+a, b = torch.randint(2, 97, (19,), generator=g), torch.randint(2, 97, (13,), generator=g)
+outs = []
+peak = 0
+for backend in (V4Backend("kernels", "kernels"), V4Backend("torch", "torch")):
+    ours = DeepseekV4Model.from_state_dict(cfg, model.state_dict(), dtype=torch.float32, backend=backend)
+    cache = DeepseekV4CacheState(cfg, 2, 32, torch.float32, "cpu")
+    ws = Workspace(deepseek_v4_workspace_bytes(cfg, 13, 32), "cpu")
+    ws.lock()
+    h1 = ours(a[:6], torch.arange(6), [0, 6], [1], cache, ws=ws)
+    ids = torch.cat([a[6:], b])
+    pos = torch.cat([torch.arange(6, 19), torch.arange(13)])
+    h2 = ours(ids, pos, [0, 13, 26], [1, 0], cache, ws=ws)
+    outs.append(torch.cat([h1, h2]))
+    peak = max(peak, ws.peak_bytes)
+print(f"maxdiff={(outs[0] - outs[1]).abs().max().item():.3e} ws_peak={peak} ws_cap={ws.capacity}")
