@@ -1,0 +1,57 @@
+"""Bulkhead kernels: lightning indexer with running top-k, DeepSeek-V4 sparse attention, dense
+paged attention. Each is a Triton kernel behind one checked wrapper that writes into caller
+buffers, a ``*_workspace_bytes`` size function for the memory planner, and a PyTorch reference
+(``*_ref``) that is its specification. Importing this package never imports triton (the CPU
+engine uses the references); the Triton modules load on the first wrapper call.
+This package must never import anything else of ours.
+"""
+
+from kernels.errors import KernelArgumentError, KernelUnavailableError
+from kernels.indexer_topk import (
+    DEFAULT_TILES,
+    IndexerTiles,
+    indexer_topk,
+    indexer_topk_workspace_bytes,
+)
+from kernels.indexer_topk_ref import indexer_scores_ref, indexer_topk_naive, indexer_topk_ref
+from kernels.paged_attention import (
+    DEFAULT_PAGED_TILES,
+    PagedTiles,
+    default_decode_splits,
+    paged_attention,
+    paged_decode_attention,
+    paged_decode_workspace_bytes,
+)
+from kernels.paged_attention_ref import paged_attention_ref, paged_decode_attention_ref
+from kernels.sparse_attention import (
+    SparseTiles,
+    default_sparse_tiles,
+    sparse_attention,
+    sparse_attention_workspace_bytes,
+)
+from kernels.sparse_attention_ref import sparse_attention_ref
+
+__all__ = [
+    "DEFAULT_PAGED_TILES",
+    "DEFAULT_TILES",
+    "IndexerTiles",
+    "KernelArgumentError",
+    "KernelUnavailableError",
+    "PagedTiles",
+    "SparseTiles",
+    "default_sparse_tiles",
+    "default_decode_splits",
+    "indexer_scores_ref",
+    "indexer_topk",
+    "indexer_topk_naive",
+    "indexer_topk_ref",
+    "indexer_topk_workspace_bytes",
+    "paged_attention",
+    "paged_attention_ref",
+    "paged_decode_attention",
+    "paged_decode_attention_ref",
+    "paged_decode_workspace_bytes",
+    "sparse_attention",
+    "sparse_attention_ref",
+    "sparse_attention_workspace_bytes",
+]

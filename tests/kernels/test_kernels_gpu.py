@@ -1,0 +1,131 @@
+"""GPU tier: the kernels compiled for real, at realistic shapes, against the references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import (
+    default_decode_splits,
+    indexer_topk,
+    indexer_topk_ref,
+    indexer_topk_workspace_bytes,
+    paged_attention,
+    paged_attention_ref,
+    paged_decode_attention,
+    paged_decode_workspace_bytes,
+    sparse_attention,
+    sparse_attention_ref,
+)
+
+pytestmark = pytest.mark.gpu
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize(("s", "t", "topk"), [(1000, 20000, 512), (257, 3001, 2048), (64, 100, 512)])
+def test_indexer_exact_on_integers_and_allocation_free(cuda, s, t, topk) -> None:
+    g = torch.Generator(device="cuda").manual_seed(s)
+    q = torch.randint(-2, 3, (s, 64, 128), device="cuda", generator=g).to(torch.bfloat16)
+    k = torch.randint(-2, 3, (t, 128), device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randint(-2, 3, (s, 64), device="cuda", generator=g).float()
+    kv_end = torch.randint(0, t + 1, (s,), device="cuda", generator=g, dtype=torch.int32)
+    ws = torch.empty(indexer_topk_workspace_bytes(s, 64, 128, t, topk), dtype=torch.uint8,
+                     device="cuda")
+    out_s = torch.full((s, topk), 7.0, device="cuda")
+    out_i = torch.full((s, topk), -9, dtype=torch.int32, device="cuda")
+    indexer_topk(q, k, w, kv_end, topk, out_indices=out_i, out_scores=out_s, workspace=ws)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    indexer_topk(q, k, w, kv_end, topk, out_indices=out_i, out_scores=out_s, workspace=ws)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+    ref_s, ref_i = indexer_topk_ref(q, k, w, kv_end, topk, row_block=256)
+    assert torch.equal(out_i, ref_i)
+    assert torch.equal(out_s, ref_s)
+
+
+def test_indexer_random_close_to_reference(cuda) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    s, t, topk = 512, 40000, 512
+    q = torch.randn(s, 64, 128, device="cuda", generator=g).to(torch.bfloat16)
+    k = torch.randn(t, 128, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(s, 64, device="cuda", generator=g) / 8
+    kv_end = torch.full((s,), t, dtype=torch.int32, device="cuda")
+    got_s, got_i = indexer_topk(q, k, w, kv_end, topk)
+    ref_s, ref_i = indexer_topk_ref(q, k, w, kv_end, topk)
+    torch.testing.assert_close(got_s, ref_s, rtol=1e-4, atol=1e-3)
+    # near-equal scores may swap places under a different fp32 summation order, nothing more
+    assert (got_i == ref_i).float().mean() > 0.95
+
+
+def test_sparse_attention_realistic(cuda) -> None:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    s, h, d, window, topk, nc = 300, 64, 512, 128, 512, 5000
+    q = torch.randn(s, h, d, device="cuda", generator=g).to(torch.bfloat16)
+    win = torch.randn(s + window - 1, d, device="cuda", generator=g).to(torch.bfloat16)
+    comp = torch.randn(nc, d, device="cuda", generator=g).to(torch.bfloat16)
+    t = torch.arange(s, device="cuda", dtype=torch.int32)
+    idx = torch.randint(-1, nc, (s, topk), device="cuda", generator=g, dtype=torch.int32)
+    cs = torch.zeros(s, dtype=torch.int32, device="cuda")
+    ce = torch.randint(0, 80, (s,), device="cuda", generator=g, dtype=torch.int32)
+    sinks = torch.randn(h, device="cuda", generator=g)
+    out = torch.full_like(q, float("nan"))
+    kw = {"scale": d**-0.5, "compressed_kv": comp, "indices": idx, "compressed_start": cs,
+          "compressed_end": ce, "sinks": sinks}
+    sparse_attention(q, win, t, t + window, out=out, **kw)
+    ref = sparse_attention_ref(q, win, t, t + window, **kw)
+    assert _rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize(("q_lens", "ctx"), [([2048], [2048]), ([1000, 1, 333], [5000, 77, 333])])
+def test_paged_prefill_realistic(cuda, q_lens, ctx) -> None:
+    g = torch.Generator(device="cuda").manual_seed(2)
+    hq, hkv, d, bs = 32, 8, 128, 16
+    blocks = [-(-c // bs) for c in ctx]
+    kc = torch.randn(sum(blocks) + 1, bs, hkv, d, device="cuda", generator=g).to(torch.bfloat16)
+    vc = torch.randn_like(kc)
+    perm = torch.randperm(sum(blocks), device="cuda", generator=g) + 1
+    tables = torch.zeros(len(ctx), max(blocks), dtype=torch.int32, device="cuda")
+    off = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = perm[off : off + n]
+        off += n
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
+                       device="cuda")
+    q = torch.randn(sum(q_lens), hq, d, device="cuda", generator=g).to(torch.bfloat16)
+    ctx_t = torch.tensor(ctx, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    paged_attention(q, kc, vc, tables, qsl, ctx_t, d**-0.5, out)
+    ref = paged_attention_ref(q, kc, vc, tables, qsl, ctx_t, d**-0.5)
+    assert _rel(out, ref) < 1e-2
+    b = len(ctx)
+    dq = torch.randn(b, hq, d, device="cuda", generator=g).to(torch.bfloat16)
+    splits = default_decode_splits(b, hkv, max(ctx), 132)
+    ws = torch.empty(max(paged_decode_workspace_bytes(b, hq, d, splits), 1), dtype=torch.uint8,
+                     device="cuda")
+    dout = torch.full_like(dq, float("nan"))
+    paged_decode_attention(dq, kc, vc, tables, ctx_t, d**-0.5, dout, num_splits=splits,
+                           workspace=ws)
+    one = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+    dref = paged_attention_ref(dq, kc, vc, tables, one, ctx_t, d**-0.5)
+    assert _rel(dout, dref) < 1e-2
+
+
+def test_indexer_fp8_exact_on_integers(cuda) -> None:
+    g = torch.Generator(device="cuda").manual_seed(3)
+    s, t, topk = 777, 30001, 512
+    q = torch.randint(-2, 3, (s, 64, 128), device="cuda", generator=g).float()
+    k = torch.randint(-2, 3, (t, 128), device="cuda", generator=g).float()
+    w = torch.randint(-2, 3, (s, 64), device="cuda", generator=g).float()
+    qs = 2.0 ** torch.randint(-2, 3, (s, 64), device="cuda", generator=g).float()
+    ks = 2.0 ** torch.randint(-2, 3, (t,), device="cuda", generator=g).float()
+    kv_end = torch.randint(0, t + 1, (s,), device="cuda", generator=g, dtype=torch.int32)
+    q8, k8 = q.to(torch.float8_e4m3fn), k.to(torch.float8_e4m3fn)
+    got_s, got_i = indexer_topk(q8, k8, w, kv_end, topk, q_scale=qs, k_scale=ks)
+    ref_s, ref_i = indexer_topk_ref(q8, k8, w, kv_end, topk, row_block=256, q_scale=qs,
+                                    k_scale=ks)
+    assert torch.equal(got_i, ref_i)
+    assert torch.equal(got_s, ref_s)

@@ -1,0 +1,117 @@
+"""sparse_attention (Triton, interpreted on CPU) against sparse_attention_ref, and the reference
+against transformers' DeepSeek-V4 eager attention (sliding window + compressed entries + sinks)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from kernels import KernelArgumentError, sparse_attention, sparse_attention_ref
+
+
+def _case(s, h, d, nw, nc, k_idx, *, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(s, h, d, generator=g).to(dtype)
+    wkv = torch.randn(nw, d, generator=g).to(dtype)
+    ckv = torch.randn(nc, d, generator=g).to(dtype)
+    ws = torch.randint(0, nw, (s,), generator=g, dtype=torch.int32)
+    we = torch.minimum(ws + torch.randint(0, 40, (s,), generator=g, dtype=torch.int32),
+                       torch.tensor(nw, dtype=torch.int32))
+    idx = torch.randint(-1, nc, (s, k_idx), generator=g, dtype=torch.int32)
+    cs = torch.randint(0, nc, (s,), generator=g, dtype=torch.int32)
+    ce = torch.minimum(cs + torch.randint(0, 50, (s,), generator=g, dtype=torch.int32),
+                       torch.tensor(nc, dtype=torch.int32))
+    sinks = torch.randn(h, generator=g)
+    return q, wkv, ws, we, ckv, idx, cs, ce, sinks
+
+
+@pytest.mark.parametrize(
+    ("s", "h", "d", "kind", "dtype"),
+    [
+        (5, 3, 40, "csa", torch.float32),
+        (4, 20, 24, "hca", torch.bfloat16),  # heads not a multiple of the head block
+        (3, 33, 64, "both", torch.float32),  # two head blocks
+        (6, 1, 16, "window", torch.bfloat16),
+    ],
+)
+def test_flat_matches_reference(interpret, s, h, d, kind, dtype) -> None:
+    q, wkv, ws, we, ckv, idx, cs, ce, sinks = _case(s, h, d, 60, 45, 37, seed=s + h, dtype=dtype)
+    we[0] = ws[0]  # a row with an empty window
+    kw = {"scale": d**-0.5, "sinks": sinks if kind != "window" else None}
+    if kind in ("csa", "both"):
+        kw |= {"compressed_kv": ckv, "indices": idx}
+    if kind in ("hca", "both"):
+        kw |= {"compressed_kv": ckv, "compressed_start": cs, "compressed_end": ce}
+    out = torch.full_like(q, float("nan"))
+    sparse_attention(q, wkv, ws, we, out=out, **kw)
+    ref = sparse_attention_ref(q, wkv, ws, we, **kw)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+def test_paged_window_matches_reference(interpret) -> None:
+    s, h, d, block = 5, 4, 32, 4
+    g = torch.Generator().manual_seed(11)
+    cache = torch.randn(12, block, 1, d, generator=g)  # our KV layout with one KV head
+    tables = torch.tensor([[3, 7, 1, 9, 2], [4, 5, 6, 8, 10]], dtype=torch.int32)
+    row_seq = torch.tensor([0, 0, 1, 1, 1], dtype=torch.int32)
+    pos = torch.tensor([6, 13, 0, 9, 19], dtype=torch.int32)
+    window = 5
+    ws, we = torch.clamp(pos - window + 1, min=0), pos + 1
+    q = torch.randn(s, h, d, generator=g)
+    out = torch.empty_like(q)
+    kw = {"scale": 0.3, "window_block_tables": tables, "row_seq": row_seq}
+    sparse_attention(q, cache, ws, we, out=out, **kw)
+    ref = sparse_attention_ref(q, cache, ws, we, **kw)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_empty_row_without_sink_is_zero(interpret) -> None:
+    q = torch.randn(2, 3, 16)
+    wkv = torch.randn(4, 16)
+    zero = torch.zeros(2, dtype=torch.int32)
+    out = torch.full_like(q, float("nan"))
+    sparse_attention(q, wkv, zero, zero, scale=1.0, out=out)
+    assert torch.equal(out, torch.zeros_like(q))
+
+
+def test_reference_matches_transformers_deepseek_v4_attention() -> None:
+    """Our reference computes what DeepseekV4Attention's eager path computes."""
+    mod = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
+    g = torch.Generator().manual_seed(5)
+    heads, d, window, p0, s, nc, topk = 4, 32, 4, 10, 6, 5, 3
+    kv_raw = torch.randn(p0 + s, d, generator=g)  # K == V, positions 0 .. p0+s-1
+    comp = torch.randn(nc, d, generator=g)
+    q = torch.randn(s, heads, d, generator=g)
+    sinks = torch.randn(heads, generator=g)
+    idx = torch.randint(-1, nc, (s, topk), generator=g, dtype=torch.int32)
+    idx[:, 0] = torch.arange(s) % nc  # distinct picks, as the indexer gives
+    idx[:, 1] = -1
+    pos = torch.arange(p0, p0 + s)
+    j = torch.arange(p0 + s)
+    visible = (j[None, :] <= pos[:, None]) & (j[None, :] > pos[:, None] - window)
+    bias = torch.full((s, nc + 1), float("-inf"))
+    bias.scatter_(1, torch.where(idx >= 0, idx, nc).long(), 0.0)
+    mask = torch.cat([torch.where(visible, 0.0, float("-inf")), bias[:, :nc]], dim=1)
+    module = types.SimpleNamespace(num_key_value_groups=heads, sinks=sinks, training=False)
+    kv_all = torch.cat([kv_raw, comp])[None, None]
+    expected, _ = mod.eager_attention_forward(module, q.transpose(0, 1)[None], kv_all, kv_all,
+                                              mask[None, None], scaling=d**-0.5)
+    ours = sparse_attention_ref(q, kv_raw, (pos - window + 1).clamp(min=0).int(),
+                                (pos + 1).int(), scale=d**-0.5, compressed_kv=comp,
+                                indices=idx, sinks=sinks)
+    torch.testing.assert_close(ours, expected[0], rtol=1e-5, atol=1e-5)
+
+
+def test_rejects_bad_arguments(interpret) -> None:
+    q, wkv, ws, we, ckv, idx, *_ = _case(3, 2, 16, 20, 10, 4, seed=1, dtype=torch.float32)
+    out = torch.empty_like(q)
+    with pytest.raises(KernelArgumentError, match="compressed_kv"):
+        sparse_attention(q, wkv, ws, we, scale=1.0, out=out, indices=idx)
+    with pytest.raises(KernelArgumentError, match="window_kv"):
+        sparse_attention(q, wkv[:, :8], ws, we, scale=1.0, out=out)
+    with pytest.raises(KernelArgumentError, match="row_seq"):
+        sparse_attention(q, wkv.view(5, 4, 16), ws, we, scale=1.0, out=out,
+                         window_block_tables=torch.zeros(1, 5, dtype=torch.int32))
