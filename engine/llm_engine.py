@@ -142,12 +142,10 @@ class LLMEngine:
                        has_kv_import=kv_import is not None)
         self._arrivals += 1
         self._seqs[request_id] = seq
-        if sampling.seed is not None:
-            gen = torch.Generator(self.runner.device).manual_seed(sampling.seed)
-        else:
-            seed = int(torch.randint(0, 2**62, (1,), generator=self._rng))
-            gen = torch.Generator(self.runner.device).manual_seed(seed)
-        self._generators[request_id] = gen
+        # The seed is fixed now; the generator is one of the per-slot ones, bound at admission
+        # (a CUDA generator allocates device memory when created, so none is made per request).
+        seq.seed = sampling.seed if sampling.seed is not None else int(
+            torch.randint(0, 2**62, (1,), generator=self._rng))
         if kv_import is not None:
             self._imports[request_id] = kv_import
         if first_token_id is not None:
@@ -190,6 +188,11 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         self._preemptions += len(sched.preempted)
+        for rid in sched.preempted:
+            gen = self._generators.pop(rid, None)
+            seq = self._seqs.get(rid)
+            if gen is not None and seq is not None:
+                seq.rng_state = gen.get_state()
         if sched.is_empty:
             return outputs
         params = {c.request_id: self._seqs[c.request_id].sampling for c in sched.chunks}
@@ -229,6 +232,13 @@ class LLMEngine:
 
     # -- internals ------------------------------------------------------------------------------
     def _on_admit(self, seq: Sequence) -> None:
+        if not seq.sampling.is_greedy:
+            gen = self.runner.generators[seq.cache_slot]
+            if seq.rng_state is not None:  # resumed after preemption: continue the same stream
+                gen.set_state(seq.rng_state)
+            else:
+                gen.manual_seed(seq.seed)
+            self._generators[seq.request_id] = gen
         kv_import = self._imports.get(seq.request_id)
         if kv_import is None:
             return

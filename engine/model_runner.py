@@ -53,6 +53,9 @@ class ModelRunner:
         # dense families, not of DeepSeek-V4 (its runner checks slot state on the host).
         self.use_graphs = ec.use_cuda_graphs and uses_paged_kv(model_cfg)
         self.num_steps = 0
+        # One sampling generator per running slot, made once: creating a CUDA generator takes
+        # device memory, so requests re-seed these instead of making their own.
+        self.generators = [torch.Generator(self.device) for _ in range(ec.max_batch)]
         self.graphs: DecodeGraphs | None = None
         self.num_graph_steps = 0
         self.capture_logits: set[str] = set()  # request ids whose next logits row is kept
@@ -186,7 +189,7 @@ class ModelRunner:
             for c in chunks:
                 prepare_warmup_slot(self.model, c.cache_slot, c.start)
             params = {c.request_id: (random if i % 2 else greedy) for i, c in enumerate(chunks)}
-            gens = {c.request_id: torch.Generator(self.device).manual_seed(0) for c in chunks}
+            gens = {c.request_id: self.generators[c.cache_slot].manual_seed(0) for c in chunks}
             self._execute_warmup(chunks, params, gens)
 
     def _capture_graphs(self) -> None:

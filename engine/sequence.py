@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.sampling_params import SamplingParams
 
@@ -31,6 +32,8 @@ class Sequence:
     keep_kv: bool = False
     num_preemptions: int = 0
     has_kv_import: bool = False
+    seed: int = 0  # sampling seed, fixed at arrival
+    rng_state: Any = None  # the generator's state when preempted, restored on re-admission
     # Set when output token 0 was sampled elsewhere (prefill worker); counts towards max_tokens.
     external_first_token: bool = False
 

@@ -106,14 +106,16 @@ def test_other_chunk_and_block_sizes(llama, chunk, block, tile):
         assert got[rid] == hf_greedy(model, p, 8)
 
 
-def test_preemption_gives_the_same_tokens(qwen2):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_preemption_gives_the_same_tokens(qwen2, temperature):
     family, model, folder = qwen2
     # 3 sequences of up to 80 tokens, but only 12 blocks of 16: someone must be preempted.
     roomy = make_engine(folder, max_context=96, max_batch=3)
     tight = make_engine(folder, max_context=96, max_batch=3, num_blocks=13)
     g = torch.Generator().manual_seed(3)
     prompts = {f"p{i}": torch.randint(3, 131, (40 + i,), generator=g).tolist() for i in range(3)}
-    sp = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    # sampled requests keep their generator state across preemption
+    sp = SamplingParams(max_tokens=40, temperature=temperature, seed=7, ignore_eos=True)
     want, _ = run_all(roomy, prompts, sp)
     got, _ = run_all(tight, prompts, sp)
     assert tight.stats().num_preemptions > 0
