@@ -1,9 +1,12 @@
-"""Triton kernel of ``kernels.sparse_attention`` (imported lazily: needs triton).
+"""Triton kernels of ``kernels.sparse_attention`` (imported lazily: needs triton).
 
-One program per (query row, block of heads). The row's entries (window, indexed compressed
-entries, compressed range) are streamed in tiles of BLOCK_N rows of the shared KV head; each
-tile is used as key and value (K == V). Online softmax in fp32 registers; no scratch memory.
-This module must never allocate: the wrapper hands it every buffer.
+One program per (query row, block of heads, split). The row's entries (window, indexed
+compressed entries, compressed range) are streamed in tiles of BLOCK_N rows of the shared KV
+head; each tile is used as key and value (K == V). Online softmax in fp32 registers. With one
+split nothing else is needed; with several (few rows, e.g. decode) each split owns a slice of
+each entry list and writes a partial (acc, max, sum) into the caller's workspace, and a second
+launch merges them (flash-decoding). This module must never allocate: the wrapper hands it
+every buffer.
 """
 
 from __future__ import annotations
@@ -38,15 +41,16 @@ def _online_tile(q, kv, valid, qk_scale, m_i, l_i, acc, UPCAST: tl.constexpr):
 @triton.jit
 def _sparse_attention_kernel(
     q_ptr, out_ptr, wkv_ptr, wstart_ptr, wend_ptr, bt_ptr, rowseq_ptr,
-    ckv_ptr, idx_ptr, cstart_ptr, cend_ptr, sink_ptr,
-    qk_scale, num_heads, head_dim, num_idx,
+    ckv_ptr, idx_ptr, cstart_ptr, cend_ptr, sink_ptr, part_acc_ptr, part_ml_ptr,
+    qk_scale, num_heads, head_dim, num_idx, num_splits,
     stride_qs, stride_qh, stride_os, stride_oh,
     stride_wblock, stride_wrow, stride_bt, stride_c, stride_idx,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_IDX: tl.constexpr, HAS_RANGE: tl.constexpr,
-    HAS_SINK: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_SINK: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(2)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
@@ -62,6 +66,8 @@ def _sparse_attention_kernel(
 
     w_start = tl.load(wstart_ptr + row)
     w_end = tl.load(wend_ptr + row)
+    if SPLIT:  # compile-time, so the single-split kernel is exactly the one measured
+        w_start, w_end = _split_range(w_start, w_end, split, num_splits, BLOCK_N)
     if PAGED:
         seq = tl.load(rowseq_ptr + row).to(tl.int64)
     for n0 in range(w_start, w_end, BLOCK_N):
@@ -77,9 +83,13 @@ def _sparse_attention_kernel(
         m_i, l_i, acc = _online_tile(q, kv, valid, qk_scale, m_i, l_i, acc, UPCAST)
 
     if HAS_IDX:
-        for j0 in range(0, num_idx, BLOCK_N):
+        j_start = 0
+        j_end = num_idx
+        if SPLIT:
+            j_start, j_end = _split_range(j_start, j_end, split, num_splits, BLOCK_N)
+        for j0 in range(j_start, j_end, BLOCK_N):
             j = j0 + offs_n
-            idx = tl.load(idx_ptr + row * stride_idx + j, mask=j < num_idx, other=-1)
+            idx = tl.load(idx_ptr + row * stride_idx + j, mask=j < j_end, other=-1)
             valid = idx >= 0
             kv = tl.load(ckv_ptr + idx.to(tl.int64)[:, None] * stride_c + offs_d[None, :],
                          mask=valid[:, None] & d_mask[None, :], other=0.0)
@@ -88,6 +98,8 @@ def _sparse_attention_kernel(
     if HAS_RANGE:
         c_start = tl.load(cstart_ptr + row)
         c_end = tl.load(cend_ptr + row)
+        if SPLIT:
+            c_start, c_end = _split_range(c_start, c_end, split, num_splits, BLOCK_N)
         for n0 in range(c_start, c_end, BLOCK_N):
             pos = n0 + offs_n
             valid = pos < c_end
@@ -95,6 +107,30 @@ def _sparse_attention_kernel(
                          mask=valid[:, None] & d_mask[None, :], other=0.0)
             m_i, l_i, acc = _online_tile(q, kv, valid, qk_scale, m_i, l_i, acc, UPCAST)
 
+    if SPLIT:
+        # partials: acc [S, H, splits, BLOCK_D] fp32 and (max, sum) [S, H, splits, 2] fp32
+        part = (row * num_heads + offs_h) * num_splits + split
+        tl.store(part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], acc,
+                 mask=h_mask[:, None])
+        tl.store(part_ml_ptr + part * 2, m_i, mask=h_mask)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=h_mask)
+    else:
+        o = _finish(acc, m_i, l_i, sink_ptr, offs_h, h_mask, HAS_SINK)
+        tl.store(out_ptr + row * stride_os + offs_h[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _split_range(start, end, split, num_splits, BLOCK_N: tl.constexpr):
+    """The part of [start, end) that split ``split`` of ``num_splits`` owns (whole tiles)."""
+    per = tl.cdiv(tl.cdiv(end - start, num_splits), BLOCK_N) * BLOCK_N
+    lo = start + split * per
+    return lo, tl.minimum(end, lo + per)
+
+
+@triton.jit
+def _finish(acc, m_i, l_i, sink_ptr, offs_h, h_mask, HAS_SINK: tl.constexpr):
+    """Normalise the online-softmax state; the sink joins the denominator only."""
     if HAS_SINK:
         sink = tl.load(sink_ptr + offs_h, mask=h_mask, other=float("-inf")).to(tl.float32)
         sink = sink * 1.4426950408889634
@@ -104,9 +140,38 @@ def _sparse_attention_kernel(
         l_i = l_i * alpha + tl.exp2(sink - m_fin)
         acc = acc * alpha[:, None]
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    o = acc / l_safe[:, None]
-    tl.store(out_ptr + row * stride_os + offs_h[:, None] * stride_oh + offs_d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
+    return acc / l_safe[:, None]
+
+
+@triton.jit
+def _sparse_combine_kernel(
+    part_acc_ptr, part_ml_ptr, out_ptr, sink_ptr, num_heads, head_dim, num_splits,
+    stride_os, stride_oh,
+    HAS_SINK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Merge the splits of one (row, head) into ``out`` (flash-decoding's second pass)."""
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < num_splits
+    part = (row * num_heads + head) * num_splits + offs_s
+    m = tl.load(part_ml_ptr + part * 2, mask=s_mask, other=float("-inf"))
+    l_part = tl.load(part_ml_ptr + part * 2 + 1, mask=s_mask, other=0.0)
+    m_max = tl.max(m, 0)
+    if HAS_SINK:
+        sink = tl.load(sink_ptr + head).to(tl.float32) * 1.4426950408889634
+        m_max = tl.maximum(m_max, sink)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max)
+    l_tot = tl.sum(l_part * w, 0)
+    if HAS_SINK:
+        l_tot += tl.exp2(sink - m_max)
+    acc = tl.load(part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
+                  mask=s_mask[:, None], other=0.0)
+    o = tl.sum(acc * w[:, None], 0) / tl.where(l_tot == 0.0, 1.0, l_tot)
+    tl.store(out_ptr + row * stride_os + head * stride_oh + offs_d,
+             o.to(out_ptr.dtype.element_ty), mask=offs_d < head_dim)
 
 
 def launch_sparse_attention(
@@ -123,6 +188,9 @@ def launch_sparse_attention(
     compressed_start: torch.Tensor,
     compressed_end: torch.Tensor,
     sinks: torch.Tensor,
+    part_acc: torch.Tensor,
+    part_ml: torch.Tensor,
+    num_splits: int,
     scale: float,
     paged: bool,
     has_idx: bool,
@@ -141,16 +209,23 @@ def launch_sparse_attention(
         stride_wblock, stride_wrow, page_size = window_kv.stride(0), window_kv.stride(1), window_kv.shape[1]
     else:
         stride_wblock, stride_wrow, page_size = 0, window_kv.stride(0), 1
-    grid = (num_rows, triton.cdiv(num_heads, block_h))
+    grid = (num_rows, triton.cdiv(num_heads, block_h), num_splits)
     _sparse_attention_kernel[grid](
         q, out, window_kv, window_start, window_end, block_tables, row_seq,
-        compressed_kv, indices, compressed_start, compressed_end, sinks,
-        scale * LOG2E, num_heads, head_dim, indices.shape[1],
+        compressed_kv, indices, compressed_start, compressed_end, sinks, part_acc, part_ml,
+        scale * LOG2E, num_heads, head_dim, indices.shape[1], num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         stride_wblock, stride_wrow, block_tables.stride(0), compressed_kv.stride(0),
         indices.stride(0),
         PAGE_SIZE=page_size, PAGED=paged, HAS_IDX=has_idx, HAS_RANGE=has_range, HAS_SINK=has_sink,
-        UPCAST=interpreting(),
+        UPCAST=interpreting(), SPLIT=num_splits > 1,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps, num_stages=num_stages,
     )
+    if num_splits > 1:
+        _sparse_combine_kernel[(num_rows, num_heads)](
+            part_acc, part_ml, out, sinks, num_heads, head_dim, num_splits,
+            out.stride(0), out.stride(1),
+            HAS_SINK=has_sink, BLOCK_S=max(2, 1 << max(num_splits - 1, 0).bit_length()),
+            BLOCK_D=block_d,
+        )

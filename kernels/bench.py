@@ -91,11 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-naive", action="store_true")
     ap.add_argument("--no-fp8", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="toy sizes; CPU interpreter if no GPU")
-    ap.add_argument("--tile-w", type=int, default=None)
-    ap.add_argument("--block-m", type=int, default=64)
-    ap.add_argument("--block-n", type=int, default=128)
-    ap.add_argument("--num-warps", type=int, default=4)
-    ap.add_argument("--num-stages", type=int, default=2)
+    for name in ("tile-w", "block-m", "block-n", "num-warps", "num-stages"):
+        ap.add_argument(f"--{name}", type=int, default=None, help="indexer tile override")
     ap.add_argument("--json", type=str, default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -106,9 +103,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.contexts:
         shapes = replace(shapes, contexts=tuple(args.contexts))
     only = set(args.only or ["indexer", "sparse", "paged"])
-    tiles = IndexerTiles(tile_w=args.tile_w or shapes.tile_w, block_m=args.block_m,
-                         block_n=args.block_n, num_warps=args.num_warps,
-                         num_stages=args.num_stages)
+    overrides = {k: getattr(args, k) for k in ("tile_w", "block_m", "block_n", "num_warps",
+                                                 "num_stages") if getattr(args, k) is not None}
+    tiles = replace(shapes.tiles, **overrides)
     import triton
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,7 +7,8 @@ with index -1 and score -inf. Keys are walked in tiles of ``TILE_W``; each tile'
 [S, TILE_W] fp32 scratch and are merged into a running best list, so the scratch is
 ``indexer_topk_workspace_bytes(...)`` bytes at 16k and at 1M context alike. The reference is
 ``kernels.indexer_topk_ref`` (the specification). Callers fold any scaling (softmax scale,
-1/sqrt(H)) into ``weights``: a positive factor commutes with ReLU.
+1/sqrt(H)) into ``weights``: a positive factor commutes with ReLU. FP8 inputs (e4m3) take a
+per-(token, head) ``q_scale`` and a per-key ``k_scale``, as DeepSeek-V3.2/V4 quantise them.
 
 This module must never allocate when ``workspace`` and the output buffers are given, and never
 build anything shaped [S, T] or [S, H, T].
@@ -28,7 +29,8 @@ _NAME = "indexer_topk"
 
 @dataclass(frozen=True)
 class IndexerTiles:
-    """Tile constants of the indexer (all but ``tile_w`` only change speed, never the answer)."""
+    """Tile constants of the indexer: they change speed (and ``tile_w`` the scratch size), never
+    the answer: the running merge is exact."""
 
     tile_w: int = 16384  # keys per scratch tile: scratch is rows x tile_w fp32
     block_m: int = 64  # query rows per scoring program

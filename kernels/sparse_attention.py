@@ -30,15 +30,17 @@ What it computes, per query row ``t`` and head ``h`` (this is what transformers'
   several sequences).
 * A row with no entries and no sink gets zeros (never NaN).
 
-Memory: no scratch at all (``sparse_attention_workspace_bytes`` returns 0); the online softmax
-state lives in registers, so nothing depends on context length. The output is written into
-``out``; nothing is allocated. This module must never allocate on the hot path or import
-anything of ours outside ``kernels``.
+Memory: with the default single split no scratch at all (the online-softmax state lives in
+registers); with ``num_splits`` > 1 a workspace of ``sparse_attention_workspace_bytes(S, H, D,
+num_splits)`` bytes. Neither depends on context length. The output is written into ``out``.
+This module must never allocate on the hot path (when given a workspace) or import anything
+of ours outside ``kernels``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 
@@ -79,14 +81,18 @@ def default_sparse_tiles(num_rows: int) -> SparseTiles:
     return PREFILL_SPARSE_TILES if num_rows >= 1024 else DECODE_SPARSE_TILES
 
 
-def _missing(argument: str, problem: str) -> None:
+def _missing(argument: str, problem: str) -> NoReturn:
     raise KernelArgumentError(_NAME, argument, problem)
 
 
-def sparse_attention_workspace_bytes(num_rows: int, num_heads: int, head_dim: int) -> int:
-    """Scratch bytes ``sparse_attention`` needs: none (online softmax in registers)."""
-    del num_rows, num_heads, head_dim
-    return 0
+def sparse_attention_workspace_bytes(
+    num_rows: int, num_heads: int, head_dim: int, num_splits: int = 1
+) -> int:
+    """Scratch bytes of ``sparse_attention``: none with one split (online softmax in
+    registers); with ``num_splits`` > 1, the partials [S, H, splits] x (pow2(D) + 2) fp32."""
+    if num_splits <= 1:
+        return 0
+    return num_rows * num_heads * num_splits * (next_pow2(max(head_dim, 16)) + 2) * 4
 
 
 def sparse_attention(
@@ -105,6 +111,8 @@ def sparse_attention(
     window_block_tables: torch.Tensor | None = None,
     row_seq: torch.Tensor | None = None,
     tiles: SparseTiles | None = None,
+    num_splits: int = 1,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sparse MQA attention of DeepSeek-V4 into ``out`` (see the module docstring).
 
@@ -113,7 +121,10 @@ def sparse_attention(
     (-1 = skip); compressed_start, compressed_end [S] int32; sinks [H] (fp32 logits);
     window_block_tables [B, max_blocks] int32 and row_seq [S] int32 (paged mode only);
     out [S, H, D] (same dtype as q). All on one device; KV dtype == q dtype.
-    Returns ``out``.
+    ``num_splits`` > 1 splits every row's entry lists over that many programs (more parallelism
+    when there are few rows, as in decode; not yet timed on a GPU, so 1 is the default) and needs
+    ``workspace`` (uint8, >= ``sparse_attention_workspace_bytes(S, H, D, num_splits)``;
+    allocated if None). Returns ``out``.
     """
     num_rows, num_heads, head_dim = q.shape if q.dim() == 3 else (0, 0, 0)
     dev = q.device
@@ -152,8 +163,27 @@ def sparse_attention(
             check_tensor(_NAME, name, t, shape=(num_rows,), dtypes=_INT_DTYPES, device=dev)
     if sinks is not None:
         check_tensor(_NAME, "sinks", sinks, shape=(num_heads,), dtypes=_FLOAT_DTYPES, device=dev)
+    if num_splits < 1:
+        raise KernelArgumentError(_NAME, "num_splits", f"must be >= 1, got {num_splits}")
     if num_rows == 0 or num_heads == 0:
         return out
+    need = sparse_attention_workspace_bytes(num_rows, num_heads, head_dim, num_splits)
+    if need and workspace is None:
+        workspace = torch.empty(need, dtype=torch.uint8, device=dev)
+    if need:
+        assert workspace is not None
+        check_tensor(_NAME, "workspace", workspace, shape=(None,), dtypes=(torch.uint8,),
+                     device=dev)
+        if not workspace.is_contiguous() or workspace.numel() < need or workspace.data_ptr() % 8:
+            raise KernelArgumentError(
+                _NAME, "workspace", f"must be contiguous, 8-byte aligned and hold {need} bytes "
+                f"(sparse_attention_workspace_bytes({num_rows}, {num_heads}, {head_dim}, "
+                f"{num_splits})), got {workspace.numel()}")
+        n_acc = num_rows * num_heads * num_splits * next_pow2(max(head_dim, 16)) * 4
+        part_acc = workspace[:n_acc].view(torch.float32)
+        part_ml = workspace[n_acc:need].view(torch.float32)
+    else:
+        part_acc = part_ml = out  # never touched with one split
     require_triton(_NAME, dev)
     tiles = tiles or default_sparse_tiles(num_rows)
     from kernels._sparse_attention_triton import launch_sparse_attention
@@ -172,6 +202,9 @@ def sparse_attention(
         compressed_start=compressed_start if has_range else dummy,
         compressed_end=compressed_end if has_range else dummy,
         sinks=sinks if sinks is not None else dummy,
+        part_acc=part_acc,
+        part_ml=part_ml,
+        num_splits=num_splits,
         scale=float(scale),
         paged=paged,
         has_idx=has_idx,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from kernels import (
     paged_decode_workspace_bytes,
     sparse_attention,
     sparse_attention_ref,
+    sparse_attention_workspace_bytes,
 )
 
 pytestmark = pytest.mark.gpu
@@ -23,6 +26,16 @@ pytestmark = pytest.mark.gpu
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def _allocations(fn: Callable[[], object]) -> int:
+    """Device allocations made by a second call of ``fn`` (the first compiles the kernel)."""
+    fn()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.memory_stats()["allocation.all.allocated"] - before
 
 
 @pytest.mark.parametrize(("s", "t", "topk"), [(1000, 20000, 512), (257, 3001, 2048), (64, 100, 512)])
@@ -75,7 +88,7 @@ def test_sparse_attention_realistic(cuda) -> None:
     out = torch.full_like(q, float("nan"))
     kw = {"scale": d**-0.5, "compressed_kv": comp, "indices": idx, "compressed_start": cs,
           "compressed_end": ce, "sinks": sinks}
-    sparse_attention(q, win, t, t + window, out=out, **kw)
+    assert _allocations(lambda: sparse_attention(q, win, t, t + window, out=out, **kw)) == 0
     ref = sparse_attention_ref(q, win, t, t + window, **kw)
     assert _rel(out, ref) < 1e-2
 
@@ -98,7 +111,7 @@ def test_paged_prefill_realistic(cuda, q_lens, ctx) -> None:
     q = torch.randn(sum(q_lens), hq, d, device="cuda", generator=g).to(torch.bfloat16)
     ctx_t = torch.tensor(ctx, dtype=torch.int32, device="cuda")
     out = torch.full_like(q, float("nan"))
-    paged_attention(q, kc, vc, tables, qsl, ctx_t, d**-0.5, out)
+    assert _allocations(lambda: paged_attention(q, kc, vc, tables, qsl, ctx_t, d**-0.5, out)) == 0
     ref = paged_attention_ref(q, kc, vc, tables, qsl, ctx_t, d**-0.5)
     assert _rel(out, ref) < 1e-2
     b = len(ctx)
@@ -107,8 +120,8 @@ def test_paged_prefill_realistic(cuda, q_lens, ctx) -> None:
     ws = torch.empty(max(paged_decode_workspace_bytes(b, hq, d, splits), 1), dtype=torch.uint8,
                      device="cuda")
     dout = torch.full_like(dq, float("nan"))
-    paged_decode_attention(dq, kc, vc, tables, ctx_t, d**-0.5, dout, num_splits=splits,
-                           workspace=ws)
+    assert _allocations(lambda: paged_decode_attention(
+        dq, kc, vc, tables, ctx_t, d**-0.5, dout, num_splits=splits, workspace=ws)) == 0
     one = torch.arange(b + 1, dtype=torch.int32, device="cuda")
     dref = paged_attention_ref(dq, kc, vc, tables, one, ctx_t, d**-0.5)
     assert _rel(dout, dref) < 1e-2
@@ -129,3 +142,22 @@ def test_indexer_fp8_exact_on_integers(cuda) -> None:
                                     k_scale=ks)
     assert torch.equal(got_i, ref_i)
     assert torch.equal(got_s, ref_s)
+
+
+def test_sparse_attention_split_decode(cuda) -> None:
+    g = torch.Generator(device="cuda").manual_seed(4)
+    s, h, d, window, topk, nc = 64, 64, 512, 128, 512, 50000
+    q = torch.randn(s, h, d, device="cuda", generator=g).to(torch.bfloat16)
+    win = torch.randn(s * window, d, device="cuda", generator=g).to(torch.bfloat16)
+    comp = torch.randn(nc, d, device="cuda", generator=g).to(torch.bfloat16)
+    start = torch.arange(s, device="cuda", dtype=torch.int32) * window
+    idx = torch.randint(-1, nc, (s, topk), device="cuda", generator=g, dtype=torch.int32)
+    sinks = torch.randn(h, device="cuda", generator=g)
+    kw = {"scale": d**-0.5, "compressed_kv": comp, "indices": idx, "sinks": sinks}
+    ws = torch.empty(sparse_attention_workspace_bytes(s, h, d, 4), dtype=torch.uint8,
+                     device="cuda")
+    out = torch.full_like(q, float("nan"))
+    assert _allocations(lambda: sparse_attention(q, win, start, start + window, out=out,
+                                                 num_splits=4, workspace=ws, **kw)) == 0
+    ref = sparse_attention_ref(q, win, start, start + window, **kw)
+    assert _rel(out, ref) < 1e-2

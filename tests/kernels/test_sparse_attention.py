@@ -8,7 +8,13 @@ import types
 import pytest
 import torch
 
-from kernels import KernelArgumentError, sparse_attention, sparse_attention_ref
+from kernels import (
+    KernelArgumentError,
+    SparseTiles,
+    sparse_attention,
+    sparse_attention_ref,
+    sparse_attention_workspace_bytes,
+)
 
 
 def _case(s, h, d, nw, nc, k_idx, *, seed, dtype):
@@ -115,3 +121,34 @@ def test_rejects_bad_arguments(interpret) -> None:
     with pytest.raises(KernelArgumentError, match="row_seq"):
         sparse_attention(q, wkv.view(5, 4, 16), ws, we, scale=1.0, out=out,
                          window_block_tables=torch.zeros(1, 5, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("tiles", [SparseTiles(64, 32, 8, 2), SparseTiles(16, 16, 4, 2)])
+def test_explicit_tiles_give_the_same_answer(interpret, tiles) -> None:
+    q, wkv, ws, we, ckv, idx, cs, ce, sinks = _case(3, 33, 32, 50, 40, 20, seed=9,
+                                                    dtype=torch.float32)
+    kw = {"scale": 0.2, "compressed_kv": ckv, "indices": idx, "sinks": sinks}
+    out = torch.empty_like(q)
+    sparse_attention(q, wkv, ws, we, out=out, tiles=tiles, **kw)
+    ref = sparse_attention_ref(q, wkv, ws, we, **kw)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("num_splits", "sinks"), [(3, True), (2, False)])
+def test_split_entries_give_the_same_answer(interpret, num_splits, sinks) -> None:
+    q, wkv, ws, we, ckv, idx, cs, ce, sink = _case(4, 5, 24, 60, 45, 37, seed=13,
+                                                   dtype=torch.float32)
+    we[1] = ws[1]  # empty window
+    idx[2] = -1  # no indexed entries
+    kw = {"scale": 0.25, "compressed_kv": ckv, "indices": idx, "compressed_start": cs,
+          "compressed_end": ce, "sinks": sink if sinks else None}
+    need = sparse_attention_workspace_bytes(4, 5, 24, num_splits)
+    ws_buf = torch.empty(need, dtype=torch.uint8)
+    out = torch.full_like(q, float("nan"))
+    sparse_attention(q, wkv, ws, we, out=out, num_splits=num_splits, workspace=ws_buf,
+                     tiles=SparseTiles(16, 16, 4, 2), **kw)
+    ref = sparse_attention_ref(q, wkv, ws, we, **kw)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(KernelArgumentError, match="workspace"):
+        sparse_attention(q, wkv, ws, we, out=out, num_splits=num_splits, workspace=ws_buf[:8],
+                         **kw)

@@ -13,13 +13,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.models.deepseek_v4.backend import V4Backend, attend, select_topk
+from engine.models.deepseek_v4.backend import (
+    SeqAttention,
+    V4Backend,
+    attend_batched,
+    select_topk,
+)
 from engine.models.deepseek_v4.cache_state import LayerCache
 from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.indexer import V4Indexer
 from engine.models.deepseek_v4.norms import RMSNorm, unweighted_rms_norm
 from engine.models.deepseek_v4.rope import V4Rotary, apply_rope
+from engine.models.deepseek_v4.sparse_attention import v4_attention_torch
 
 
 @dataclass(frozen=True)
@@ -123,21 +129,43 @@ class V4Attention(nn.Module):
             t.idx_q, t.idx_w = self.compressor.indexer.queries(q_res, x, cos, sin)
             t.kv_i, t.gate_i = self.compressor.indexer.project(x)
         out = torch.empty_like(q)
+        batched = backend.attention != "torch"
+        seqs = []
         for sp in spans:
             # one Workspace frame per sequence: its indexer scratch is reused by the next one
             scope = ws.scope() if ws is not None else contextlib.nullcontext()  # type: ignore[attr-defined]
             with scope:
-                self._one_sequence(sp, out[sp.begin : sp.end], t.rows(sp), compress_rotary, cache,
-                                   backend, ws)
+                s = self._update_sequence(sp, t.rows(sp), compress_rotary, cache, backend, ws)
+                if batched:  # copy the indices out of the Workspace frame before it closes
+                    if s.topk_idx is not None:
+                        s = SeqAttention(s.num_rows, s.start_pos, s.slot, s.window_kv, s.num_prev,
+                                         s.topk_idx.clone())
+                    seqs.append(s)
+                else:
+                    comp = None if cache.compressor is None else cache.compressor.entries[sp.slot]
+                    out[sp.begin : sp.end] = v4_attention_torch(
+                        t.q[sp.begin : sp.end], s.window_kv, s.num_prev, cfg.sliding_window,
+                        self.sinks, cfg.head_dim**-0.5, s.start_pos, comp=comp,
+                        comp_rate=self._rate, topk_idx=s.topk_idx,
+                    )
+        if batched:
+            entries = None if cache.compressor is None else cache.compressor.entries
+            attend_batched(backend, out, q, seqs, cfg.sliding_window, self.sinks, cfg.head_dim**-0.5,
+                           entries, self._rate)
         out = apply_rope(out, cos, -sin)  # undo the rotation V picked up (K == V)
         grouped = self.o_a_proj(out.view(n, cfg.o_groups, -1))
         return self.o_b_proj(grouped)
 
-    def _one_sequence(
-        self, sp: SeqSpan, out: torch.Tensor, t: _StepRows, rotary: V4Rotary, cache: LayerCache,
+    @property
+    def _rate(self) -> int:
+        return 0 if self.compressor is None else self.compressor.rate
+
+    def _update_sequence(
+        self, sp: SeqSpan, t: _StepRows, rotary: V4Rotary, cache: LayerCache,
         backend: V4Backend, ws: object | None,
-    ) -> None:
-        """Extends the slot's state with this chunk and writes its attention into ``out``."""
+    ) -> SeqAttention:
+        """Extends the slot's state with this chunk (window ring, compressor, indexer keys) and
+        returns what its attention needs (the top-k indices, for CSA, may live in ``ws``)."""
         c, n0, slot, win = sp.end - sp.begin, sp.start_pos, sp.slot, self.cfg.sliding_window
         dev = t.q.device
         ring = cache.window[slot]  # [W, D]
@@ -146,21 +174,18 @@ class V4Attention(nn.Module):
         window_kv = torch.cat([ring[prev_pos], t.kv])  # [num_prev + C, D]
         keep = min(c, win)
         ring[torch.arange(n0 + c - keep, n0 + c, device=dev) % win] = t.kv[c - keep :]
-        comp = topk_idx = None
-        rate = 0
+        topk_idx = None
         if self.compressor is not None:
             assert cache.compressor is not None
-            rate = self.compressor.rate
             assert t.kv_c is not None and t.gate_c is not None
             num_entries = self.compressor.compress(t.kv_c, t.gate_c, cache.compressor, slot, n0, rotary)
-            comp = cache.compressor.entries[slot]
             if isinstance(self.compressor, V4CSACompressor):
                 assert cache.indexer is not None and t.kv_i is not None and t.gate_i is not None
                 assert t.idx_q is not None and t.idx_w is not None
                 self.compressor.indexer.compress(t.kv_i, t.gate_i, cache.indexer, slot, n0, rotary)
                 keys = cache.indexer.entries[slot, :num_entries]
                 # query i (position n0 + i) sees the entries of windows closed by then
-                kv_end = torch.div(torch.arange(n0 + 1, n0 + c + 1, device=dev), rate, rounding_mode="floor")
+                kv_end = torch.div(torch.arange(n0 + 1, n0 + c + 1, device=dev), self._rate,
+                                   rounding_mode="floor")
                 topk_idx = select_topk(backend, t.idx_q, keys, t.idx_w, kv_end, self.cfg.index_topk, ws)
-        attend(backend, out, t.q, window_kv, num_prev, win, self.sinks, self.cfg.head_dim**-0.5, n0,
-               comp, rate, topk_idx)
+        return SeqAttention(c, n0, slot, window_kv, num_prev, topk_idx)

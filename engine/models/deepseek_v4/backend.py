@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 
 from engine.models.deepseek_v4.indexer import indexer_topk_torch
-from engine.models.deepseek_v4.sparse_attention import v4_attention_torch
 
 _INDEXERS = ("auto", "torch", "kernels", "kernels_ref", "naive")
 _ATTENTIONS = ("auto", "torch", "kernels", "kernels_ref")
@@ -82,31 +81,55 @@ def select_topk(
                         workspace=scratch)[1]
 
 
-def attend(
-    backend: V4Backend, out: torch.Tensor, q: torch.Tensor, window_kv: torch.Tensor,
-    num_prev: int, window: int, sinks: torch.Tensor, scale: float, start_pos: int,
-    comp: torch.Tensor | None, comp_rate: int, topk_idx: torch.Tensor | None,
+@dataclass(frozen=True)
+class SeqAttention:
+    """What one sequence of the step contributes to a batched attention call."""
+
+    num_rows: int  # the sequence's tokens in this step
+    start_pos: int  # position of its first token
+    slot: int
+    window_kv: torch.Tensor  # [num_prev + num_rows, D]: the previous window - 1 tokens + the chunk
+    num_prev: int
+    topk_idx: torch.Tensor | None  # CSA: [num_rows, k] entry indices of this slot (-1 = none)
+
+
+def attend_batched(
+    backend: V4Backend, out: torch.Tensor, q: torch.Tensor, seqs: list[SeqAttention],
+    window: int, sinks: torch.Tensor, scale: float, entries: torch.Tensor | None, comp_rate: int,
 ) -> None:
-    """Writes V4 attention of one sequence's chunk into ``out [C, H, D]`` (see
-    :func:`v4_attention_torch` for the meaning of the arguments)."""
-    if backend.attention == "torch":
-        out.copy_(v4_attention_torch(q, window_kv, num_prev, window, sinks, scale, start_pos,
-                                     comp=comp, comp_rate=comp_rate, topk_idx=topk_idx))
-        return
-    c = q.shape[0]
-    rows = torch.arange(c, device=q.device, dtype=torch.int32)
-    w_end = rows + (num_prev + 1)
-    w_start = (w_end - window).clamp(min=0)
+    """One kernels call for every row of the step (kernels / kernels_ref backends): the windows
+    concatenated into one flat buffer, the compressed entries addressed in the flat
+    ``entries [max_batch * E, D]`` table by ``slot * E`` offsets. out, q: [N, H, D]."""
+    assert backend.attention in ("kernels", "kernels_ref")
+    w_start, w_end, c_start, c_end = [], [], [], []
+    offset = 0
+    per_slot = entries.shape[1] if entries is not None else 0
+    for s in seqs:
+        rows = torch.arange(s.num_rows, dtype=torch.int32)
+        end = rows + (offset + s.num_prev + 1)
+        w_end.append(end)
+        w_start.append((end - window).clamp(min=offset))
+        if entries is not None:
+            base = s.slot * per_slot
+            c_start.append(torch.full((s.num_rows,), base, dtype=torch.int32))
+            c_end.append(base + torch.div(rows + (s.start_pos + 1), comp_rate, rounding_mode="floor"))
+        offset += s.window_kv.shape[0]
+    dev = q.device
+    window_kv = torch.cat([s.window_kv for s in seqs])
     kw: dict[str, torch.Tensor] = {}
-    if comp is not None:
-        kw["compressed_kv"] = comp
-        if topk_idx is not None:
-            kw["indices"] = topk_idx.to(torch.int32)
+    if entries is not None:
+        kw["compressed_kv"] = entries.view(-1, entries.shape[-1])
+        if seqs[0].topk_idx is not None:
+            kw["indices"] = torch.cat([
+                torch.where(s.topk_idx >= 0, s.topk_idx + s.slot * per_slot, -1).to(torch.int32)
+                for s in seqs if s.topk_idx is not None
+            ])
         else:
-            kw["compressed_start"] = torch.zeros_like(rows)
-            kw["compressed_end"] = torch.div(rows + (start_pos + 1), comp_rate, rounding_mode="floor")
+            kw["compressed_start"] = torch.cat(c_start).to(dev)
+            kw["compressed_end"] = torch.cat(c_end).to(dev)
     if backend.attention == "kernels_ref":
         from kernels.sparse_attention_ref import sparse_attention_ref as fn
     else:
         from kernels.sparse_attention import sparse_attention as fn
-    fn(q, window_kv, w_start, w_end, scale=scale, out=out, sinks=sinks, **kw)
+    fn(q, window_kv, torch.cat(w_start).to(dev), torch.cat(w_end).to(dev), scale=scale, out=out,
+       sinks=sinks, **kw)

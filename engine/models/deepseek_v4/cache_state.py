@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -103,6 +104,14 @@ class DeepseekV4CacheState:
     def reset_slot(self, slot: int) -> None:
         """Forget a slot's sequence (no tensor work: stale data is never read past num_tokens)."""
         self.num_tokens[slot] = 0
+
+    def pretend_filled(self, slot: int, num_tokens: int) -> None:
+        """Warm-up only: mark ``slot`` as holding ``num_tokens`` tokens (whatever its tensors
+        contain), so a warm-up step runs against the longest context and its measured peak is
+        the worst case. Reset the slot afterwards."""
+        if not 0 <= num_tokens <= self.max_context:
+            raise InvalidRequest(f"num_tokens={num_tokens} outside [0, {self.max_context}]", field="num_tokens")
+        self.num_tokens[slot] = num_tokens
 
     def check_room(self, slot: int, num_new: int) -> None:
         if self.num_tokens[slot] + num_new > self.max_context:
@@ -203,9 +212,11 @@ class DeepseekV4CacheState:
 
 
 def deepseek_v4_cache_bytes(
-    cfg: DeepseekV4Config, max_batch: int, max_context: int, dtype: torch.dtype = torch.bfloat16
+    cfg: DeepseekV4Config | Any, max_batch: int, max_context: int, dtype: torch.dtype = torch.bfloat16
 ) -> dict[str, int]:
-    """Bytes of :class:`DeepseekV4CacheState` by role, without allocating it."""
+    """Bytes of :class:`DeepseekV4CacheState` by role, without allocating it (``cfg``: a
+    DeepseekV4Config or the engine's ModelConfig)."""
+    cfg = DeepseekV4Config.coerce(cfg)
     e = torch.empty((), dtype=dtype).element_size()
     out = {"sliding_window_kv": 0, "compressed_kv": 0, "indexer_keys": 0, "compressor_carry": 0}
     for lt in cfg.layer_types:

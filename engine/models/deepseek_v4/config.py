@@ -170,6 +170,19 @@ class DeepseekV4Config:
         return CSA in self.layer_types
 
     @classmethod
+    def coerce(cls, cfg: Any) -> DeepseekV4Config:
+        """A DeepseekV4Config as is; an engine ModelConfig (family deepseek_v4) via its raw
+        ``hf_config``; a plain dict as config.json."""
+        if isinstance(cfg, cls):
+            return cfg
+        if isinstance(cfg, dict):
+            return cls.from_hf_dict(cfg)
+        hf = getattr(cfg, "hf_config", None)
+        if getattr(cfg, "family", None) != "deepseek_v4" or not isinstance(hf, dict):
+            raise CheckpointError(f"deepseek_v4: cannot read a DeepSeek-V4 config from {type(cfg).__name__}")
+        return cls.from_hf_dict(hf)
+
+    @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> DeepseekV4Config:
         """Parse a config.json dict (transformers-5 or legacy DeepSeek field names)."""
         n = int(d["num_hidden_layers"])

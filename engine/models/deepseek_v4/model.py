@@ -172,10 +172,12 @@ class DeepseekV4Model(nn.Module):
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [n, hidden] -> logits [n, vocab] (written into ``out`` when given)."""
-        logits = self.lm_head(hidden)
+        w = self.lm_head.weight
         if out is None:
-            return logits
-        out.copy_(logits)
+            return hidden @ w.t()
+        if out.dtype == hidden.dtype == w.dtype and out.is_contiguous():
+            return torch.mm(hidden, w.t(), out=out)  # no [n, vocab] temporary
+        out.copy_(hidden @ w.t())
         return out
 
 

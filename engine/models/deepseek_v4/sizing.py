@@ -10,6 +10,8 @@ kernels package's own size function. Never allocates; pure arithmetic on the con
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from engine.models.deepseek_v4.config import CSA, DeepseekV4Config
@@ -18,12 +20,13 @@ from engine.models.deepseek_v4.sparse_attention import ATTN_Q_TILE
 
 
 def deepseek_v4_step_scratch_bytes(
-    cfg: DeepseekV4Config, chunk_tokens: int, max_context: int, max_batch: int,
+    cfg: DeepseekV4Config | Any, chunk_tokens: int, max_context: int, max_batch: int,
     dtype: torch.dtype = torch.bfloat16, backend: str = "kernels",
 ) -> dict[str, int]:
     """Bytes by role: ``mhc_streams``, ``attention_projections``, ``compressor``, ``indexer``,
-    ``sparse_attention``, ``moe``, ``final_norm``. ``backend`` is the resolved
-    :class:`V4Backend` kind of both operations ("kernels" or "torch")."""
+    ``sparse_attention``, ``moe``, ``final_norm``. ``cfg``: a DeepseekV4Config or the engine's
+    ModelConfig; ``backend`` is the resolved :class:`V4Backend` kind ("kernels" or "torch")."""
+    cfg = DeepseekV4Config.coerce(cfg)
     n = max(chunk_tokens, max_batch)  # a decode step schedules up to max_batch tokens
     e, f = torch.empty((), dtype=dtype).element_size(), 4
     hid, hc = cfg.hidden_size, cfg.hc_mult
@@ -66,9 +69,10 @@ def deepseek_v4_step_scratch_bytes(
             sel = rq * hi * di * f + 2 * rq * hi * kt * f + kt * di * f + 3 * rq * (k + kt) * (f + 8)
             sel += n * k * 8
         idx = q_and_w + sel
-    window_rows = cfg.sliding_window - 1 + n
+    # each sequence's window (previous window - 1 tokens + its rows), and their concatenation
+    window_rows = max_batch * (cfg.sliding_window - 1) + n
     if backend == "kernels":
-        attn = window_rows * d * e + n * 4 * 4 + n * cfg.index_topk * 4
+        attn = 2 * window_rows * d * e + n * 4 * 4 + 3 * n * cfg.index_topk * 8
     else:
         t = min(n, ATTN_Q_TILE)
         visible = max(
@@ -103,10 +107,12 @@ def deepseek_v4_step_peak_bytes(scratch: dict[str, int]) -> int:
     return scratch["mhc_streams"] + max(attention, scratch["moe"], scratch["final_norm"])
 
 
-def deepseek_v4_workspace_bytes(cfg: DeepseekV4Config, chunk_tokens: int, max_context: int) -> int:
+def deepseek_v4_workspace_bytes(cfg: DeepseekV4Config | Any, chunk_tokens: int, max_context: int) -> int:
     """Bytes the family takes from the engine's Workspace in one step (kernels backend): the
     indexer's scratch and its two [rows, topk] outputs, plus alignment slack. The rest of a
-    step's transient memory is the ``deepseek_v4_step_scratch_bytes`` activations."""
+    step's transient memory is the ``deepseek_v4_step_scratch_bytes`` activations. Frames are
+    per sequence, so this does not grow with the number of sequences in a step."""
+    cfg = DeepseekV4Config.coerce(cfg)
     if not cfg.uses_csa:
         return 0
     from kernels.indexer_topk import indexer_topk_workspace_bytes

@@ -100,11 +100,16 @@ def test_greedy_tokens_match_generate(hf_v4: tuple[str, torch.nn.Module, dict[st
     assert cache.num_tokens[0] == PROMPT_LEN + NEW_TOKENS - 1
 
 
-def test_mixed_batch_equals_single_sequences(hf_v4: tuple[str, torch.nn.Module, dict[str, Any]]) -> None:
+@pytest.mark.parametrize("backend", [V4Backend("torch", "torch"), V4Backend("kernels_ref", "kernels_ref")],
+                         ids=["torch", "kernels_ref"])
+def test_mixed_batch_equals_single_sequences(hf_v4: tuple[str, torch.nn.Module, dict[str, Any]],
+                                             backend: V4Backend) -> None:
     """One step holding a decode token of slot 2, a prefill chunk of slot 0 and a chunk of a
-    fresh slot 1 gives the same logits as running each sequence alone."""
+    fresh slot 1 gives the same logits as running each sequence alone (the kernels backends
+    attend for all sequences in one call, over the flat windows and entry tables)."""
     _, model, raw = hf_v4
-    cfg, ours = _ours(model, raw)
+    cfg = DeepseekV4Config.from_hf_dict(raw)
+    ours = DeepseekV4Model.from_state_dict(cfg, model.state_dict(), dtype=torch.float32, backend=backend)
     a, b, c = _prompt(3, 23), _prompt(4, 13), _prompt(5, 30)
     solo = DeepseekV4CacheState(cfg, max_batch=3, max_context=64, dtype=torch.float32, device="cpu")
     ref_a = _prefill(ours, solo, a, 0, 23)[10:]
@@ -166,7 +171,8 @@ def test_fixed_extent_never_grows_and_rejects_overflow(hf_v4: tuple[str, torch.n
     assert cache.num_tokens[0] == 45  # a refused step leaves the slot untouched
 
 
-@pytest.mark.parametrize("backend", [V4Backend("kernels_ref", "kernels_ref"), V4Backend("naive", "torch")])
+@pytest.mark.parametrize("backend", [V4Backend("kernels_ref", "kernels_ref"), V4Backend("naive", "torch")],
+                         ids=["kernels_ref", "naive_indexer"])
 def test_kernel_references_as_backend_match(backend: V4Backend, v4_builder: Callable[..., Any]) -> None:
     """The kernels package's PyTorch references (the specification of its Triton kernels), and
     the naive indexer, plugged into the model give transformers' logits."""

@@ -91,3 +91,36 @@ def test_bench_context_script_runs_and_reports(tmp_path: Path) -> None:
     text = (docs / "deepseek_v4.md").read_text()
     assert text.startswith("# title") and "indexer `naive`" in text and "| 96 |" in text
     assert (docs / "deepseek_v4_context.png").stat().st_size > 0
+
+
+def test_size_functions_take_the_engine_model_config(v4_builder: Callable[..., Any], tmp_path: Path) -> None:
+    """The planner holds an engine ModelConfig: the size functions read it directly."""
+    from engine.checkpoint import load_model_config
+    from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes
+
+    model, raw = v4_builder("s-csa-hca_yarn_hc2")
+    model.config.save_pretrained(tmp_path)
+    mc = load_model_config(tmp_path)
+    cfg = DeepseekV4Config.from_hf_dict(raw)
+    assert deepseek_v4_cache_bytes(mc, 3, 100) == deepseek_v4_cache_bytes(cfg, 3, 100)
+    assert deepseek_v4_step_scratch_bytes(mc, 16, 100, 3) == deepseek_v4_step_scratch_bytes(cfg, 16, 100, 3)
+    assert deepseek_v4_workspace_bytes(mc, 16, 100) > 0
+    with pytest.raises(CheckpointError, match="cannot read"):
+        DeepseekV4Config.coerce(object())
+
+
+def test_warmup_at_longest_context() -> None:
+    """pretend_filled lets a warm-up step run against the longest context the extent holds."""
+    from engine.errors import InvalidRequest
+    from engine.models.deepseek_v4.bench_context import random_init_
+
+    cfg = flash_config("SCH", experts=4, context=256, tiny=True)
+    model = DeepseekV4Model.empty(cfg, torch.float32, "cpu")
+    random_init_(model, seed=0)
+    cache = DeepseekV4CacheState(cfg, 2, 256, torch.float32, "cpu")
+    cache.pretend_filled(1, 240)
+    h = model(torch.randint(0, cfg.vocab_size, (16,)), torch.arange(240, 256), [0, 16], [1], cache)
+    assert torch.isfinite(h).all() and cache.num_tokens == [0, 256]
+    cache.reset_slot(1)
+    with pytest.raises(InvalidRequest, match="outside"):
+        cache.pretend_filled(0, 257)

@@ -1,0 +1,185 @@
+"""``python -m kernels.compile_check``: compile every Triton kernel for an H100/H200 (sm_90) on a
+machine without a GPU, and report shared memory, registers and spills.
+
+Catches what the CPU interpreter cannot (non-constexpr globals, shapes the GPU backend rejects,
+register spills) before any GPU time is spent. Pointer arguments and strides are declared
+16-divisible, as Triton specialises them at a real launch; without that its software pipeliner
+stays off and the report would describe different code. Needs a triton with the NVIDIA backend
+(the PyPI wheel has it). Diagnostic only: nothing imports it, and it never runs a kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels import _indexer_triton as idx
+from kernels import _paged_attention_triton as paged
+from kernels import _sparse_attention_triton as sparse
+
+_DIV16_INTS = {"num_heads", "head_dim", "num_q_heads"}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    fn: object  # a triton JITFunction
+    types: dict[str, str]  # argument -> triton type ("*bf16", "fp32", ...); others are i32
+    constexprs: dict[str, object]
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass
+class CompileResult:
+    name: str
+    ok: bool
+    shared_bytes: int = 0
+    registers: int | None = None
+    spill_bytes: int | None = None
+    uses_wgmma: bool = False
+    error: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _ptr(dtype: str) -> str:
+    return "*" + dtype
+
+
+def default_specs() -> list[KernelSpec]:
+    """The configurations the wrappers launch by default (bf16 unless stated)."""
+    scores_types = {"q_ptr": _ptr("bf16"), "k_ptr": _ptr("bf16"), "w_ptr": _ptr("fp32"),
+                    "kv_end_ptr": _ptr("i32"), "scores_ptr": _ptr("fp32"),
+                    "q_scale_ptr": _ptr("fp32"), "k_scale_ptr": _ptr("fp32")}
+    fp8_types = scores_types | {"q_ptr": _ptr("fp8e4nv"), "k_ptr": _ptr("fp8e4nv")}
+    tile = {"UPCAST": False, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_D": 128}
+    sparse_types = {n: _ptr("bf16") for n in ("q_ptr", "out_ptr", "wkv_ptr", "ckv_ptr")}
+    sparse_types |= {n: _ptr("i32") for n in ("wstart_ptr", "wend_ptr", "bt_ptr", "rowseq_ptr",
+                                               "idx_ptr", "cstart_ptr", "cend_ptr")}
+    sparse_types |= {"sink_ptr": _ptr("fp32"), "qk_scale": "fp32",
+                     "part_acc_ptr": _ptr("fp32"), "part_ml_ptr": _ptr("fp32")}
+    sparse_flags = {"PAGE_SIZE": 1, "PAGED": False, "HAS_IDX": True, "HAS_RANGE": True,
+                    "HAS_SINK": True, "UPCAST": False, "SPLIT": False, "BLOCK_D": 512}
+    kv_types = {n: _ptr("bf16") for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    prefill_types = kv_types | {n: _ptr("i32") for n in ("bt_ptr", "qsl_ptr", "ctx_ptr")}
+    prefill_types["qk_scale"] = "fp32"
+    decode_types = kv_types | {"part_acc_ptr": _ptr("fp32"), "part_ml_ptr": _ptr("fp32"),
+                               "bt_ptr": _ptr("i32"), "ctx_ptr": _ptr("i32"), "qk_scale": "fp32"}
+    return [
+        KernelSpec("indexer scores bf16", idx._indexer_scores_kernel, scores_types,
+                   {"HAS_Q_SCALE": False, "HAS_K_SCALE": False, **tile}),
+        KernelSpec("indexer scores fp8", idx._indexer_scores_kernel, fp8_types,
+                   {"HAS_Q_SCALE": True, "HAS_K_SCALE": True, **tile}),
+        KernelSpec("indexer merge top-512", idx._topk_merge_kernel,
+                   {"scores_ptr": _ptr("fp32"), "kv_end_ptr": _ptr("i32"),
+                    "best_ptr": _ptr("i64"), "cand_ptr": _ptr("i64")},
+                   {"KP": 512, "LOG_KP": 9}),
+        KernelSpec("indexer merge top-2048", idx._topk_merge_kernel,
+                   {"scores_ptr": _ptr("fp32"), "kv_end_ptr": _ptr("i32"),
+                    "best_ptr": _ptr("i64"), "cand_ptr": _ptr("i64")},
+                   {"KP": 2048, "LOG_KP": 11}),
+        KernelSpec("indexer init", idx._topk_init_kernel, {"best_ptr": _ptr("i64")}, {"KP": 512}),
+        KernelSpec("indexer finalize", idx._topk_finalize_kernel,
+                   {"best_ptr": _ptr("i64"), "out_scores_ptr": _ptr("fp32"),
+                    "out_idx_ptr": _ptr("i32")}, {"KP": 512}),
+        KernelSpec("sparse prefill (64 heads)", sparse._sparse_attention_kernel, sparse_types,
+                   sparse_flags | {"BLOCK_H": 64, "BLOCK_N": 32}, num_warps=8),
+        KernelSpec("sparse decode (16 heads)", sparse._sparse_attention_kernel, sparse_types,
+                   sparse_flags | {"BLOCK_H": 16, "BLOCK_N": 64}, num_warps=4),
+        KernelSpec("sparse paged window", sparse._sparse_attention_kernel, sparse_types,
+                   sparse_flags | {"PAGE_SIZE": 16, "PAGED": True, "BLOCK_H": 16,
+                                   "BLOCK_N": 64}, num_warps=4),
+        KernelSpec("sparse decode split", sparse._sparse_attention_kernel, sparse_types,
+                   sparse_flags | {"SPLIT": True, "BLOCK_H": 16, "BLOCK_N": 64}, num_warps=4),
+        KernelSpec("sparse split combine", sparse._sparse_combine_kernel,
+                   {"part_acc_ptr": _ptr("fp32"), "part_ml_ptr": _ptr("fp32"),
+                    "out_ptr": _ptr("bf16"), "sink_ptr": _ptr("fp32")},
+                   {"HAS_SINK": True, "BLOCK_S": 8, "BLOCK_D": 512}),
+        KernelSpec("paged prefill", paged._paged_attention_kernel, prefill_types,
+                   {"PAGE_SIZE": 16, "UPCAST": False, "BLOCK_M": 128, "BLOCK_N": 64,
+                    "BLOCK_D": 128}, num_warps=8),
+        KernelSpec("paged decode split", paged._paged_decode_kernel, decode_types,
+                   {"PAGE_SIZE": 16, "UPCAST": False, "SPLIT": True, "BLOCK_G": 16,
+                    "BLOCK_N": 64, "BLOCK_D": 128}),
+        KernelSpec("paged decode combine", paged._paged_decode_combine_kernel,
+                   {"part_acc_ptr": _ptr("fp32"), "part_ml_ptr": _ptr("fp32"),
+                    "out_ptr": _ptr("bf16")}, {"BLOCK_S": 32, "BLOCK_D": 128}),
+    ]
+
+
+def _ptxas() -> str | None:
+    base = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    for name in ("ptxas-blackwell", "ptxas"):  # the newer one reads the newer PTX
+        path = os.path.join(base, name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def _ptx_resources(ptx: str, ptxas: str) -> tuple[int | None, int | None]:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        proc = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.o")],
+                              capture_output=True, text=True, check=False)
+    regs = re.search(r"Used (\d+) registers", proc.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", proc.stderr)
+    return (int(regs.group(1)) if regs else None, int(spills.group(1)) if spills else None)
+
+
+def compile_one(spec: KernelSpec, target: GPUTarget) -> CompileResult:
+    params = list(inspect.signature(spec.fn.fn).parameters)  # type: ignore[attr-defined]
+    signature = {p: "constexpr" if p in spec.constexprs else spec.types.get(p, "i32")
+                 for p in params}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
+             if signature[p].startswith("*") or p.startswith("stride") or p in _DIV16_INTS}
+    constexprs = {(params.index(k),): v for k, v in spec.constexprs.items()}
+    try:
+        kernel = triton.compile(ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs,
+                                          attrs=attrs),
+                                target=target,
+                                options={"num_warps": spec.num_warps,
+                                         "num_stages": spec.num_stages})
+    except Exception as exc:  # report every kernel, not just the first failure
+        return CompileResult(spec.name, ok=False, error=f"{type(exc).__name__}: {exc}"[:2000])
+    result = CompileResult(spec.name, ok=True, shared_bytes=int(kernel.metadata.shared),
+                           uses_wgmma="wgmma" in kernel.asm["ptx"])
+    ptxas = _ptxas()
+    if ptxas:
+        result.registers, result.spill_bytes = _ptx_resources(kernel.asm["ptx"], ptxas)
+    return result
+
+
+def check_all(specs: list[KernelSpec] | None = None) -> list[CompileResult]:
+    target = GPUTarget("cuda", 90, 32)
+    return [compile_one(s, target) for s in (specs or default_specs())]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0]).parse_args(argv)
+    results = check_all()
+    print("| kernel | compiles | shared KiB | registers | spill bytes | wgmma |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r.name} | {'yes' if r.ok else 'NO'} | {r.shared_bytes / 1024:.0f} | "
+              f"{r.registers if r.registers is not None else '-'} | "
+              f"{r.spill_bytes if r.spill_bytes is not None else '-'} | "
+              f"{'yes' if r.uses_wgmma else 'no'} |")
+    for r in results:
+        if not r.ok:
+            print(f"\n{r.name}:\n{r.error}")
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
