@@ -41,7 +41,7 @@ def _hf_model(shape: str):
 def _engine(model, **kw) -> LLMEngine:
     cfg = ModelConfig.from_hf_dict(model.config.to_dict())
     weights = dict(model.state_dict())
-    ec = EngineConfig(model="bench", device="cuda", dtype="bfloat16", **kw)
+    ec = EngineConfig(model="bench", device="cuda", dtype="bfloat16", strict_allocations=True, **kw)
     return LLMEngine(ec, cfg, weights)
 
 

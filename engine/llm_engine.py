@@ -37,8 +37,10 @@ log = logging.getLogger(__name__)
 
 
 class KVImport(Protocol):
-    def __call__(self, kv: KVCache, block_ids: list[int], num_prompt_tokens: int) -> int:
-        """Fill the leading tokens' KV into ``block_ids``; return how many leading tokens."""
+    def __call__(self, kv: KVCache, block_ids: list[int], num_prompt_tokens: int, *,
+                 num_computed_tokens: int = 0) -> int:
+        """Fill the leading tokens' KV into ``block_ids`` (those below ``num_computed_tokens``
+        are already there, from the prefix cache); return how many leading tokens are filled."""
         ...
 
 
@@ -242,7 +244,9 @@ class LLMEngine:
         kv_import = self._imports.get(seq.request_id)
         if kv_import is None:
             return
-        loaded = kv_import(self.runner.kv, list(seq.block_ids), seq.num_prompt_tokens)
+        # Blocks the prefix cache already filled are not overwritten (others may share them).
+        loaded = kv_import(self.runner.kv, list(seq.block_ids), seq.num_prompt_tokens,
+                           num_computed_tokens=seq.num_computed_tokens)
         # At least the last token is computed, so there are logits to sample from.
         loaded = min(int(loaded), seq.num_tokens - 1, seq.num_prompt_tokens)
         if loaded > seq.num_computed_tokens:

@@ -109,6 +109,19 @@ class MemoryPlan:
         return "\n".join(rows)
 
 
+def step_inputs_term(ec: EngineConfig) -> PlanTerm:
+    """Step inputs staged in the workspace: token ids, positions, KV slots (int64 per token),
+    logits rows (int64 per sequence) and, for the kernels, block tables, query offsets and
+    context lengths (int32)."""
+    tokens = ec.chunk_tokens
+    seqs = min(ec.max_batch, ec.chunk_tokens)
+    nbytes = (3 * _align(tokens * 8) + _align(seqs * 8) + _align(seqs * ec.blocks_per_seq * 4)
+              + _align((seqs + 1) * 4) + _align(seqs * 4))
+    return PlanTerm("ws.step_inputs", nbytes,
+                    f"3 x chunk {tokens} x 8 B + min(batch, chunk) {seqs} x (8 + blocks_per_seq "
+                    f"{ec.blocks_per_seq} x 4 + 8) B", True)
+
+
 def dense_weight_bytes(cfg: ModelConfig, elem: int) -> int:
     h, q, kv, i, v = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.vocab_size
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
@@ -160,6 +173,7 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
                  f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),
         PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size)),
                  "vocab x (4 + 8 + 4) B", True),
+        step_inputs_term(ec),
         PlanTerm("rope_tables", 2 * ec.max_context * model.head_dim * elem,
                  f"2 x max_context {ec.max_context} x head_dim x {elem} B"),
         PlanTerm("activations", dense_activation_bytes(model, ec.chunk_tokens, ec.max_batch, elem),
@@ -217,6 +231,7 @@ def _deepseek_v4_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes:
                  f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),
         PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size)),
                  "vocab x (4 + 8 + 4) B", True),
+        step_inputs_term(ec),
         PlanTerm("activations", deepseek_v4_step_peak_bytes(scratch),
                  "mHC streams + max(attention parts, MoE, final norm) at chunk "
                  f"{ec.chunk_tokens} against {ec.max_context}: "

@@ -79,7 +79,6 @@ class ModelRunner:
             qsl.append(qsl[-1] + c.num_tokens)
             if c.do_sample:
                 logits_rows.append(qsl[-1] - 1)
-        dev = self.device
         kernel_meta = {}
         if self.ec.use_triton_attention:
             width = max(len(c.block_ids) for c in chunks)
@@ -87,22 +86,33 @@ class ModelRunner:
             for i, c in enumerate(chunks):
                 table[i, : len(c.block_ids)] = torch.tensor(c.block_ids, dtype=torch.int32)
             kernel_meta = dict(
-                block_tables_t=table.to(dev),
-                query_start_loc_t=torch.tensor(qsl, dtype=torch.int32, device=dev),
-                context_lens_t=torch.tensor([c.context_len for c in chunks], dtype=torch.int32,
-                                            device=dev),
+                block_tables_t=self._stage(table, "model_runner.block_tables"),
+                query_start_loc_t=self._stage(torch.tensor(qsl, dtype=torch.int32),
+                                              "model_runner.query_start_loc"),
+                context_lens_t=self._stage(torch.tensor([c.context_len for c in chunks],
+                                                        dtype=torch.int32),
+                                           "model_runner.context_lens"),
             )
+        i64 = torch.int64
         return StepBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(pos, dtype=torch.int64, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            input_ids=self._stage(torch.tensor(ids, dtype=i64), "model_runner.input_ids"),
+            positions=self._stage(torch.tensor(pos, dtype=i64), "model_runner.positions"),
+            slot_mapping=self._stage(torch.tensor(slots, dtype=i64), "model_runner.slot_mapping"),
             query_start_loc=qsl,
             context_lens=[c.context_len for c in chunks],
             block_tables=[list(c.block_ids) for c in chunks],
             cache_slots=[c.cache_slot for c in chunks],
-            logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=dev),
+            logits_indices=self._stage(torch.tensor(logits_rows, dtype=i64),
+                                       "model_runner.logits_indices"),
             **kernel_meta,
         )
+
+    def _stage(self, host: torch.Tensor, caller: str) -> torch.Tensor:
+        """Copy a step input into the workspace (valid for the current scope): the host-to-device
+        copy allocates nothing, so step inputs never fragment the device allocator's pools."""
+        out = self.ws.take(tuple(host.shape), host.dtype, caller=caller)
+        out.copy_(host)
+        return out
 
     def _forward_logits(self, batch: StepBatch, ws: Workspace, logits: torch.Tensor) -> None:
         hidden = self.model.forward(batch, self.kv, ws)
@@ -205,10 +215,10 @@ class ModelRunner:
 
     def _execute_warmup(self, chunks: list[ScheduledChunk], params: dict[str, SamplingParams],
                         gens: dict[str, torch.Generator]) -> None:
-        batch = self.build_batch(chunks)
-        batch.slot_mapping.fill_(NULL_BLOCK)  # warm-up writes land in the null block only
         sampled_ids = [c.request_id for c in chunks]
         with torch.inference_mode(), self.ws.scope():
+            batch = self.build_batch(chunks)
+            batch.slot_mapping.fill_(NULL_BLOCK)  # warm-up writes land in the null block only
             hidden = self.model.forward(batch, self.kv, self.ws)
             logits = self.ws.take((len(sampled_ids), self.model_cfg.vocab_size), torch.float32,
                                   caller="model_runner.logits")
