@@ -93,7 +93,8 @@ def test_compose_services_run_as_local_processes(tmp_path: Path) -> None:
                                       temperature=0)
         assert r.usage.prompt_tokens >= 256 and r.usage.completion_tokens == 8
         metrics = httpx.get(base + "/metrics").text
-        assert 'bulkhead_routes_total{route="split"} 1.0' in metrics
+        routes = [ln for ln in metrics.splitlines() if ln.startswith("bulkhead_routes_total")]
+        assert 'bulkhead_routes_total{route="split"} 1.0' in routes, routes
         loaded = next(line for line in metrics.splitlines()
                       if line.startswith('bulkhead_prompt_tokens_total{source="loaded"}'))
         assert float(loaded.split()[-1]) > 0   # the decode worker loaded the prefilled KV
