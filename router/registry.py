@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import grpc
+
 from proto import bulkhead_pb2 as pb
 from router.errors import WorkerCallError
 from router.policy import CompatKey, WorkerLoad
@@ -53,6 +55,9 @@ class WorkerRegistry(Protocol):
     def mark_unavailable(self, address: str, problem: str) -> None: ...
 
 
+MAX_MISSED_POLLS = 3  # consecutive GetInfo deadlines before a worker is taken out of routing
+
+
 @dataclass
 class _Worker:
     address: str
@@ -62,6 +67,7 @@ class _Worker:
     healthy: bool = False
     problem: str = "not polled yet"
     num_inflight: int = 0
+    missed_polls: int = 0  # consecutive GetInfo deadlines while otherwise healthy
 
 
 @dataclass
@@ -109,6 +115,15 @@ class StaticRegistry:
         results = await asyncio.gather(*(w.client.get_info() for w in workers),
                                        return_exceptions=True)
         for w, res in zip(workers, results, strict=True):
+            if (isinstance(res, WorkerCallError) and res.code == grpc.StatusCode.DEADLINE_EXCEEDED
+                    and w.healthy and w.missed_polls + 1 < MAX_MISSED_POLLS):
+                # A slow answer is not a dead worker: a busy host (a long prefill step on
+                # few cores) can miss one poll. A refused connection still counts at once.
+                w.missed_polls += 1
+                log.info("worker %s (%s) missed a GetInfo deadline (%d in a row)", w.address,
+                         w.role, w.missed_polls)
+                continue
+            w.missed_polls = 0
             if isinstance(res, WorkerCallError):
                 self._set_problem(w, f"GetInfo failed: {res.code.name} {res.details}")
             elif isinstance(res, BaseException):

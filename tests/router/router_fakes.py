@@ -83,6 +83,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
         f.name: getattr(COMPAT, f.name) for f in COMPAT.DESCRIPTOR.fields}))
     num_cached: int = 0               # Lookup answer
     token_delay_s: float = 0.0
+    info_delay_s: float = 0.0         # GetInfo answers this late (a busy worker)
     exhausted: bool = False           # answer RESOURCE_EXHAUSTED
     fail_after: int = -1              # Generate: fail UNAVAILABLE after this many tokens
     address: str = ""
@@ -113,6 +114,8 @@ class FakeWorker(pb_grpc.WorkerServicer):
         return "length"
 
     async def GetInfo(self, request: Any, context: Any) -> pb.WorkerInfo:
+        if self.info_delay_s:
+            await asyncio.sleep(self.info_delay_s)
         return pb.WorkerInfo(worker_id=self.address, role=self.role, model_name="tiny",
                              compat=self.compat, max_context=self.max_context, chunk_tokens=64,
                              max_batch=4, max_queue=self.max_queue, free_kv_tokens=4096,
