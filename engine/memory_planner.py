@@ -186,14 +186,8 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
             dense_activation_bytes(model, ec.max_batch, ec.max_batch, elem) + GRAPH_POOL_SLACK,
             f"activations of a {ec.max_batch}-token decode step + 42 MiB allocator segment "
             "granularity (one 2 MiB small-pool and two 20 MiB large-pool segments)"))
-    if library_bytes:
-        terms.append(PlanTerm("library_workspaces", library_bytes,
-                              "cuBLAS/cuBLASLt workspaces, measured by probe matmuls at start-up"))
-    if non_torch_bytes:
-        terms.append(PlanTerm("non_torch", non_torch_bytes,
-                              "CUDA context and libraries, measured before loading"))
-    return MemoryPlan(tuple(terms), device_label or str(ec.torch_device), device_memory_bytes,
-                      ec.memory_utilization, kv_spec, ec.max_context, ec.chunk_tokens, ec.max_batch)
+    return _finish_plan(terms, ec, kv_spec, device_memory_bytes, library_bytes, non_torch_bytes,
+                        device_label)
 
 
 def _deepseek_v4_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
@@ -237,6 +231,14 @@ def _deepseek_v4_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes:
                  f"{ec.chunk_tokens} against {ec.max_context}: "
                  + ", ".join(f"{k}={v}" for k, v in scratch.items())),
     ]
+    return _finish_plan(terms, ec, kv_spec, device_memory_bytes, library_bytes, non_torch_bytes,
+                        device_label)
+
+
+def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_spec: KVCacheSpec,
+                 device_memory_bytes: int, library_bytes: int, non_torch_bytes: int,
+                 device_label: str | None) -> MemoryPlan:
+    """Add the terms measured on the device (not derived from the config) and build the plan."""
     if library_bytes:
         terms.append(PlanTerm("library_workspaces", library_bytes,
                               "cuBLAS/cuBLASLt workspaces, measured by probe matmuls at start-up"))

@@ -54,8 +54,8 @@ class E2E:
         return total
 
 
-@pytest.fixture(scope="module")
-def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
+def deploy(tmp_path_factory: pytest.TempPathFactory, *extra_worker_args: str) -> Iterator[E2E]:
+    """Start router + prefill + decode (+ redis) on a tiny Llama; yields, then tears down."""
     if redis_server_path() is None:
         pytest.skip("redis-server is not installed")
     folder = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
@@ -63,7 +63,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
     from common.launcher import free_port
 
     opts = UpOptions(model=str(folder), port=free_port(), log_dir=str(log_dir),
-                     startup_timeout_s=180, extra_worker_args=WORKER_FLAGS,
+                     startup_timeout_s=180, extra_worker_args=(*WORKER_FLAGS, *extra_worker_args),
                      extra_router_args=("--split-threshold-tokens", str(SPLIT_THRESHOLD),
                                         "--poll-interval-s", "0.5"))
     deployment = start(opts, log=lambda line: None)
@@ -71,3 +71,8 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
         yield E2E(deployment, folder)
     finally:
         deployment.stop()
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
+    yield from deploy(tmp_path_factory)

@@ -11,31 +11,17 @@ import pytest
 import redis
 import torch
 
-from common.launcher import free_port, redis_server_path
-from common.up import UpOptions, start
 from engine.checkpoint import load_checkpoint
-from tests.e2e.conftest import CHUNK, E2E, SPLIT_THRESHOLD, WORKER_FLAGS
+from tests.e2e.conftest import CHUNK, E2E, deploy
 from tests.e2e.test_tiny_deployment import complete_ids, token_prompt
-from tests.helpers.tiny_model import hf_greedy, write_tiny_llama
+from tests.helpers.tiny_model import hf_greedy
 
 
 @pytest.fixture(scope="module")
 def cold_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
-    """A deployment whose workers keep no prefix in their own KV blocks: every reuse must come
-    from the store, as it would after the worker that served the last turn was replaced."""
-    if redis_server_path() is None:
-        pytest.skip("redis-server is not installed")
-    folder = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama-turns"))
-    opts = UpOptions(model=str(folder), port=free_port(),
-                     log_dir=str(tmp_path_factory.mktemp("turn-logs")), startup_timeout_s=180,
-                     extra_worker_args=(*WORKER_FLAGS, "--no-enable-prefix-cache"),
-                     extra_router_args=("--split-threshold-tokens", str(SPLIT_THRESHOLD),
-                                        "--poll-interval-s", "0.5"))
-    deployment = start(opts, log=lambda line: None)
-    try:
-        yield E2E(deployment, folder)
-    finally:
-        deployment.stop()
+    """Workers that keep no prefix in their own KV blocks: every reuse must come from the store,
+    as it would after the worker that served the last turn was replaced."""
+    yield from deploy(tmp_path_factory, "--no-enable-prefix-cache")
 
 
 def _counters(e2e: E2E) -> tuple[float, float]:
