@@ -79,6 +79,10 @@ def test_compose_services_run_as_local_processes(tmp_path: Path) -> None:
         base = f"http://127.0.0.1:{ports['router']}"
         launcher.wait_until(procs["router"], lambda: _health_ok(
             services["router"]["healthcheck"]["test"], hosts), 60, "healthy")
+        # Both workers healthy in the router's own view (its GetInfo poll), not only in their
+        # health checks: until then a long prompt would be (correctly) served without a split.
+        from common.up import router_ready
+        launcher.wait_until(procs["router"], lambda: router_ready(base, 2), 60, "both workers up")
         assert len(httpx.get(base + "/health").json()["workers"]) == 2
 
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0,
