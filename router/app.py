@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -94,6 +95,24 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
             await reg.stop()
 
     app = FastAPI(title="Bulkhead router", lifespan=lifespan)
+    if settings.api_keys:
+        keys = [k.encode() for k in settings.api_keys]
+
+        @app.middleware("http")
+        async def _require_api_key(request: Request, call_next: Any) -> Response:
+            if request.url.path.startswith("/v1/"):
+                auth = request.headers.get("authorization", "")
+                scheme, _, token = auth.partition(" ")
+                given = token.strip().encode() if scheme.lower() == "bearer" else b""
+                # compare against every key, in constant time, so timing tells nothing
+                if not any([hmac.compare_digest(given, k) for k in keys]) or not given:
+                    return error_response(ApiError(
+                        401, "missing or invalid API key: send `Authorization: Bearer <key>`",
+                        "invalid_request_error", None, "invalid_api_key"))
+            return await call_next(request)
+    else:
+        log.warning("no API keys configured (BULKHEAD_API_KEYS): the /v1 API is open to anyone "
+                    "who can reach this port")
 
     def ctx_of(request: Request) -> RouterContext:
         return request.app.state.ctx

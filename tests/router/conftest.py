@@ -32,8 +32,8 @@ class Cluster:
     _stops: list[Callable[[], Any]] = field(default_factory=list)
 
     def client(self, **kw: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0,
-                             timeout=kw.pop("timeout", 20.0), **kw)
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=kw.pop("api_key", "unused"),
+                             max_retries=0, timeout=kw.pop("timeout", 20.0), **kw)
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=20.0)
