@@ -4,8 +4,9 @@ Split route: Prefill on the prefill worker, send its first token at once, then G
 decode worker with has_prefill, first_token_id and the KV handle.  Decode route: Generate alone.
 Tokens become text through `TextStream`; a stop string ends the choice early, which cancels the
 Generate call and sends Abort.  A decode worker that cannot be reached before it sent anything is
-replaced once by another (`reroute`); an unreachable prefill worker makes the decode worker
-prefill the prompt itself.  Any way out other than a normal finish (error, stop string,
+replaced once by another (`reroute`); a prefill that failed on the worker's side (died, hung,
+broke) is retried once on another prefill worker (`reroute_prefill`), and if none is left the
+decode worker prefills the prompt itself.  Any way out other than a normal finish (error, stop string,
 client disconnect) cancels the RPC and Aborts the request on the worker.
 
 Convention with the decode worker: after a split, the Generate stream does NOT repeat
@@ -65,13 +66,21 @@ class ChoiceSpec:
     deadline_unix_s: float
 
 
+# Prefill failures a retry elsewhere can fix: the worker died, hung, broke or was aborted.
+RETRYABLE_PREFILL = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED,
+})
+
+
 class ChoiceRunner:
     """Runs one choice against the workers; iterate `deltas()` once."""
 
     def __init__(self, spec: ChoiceSpec, clients: Callable[[str], WorkerClient],
                  tokenizer: Decoder, metrics: RouterMetrics, background: BackgroundTasks,
                  on_unavailable: Callable[[str, str], None],
-                 reroute: Callable[[str], str | None] = lambda failed: None) -> None:
+                 reroute: Callable[[str], str | None] = lambda failed: None,
+                 reroute_prefill: Callable[[str], str | None] = lambda failed: None) -> None:
         self.spec = spec
         self.stats = ChoiceStats()
         self._clients = clients
@@ -79,6 +88,7 @@ class ChoiceRunner:
         self._background = background
         self._on_unavailable = on_unavailable
         self._reroute = reroute
+        self._reroute_prefill = reroute_prefill
         self._num_generated_chunks = 0
         self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop)
         self._last_token_at: float | None = None
@@ -130,6 +140,29 @@ class ChoiceRunner:
         self.stats.num_recomputed_tokens = int(resp.num_computed_tokens)
         return resp
 
+    async def _prefill_with_retry(self, address: str) -> pb.PrefillResponse | None:
+        """Prefill on ``address``; if that worker died, timed out or broke, once more on another
+        prefill worker; if none is left (or it fails too), None: the decode worker, whose plan
+        the policy checked holds this context, prefills the prompt itself. Errors the request
+        itself causes (bad input, over the plan) are raised as they are."""
+        tried = address
+        for attempt in (1, 2):
+            try:
+                return await self._prefill(tried)
+            except WorkerCallError as err:
+                if err.code not in RETRYABLE_PREFILL:
+                    raise
+                other = self._reroute_prefill(tried) if attempt == 1 else None
+                log.warning("prefill of %s on %s failed (%s: %s); %s", self.spec.request_id,
+                            tried, err.code.name, err.details,
+                            f"retrying on {other}" if other else
+                            f"{self.spec.route.decode_address} prefills it itself")
+                if other is None:
+                    return None
+                self._metrics.prefill_retries.inc()
+                tried = other
+        return None
+
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:
         s = self.spec
         gen = pb.GenerateRequest(request_id=s.request_id, prompt_token_ids=s.prompt_token_ids,
@@ -137,15 +170,7 @@ class ChoiceRunner:
         resp = None
         if s.route.kind == "split":
             assert s.route.prefill_address is not None
-            try:
-                resp = await self._prefill(s.route.prefill_address)
-            except WorkerCallError as err:
-                # An unreachable prefill worker ran nothing: the decode worker, whose plan the
-                # policy checked holds this context, prefills the prompt itself.
-                if err.code != grpc.StatusCode.UNAVAILABLE:
-                    raise
-                log.warning("prefill worker %s unreachable (%s); %s prefills %s itself",
-                            err.address, err.details, s.route.decode_address, s.request_id)
+            resp = await self._prefill_with_retry(s.route.prefill_address)
         if resp is not None:
             finish = resp.finish_reason or None
             delta = self._delta([int(resp.first_token_id)], finish)

@@ -29,7 +29,15 @@ from router.errors import (
 )
 from router.job import GenerationJob
 from router.metrics import RouterMetrics
-from router.policy import Refusal, Route, RoutePolicy, RouteRequest, choose_route, needs_lookup
+from router.policy import (
+    Refusal,
+    Route,
+    RoutePolicy,
+    RouteRequest,
+    choose_route,
+    needs_lookup,
+    other_prefill,
+)
 from router.registry import WorkerRegistry
 from router.settings import RouterSettings
 from router.tokenizer_port import RouterTokenizer
@@ -148,6 +156,17 @@ class Dispatcher:
         leases.enter_context(self._registry.track(retry.decode_address))
         return retry.decode_address
 
+    def _reroute_prefill(self, req: RouteRequest, route: Route, leases: contextlib.ExitStack,
+                         failed: str) -> str | None:
+        """Another prefill worker for a choice whose prefill failed, or None."""
+        loads = self._registry.loads()
+        keys = {w.address: w.compat_key for w in loads}
+        other = other_prefill(loads, failed, keys.get(route.decode_address),
+                              req.num_prompt_tokens)
+        if other is not None:
+            leases.enter_context(self._registry.track(other))
+        return other
+
     def _refused(self, refusal: Refusal, req: RouteRequest, param: str) -> ApiError:
         retry = self._settings.retry_after_s
         if refusal.reason == "context_length_exceeded":
@@ -193,7 +212,8 @@ class Dispatcher:
                     runners.append(ChoiceRunner(
                         spec, self._registry.client, self._tokenizer, self._metrics,
                         self._background, self._registry.mark_unavailable,
-                        functools.partial(self._reroute, req, route, leases)))
+                        functools.partial(self._reroute, req, route, leases),
+                        functools.partial(self._reroute_prefill, req, route, leases)))
         except BaseException:
             leases.close()
             raise

@@ -76,6 +76,9 @@ class RouterMetrics:
                                 ["outcome"], registry=r)
         self.routes = Counter("bulkhead_routes", "Choices by route: split or decode.", ["route"],
                               registry=r)
+        self.prefill_retries = Counter("bulkhead_prefill_retries",
+                                       "Prefills retried on another prefill worker after the "
+                                       "first one failed.", registry=r)
         self.kv_tokens = Counter("bulkhead_prompt_tokens",
                                  "Prompt tokens by how they were served: loaded (KV from the "
                                  "store), cached (any reuse, loaded included), recomputed.",

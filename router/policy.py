@@ -92,6 +92,16 @@ def _rank(w: WorkerLoad) -> tuple[float, int, str]:
     return (w.load, -w.free_kv_tokens, w.address)
 
 
+def other_prefill(workers: Sequence[WorkerLoad], failed: str, compat: CompatKey,
+                  num_prompt_tokens: int) -> str | None:
+    """The least-loaded healthy prefill worker other than ``failed`` that can hold the prompt
+    and is compatible with the chosen decode worker, or None."""
+    fits = sorted((w for w in workers if w.role == "prefill" and w.healthy and w.address != failed
+                   and not w.is_queue_full and w.compat_key == compat
+                   and w.max_context >= num_prompt_tokens + 1), key=_rank)
+    return fits[0].address if fits else None
+
+
 def choose_route(req: RouteRequest, workers: Sequence[WorkerLoad],
                  policy: RoutePolicy) -> Route | Refusal:
     """Pick the route of one request; a `Refusal` says why none fits."""

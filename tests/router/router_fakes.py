@@ -84,6 +84,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
     num_cached: int = 0               # Lookup answer
     token_delay_s: float = 0.0
     info_delay_s: float = 0.0         # GetInfo answers this late (a busy worker)
+    prefill_error: grpc.StatusCode | None = None  # Prefill fails with this status
     exhausted: bool = False           # answer RESOURCE_EXHAUSTED
     fail_after: int = -1              # Generate: fail UNAVAILABLE after this many tokens
     address: str = ""
@@ -129,6 +130,9 @@ class FakeWorker(pb_grpc.WorkerServicer):
     async def Prefill(self, request: pb.PrefillRequest, context: Any) -> pb.PrefillResponse:
         if self.exhausted:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full (8 waiting)")
+        if self.prefill_error is not None:
+            self.prefills.append(request)
+            await context.abort(self.prefill_error, "engine thread died")
         self.prefills.append(request)
         await asyncio.sleep(self.token_delay_s)
         out = self._output(request.sampling)

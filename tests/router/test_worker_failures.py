@@ -7,6 +7,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 
+import grpc
 import httpx
 import openai
 import pytest
@@ -274,3 +275,33 @@ def test_disconnect_aborts_every_choice_of_a_stream(slow: Cluster) -> None:
     assert wait_for(lambda: ids <= set(decode.aborts) and ids <= set(decode.cancelled))
     assert not ids & set(decode.completed)
     assert wait_for(lambda: slow.router_inflight() == 0)
+
+
+def test_failed_prefill_is_retried_once_on_another_prefill_worker(loop_thread: LoopThread,
+                                                                   tok: TinyTokenizer) -> None:
+    c = start_cluster(loop_thread, tok, num_prefill=2)
+    try:
+        # equal loads: the policy picks the lowest address first; that one breaks
+        first = min(c.prefill, key=lambda w: w.address)
+        second = max(c.prefill, key=lambda w: w.address)
+        first.prefill_error = grpc.StatusCode.INTERNAL
+        r = c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=50)
+        assert r.choices[0].text == SCRIPT
+        assert len(first.prefills) == 1 and len(second.prefills) == 1
+        assert c.decode[0].generates[-1].has_prefill  # the retry's KV went to the decode worker
+
+        # both broken: the decode worker prefills the prompt itself, the answer is still right
+        second.prefill_error = grpc.StatusCode.UNAVAILABLE
+        r = c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=50)
+        assert r.choices[0].text == SCRIPT
+        assert not c.decode[0].generates[-1].has_prefill
+
+        # an error the request itself causes is answered, not retried elsewhere
+        first.prefill_error = second.prefill_error = grpc.StatusCode.OUT_OF_RANGE
+        before = len(first.prefills) + len(second.prefills)
+        with pytest.raises(openai.BadRequestError):
+            c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=50)
+        assert len(first.prefills) + len(second.prefills) == before + 1
+        assert c.healthy()
+    finally:
+        c.close()
