@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -38,9 +38,14 @@ log = logging.getLogger(__name__)
 
 class KVImport(Protocol):
     def __call__(self, kv: KVCache, block_ids: list[int], num_prompt_tokens: int, *,
-                 num_computed_tokens: int = 0) -> int:
+                 num_computed_tokens: int = 0, **per_slot: Any) -> int:
         """Fill the leading tokens' KV into ``block_ids`` (those below ``num_computed_tokens``
-        are already there, from the prefix cache); return how many leading tokens are filled."""
+        are already there, from the prefix cache); return how many leading tokens are filled.
+
+        Families with per-slot state (``LLMEngine.slot_state`` is not None) get instead three
+        more keywords and fill the slot, not the blocks: ``slot_state`` (the family's export /
+        import object), ``cache_slot`` (the sequence's slot) and ``max_tokens`` (import at most
+        this many tokens: the slot must hold exactly the count returned)."""
         ...
 
 
@@ -83,9 +88,13 @@ class LLMEngine:
         # families with per-slot state (DeepSeek-V4), which always compute from their start.
         self.block_manager = BlockManager(self.plan.kv_spec.num_blocks, ec.block_size,
                                           ec.enable_prefix_cache and uses_paged_kv(model_config))
+        # The family's per-slot state export/import (None for the paged-KV families).
+        self.slot_state: Any = (None if uses_paged_kv(model_config)
+                                else getattr(self.runner.model, "slot_state", None))
         eos = model_config.eos_token_ids
         self.scheduler = Scheduler(
-            SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos)),
+            SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos),
+                            keep_slot_with_kv=self.slot_state is not None),
             self.block_manager, on_admit=self._on_admit)
         self.warmup_report = self.runner.warmup()
         rep = self.warmup_report
@@ -177,12 +186,23 @@ class LLMEngine:
         seq = self._kept[request_id]
         return list(seq.block_ids), seq.num_computed_tokens
 
+    def kept_slot(self, request_id: str) -> int:
+        """The cache slot a finished keep_kv request of a per-slot family still holds (its state
+        is readable through ``slot_state`` until ``release``)."""
+        slot = self._kept[request_id].cache_slot
+        assert slot >= 0, f"{request_id} keeps no cache slot (paged-KV family?)"
+        return slot
+
     def release(self, request_id: str) -> bool:
         seq = self._kept.pop(request_id, None)
         if seq is None:
             return False
         self.block_manager.free(seq.block_ids)
         seq.block_ids = []
+        if self.slot_state is not None and seq.cache_slot >= 0:
+            self.slot_state.stop_recording(seq.cache_slot)
+            self.scheduler.free_slot(seq.cache_slot)
+            seq.cache_slot = -1
         return True
 
     # -- stepping -------------------------------------------------------------------------------
@@ -241,12 +261,23 @@ class LLMEngine:
             else:
                 gen.manual_seed(seq.seed)
             self._generators[seq.request_id] = gen
+        if self.slot_state is not None:
+            # A keep_kv sequence's state is exported later: record it as it is computed.
+            self.slot_state.stop_recording(seq.cache_slot)
+            if seq.keep_kv:
+                self.slot_state.start_recording(seq.cache_slot, seq.num_prompt_tokens)
         kv_import = self._imports.get(seq.request_id)
         if kv_import is None:
             return
-        # Blocks the prefix cache already filled are not overwritten (others may share them).
-        loaded = kv_import(self.runner.kv, list(seq.block_ids), seq.num_prompt_tokens,
-                           num_computed_tokens=seq.num_computed_tokens)
+        if self.slot_state is not None:
+            loaded = kv_import(self.runner.kv, list(seq.block_ids), seq.num_prompt_tokens,
+                               num_computed_tokens=seq.num_computed_tokens,
+                               slot_state=self.slot_state, cache_slot=seq.cache_slot,
+                               max_tokens=min(seq.num_prompt_tokens, seq.num_tokens - 1))
+        else:
+            # Blocks the prefix cache already filled are not overwritten (others may share them).
+            loaded = kv_import(self.runner.kv, list(seq.block_ids), seq.num_prompt_tokens,
+                               num_computed_tokens=seq.num_computed_tokens)
         # At least the last token is computed, so there are logits to sample from.
         loaded = min(int(loaded), seq.num_tokens - 1, seq.num_prompt_tokens)
         if loaded > seq.num_computed_tokens:

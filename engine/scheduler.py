@@ -21,6 +21,9 @@ class SchedulerConfig:
     chunk_tokens: int  # tokens computed in one step, all sequences together
     max_context: int  # longest prompt + output a sequence may reach
     eos_token_ids: tuple[int, ...] = ()
+    # per-slot state families: a finished keep_kv sequence keeps its cache slot (its state
+    # lives there) until the engine calls ``free_slot``
+    keep_slot_with_kv: bool = False
 
     def __post_init__(self) -> None:
         assert self.max_batch >= 1 and self.chunk_tokens >= 1 and self.max_context >= 2
@@ -105,7 +108,8 @@ class Scheduler:
             if n:
                 planned.append((seq, n))
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch:
+        while (self.waiting and budget > 0 and len(self.running) < self.config.max_batch
+               and self._free_slots):
             seq = self.waiting[0]
             if not self._admit(seq):
                 break
@@ -199,5 +203,11 @@ class Scheduler:
             self.blocks.free(seq.block_ids)
             seq.block_ids = []
             seq.block_hashes = []
-        self._free_slots.append(seq.cache_slot)
-        seq.cache_slot = -1
+        if not (keep_kv and self.config.keep_slot_with_kv):
+            self.free_slot(seq.cache_slot)
+            seq.cache_slot = -1
+
+    def free_slot(self, slot: int) -> None:
+        """Give a cache slot back (a kept one, once the engine has released its sequence)."""
+        assert slot not in self._free_slots, f"cache slot {slot} freed twice"
+        self._free_slots.append(slot)

@@ -159,8 +159,6 @@ class KVStore:
         from lmcache.v1.config import LMCacheEngineConfig
         from lmcache.v1.metadata import LMCacheMetadata
 
-        from service.lmcache_connector import PagedKVConnector
-
         cfg = self.config
         lm_config = LMCacheEngineConfig.from_defaults(
             chunk_size=cfg.chunk_size,
@@ -183,7 +181,7 @@ class KVStore:
             use_mla=False,
             chunk_size=cfg.chunk_size,
         )
-        connector = PagedKVConnector(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        connector = self._make_connector()
         try:
             engine = LMCacheEngineBuilder.get_or_create(
                 self._instance_id, lm_config, metadata, connector,
@@ -196,6 +194,13 @@ class KVStore:
                 f"could not start LMCache with remote {public_url(cfg.url)!r}: {e}"
             ) from e
         return engine
+
+    def _make_connector(self):  # noqa: ANN202 - an LMCache GPUConnectorInterface
+        """The connector LMCache moves chunks through (a subclass stores another layout)."""
+        from service.lmcache_connector import PagedKVConnector
+
+        cfg = self.config
+        return PagedKVConnector(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
 
     # ------------------------------------------------------------------ properties
     @property

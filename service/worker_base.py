@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import torch
@@ -33,6 +34,7 @@ from proto import bulkhead_pb2_grpc as pb_grpc
 from service.codec import status_of
 from service.engine_loop import EngineLoop
 from service.kv_store import KVStore, layout_fingerprint
+from service.state_rows_store import StateRowsStore, rows_layout_fingerprint
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "bulkhead.v1.Worker"
@@ -77,21 +79,34 @@ def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
     kv_dtype = engine.kv_cache.data.dtype
     # LMCache keys include the model name: both sides derive it from the weights they loaded.
     store_model_name = f"{mc.name}-{engine.model_fingerprint[:16]}"
-    kv_store = None
-    if settings.kv_store_url:
-        kv_store = KVStore(settings.kv_store_url, store_model_name, mc.num_layers,
-                           mc.num_kv_heads, mc.head_dim, kv_dtype,
-                           chunk_size=settings.lmcache_chunk_size,
-                           staging_gb=settings.kv_staging_gb)
+    kv_store: KVStore | None = None
+    slot_state = engine.slot_state
+    if slot_state is not None:
+        # Per-sequence state (DeepSeek-V4): the store holds per-token state rows, and the
+        # layout fingerprint covers the family's state layout.
+        kv_dtype = slot_state.dtype
+        kv_layout = rows_layout_fingerprint(store_model_name, slot_state.row_width, kv_dtype,
+                                            settings.lmcache_chunk_size, slot_state.fingerprint)
+        if settings.kv_store_url:
+            kv_store = StateRowsStore.for_slot_state(
+                settings.kv_store_url, store_model_name, slot_state,
+                chunk_size=settings.lmcache_chunk_size, staging_gb=settings.kv_staging_gb)
+    else:
+        kv_layout = layout_fingerprint(store_model_name, mc.num_layers, mc.num_kv_heads,
+                                       mc.head_dim, kv_dtype, settings.lmcache_chunk_size)
+        if settings.kv_store_url:
+            kv_store = KVStore(settings.kv_store_url, store_model_name, mc.num_layers,
+                               mc.num_kv_heads, mc.head_dim, kv_dtype,
+                               chunk_size=settings.lmcache_chunk_size,
+                               staging_gb=settings.kv_staging_gb)
+    assert kv_store is None or kv_store.layout_fingerprint == kv_layout
     compat = pb.Compatibility(
         model_fingerprint=engine.model_fingerprint,
         tokenizer_fingerprint=_tokenizer_fingerprint(settings.model),
         dtype=str(kv_dtype).removeprefix("torch."),
         block_size=engine.config.block_size,
         lmcache_chunk_size=settings.lmcache_chunk_size,
-        kv_layout_fingerprint=layout_fingerprint(store_model_name, mc.num_layers,
-                                                 mc.num_kv_heads, mc.head_dim, kv_dtype,
-                                                 settings.lmcache_chunk_size),
+        kv_layout_fingerprint=kv_layout,
     )
     return WorkerRuntime(settings, engine, EngineLoop(engine), kv_store, compat, mc.name)
 
@@ -147,6 +162,8 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
             return None
         log.debug("KV fetch: %d of %d prompt tokens in %.3f s", loaded, len(prompt),
                   time.monotonic() - started)
+        if self.rt.engine.slot_state is not None:
+            return _slot_state_import(loaded, staged)
         from service.paged_kv import scatter_tokens
 
         def load(kv: KVCache, block_ids: list[int], num_prompt_tokens: int,
@@ -197,6 +214,27 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
         except Exception as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"KV store lookup failed: {exc}")
         return pb.LookupResponse(num_cached_tokens=n)
+
+
+def _slot_state_import(loaded: int, rows: torch.Tensor) -> KVImport:
+    """The engine's import hook for a per-slot family: rebuild the sequence's slot from the
+    fetched host rows (``StateRowsStore.fetch``)."""
+
+    def load(kv: KVCache, block_ids: list[int], num_prompt_tokens: int,
+             num_computed_tokens: int = 0, *, slot_state: Any = None, cache_slot: int = -1,
+             max_tokens: int | None = None) -> int:
+        del kv, block_ids, num_computed_tokens  # the state lives in the slot, not in blocks
+        if slot_state is None or cache_slot < 0:
+            log.error("state rows import without a slot; recomputing")
+            return 0
+        n = min(loaded, num_prompt_tokens if max_tokens is None else max_tokens)
+        try:
+            return int(slot_state.import_rows(cache_slot, rows, n))
+        except Exception as exc:  # never let an import take the engine thread down
+            log.error("state import into slot %d failed, recomputing: %s", cache_slot, exc)
+            return 0
+
+    return load
 
 
 @dataclass

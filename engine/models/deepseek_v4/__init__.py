@@ -9,6 +9,7 @@ from engine.models.deepseek_v4.cache_state import (
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.runner import DeepseekV4Runner
+from engine.models.deepseek_v4.state_rows import DeepseekV4StateRows, StateRowLayout
 
 __all__ = [
     "V4Backend",
@@ -16,6 +17,8 @@ __all__ = [
     "DeepseekV4Config",
     "DeepseekV4Model",
     "DeepseekV4Runner",
+    "DeepseekV4StateRows",
     "SlotExport",
+    "StateRowLayout",
     "deepseek_v4_cache_bytes",
 ]

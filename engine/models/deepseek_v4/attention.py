@@ -128,6 +128,10 @@ class V4Attention(nn.Module):
         if isinstance(self.compressor, V4CSACompressor):
             t.idx_q, t.idx_w = self.compressor.indexer.queries(q_res, x, cos, sin)
             t.kv_i, t.gate_i = self.compressor.indexer.project(x)
+        for sp in spans:  # a slot being exported keeps this step's per-token rows (host)
+            record = cache.recorders.get(sp.slot)
+            if record is not None:
+                record(sp.start_pos, t.rows(sp))
         out = torch.empty_like(q)
         batched = backend.attention != "torch"
         seqs = []

@@ -12,7 +12,8 @@ Must never allocate after construction (export/import copy into/out of the fixed
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +46,9 @@ class LayerCache:
     window: torch.Tensor  # [max_batch, sliding_window, head_dim]; position p lives at p % W
     compressor: CompressorState | None
     indexer: CompressorState | None
+    # slot -> hook(start_pos, step rows of that sequence): copies the per-token rows of a slot
+    # being exported (engine/models/deepseek_v4/state_rows.py) to host memory as they are made
+    recorders: dict[int, Callable[[int, Any], None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

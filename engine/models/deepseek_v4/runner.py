@@ -18,6 +18,7 @@ from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.cache_state import DeepseekV4CacheState
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.models.deepseek_v4.state_rows import DeepseekV4StateRows
 
 
 class DeepseekV4Runner:
@@ -29,6 +30,8 @@ class DeepseekV4Runner:
         self.cfg = DeepseekV4Config.from_hf_dict(dict(hf_config))
         self.model = DeepseekV4Model.from_state_dict(self.cfg, state_dict, dtype, device, backend)
         self.cache = DeepseekV4CacheState(self.cfg, max_batch, max_context, dtype, device)
+        # per-slot state export/import as per-token rows (the engine's ``slot_state`` hook)
+        self.slot_state = DeepseekV4StateRows.for_model(self.cache, self.model)
 
     def forward(self, batch: Any, kv: object | None = None, ws: object | None = None) -> torch.Tensor:
         """``batch``: an engine StepBatch (input_ids, positions, query_start_loc, context_lens,

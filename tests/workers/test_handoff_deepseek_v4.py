@@ -1,0 +1,169 @@
+"""DeepSeek-V4 through the split path: prefill worker -> LMCache (per-token state rows) -> Redis
+-> decode worker, each its own OS process (the CLI), driven over gRPC, on a tiny random
+DeepseekV4 checkpoint written with transformers' save_pretrained.
+
+The decode worker LOADS the prompt's state (its engine computes only the decode tokens), the
+greedy tokens equal transformers' generate, and when one chunk's keys are deleted from Redis the
+decode worker loads the shorter prefix before it, recomputes the rest, and answers the same."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+import torch
+
+from common.launcher import ProcessGroup, free_port, spawn, wait_until
+from common.up import WORKER_ENV, grpc_serving
+from proto import bulkhead_pb2 as pb
+from proto import bulkhead_pb2_grpc as pb_grpc
+from tests.engine.deepseek_v4.conftest import SHORT_CONFIGS, build_hf_v4
+
+CHUNK = 8  # LMCache chunk; the prompt (45) is not a multiple of it, nor of the rates 4 and 8
+PROMPT = 45
+NEW = 8
+WORKER_FLAGS = ["--device", "cpu", "--dtype", "float32", "--max-context", "128",
+                "--chunk-tokens", "17", "--max-batch", "2", "--block-size", "16",
+                "--lmcache-chunk-size", str(CHUNK), "--kv-staging-gb", "0.05",
+                "--num-threads", "1", "--kv-visible-timeout-s", "5"]
+
+
+@dataclass
+class Pair:
+    prefill: pb_grpc.WorkerStub
+    decode: pb_grpc.WorkerStub
+    redis_url: str
+    hf_model: torch.nn.Module
+    vocab: int
+
+
+@pytest.fixture(scope="module")
+def v4_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    model, _ = build_hf_v4(SHORT_CONFIGS[0])  # sliding + CSA (rate 4) + HCA (rate 8), window 6
+    folder = tmp_path_factory.mktemp("tiny-v4")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def pair(v4_folder: tuple[Path, torch.nn.Module], redis_url: str,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    folder, model = v4_folder
+    log_dir = tmp_path_factory.mktemp("handoff-v4-logs")
+    with ProcessGroup() as group:
+        addresses = {}
+        for role in ("prefill", "decode"):
+            port = free_port()
+            addresses[role] = f"127.0.0.1:{port}"
+            argv = [sys.executable, "-m", "common.cli", role, "--model", str(folder),
+                    "--port", str(port), "--kv-store-url", redis_url, *WORKER_FLAGS]
+            group.add(spawn(role, argv, env=WORKER_ENV, log_dir=log_dir))
+        for proc in group.processes:
+            addr = addresses[proc.name]
+            wait_until(proc, lambda a=addr: grpc_serving(a), 180, f"serving on {addr}")
+        channels = [grpc.insecure_channel(addresses[r]) for r in ("prefill", "decode")]
+        try:
+            yield Pair(pb_grpc.WorkerStub(channels[0]), pb_grpc.WorkerStub(channels[1]),
+                       redis_url, model, model.config.vocab_size)
+        finally:
+            for ch in channels:
+                ch.close()
+
+
+def prompt_of(n: int, seed: int, vocab: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(2, vocab, (n,), generator=g).tolist()
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=0)
+    return ids[0, len(prompt):].tolist()
+
+
+def prefill(pair: Pair, prompt: list[int], rid: str, max_tokens: int = NEW) -> pb.PrefillResponse:
+    return pair.prefill.Prefill(pb.PrefillRequest(
+        request_id=rid, prompt_token_ids=prompt,
+        sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0)), timeout=120)
+
+
+def decode(pair: Pair, prompt: list[int], resp: pb.PrefillResponse, rid: str
+           ) -> tuple[list[int], pb.Usage, int]:
+    """Generate after the prefill; returns (tokens incl. the first, usage, tokens the decode
+    engine computed for this request)."""
+    before = pair.decode.GetInfo(pb.WorkerInfoRequest(), timeout=5).tokens_advanced
+    req = pb.GenerateRequest(request_id=rid, prompt_token_ids=prompt,
+                             sampling=pb.SamplingParams(max_tokens=NEW, temperature=0.0),
+                             has_prefill=True, first_token_id=resp.first_token_id, kv=resp.kv)
+    tokens, usage = [resp.first_token_id], None
+    for chunk in pair.decode.Generate(req, timeout=120):
+        tokens += list(chunk.token_ids)
+        if chunk.finish_reason:
+            usage = chunk.usage
+    assert usage is not None
+    after = pair.decode.GetInfo(pb.WorkerInfoRequest(), timeout=5).tokens_advanced
+    return tokens, usage, after - before
+
+
+def test_checkpoint_is_read_by_the_engine_loader(v4_folder: tuple[Path, torch.nn.Module]) -> None:
+    from engine.checkpoint import load_checkpoint
+
+    folder, model = v4_folder
+    ckpt = load_checkpoint(folder, dtype=torch.float32, progress=False)
+    assert ckpt.config.family == "deepseek_v4"
+    assert ckpt.config.num_layers == model.config.num_hidden_layers
+    assert ckpt.state_dict
+
+
+def test_decode_loads_the_prefilled_state(pair: Pair) -> None:
+    prompt = prompt_of(PROMPT, 1, pair.vocab)
+    resp = prefill(pair, prompt, "v1")
+    assert resp.kv.num_tokens_stored == PROMPT and resp.num_computed_tokens == PROMPT
+    info = pair.decode.GetInfo(pb.WorkerInfoRequest(), timeout=5)
+    assert resp.kv.kv_layout_fingerprint == info.compat.kv_layout_fingerprint
+    tokens, usage, computed = decode(pair, prompt, resp, "v1")
+    assert tokens == hf_greedy(pair.hf_model, prompt, NEW)
+    assert usage.loaded_kv_tokens == PROMPT and usage.recomputed_tokens == 0
+    # LOADED, not recomputed: the decode engine ran only the NEW - 1 tokens after the first.
+    assert computed == NEW - 1
+    lookup = pair.decode.Lookup(pb.LookupRequest(prompt_token_ids=prompt), timeout=5)
+    assert lookup.num_cached_tokens == PROMPT
+    # The prefill worker gave its slot back after the reply (max_batch 2: two more fit).
+    assert pair.prefill.GetInfo(pb.WorkerInfoRequest(), timeout=5).num_running == 0
+
+
+def test_deleted_chunk_loads_a_shorter_prefix(pair: Pair) -> None:
+    prompt = prompt_of(PROMPT, 2, pair.vocab)
+    r = redis.Redis.from_url(pair.redis_url)
+    # Store the prompt in steps, so the keys of chunk 3 (tokens [16, 24)) are known: they are
+    # what a prefill of 24 tokens adds to a prefill of 16.
+    prefill(pair, prompt[:2 * CHUNK], "v2-a", max_tokens=2)
+    keys_16 = set(r.keys("*"))
+    prefill(pair, prompt[:3 * CHUNK], "v2-b", max_tokens=2)
+    chunk3 = set(r.keys("*")) - keys_16
+    assert len(chunk3) == 2  # <key>kv_bytes and <key>metadata
+    resp = prefill(pair, prompt, "v2")
+    assert resp.kv.num_tokens_stored == PROMPT
+    assert resp.num_cached_tokens == 3 * CHUNK  # the prefill worker loaded its own rows too
+    full_tokens, usage, _ = decode(pair, prompt, resp, "v2-full")
+    assert usage.loaded_kv_tokens == PROMPT
+    assert full_tokens == hf_greedy(pair.hf_model, prompt, NEW)
+
+    assert r.delete(*chunk3) == 2
+    deadline = time.monotonic() + 10
+    while pair.decode.Lookup(pb.LookupRequest(prompt_token_ids=prompt),
+                             timeout=5).num_cached_tokens != 2 * CHUNK:
+        assert time.monotonic() < deadline, "the decode worker still sees the deleted chunk"
+        time.sleep(0.05)
+    tokens, usage, computed = decode(pair, prompt, resp, "v2-cut")
+    assert usage.loaded_kv_tokens == 2 * CHUNK and usage.recomputed_tokens == PROMPT - 2 * CHUNK
+    assert computed == (PROMPT + 1 - 2 * CHUNK) + (NEW - 2)
+    assert tokens == full_tokens
