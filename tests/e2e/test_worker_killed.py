@@ -1,0 +1,122 @@
+"""A prefill worker killed with SIGKILL in the middle of a prefill (real processes, real
+redis-server): the router retries the prefill once on the other prefill worker and the request
+completes with the same tokens as without the failure; nothing hangs."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import openai
+import pytest
+
+from common.default_model import default_model_path
+from common.launcher import (
+    ManagedProcess,
+    ProcessGroup,
+    free_port,
+    redis_server_path,
+    spawn,
+    start_kv_server,
+    wait_until,
+)
+from common.up import WORKER_ENV, grpc_serving, router_ready
+from proto import bulkhead_pb2 as pb
+from proto import bulkhead_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.slow
+
+# SmolLM2 on CPU in 16-token chunks: a 1000-token prefill takes seconds, long enough to kill.
+FLAGS = ("--device", "cpu", "--max-context", "1200", "--chunk-tokens", "16", "--max-batch", "2",
+         "--lmcache-chunk-size", "64", "--kv-staging-gb", "0.2", "--num-threads", "1")
+
+
+def _cli(*args: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "common.cli", *args]
+
+
+def _info(address: str) -> pb.WorkerInfo | None:
+    with grpc.insecure_channel(address) as ch:
+        try:
+            return pb_grpc.WorkerStub(ch).GetInfo(pb.WorkerInfoRequest(), timeout=1.0)
+        except grpc.RpcError:
+            return None
+
+
+@pytest.fixture(scope="module")
+def two_prefill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    if redis_server_path() is None:
+        pytest.skip("redis-server is not installed")
+    try:
+        model = str(default_model_path())
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    log_dir: Path = tmp_path_factory.mktemp("kill-logs")
+    with ProcessGroup() as group:
+        _, kv_url = start_kv_server(log_dir=log_dir)
+        procs: dict[str, ManagedProcess] = {}
+        addr: dict[str, str] = {}
+        for name, role in (("p1", "prefill"), ("p2", "prefill"), ("d1", "decode")):
+            port = free_port()
+            addr[name] = f"127.0.0.1:{port}"
+            procs[name] = group.add(spawn(name, _cli(role, "--model", model, "--port", str(port),
+                                                     "--kv-store-url", kv_url, *FLAGS),
+                                          env=WORKER_ENV, log_dir=log_dir))
+        for name in procs:
+            wait_until(procs[name], lambda a=addr[name]: grpc_serving(a), 300, "serving")
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        router = group.add(spawn("router", _cli(
+            "router", "--model", model, "--port", str(port), "--prefill", addr["p1"],
+            "--prefill", addr["p2"], "--decode", addr["d1"], "--split-threshold-tokens", "64",
+            "--poll-interval-s", "0.5"), log_dir=log_dir))
+        wait_until(router, lambda: router_ready(url, 3), 120, "all workers up")
+        yield {"url": url, "procs": procs, "addr": addr}
+
+
+def _complete(url: str, prompt: list[int]) -> list[int]:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0,
+                                  extra_body={"return_token_ids": True})
+    return list(r.choices[0].token_ids)
+
+
+def test_prefill_worker_sigkilled_mid_prefill(two_prefill: dict) -> None:
+    url, procs, addr = two_prefill["url"], two_prefill["procs"], two_prefill["addr"]
+    prompt = [(37 * i) % 40000 + 100 for i in range(1000)]
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["ids"] = _complete(url, prompt)
+        except Exception as e:  # noqa: BLE001 - reported below
+            result["error"] = e
+
+    t = threading.Thread(target=run)
+    started = time.monotonic()
+    t.start()
+    victim = None
+    while victim is None and time.monotonic() - started < 60 and t.is_alive():
+        for name in ("p1", "p2"):
+            info = _info(addr[name])
+            if info is not None and info.num_running > 0:
+                victim = name
+                break
+        time.sleep(0.05)
+    assert victim is not None, f"no prefill worker picked the request up: {result}"
+    time.sleep(0.3)  # well inside the prefill
+    procs[victim].popen.send_signal(signal.SIGKILL)
+    t.join(timeout=180)
+    assert not t.is_alive(), "the request hung after its prefill worker died"
+    assert "error" not in result, result.get("error")
+    survivor = "p2" if victim == "p1" else "p1"
+    assert _info(addr[survivor]).tokens_advanced >= len(prompt)  # the retry computed it there
+    # the same prompt again, now on the surviving workers only: the same tokens
+    assert _complete(url, prompt) == result["ids"]
