@@ -1,6 +1,8 @@
-"""A prefill worker killed with SIGKILL in the middle of a prefill (real processes, real
-redis-server): the router retries the prefill once on the other prefill worker and the request
-completes with the same tokens as without the failure; nothing hangs."""
+"""Workers killed with SIGKILL (real processes, real redis-server). A prefill worker in the middle
+of a prefill: the router retries the prefill once on the other prefill worker and the request
+completes with the same tokens as without the failure. A decode worker in the middle of a
+stream: the client gets an error and the stream ends; new requests go to the other decode
+worker. Nothing hangs."""
 
 from __future__ import annotations
 
@@ -62,7 +64,8 @@ def two_prefill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         _, kv_url = start_kv_server(log_dir=log_dir)
         procs: dict[str, ManagedProcess] = {}
         addr: dict[str, str] = {}
-        for name, role in (("p1", "prefill"), ("p2", "prefill"), ("d1", "decode")):
+        for name, role in (("p1", "prefill"), ("p2", "prefill"), ("d1", "decode"),
+                           ("d2", "decode")):
             port = free_port()
             addr[name] = f"127.0.0.1:{port}"
             procs[name] = group.add(spawn(name, _cli(role, "--model", model, "--port", str(port),
@@ -74,9 +77,10 @@ def two_prefill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         url = f"http://127.0.0.1:{port}"
         router = group.add(spawn("router", _cli(
             "router", "--model", model, "--port", str(port), "--prefill", addr["p1"],
-            "--prefill", addr["p2"], "--decode", addr["d1"], "--split-threshold-tokens", "64",
+            "--prefill", addr["p2"], "--decode", addr["d1"], "--decode", addr["d2"],
+            "--split-threshold-tokens", "64",
             "--poll-interval-s", "0.5"), log_dir=log_dir))
-        wait_until(router, lambda: router_ready(url, 3), 120, "all workers up")
+        wait_until(router, lambda: router_ready(url, 4), 120, "all workers up")
         yield {"url": url, "procs": procs, "addr": addr}
 
 
@@ -120,3 +124,28 @@ def test_prefill_worker_sigkilled_mid_prefill(two_prefill: dict) -> None:
     assert _info(addr[survivor]).tokens_advanced >= len(prompt)  # the retry computed it there
     # the same prompt again, now on the surviving workers only: the same tokens
     assert _complete(url, prompt) == result["ids"]
+
+
+def test_decode_worker_sigkilled_mid_stream(two_prefill: dict) -> None:
+    url, procs, addr = two_prefill["url"], two_prefill["procs"], two_prefill["addr"]
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+    model = client.models.list().data[0].id
+    prompt = [(53 * i) % 30000 + 200 for i in range(40)]  # short: the decode worker alone
+    stream = client.completions.create(model=model, prompt=prompt, max_tokens=400, temperature=0,
+                                       stream=True)
+    started = time.monotonic()
+    got = 0
+    victim = None
+    with pytest.raises(openai.APIError):  # the error event of the broken stream
+        for chunk in stream:
+            got += 1
+            if got == 3:
+                victim = next(n for n in ("d1", "d2")
+                              if (i := _info(addr[n])) is not None and i.num_running > 0)
+                procs[victim].popen.send_signal(signal.SIGKILL)
+            assert chunk.choices[0].finish_reason in (None, "length"), chunk
+            assert time.monotonic() - started < 60
+    assert victim is not None and time.monotonic() - started < 60
+    # new requests go to the remaining decode worker
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0)
+    assert r.choices[0].text is not None
