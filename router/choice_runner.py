@@ -27,6 +27,12 @@ from router.background import BackgroundTasks
 from router.errors import WorkerCallError
 from router.metrics import RouterMetrics
 from router.policy import Route
+from router.quarantine import (
+    KILLS_TO_QUARANTINE,
+    Quarantine,
+    QuarantinedRequest,
+    prompt_fingerprint,
+)
 from router.text_stream import Decoder, TextStream
 from router.worker_client import WorkerClient
 
@@ -80,7 +86,8 @@ class ChoiceRunner:
                  tokenizer: Decoder, metrics: RouterMetrics, background: BackgroundTasks,
                  on_unavailable: Callable[[str, str], None],
                  reroute: Callable[[str], str | None] = lambda failed: None,
-                 reroute_prefill: Callable[[str], str | None] = lambda failed: None) -> None:
+                 reroute_prefill: Callable[[str], str | None] = lambda failed: None,
+                 quarantine: Quarantine | None = None) -> None:
         self.spec = spec
         self.stats = ChoiceStats()
         self._clients = clients
@@ -89,6 +96,7 @@ class ChoiceRunner:
         self._on_unavailable = on_unavailable
         self._reroute = reroute
         self._reroute_prefill = reroute_prefill
+        self._quarantine = quarantine
         self._num_generated_chunks = 0
         self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop)
         self._last_token_at: float | None = None
@@ -146,12 +154,20 @@ class ChoiceRunner:
         the policy checked holds this context, prefills the prompt itself. Errors the request
         itself causes (bad input, over the plan) are raised as they are."""
         tried = address
+        lost = 0  # prefill workers that dropped the connection while running this request
         for attempt in (1, 2):
             try:
                 return await self._prefill(tried)
             except WorkerCallError as err:
                 if err.code not in RETRYABLE_PREFILL:
                     raise
+                lost += err.code == grpc.StatusCode.UNAVAILABLE
+                if lost >= KILLS_TO_QUARANTINE and self._quarantine is not None:
+                    fp = prompt_fingerprint(self.spec.prompt_token_ids)
+                    self._quarantine.add(fp)
+                    log.error("request %s quarantined after %d prefill workers were lost",
+                              self.spec.request_id, lost)
+                    raise QuarantinedRequest(fp, lost) from None
                 other = self._reroute_prefill(tried) if attempt == 1 else None
                 log.warning("prefill of %s on %s failed (%s: %s); %s", self.spec.request_id,
                             tried, err.code.name, err.details,

@@ -38,6 +38,12 @@ from router.policy import (
     needs_lookup,
     other_prefill,
 )
+from router.quarantine import (
+    KILLS_TO_QUARANTINE,
+    Quarantine,
+    QuarantinedRequest,
+    prompt_fingerprint,
+)
 from router.registry import WorkerRegistry
 from router.settings import RouterSettings
 from router.tokenizer_port import RouterTokenizer
@@ -100,6 +106,7 @@ class Dispatcher:
         self._metrics = metrics
         self._background = background
         self._policy = RoutePolicy(split_threshold_tokens=settings.split_threshold_tokens)
+        self.quarantine = Quarantine(ttl_s=settings.quarantine_ttl_s)
 
     def _sampling(self, job: GenerationJob, max_tokens: int, choice: int) -> pb.SamplingParams:
         stop_ids = list(job.stop_token_ids)
@@ -189,6 +196,9 @@ class Dispatcher:
             if max_tokens < 1 or len(prompt) + max_tokens > limit:
                 num_new = job.max_tokens if job.max_tokens is not None else 1
                 raise context_length_exceeded(len(prompt), num_new, limit, param)
+            fp = prompt_fingerprint(prompt)
+            if self.quarantine.contains(fp):
+                raise QuarantinedRequest(fp, KILLS_TO_QUARANTINE)
             plans.append((prompt, max_tokens, await self._num_cached(prompt)))
 
         leases = contextlib.ExitStack()
@@ -213,7 +223,8 @@ class Dispatcher:
                         spec, self._registry.client, self._tokenizer, self._metrics,
                         self._background, self._registry.mark_unavailable,
                         functools.partial(self._reroute, req, route, leases),
-                        functools.partial(self._reroute_prefill, req, route, leases)))
+                        functools.partial(self._reroute_prefill, req, route, leases),
+                        self.quarantine))
         except BaseException:
             leases.close()
             raise

@@ -25,6 +25,7 @@ from router.errors import ApiError, WorkerCallError, from_worker_error
 from router.job import GenerationJob
 from router.metrics import RouterMetrics
 from router.openai_format import ChunkWriter, full_response, sse
+from router.quarantine import QuarantinedRequest
 from router.registry import WorkerRegistry
 from router.settings import RouterSettings
 from router.sse import ClientGone, EventStreamResponse, run_until_disconnect
@@ -55,6 +56,8 @@ def as_api_error(exc: BaseException, ctx: RouterContext) -> ApiError:
         return exc
     if isinstance(exc, WorkerCallError):
         return from_worker_error(exc, ctx.settings.retry_after_s)
+    if isinstance(exc, QuarantinedRequest):
+        return ApiError(500, str(exc), "server_error", None, "request_quarantined")
     log.error("internal error: %r", exc, exc_info=exc)
     return ApiError(500, f"Internal error: {type(exc).__name__}", "server_error", None,
                     "internal_error")

@@ -68,6 +68,9 @@ class RouterSettings:
     max_prompts: int = field(default=64, metadata=_doc(
         "Most prompts in one /v1/completions request (a list of prompts)."))
     log_level: str = field(default="info", metadata=_doc("Python log level of the router."))
+    quarantine_ttl_s: float = field(default=600.0, metadata=_doc(
+        "Seconds a request whose prefill took down two workers is refused (500) before it may "
+        "be tried again."))
     api_keys: tuple[str, ...] = field(default=(), repr=False, metadata=_doc(
         "Keys accepted as `Authorization: Bearer <key>` on /v1 (env: comma-separated list); "
         "none = open, with a warning at start-up. Never logged."))

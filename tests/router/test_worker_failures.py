@@ -305,3 +305,27 @@ def test_failed_prefill_is_retried_once_on_another_prefill_worker(loop_thread: L
         assert c.healthy()
     finally:
         c.close()
+
+
+def test_request_that_kills_two_prefill_workers_is_quarantined(loop_thread: LoopThread,
+                                                               tok: TinyTokenizer) -> None:
+    c = start_cluster(loop_thread, tok, num_prefill=2)
+    try:
+        for w in c.prefill:  # both drop the connection while running it, as a crash would
+            w.prefill_error = grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(openai.InternalServerError) as e:
+            c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=50)
+        assert "quarantined" in str(e.value) and "2 workers" in str(e.value)
+        assert sum(len(w.prefills) for w in c.prefill) == 2
+        assert c.decode[0].generates == []  # not handed to the decode worker either
+        # the same prompt again: refused at once, no worker sees it
+        for w in c.prefill:
+            w.prefill_error = None
+        with pytest.raises(openai.InternalServerError):
+            c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=50)
+        assert sum(len(w.prefills) for w in c.prefill) == 2
+        # other requests are served
+        r = c.client().completions.create(model=MODEL, prompt=LONG_PROMPT + " more", max_tokens=5)
+        assert r.choices[0].text
+    finally:
+        c.close()

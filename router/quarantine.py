@@ -1,0 +1,50 @@
+"""Requests that killed workers: remembered (by a fingerprint of their prompt) for a while and
+answered 500 at once instead of being retried onto the workers that are left.
+
+Plain data and a clock, no sockets. Held per router process (a Redis-shared list for several
+routers is not built yet). Never stores prompts, only their hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+KILLS_TO_QUARANTINE = 2  # prefill workers lost while running one request
+
+
+def prompt_fingerprint(prompt_token_ids: Sequence[int]) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b",".join(str(int(t)).encode() for t in prompt_token_ids))
+    return h.hexdigest()
+
+
+class QuarantinedRequest(Exception):
+    """Raised for a request whose prompt took down workers; mapped to HTTP 500 at the edge."""
+
+    def __init__(self, fingerprint: str, num_kills: int) -> None:
+        super().__init__(
+            f"this request is quarantined: its prefill took down {num_kills} workers, so it is "
+            f"not retried on the rest (prompt fingerprint {fingerprint[:12]})")
+        self.fingerprint = fingerprint
+
+
+@dataclass
+class Quarantine:
+    ttl_s: float = 600.0
+    clock: Callable[[], float] = time.monotonic
+    _until: dict[str, float] = field(default_factory=dict)
+
+    def add(self, fingerprint: str) -> None:
+        self._until[fingerprint] = self.clock() + self.ttl_s
+
+    def contains(self, fingerprint: str) -> bool:
+        until = self._until.get(fingerprint)
+        if until is None:
+            return False
+        if until <= self.clock():
+            del self._until[fingerprint]
+            return False
+        return True
