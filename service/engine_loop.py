@@ -121,6 +121,7 @@ class EngineLoop:
     # ------------------------------------------------------------------ engine thread
     def _enqueue(self, fn: Callable[[LLMEngine], Any], fut: Future[Any]) -> None:
         if self.failure is not None or self._stop.is_set():
+            fut.set_running_or_notify_cancel()
             fut.set_exception(EngineLoopFailed("the engine loop is not running"))
             return
         self._commands.put((fn, fut))
@@ -136,16 +137,19 @@ class EngineLoop:
             return
         while True:
             fn, fut = item
-            try:
-                result = fn(self._engine)
-            except Exception as exc:  # an engine error belongs to the caller, not to the loop
-                if fut is not None:
-                    fut.set_exception(exc)
+            # A caller cancelled before we got here (its client went away) gets nothing run on
+            # its behalf; once running, its future can no longer be cancelled under us.
+            if fut is None or fut.set_running_or_notify_cancel():
+                try:
+                    result = fn(self._engine)
+                except Exception as exc:  # an engine error belongs to the caller, not the loop
+                    if fut is not None:
+                        fut.set_exception(exc)
+                    else:
+                        log.warning("engine-thread command failed: %s", exc)
                 else:
-                    log.warning("engine-thread command failed: %s", exc)
-            else:
-                if fut is not None:
-                    fut.set_result(result)
+                    if fut is not None:
+                        fut.set_result(result)
             try:
                 item = self._commands.get_nowait()
             except queue.Empty:
@@ -200,5 +204,5 @@ class EngineLoop:
                 _, fut = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if fut is not None and not fut.done():
+            if fut is not None and fut.set_running_or_notify_cancel():
                 fut.set_exception(err)

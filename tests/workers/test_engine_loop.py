@@ -106,3 +106,27 @@ async def test_a_failing_step_fails_everything_and_sets_failed() -> None:
             await loop.call(lambda e: None)
     finally:
         loop.stop()
+
+
+async def test_a_caller_cancelled_before_its_command_runs_does_not_kill_the_loop() -> None:
+    # Found by the mixed load test: a client that went away while its add was queued left a
+    # cancelled future; setting its result raised in the engine thread and killed the worker.
+    engine = FakeEngine()
+    loop = EngineLoop(engine)
+    loop.start()
+    gate = threading.Event()
+    try:
+        blocker = asyncio.ensure_future(loop.call(lambda e: gate.wait(5)))  # holds the thread
+        await asyncio.sleep(0.05)
+        doomed = asyncio.ensure_future(loop.submit("gone", [1, 2], SamplingParams(max_tokens=3)))
+        await asyncio.sleep(0.05)
+        doomed.cancel()
+        gate.set()
+        await blocker
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        stream = await loop.submit("alive", [1, 2], SamplingParams(max_tokens=3))
+        assert await collect(stream) == [101, 102, 103]
+        assert loop.failure is None and "gone" not in engine.requests
+    finally:
+        loop.stop()
