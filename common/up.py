@@ -172,7 +172,7 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
 def curl_example(url: str, model_name: str) -> str:
     body = json.dumps({"model": model_name,
                        "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                       "max_tokens": 32})
+                       "max_tokens": 32, "temperature": 0})
     return (f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
             f"-d {shlex.quote(body)}")
 
