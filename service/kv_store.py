@@ -245,6 +245,12 @@ class KVStore:
         delay = 0.001
         while True:
             visible = self.lookup(tokens)
+            if visible < len(tokens) and not self.reachable():
+                # The store is down: nothing will become visible, so do not hold the request
+                # for the whole timeout; the decode side recomputes what is missing.
+                log.warning("KV store %s unreachable: %d of %d tokens visible, not waiting",
+                            self.public_url, visible, len(tokens))
+                return visible
             if visible >= len(tokens) or time.monotonic() >= deadline:
                 if visible < len(tokens):
                     log.warning("KV store: only %d of %d tokens visible after %.1f s",
@@ -252,6 +258,14 @@ class KVStore:
                 return visible
             time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
             delay = min(delay * 2, 0.02)
+
+    def reachable(self, timeout_s: float = 0.2) -> bool:
+        """A cheap TCP probe of the store (no LMCache call)."""
+        try:
+            _check_reachable(self.config.url, timeout_s)
+        except KVStoreError:
+            return False
+        return True
 
     def store(
         self,
