@@ -4,7 +4,6 @@ store lacks, and the tokens equal transformers' greedy output either way."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,11 +12,10 @@ import grpc
 import pytest
 import redis
 
-from common.launcher import ProcessGroup, free_port, spawn, wait_until
-from common.up import WORKER_ENV, grpc_serving
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from tests.helpers.tiny_model import hf_greedy
+from tests.helpers.worker_pair import worker_pair
 
 CHUNK = 16
 WORKER_FLAGS = ["--device", "cpu", "--max-context", "256", "--chunk-tokens", "40",
@@ -39,24 +37,8 @@ class Pair:
 def pair(tiny_llama: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
          ) -> Iterator[Pair]:
     log_dir = tmp_path_factory.mktemp("handoff-logs")
-    with ProcessGroup() as group:
-        addresses = {}
-        for role in ("prefill", "decode"):
-            port = free_port()
-            addresses[role] = f"127.0.0.1:{port}"
-            argv = [sys.executable, "-m", "common.cli", role, "--model", str(tiny_llama),
-                    "--port", str(port), "--kv-store-url", redis_url, *WORKER_FLAGS]
-            group.add(spawn(role, argv, env=WORKER_ENV, log_dir=log_dir))
-        for proc in group.processes:
-            addr = addresses[proc.name]
-            wait_until(proc, lambda a=addr: grpc_serving(a), 120, f"serving on {addr}")
-        channels = [grpc.insecure_channel(addresses[r]) for r in ("prefill", "decode")]
-        try:
-            yield Pair(pb_grpc.WorkerStub(channels[0]), pb_grpc.WorkerStub(channels[1]),
-                       redis_url, tiny_llama, [p.log_path for p in group.processes if p.log_path])
-        finally:
-            for ch in channels:
-                ch.close()
+    with worker_pair(tiny_llama, redis_url, WORKER_FLAGS, log_dir, 120) as (prefill, decode, logs):
+        yield Pair(prefill, decode, redis_url, tiny_llama, logs)
 
 
 def prompt_of(n: int, seed: int) -> list[int]:

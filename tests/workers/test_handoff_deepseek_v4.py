@@ -8,22 +8,19 @@ decode worker loads the shorter prefix before it, recomputes the rest, and answe
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 import redis
 import torch
 
-from common.launcher import ProcessGroup, free_port, spawn, wait_until
-from common.up import WORKER_ENV, grpc_serving
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from tests.engine.deepseek_v4.conftest import SHORT_CONFIGS, build_hf_v4
+from tests.helpers.worker_pair import worker_pair
 
 CHUNK = 8  # LMCache chunk; the prompt (45) is not a multiple of it, nor of the rates 4 and 8
 PROMPT = 45
@@ -56,24 +53,8 @@ def pair(v4_folder: tuple[Path, torch.nn.Module], redis_url: str,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     folder, model = v4_folder
     log_dir = tmp_path_factory.mktemp("handoff-v4-logs")
-    with ProcessGroup() as group:
-        addresses = {}
-        for role in ("prefill", "decode"):
-            port = free_port()
-            addresses[role] = f"127.0.0.1:{port}"
-            argv = [sys.executable, "-m", "common.cli", role, "--model", str(folder),
-                    "--port", str(port), "--kv-store-url", redis_url, *WORKER_FLAGS]
-            group.add(spawn(role, argv, env=WORKER_ENV, log_dir=log_dir))
-        for proc in group.processes:
-            addr = addresses[proc.name]
-            wait_until(proc, lambda a=addr: grpc_serving(a), 180, f"serving on {addr}")
-        channels = [grpc.insecure_channel(addresses[r]) for r in ("prefill", "decode")]
-        try:
-            yield Pair(pb_grpc.WorkerStub(channels[0]), pb_grpc.WorkerStub(channels[1]),
-                       redis_url, model, model.config.vocab_size)
-        finally:
-            for ch in channels:
-                ch.close()
+    with worker_pair(folder, redis_url, WORKER_FLAGS, log_dir) as (prefill, decode, _):
+        yield Pair(prefill, decode, redis_url, model, model.config.vocab_size)
 
 
 def prompt_of(n: int, seed: int, vocab: int) -> list[int]:

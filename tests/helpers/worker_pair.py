@@ -1,0 +1,41 @@
+"""A prefill and a decode worker as separate OS processes sharing one KV store, for handoff
+tests; always torn down."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import grpc
+
+from common.launcher import ProcessGroup, free_port, spawn, wait_until
+from common.up import WORKER_ENV, grpc_serving
+from proto import bulkhead_pb2_grpc as pb_grpc
+
+
+@contextlib.contextmanager
+def worker_pair(model: Path, kv_store_url: str, flags: Sequence[str], log_dir: Path,
+                startup_timeout_s: float = 180.0
+                ) -> Iterator[tuple[pb_grpc.WorkerStub, pb_grpc.WorkerStub, list[Path]]]:
+    """(prefill stub, decode stub, log paths) of two `bulkhead prefill|decode` processes."""
+    with ProcessGroup() as group:
+        addresses = {}
+        for role in ("prefill", "decode"):
+            port = free_port()
+            addresses[role] = f"127.0.0.1:{port}"
+            argv = [sys.executable, "-m", "common.cli", role, "--model", str(model),
+                    "--port", str(port), "--kv-store-url", kv_store_url, *flags]
+            group.add(spawn(role, argv, env=WORKER_ENV, log_dir=log_dir))
+        for proc in group.processes:
+            addr = addresses[proc.name]
+            wait_until(proc, lambda a=addr: grpc_serving(a), startup_timeout_s,
+                       f"serving on {addr}")
+        channels = [grpc.insecure_channel(addresses[r]) for r in ("prefill", "decode")]
+        try:
+            yield (pb_grpc.WorkerStub(channels[0]), pb_grpc.WorkerStub(channels[1]),
+                   [p.log_path for p in group.processes if p.log_path])
+        finally:
+            for ch in channels:
+                ch.close()
