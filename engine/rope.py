@@ -38,31 +38,42 @@ def inv_frequencies(rope: RopeConfig, rotary_dim: int, max_position_embeddings: 
 
 
 def _yarn(rope: RopeConfig, dim: int, max_pos: int) -> tuple[torch.Tensor, float]:
-    factor = rope.factor
-    orig = rope.original_max_position_embeddings or max_pos
+    return yarn_frequencies(rope.theta, dim, rope.factor,
+                            rope.original_max_position_embeddings or max_pos, rope.beta_fast,
+                            rope.beta_slow, rope.mscale, rope.mscale_all_dim)
 
-    def get_mscale(scale: float, mscale: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
-    if rope.mscale and rope.mscale_all_dim:
-        attention_factor = get_mscale(factor, rope.mscale) / get_mscale(factor, rope.mscale_all_dim)
-    else:
-        attention_factor = get_mscale(factor)
+def yarn_frequencies(theta: float, dim: int, factor: float, original_max_positions: int,
+                     beta_fast: float, beta_slow: float, mscale: float | None = None,
+                     mscale_all_dim: float | None = None,
+                     attention_factor: float | None = None) -> tuple[torch.Tensor, float]:
+    """YaRN (inv_freq [dim // 2] fp32, cos/sin multiplier) as transformers computes them; shared
+    by every family that uses it."""
+    orig = original_max_positions
+
+    def get_mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = get_mscale(factor)
 
     def correction_dim(num_rot: float) -> float:
-        return (dim * math.log(orig / (num_rot * 2 * math.pi))) / (2 * math.log(rope.theta))
+        return (dim * math.log(orig / (num_rot * 2 * math.pi))) / (2 * math.log(theta))
 
-    low = max(math.floor(correction_dim(rope.beta_fast)), 0)
-    high = min(math.ceil(correction_dim(rope.beta_slow)), dim - 1)
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
     if low == high:
         high += 0.001
-    pos_freqs = rope.theta ** (torch.arange(0, dim, 2).float() / dim)
+    pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
     inv_extra = 1.0 / pos_freqs
     inv_inter = 1.0 / (factor * pos_freqs)
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
     extra_factor = 1 - ramp
     inv_freq = inv_inter * (1 - extra_factor) + inv_extra * extra_factor
-    return inv_freq, attention_factor
+    return inv_freq, float(attention_factor)
 
 
 class RotaryTable:

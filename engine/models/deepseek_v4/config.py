@@ -8,13 +8,13 @@ version yields the same model. Plain data: never touches weights or devices.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from engine.errors import CheckpointError
+from engine.rope import yarn_frequencies
 
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
@@ -66,35 +66,15 @@ class RopeParams:
     def inv_freq_and_scale(self, rope_dim: int, max_positions: int) -> tuple[torch.Tensor, float]:
         """``inv_freq [rope_dim // 2]`` (fp32) and the cos/sin multiplier, as transformers
         computes them (yarn with ``truncate=True``: V4's nested rope dict has no top-level key)."""
-        exps = torch.arange(0, rope_dim, 2, dtype=torch.float) / rope_dim
-        pos_freqs = self.theta**exps
         if self.rope_type == "default":
-            return 1.0 / pos_freqs, 1.0
+            exps = torch.arange(0, rope_dim, 2, dtype=torch.float) / rope_dim
+            return 1.0 / self.theta**exps, 1.0
         assert self.original_max_position_embeddings is not None
         omax = self.original_max_position_embeddings
         factor = self.factor if self.factor is not None else max_positions / omax
-
-        def mscale_of(scale: float, m: float = 1.0) -> float:
-            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-        attn = self.attention_factor
-        if attn is None:
-            if self.mscale and self.mscale_all_dim:
-                attn = mscale_of(factor, self.mscale) / mscale_of(factor, self.mscale_all_dim)
-            else:
-                attn = mscale_of(factor)
-
-        def corr_dim(rot: float) -> float:
-            return (rope_dim * math.log(omax / (rot * 2 * math.pi))) / (2 * math.log(self.theta))
-
-        low = max(math.floor(corr_dim(self.beta_fast)), 0)
-        high = min(math.ceil(corr_dim(self.beta_slow)), rope_dim - 1)
-        if low == high:
-            high += 0.001
-        ramp = ((torch.arange(rope_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-        extra = 1.0 - ramp
-        inv = (1.0 / (factor * pos_freqs)) * (1 - extra) + (1.0 / pos_freqs) * extra
-        return inv, float(attn)
+        return yarn_frequencies(self.theta, rope_dim, factor, omax, self.beta_fast,
+                                self.beta_slow, self.mscale, self.mscale_all_dim,
+                                self.attention_factor)
 
 
 @dataclass(frozen=True)
