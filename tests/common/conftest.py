@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from common.default_model import default_model_path
 from common.tokenizer import Tokenizer
 
 SENTENCES = [
@@ -19,13 +18,6 @@ SENTENCES = [
     "numbers 12345 and symbols #$%&",
 ]
 
-
-@pytest.fixture(scope="session")
-def smollm2_gguf() -> Path:
-    try:
-        return default_model_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="session")

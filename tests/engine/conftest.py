@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 import torch
 
-from common.default_model import default_model_path
-
 # Awkward on purpose: kv heads < heads, head_dim (Qwen3) != hidden / heads, odd intermediate.
 _BASE: dict[str, Any] = {
     "vocab_size": 131,
@@ -73,13 +71,6 @@ def make_tiny_checkpoint(tmp_path: Path) -> Callable[..., Path]:
 
     return make
 
-
-@pytest.fixture(scope="session")
-def smollm2_gguf() -> Path:
-    try:
-        return default_model_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="session")
