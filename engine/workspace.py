@@ -32,7 +32,6 @@ class Workspace:
         self._frames: list[int] = []
         self.peak_bytes = 0
         self.is_locked = False
-        self.peak_by_caller: dict[str, int] = {}
 
     @property
     def available(self) -> int:
@@ -65,6 +64,4 @@ class Workspace:
         self._offset = end
         if end > self.peak_bytes:
             self.peak_bytes = end
-        if not self.is_locked:
-            self.peak_by_caller[caller] = max(self.peak_by_caller.get(caller, 0), nbytes)
         return self._arena[start : start + nbytes].view(dtype).view(*shape)
