@@ -76,6 +76,51 @@ def _hf_decode_tps(model, batch: int, prompt: int, steps: int) -> float:
     return batch * steps / (time.perf_counter() - t)
 
 
+def _greedy(engine: LLMEngine, prompts: list[list[int]], new: int) -> list[list[int]]:
+    for i, p in enumerate(prompts):
+        engine.add_request(f"agree-{i}", p, SamplingParams(max_tokens=new, temperature=0,
+                                                            ignore_eos=True))
+    out: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return [out[f"agree-{i}"] for i in range(len(prompts))]
+
+
+def _hf_greedy(model, prompts: list[list[int]], new: int) -> list[list[int]]:
+    outs = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p], device="cuda")
+            gen = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+            outs.append(gen[0, len(p):].tolist())
+    return outs
+
+
+def _agreement(model, engine: LLMEngine, num: int = 4, prompt: int = 40, new: int = 24) -> dict:
+    """Greedy tokens of the fast path (graphs + fused kernels) against the same engine stepping
+    eagerly and against transformers: how many sequences match exactly, and the shortest common
+    prefix (bf16 on random weights: near-tied logits can flip late tokens)."""
+    g = torch.Generator().manual_seed(5)
+    vocab = engine.model_config.vocab_size
+    prompts = [torch.randint(0, vocab, (prompt + 3 * i,), generator=g).tolist()
+               for i in range(num)]
+    fast = _greedy(engine, prompts, new)
+    eager_engine = _engine(model, max_context=512, chunk_tokens=4096, max_batch=num,
+                           cuda_graphs=False)
+    eager = _greedy(eager_engine, prompts, new)
+    del eager_engine
+    hf = _hf_greedy(model, prompts, new)
+
+    def common(a: list[int], b: list[int]) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+
+    return dict(sequences=num, new_tokens=new,
+                fast_eq_eager=sum(a == b for a, b in zip(fast, eager, strict=True)),
+                fast_eq_hf=sum(a == b for a, b in zip(fast, hf, strict=True)),
+                min_common_prefix_hf=min(common(a, b) for a, b in zip(fast, hf, strict=True)))
+
+
 def _prefill(engine: LLMEngine, n: int) -> tuple[float, float]:
     vocab = engine.model_config.vocab_size
     prompt = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -96,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prefill", default="4096,32768,131072")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    ap.add_argument("--no-agreement", action="store_true",
+                    help="skip the greedy-token check (fast path vs eager vs transformers)")
+    ap.add_argument("--bandwidth", type=float, default=4.3,
+                    help="device memory bandwidth in TB/s for the weight-streaming limit")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     rows = []
@@ -103,11 +152,21 @@ def main(argv: list[str] | None = None) -> int:
         model = _hf_model(shape)
         batches = [int(b) for b in args.batches.split(",")]
         eng = _engine(model, max_context=512, chunk_tokens=4096, max_batch=max(batches))
+        weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         for b in batches:
             tps = _decode_tps(eng, b, 128, args.steps)
             hf = None if args.no_hf else _hf_decode_tps(model, b, 128, args.steps)
+            # batch 1 reads every weight once a step: the step rate the bandwidth allows
+            limit = args.bandwidth * 1e12 / weight_bytes
             rows.append(dict(shape=shape, kind="decode", batch=b, tokens_per_s=tps,
                              hf_tokens_per_s=hf, graph_steps=eng.runner.num_graph_steps,
+                             steps_per_s=tps / b, weight_stream_limit_steps_per_s=limit,
+                             pct_of_limit=100 * tps / b / limit,
+                             allocs_after_warmup=eng.stats().device_allocs_since_warmup))
+            print(rows[-1], flush=True)
+        if not args.no_agreement:
+            agree = _agreement(model, eng)
+            rows.append(dict(shape=shape, kind="agreement", tokens_per_s=0.0, **agree,
                              allocs_after_warmup=eng.stats().device_allocs_since_warmup))
             print(rows[-1], flush=True)
         del eng
@@ -123,13 +182,20 @@ def main(argv: list[str] | None = None) -> int:
         del peng, model
         torch.cuda.empty_cache()
     print(f"\n{'shape':<14}{'kind':<9}{'batch/prompt':>13}{'tok/s':>12}{'hf tok/s':>10}"
-          f"{'TTFT s':>8}{'allocs':>7}")
+          f"{'TTFT s':>8}{'allocs':>7}{'% BW limit':>11}")
     for r in rows:
+        if r["kind"] == "agreement":
+            print(f"{r['shape']:<14}greedy tokens, {r['sequences']} sequences x "
+                  f"{r['new_tokens']}: fast==eager {r['fast_eq_eager']}, fast==transformers "
+                  f"{r['fast_eq_hf']} (shortest common prefix {r['min_common_prefix_hf']})")
+            continue
         size = r.get("batch") or r.get("prompt")
         hf = r.get("hf_tokens_per_s")
+        pct = f"{r['pct_of_limit']:.0f}%" if "pct_of_limit" in r else "-"
         print(f"{r['shape']:<14}{r['kind']:<9}{size:>13}{r['tokens_per_s']:>12.1f}"
               f"{(f'{hf:.1f}' if hf else '-'):>10}{r.get('ttft_s', float('nan')):>8.3f}"
-              f"{r['allocs_after_warmup']!s:>7}")
+              f"{r['allocs_after_warmup']!s:>7}"
+              f"{pct:>11}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -38,11 +38,15 @@ class DecodeGraphs:
         self.block_size = block_size
         self.sizes = graph_batch_sizes(max_batch)
         m = self.sizes[-1]
-        self.input_ids = torch.zeros(m, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(m, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.zeros(m, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros(m, blocks_per_seq, dtype=torch.int32, device=device)
-        self.context_lens = torch.ones(m, dtype=torch.int32, device=device)
+        # Step inputs packed into two device buffers, each filled by one copy per step from a
+        # pinned host mirror: int64 [ids | positions | slots] and int32 [context lens | tables].
+        self._i64 = torch.zeros(3, m, dtype=torch.int64, device=device)
+        self._i32 = torch.zeros(m + m * blocks_per_seq, dtype=torch.int32, device=device)
+        self._host_i64 = torch.zeros(3, m, dtype=torch.int64, pin_memory=True)
+        self._host_i32 = torch.zeros(m + m * blocks_per_seq, dtype=torch.int32, pin_memory=True)
+        self.input_ids, self.positions, self.slot_mapping = self._i64[0], self._i64[1], self._i64[2]
+        self.context_lens = self._i32[:m]
+        self.block_tables = self._i32[m:].view(m, blocks_per_seq)
         self.query_start_loc = torch.arange(m + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(m, dtype=torch.int64, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -52,8 +56,7 @@ class DecodeGraphs:
     @property
     def static_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (
-            self.input_ids, self.positions, self.slot_mapping, self.block_tables,
-            self.context_lens, self.query_start_loc, self.rows))
+            self._i64, self._i32, self.query_start_loc, self.rows))
 
     def _batch(self, bs: int) -> StepBatch:
         return StepBatch(
@@ -94,9 +97,7 @@ class DecodeGraphs:
                  self.pool_bytes / 2**20)
 
     def _reset_inputs(self) -> None:
-        self.input_ids.zero_()
-        self.positions.zero_()
-        self.slot_mapping.zero_()  # pad rows write into the null block
+        self._i64.zero_()  # pad rows write into the null block
         self.block_tables.zero_()
         self.context_lens.fill_(1)
 
@@ -110,23 +111,26 @@ class DecodeGraphs:
         n = len(chunks)
         bs = next(s for s in self.sizes if s >= n)
         bsz = self.block_size
-        self._reset_inputs()
-        width = self.block_tables.shape[1]
-        ids, pos, slots, ctx = [], [], [], []
-        table = torch.zeros(n, width, dtype=torch.int32)
+        m, width = self.sizes[-1], self.block_tables.shape[1]
+        # numpy views of the pinned mirrors: filling them costs no torch dispatch per element.
+        # The previous step's copy has completed (its sampled tokens were read on the host).
+        h64 = self._host_i64.numpy()
+        h32 = self._host_i32.numpy()
+        tables = h32[m:].reshape(m, width)
+        h64[:, :bs] = 0  # pad rows: token 0 at position 0 into the null block's slot 0
+        h32[:bs] = 1  # pad rows' context length
         for i, c in enumerate(chunks):
             p = c.start
-            ids.append(c.token_ids[0])
-            pos.append(p)
-            slots.append(c.block_ids[p // bsz] * bsz + p % bsz)
-            ctx.append(c.context_len)
-            table[i, : len(c.block_ids)] = torch.tensor(c.block_ids, dtype=torch.int32)
+            h64[0, i] = c.token_ids[0]
+            h64[1, i] = p
+            h64[2, i] = c.block_ids[p // bsz] * bsz + p % bsz
+            h32[i] = c.context_len
+            tables[i, : len(c.block_ids)] = c.block_ids
         # Host -> device copies straight into the static buffers: no device allocation per step.
-        self.input_ids[:n].copy_(torch.tensor(ids))
-        self.positions[:n].copy_(torch.tensor(pos))
-        self.slot_mapping[:n].copy_(torch.tensor(slots))
-        self.context_lens[:n].copy_(torch.tensor(ctx, dtype=torch.int32))
-        self.block_tables[:n].copy_(table)
+        self._i64.copy_(self._host_i64, non_blocking=True)  # contiguous; 24 B a row
+        self.context_lens[:bs].copy_(self._host_i32[:bs], non_blocking=True)
+        self.block_tables[:bs].copy_(self._host_i32[m : m + bs * width].view(bs, width),
+                                     non_blocking=True)
         # Same arena offset as at capture: take the logits region, then replay.
         self.ws.take((self.sizes[-1], self.vocab_size), torch.float32, caller="cuda_graphs.logits")
         self._graphs[bs].replay()

@@ -3,6 +3,8 @@
 ``LLMEngine.from_config`` loads the checkpoint, makes the memory plan (refusing one that does not
 fit), allocates the KV extent and the workspace, runs the worst-case warm-up and locks. After that
 a request either fits the plan (checked in ``add_request``, before any compute) or is refused.
+The engine takes ownership of the ``weights`` dict it is given: with the fused CUDA path the dense
+families replace q/k/v and gate/up by concatenated copies and drop the originals from it.
 Single-threaded: one thread owns the engine and the device.
 """
 

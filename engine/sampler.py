@@ -21,6 +21,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     n, vocab = logits.shape
     tokens = [0] * n
     greedy = [i for i, p in enumerate(params) if p.is_greedy]
+    if len(greedy) == n:  # the common decode case: one argmax over the batch, one sync
+        return [int(t) for t in logits.argmax(dim=-1).tolist()]
     if greedy:
         idx = torch.tensor(greedy, device=logits.device)
         for i, t in zip(greedy, logits.index_select(0, idx).argmax(dim=-1).tolist(), strict=True):

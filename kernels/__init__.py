@@ -1,5 +1,5 @@
 """Bulkhead kernels: lightning indexer with running top-k, DeepSeek-V4 sparse attention, dense
-paged attention. Each is a Triton kernel behind one checked wrapper that writes into caller
+paged attention, and the dense layer's fused elementwise steps (norm, rope + KV write, SiLU). Each is a Triton kernel behind one checked wrapper that writes into caller
 buffers, a ``*_workspace_bytes`` size function for the memory planner, and a PyTorch reference
 (``*_ref``) that is its specification. Importing this package never imports triton (the CPU
 engine uses the references); the Triton modules load on the first wrapper call.
@@ -7,6 +7,8 @@ This package must never import anything else of ours.
 """
 
 from kernels.errors import KernelArgumentError, KernelUnavailableError
+from kernels.fused import add_rms_norm, rope_and_cache, silu_and_mul
+from kernels.fused_ref import add_rms_norm_ref, rope_and_cache_ref, silu_and_mul_ref
 from kernels.indexer_topk import (
     DEFAULT_TILES,
     IndexerTiles,
@@ -39,6 +41,8 @@ __all__ = [
     "KernelUnavailableError",
     "PagedTiles",
     "SparseTiles",
+    "add_rms_norm",
+    "add_rms_norm_ref",
     "default_sparse_tiles",
     "default_decode_splits",
     "indexer_scores_ref",
@@ -51,6 +55,10 @@ __all__ = [
     "paged_decode_attention",
     "paged_decode_attention_ref",
     "paged_decode_workspace_bytes",
+    "rope_and_cache",
+    "rope_and_cache_ref",
+    "silu_and_mul",
+    "silu_and_mul_ref",
     "sparse_attention",
     "sparse_attention_ref",
     "sparse_attention_workspace_bytes",

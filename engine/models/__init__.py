@@ -33,7 +33,7 @@ def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineCo
                            dtype, device)
         shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, ec.block_size,
                                ec.attn_tile_tokens)
-        return DenseDecoder(cfg, weights, rope, shape)
+        return DenseDecoder(cfg, weights, rope, shape, fused=ec.use_triton_attention)
     if cfg.family == "deepseek_v4":
         from engine.models.deepseek_v4.runner import DeepseekV4Runner
 

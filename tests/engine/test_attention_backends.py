@@ -1,5 +1,6 @@
-"""The engine's two attention paths agree: the PyTorch tiled path and the Triton paged kernel
-(interpreted on CPU, compiled on CUDA), on a mixed batch of prefill chunks and decodes."""
+"""The engine's two kernel paths agree: the PyTorch path and the Triton one (paged attention and
+the fused norm/rope/activation kernels; interpreted on CPU, compiled on CUDA), on a mixed batch
+of prefill chunks and decodes, for each dense family (Qwen2 biases, Qwen3 q/k norms)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,12 @@ def _run(backend: str, model, device: str) -> dict[str, list[int]]:
     return out
 
 
-def test_triton_paged_attention_matches_torch_path():
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_triton_paged_attention_matches_torch_path(family):
     pytest.importorskip("triton")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs TRITON_INTERPRET=1 on CPU")
-    model = build_tiny_model("llama")
+    model = build_tiny_model(family)
+    # The triton backend also runs the fused kernels (norm+residual, rope+KV write, SiLU*up).
     assert _run("triton", model, device) == _run("torch", model, device)
