@@ -22,6 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from kernels import _fused_triton as fused
 from kernels import _indexer_triton as idx
 from kernels import _paged_attention_triton as paged
 from kernels import _sparse_attention_triton as sparse
@@ -113,6 +114,18 @@ def default_specs() -> list[KernelSpec]:
         KernelSpec("paged decode combine", paged._paged_decode_combine_kernel,
                    {"part_acc_ptr": _ptr("fp32"), "part_ml_ptr": _ptr("fp32"),
                     "out_ptr": _ptr("bf16")}, {"BLOCK_S": 32, "BLOCK_D": 128}),
+        KernelSpec("fused add + rms norm (4096)", fused._add_rms_norm_kernel,
+                   {"x_ptr": _ptr("bf16"), "res_ptr": _ptr("bf16"), "w_ptr": _ptr("bf16"),
+                    "out_ptr": _ptr("bf16"), "eps": "fp32"},
+                   {"HAS_RES": True, "BLOCK": 4096}, num_warps=16),
+        KernelSpec("fused rope + kv write (d 128)", fused._rope_and_cache_kernel,
+                   {p: _ptr("bf16") for p in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr",
+                                               "kc_ptr", "vc_ptr", "qo_ptr")}
+                   | {"pos_ptr": _ptr("i64"), "slot_ptr": _ptr("i64")},
+                   {"NUM_Q_HEADS": 32, "HALF": 64, "BLOCK_HALF": 64}, num_warps=1),
+        KernelSpec("fused silu * up", fused._silu_and_mul_kernel,
+                   {"g_ptr": _ptr("bf16"), "u_ptr": _ptr("bf16"), "out_ptr": _ptr("bf16")},
+                   {"BLOCK": 1024}),
     ]
 
 
