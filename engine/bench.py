@@ -153,24 +153,33 @@ def main(argv: list[str] | None = None) -> int:
         batches = [int(b) for b in args.batches.split(",")]
         eng = _engine(model, max_context=512, chunk_tokens=4096, max_batch=max(batches))
         weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        # The engine's rows first, transformers after: the allocation counter is per process,
+        # and transformers' own cudaMallocs must not be charged to the engine.
+        decode_rows = []
         for b in batches:
             tps = _decode_tps(eng, b, 128, args.steps)
-            hf = None if args.no_hf else _hf_decode_tps(model, b, 128, args.steps)
             # batch 1 reads every weight once a step: the step rate the bandwidth allows
             limit = args.bandwidth * 1e12 / weight_bytes
-            rows.append(dict(shape=shape, kind="decode", batch=b, tokens_per_s=tps,
-                             hf_tokens_per_s=hf, graph_steps=eng.runner.num_graph_steps,
-                             steps_per_s=tps / b, weight_stream_limit_steps_per_s=limit,
-                             pct_of_limit=100 * tps / b / limit,
-                             allocs_after_warmup=eng.stats().device_allocs_since_warmup))
-            print(rows[-1], flush=True)
-        if not args.no_agreement:
-            agree = _agreement(model, eng)
-            rows.append(dict(shape=shape, kind="agreement", tokens_per_s=0.0, **agree,
-                             allocs_after_warmup=eng.stats().device_allocs_since_warmup))
-            print(rows[-1], flush=True)
+            decode_rows.append(dict(shape=shape, kind="decode", batch=b, tokens_per_s=tps,
+                                    hf_tokens_per_s=None, graph_steps=eng.runner.num_graph_steps,
+                                    steps_per_s=tps / b, weight_stream_limit_steps_per_s=limit,
+                                    pct_of_limit=100 * tps / b / limit,
+                                    allocs_after_warmup=eng.stats().device_allocs_since_warmup))
+            print(decode_rows[-1], flush=True)
+        agree = None if args.no_agreement else _agreement(model, eng)
         del eng
         torch.cuda.empty_cache()  # between engines only: no engine is serving here
+        for r in decode_rows:
+            if not args.no_hf:
+                r["hf_tokens_per_s"] = _hf_decode_tps(model, r["batch"], 128, args.steps)
+                print(f"transformers batch {r['batch']}: {r['hf_tokens_per_s']:.1f} tok/s",
+                      flush=True)
+            rows.append(r)
+        if agree is not None:
+            rows.append(dict(shape=shape, kind="agreement", tokens_per_s=0.0, **agree,
+                             allocs_after_warmup=decode_rows[-1]["allocs_after_warmup"]))
+            print(rows[-1], flush=True)
+        torch.cuda.empty_cache()
         lens = [int(x) for x in args.prefill.split(",")]
         peng = _engine(model, max_context=max(lens) + 8, chunk_tokens=4096, max_batch=1,
                        cuda_graphs=False)

@@ -22,6 +22,7 @@ from engine.workspace import _align
 GiB = 1 << 30
 MiB = 1 << 20
 GRAPH_POOL_SLACK = 42 * MiB
+ALLOCATOR_SLACK = 8 * MiB  # small-pool headroom reserved after warm-up (4 segments)
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,11 @@ def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_spec: KVCacheSpec,
                  device_memory_bytes: int, library_bytes: int, non_torch_bytes: int,
                  device_label: str | None) -> MemoryPlan:
     """Add the terms measured on the device (not derived from the config) and build the plan."""
+    if ec.torch_device.type == "cuda":
+        terms.append(PlanTerm(
+            "allocator_slack", ALLOCATOR_SLACK,
+            "free small-pool segments the warm-up leaves cached: a step whose small tensors pack "
+            "differently from the warm-up's uses them instead of a new cudaMalloc"))
     if library_bytes:
         terms.append(PlanTerm("library_workspaces", library_bytes,
                               "cuBLAS/cuBLASLt workspaces, measured by probe matmuls at start-up"))
@@ -247,6 +253,16 @@ def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_spec: KVCacheSpec,
                               "CUDA context and libraries, measured before loading"))
     return MemoryPlan(tuple(terms), device_label or str(ec.torch_device), device_memory_bytes,
                       ec.memory_utilization, kv_spec, ec.max_context, ec.chunk_tokens, ec.max_batch)
+
+
+def reserve_allocator_slack(device: torch.device, nbytes: int = 0) -> None:
+    """Leave at least ``nbytes`` of free small-pool blocks in the caching allocator (start-up
+    only, after the warm-up): allocate 512 KiB tensors, which the allocator packs four to a
+    2 MiB small-pool segment, then free them; the segments stay cached for serving."""
+    nbytes = nbytes or ALLOCATOR_SLACK
+    blocks = [torch.empty(512 * 1024, dtype=torch.uint8, device=device)
+              for _ in range(nbytes // (512 * 1024))]
+    del blocks
 
 
 def library_workspaces(ec: EngineConfig) -> int:

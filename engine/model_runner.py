@@ -16,7 +16,7 @@ from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.errors import DeviceAllocationAfterLock, PlanError
 from engine.kv_cache import KVCache
-from engine.memory_planner import MemoryPlan
+from engine.memory_planner import MemoryPlan, reserve_allocator_slack
 from engine.model_config import ModelConfig
 from engine.models import build_model, prepare_warmup_slot, reset_slots, uses_paged_kv
 from engine.sampler import sample
@@ -184,6 +184,7 @@ class ModelRunner:
             # torch.cuda.graph() empties the allocator's cache before capturing: run the worst
             # steps again so the cache holds what serving needs, then take the baseline.
             self._run_warmup_steps(steps)
+            reserve_allocator_slack(self.device, self.plan.term("allocator_slack"))
             torch.cuda.synchronize(self.device)
             self._device_allocs = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
         reset_slots(self.model)

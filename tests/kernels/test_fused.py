@@ -50,9 +50,16 @@ def _check_rope(n: int, hq: int, hkv: int, d: int, dtype: torch.dtype, device: s
     kc, vc = torch.zeros_like(kc_want), torch.zeros_like(vc_want)
     q_out = torch.empty(n, hq, d, dtype=dtype, device=device)
     rope_and_cache(q, k, v, positions.to(torch.int32), cos, sin, slots, kc, vc, q_out)
-    assert torch.equal(q_out, q_want)
-    assert torch.equal(kc, kc_want)
-    assert torch.equal(vc, vc_want)
+    assert torch.equal(vc, vc_want)  # v is copied, never rounded
+    if dtype == torch.float32:
+        assert torch.equal(q_out, q_want)
+        assert torch.equal(kc, kc_want)
+    else:
+        # Compiled for the GPU, a few elements land one bf16 step away from PyTorch's eager
+        # result (seen on the H200); the rounding points are the same, so nothing more.
+        for got, want in ((q_out, q_want), (kc, kc_want)):
+            torch.testing.assert_close(got, want, rtol=8e-3, atol=8e-3)
+            assert (got == want).float().mean() > 0.99
 
 
 def _check_silu(n: int, i: int, dtype: torch.dtype, device: str) -> None:
