@@ -1,20 +1,24 @@
 """A whole deployment as separate OS processes, started by the code behind `bulkhead up`: a real
 redis-server, a prefill worker, a decode worker (both `python -m common.cli <role>`) and the
-router, serving a tiny random Llama with a real tokenizer. Always torn down (process groups)."""
+router, serving a tiny random Llama with a real tokenizer. Workers can be restarted in place (same
+command line and port). Always torn down (process groups)."""
 
 from __future__ import annotations
 
+import json
 import re
+import time
+import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import openai
 import pytest
 
-from common.launcher import redis_server_path
-from common.up import Deployment, UpOptions, start
+from common.launcher import ManagedProcess, redis_server_path, spawn, wait_until
+from common.up import WORKER_ENV, Deployment, UpOptions, grpc_serving, start
 from tests.helpers.tiny_model import write_tiny_llama
 
 CHUNK = 16  # LMCache chunk: long prompts span several
@@ -52,6 +56,49 @@ class E2E:
             if all(got.get(k) == v for k, v in labels.items()):
                 total += float(m.group(2))
         return total
+
+    def routed_workers(self) -> dict[str, dict]:
+        """The router's /health view: address -> {"role", "healthy"} (also read from a 503)."""
+        try:
+            with urllib.request.urlopen(self.deployment.url + "/health", timeout=2) as resp:
+                body = resp.read()
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+        except OSError:
+            return {}
+        return dict(json.loads(body).get("workers", {}))
+
+    def restart_workers(self, *roles: str, timeout_s: float = 60.0) -> None:
+        """Stop the worker processes of ``roles`` (SIGTERM, graceful exit), wait until the
+        router has dropped them, start each again with the same command line and port, and wait
+        until the router routes to them again."""
+        group = self.deployment.group
+        # a worker's argv is [python, -m, common.cli, <role>, ...] (common/up.py)
+        old = {role: next(p for p in group.processes if p.argv[3:4] == [role]) for role in roles}
+        address = {"prefill": self.deployment.prefill_address,
+                   "decode": self.deployment.decode_address}
+        for proc in old.values():
+            assert proc.stop(grace_s=timeout_s) == 0, proc.log_tail()
+        self._wait_router(lambda view: not any(view.get(address[r], {}).get("healthy")
+                                               for r in roles), timeout_s, "dropped")
+        started: list[ManagedProcess] = []
+        for role, proc in old.items():
+            # a log of its own: the stopped worker's log stays for the reader
+            name = f"{role}-restart{len(list(self.deployment.log_dir.glob(role + '*.log')))}"
+            new = spawn(name, proc.argv, env=WORKER_ENV, log_dir=self.deployment.log_dir)
+            group.processes[group.processes.index(proc)] = new
+            started.append(new)
+        for proc, role in zip(started, roles, strict=True):
+            wait_until(proc, lambda a=address[role]: grpc_serving(a), timeout_s, "serving")
+        self._wait_router(lambda view: all(view.get(address[r], {}).get("healthy")
+                                           for r in roles), timeout_s, "routing to")
+
+    def _wait_router(self, ok: Callable[[dict[str, dict]], bool], timeout_s: float,
+                     what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ok(view := self.routed_workers()):
+            assert time.monotonic() < deadline, f"router not {what} the workers: {view}"
+            time.sleep(0.2)
 
 
 def deploy(tmp_path_factory: pytest.TempPathFactory, *extra_worker_args: str) -> Iterator[E2E]:
