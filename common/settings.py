@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from common.worker_registry import url_problem
+
 ENV_PREFIX = "BULKHEAD_"
 ROLES = ("prefill", "decode")
 DEFAULT_PORTS = {"prefill": 50051, "decode": 50052}
@@ -63,11 +65,30 @@ class WorkerSettings:
     worker_id: str = field(
         default="", metadata=_doc("Name in WorkerInfo and logs; default role@hostname:port.")
     )
+    registry_url: str = field(
+        default="",
+        repr=False,
+        metadata=_doc(
+            "Redis worker registry, redis://[:password@]host:port[/db] or rediss://: the worker "
+            "keeps its WorkerInfo under bulkhead:worker:ROLE:WORKER_ID there, refreshed every "
+            "heartbeat_ttl_s/3; '' = not registered (the router must list its address)."
+        ),
+    )
+    heartbeat_ttl_s: float = field(
+        default=10.0,
+        metadata=_doc(
+            "TTL of the registry key: the router drops a worker that stopped refreshing it "
+            "this long ago."
+        ),
+    )
     kv_store_url: str = field(
         default="",
+        repr=False,  # may hold the store's password
         metadata=_doc(
-            "LMCache remote store: redis://host:port or lm://host:port. Required for prefill; "
-            "without it a decode worker runs every prompt itself."
+            "LMCache remote store: redis://[:password@]host:port[/db], rediss://... (TLS; "
+            "`?ssl_ca_certs=PATH` for a private CA) or lm://host:port. Required for prefill; "
+            "without it a decode worker runs every prompt itself. Logged with the password "
+            "masked."
         ),
     )
     lmcache_chunk_size: int = field(
@@ -83,6 +104,14 @@ class WorkerSettings:
         default=10.0,
         metadata=_doc(
             "Prefill: longest wait for stored KV to become visible in the store before replying."
+        ),
+    )
+    kv_ttl_s: int = field(
+        default=3600,
+        metadata=_doc(
+            "Expiry in seconds of every KV chunk written to a Redis store (refreshed when a "
+            "prefill reuses it), so KV of requests that never finished cannot pile up; "
+            "0 = never expire."
         ),
     )
     device: str = field(default="auto", metadata=_doc("auto | cpu | cuda | cuda:N."))
@@ -133,6 +162,22 @@ class WorkerSettings:
         default=10.0,
         metadata=_doc("On SIGTERM: seconds running RPCs get to finish before they are cancelled."),
     )
+    internal_token: str = field(
+        default="",
+        repr=False,
+        metadata=_doc(
+            "Shared token the router must send (`authorization: Bearer <token>` metadata) on "
+            "every bulkhead.v1.Worker call; grpc.health.v1 stays open. Empty = no check (a "
+            "warning at start-up when binding a non-loopback host). Never logged."
+        ),
+    )
+    tls_cert_file: str = field(
+        default="",
+        metadata=_doc("PEM certificate chain of the gRPC server; with tls_key_file: TLS on."),
+    )
+    tls_key_file: str = field(
+        default="", metadata=_doc("PEM private key of tls_cert_file.")
+    )
     log_level: str = field(default="info", metadata=_doc("Python log level."))
 
     def __post_init__(self) -> None:
@@ -153,17 +198,25 @@ class WorkerSettings:
         ):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")
-        for name in ("kv_staging_gb", "kv_visible_timeout_s", "memory_utilization"):
+        for name in ("kv_staging_gb", "kv_visible_timeout_s", "memory_utilization",
+                     "heartbeat_ttl_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
-        for name in ("num_blocks", "device_memory_gb", "grace_s", "num_threads"):
+        for name in ("num_blocks", "device_memory_gb", "grace_s", "num_threads", "kv_ttl_s"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 0")
-        if self.kv_store_url and self.kv_store_url.split("://")[0] not in ("redis", "lm"):
+        if self.kv_store_url and self.kv_store_url.split("://")[0] not in ("redis", "rediss",
+                                                                          "lm"):
             raise SettingsError(
                 f"kv_store_url: {self.kv_store_url.split('://')[0]!r} scheme; "
-                "use redis://host:port or lm://host:port"
+                "use redis://host:port, rediss://host:port or lm://host:port"
             )
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise SettingsError(
+                "tls_cert_file / tls_key_file: give both (TLS on) or neither (plaintext gRPC)"
+            )
+        if self.registry_url and url_problem(self.registry_url):
+            raise SettingsError(f"registry_url: {url_problem(self.registry_url)}")
         if self.role == "prefill" and not self.kv_store_url:
             raise SettingsError(
                 "kv_store_url: a prefill worker hands its KV over through the store, so it "

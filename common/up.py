@@ -5,7 +5,8 @@ LMCache's ``lm://`` server), one prefill worker, one decode worker and the route
 OS process (``python -m common.cli <role>``) with its log in ``--log-dir``; waits until both
 workers answer grpc.health.v1 SERVING and the router's /health reports them healthy; prints the
 URL and a curl example; then watches. Ctrl-C / SIGTERM (or any child dying) stops everything,
-router first, and nothing is left running.
+router first, and nothing is left running. With a Redis store the workers also register in it
+(heartbeat keys) and the router discovers them there; with ``lm://`` it is given their addresses.
 
 Worker and router settings not exposed here come from ``--config`` (a YAML file with ``router:``,
 ``prefill:`` and ``decode:`` sections) or ``BULKHEAD_*`` environment variables, which every child
@@ -26,6 +27,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from common.cli import WORKER_ENV as CLI_WORKER_ENV
 from common.launcher import (
@@ -37,6 +39,7 @@ from common.launcher import (
     start_kv_server,
     wait_until,
 )
+from common.worker_registry import SCHEMES as REGISTRY_SCHEMES
 
 # Set in every worker: LMCache keys must hash alike in both workers, and no usage reporting.
 WORKER_ENV = {**CLI_WORKER_ENV, "LMCACHE_LOG_LEVEL": "WARNING",
@@ -137,6 +140,10 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
             kv_proc, kv_url = start_kv_server(host="127.0.0.1", log_dir=log_dir)
             group.add(kv_proc)
             log(f"kv store  {kv_url} (log {kv_proc.log_path})")
+        # A Redis store doubles as the worker registry: the workers register there and the
+        # router discovers them (an lm:// store cannot, so the router then gets the addresses).
+        registry_url = kv_url if urlsplit(kv_url).scheme in REGISTRY_SCHEMES else ""
+        registry = ("--registry-url", registry_url) if registry_url else ()
         config = ("--config", opts.config) if opts.config else ()
         router_config = config if opts.config and _has_router_section(opts.config) else ()
         addresses: dict[str, str] = {}
@@ -145,7 +152,7 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
             port = port or free_port(opts.host)
             addresses[role] = f"{opts.host}:{port}"
             argv = _cli(role, "--model", opts.model, "--host", opts.host, "--port", str(port),
-                        "--kv-store-url", kv_url, *config, *opts.extra_worker_args)
+                        "--kv-store-url", kv_url, *registry, *config, *opts.extra_worker_args)
             workers.append(group.add(spawn(role, argv, env=WORKER_ENV, log_dir=log_dir)))
         for proc, role in zip(workers, ("prefill", "decode"), strict=True):
             address = addresses[role]
@@ -153,9 +160,10 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
                        f"serving on {address}")
             log(f"{role:8s}  {address} (log {proc.log_path})")
         url = f"http://{opts.host}:{opts.port}"
+        workers_of_router = registry or ("--prefill", addresses["prefill"],
+                                         "--decode", addresses["decode"])
         router_argv = _cli("router", "--model", opts.model, "--host", opts.host,
-                           "--port", str(opts.port), "--prefill", addresses["prefill"],
-                           "--decode", addresses["decode"], *router_config,
+                           "--port", str(opts.port), *workers_of_router, *router_config,
                            *opts.extra_router_args)
         router = group.add(spawn("router", router_argv, log_dir=log_dir))
         wait_until(router, lambda: router_ready(url, 2), min(opts.startup_timeout_s, 120.0),

@@ -27,7 +27,8 @@ from router.dispatch import Dispatcher
 from router.errors import ApiError, no_worker
 from router.job import chat_job, completion_job
 from router.metrics import RouterMetrics
-from router.registry import StaticRegistry, WorkerRegistry
+from router.redis_registry import build_registry
+from router.registry import WorkerRegistry
 from router.schemas import ChatCompletionRequest, CompletionRequest
 from router.serving import RouterContext, as_api_error, error_response, serve_generation
 from router.settings import RouterSettings
@@ -73,11 +74,15 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tok = tokenizer if tokenizer is not None else await asyncio.to_thread(
             load_tokenizer, settings.model)
-        reg: WorkerRegistry = registry if registry is not None else StaticRegistry(
-            settings.prefill_workers, settings.decode_workers,
+        # a registered worker whose tokenizer differs from ours is refused (it would answer
+        # in token ids we decode wrongly)
+        fingerprint = "" if registry is not None or not settings.registry_url else str(
+            await asyncio.to_thread(getattr, tok, "fingerprint", "") or "")
+        reg: WorkerRegistry = registry if registry is not None else build_registry(
+            settings,
             CallDeadlines(settings.info_timeout_s, settings.prefill_timeout_s,
                           settings.first_token_timeout_s, settings.stream_idle_timeout_s),
-            settings.poll_interval_s)
+            fingerprint)
         metrics = RouterMetrics(reg.loads)
         background = BackgroundTasks()
         await reg.start()
@@ -92,6 +97,7 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
             yield
         finally:
             await background.close()
+            await app.state.ctx.dispatcher.aclose()
             await reg.stop()
 
     app = FastAPI(title="Bulkhead router", lifespan=lifespan)

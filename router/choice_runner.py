@@ -29,10 +29,10 @@ from router.metrics import RouterMetrics
 from router.policy import Route
 from router.quarantine import (
     KILLS_TO_QUARANTINE,
-    Quarantine,
     QuarantinedRequest,
     prompt_fingerprint,
 )
+from router.shared_quarantine import SharedQuarantine
 from router.text_stream import Decoder, TextStream
 from router.worker_client import WorkerClient
 
@@ -87,7 +87,7 @@ class ChoiceRunner:
                  on_unavailable: Callable[[str, str], None],
                  reroute: Callable[[str], str | None] = lambda failed: None,
                  reroute_prefill: Callable[[str], str | None] = lambda failed: None,
-                 quarantine: Quarantine | None = None) -> None:
+                 quarantine: SharedQuarantine | None = None) -> None:
         self.spec = spec
         self.stats = ChoiceStats()
         self._clients = clients

@@ -46,6 +46,7 @@ from router.quarantine import (
 )
 from router.registry import WorkerRegistry
 from router.settings import RouterSettings
+from router.shared_quarantine import SharedQuarantine
 from router.tokenizer_port import RouterTokenizer
 
 log = logging.getLogger("bulkhead.router.dispatch")
@@ -106,7 +107,13 @@ class Dispatcher:
         self._metrics = metrics
         self._background = background
         self._policy = RoutePolicy(split_threshold_tokens=settings.split_threshold_tokens)
-        self.quarantine = Quarantine(ttl_s=settings.quarantine_ttl_s)
+        # shared with the other routers on the worker registry's Redis, when there is one
+        self.quarantine = SharedQuarantine(Quarantine(ttl_s=settings.quarantine_ttl_s),
+                                           settings.registry_url)
+
+    async def aclose(self) -> None:
+        """Finish pending quarantine writes and close the quarantine's Redis connection."""
+        await self.quarantine.aclose()
 
     def _sampling(self, job: GenerationJob, max_tokens: int, choice: int) -> pb.SamplingParams:
         stop_ids = list(job.stop_token_ids)
@@ -197,7 +204,7 @@ class Dispatcher:
                 num_new = job.max_tokens if job.max_tokens is not None else 1
                 raise context_length_exceeded(len(prompt), num_new, limit, param)
             fp = prompt_fingerprint(prompt)
-            if self.quarantine.contains(fp):
+            if await self.quarantine.contains(fp):
                 raise QuarantinedRequest(fp, KILLS_TO_QUARANTINE)
             plans.append((prompt, max_tokens, await self._num_cached(prompt)))
 

@@ -1,8 +1,9 @@
 """Requests that killed workers: remembered (by a fingerprint of their prompt) for a while and
 answered 500 at once instead of being retried onto the workers that are left.
 
-Plain data and a clock, no sockets. Held per router process (a Redis-shared list for several
-routers is not built yet). Never stores prompts, only their hash.
+Plain data and a clock, no sockets: this is one router process's memory. With `registry_url`
+the routers on that Redis share their entries through `SharedQuarantine`
+(router/shared_quarantine.py), which wraps this. Never stores prompts, only their hash.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ class Quarantine:
     clock: Callable[[], float] = time.monotonic
     _until: dict[str, float] = field(default_factory=dict)
 
-    def add(self, fingerprint: str) -> None:
-        self._until[fingerprint] = self.clock() + self.ttl_s
+    def add(self, fingerprint: str, ttl_s: float | None = None) -> None:
+        """Quarantine `fingerprint` for `ttl_s` (default: the quarantine's own TTL); a shorter
+        one is what is left of an entry another router made."""
+        self._until[fingerprint] = self.clock() + (self.ttl_s if ttl_s is None else ttl_s)
 
     def contains(self, fingerprint: str) -> bool:
         until = self._until.get(fingerprint)

@@ -2,10 +2,12 @@
 
 `WorkerRegistry` is the small interface the rest of the router uses; `StaticRegistry` serves a
 fixed list of addresses (flags / env) and polls each worker's GetInfo on start-up and every
-`poll_interval_s`.  A Redis-backed registry with heartbeats can implement the same interface.
-A worker whose reported role differs from its configured one is refused, and a prefill/decode
-pair whose Compatibility messages differ is never paired (the policy compares `compat_key`); both
-are logged once with the field that differs.  This module must never block a request on a poll.
+`poll_interval_s`; `RedisRegistry` (router/redis_registry.py) adds the workers that register in
+Redis with a heartbeat.  A worker whose reported role differs from its configured one is refused,
+and a prefill/decode pair whose Compatibility messages differ is never paired (the policy
+compares `compat_key`); both are logged once with the field that differs.  A worker that has work
+but whose engine made no progress for `stall_timeout_s` is not routed to (router/liveness.py);
+a slow GetInfo alone is not a dead worker.  This module must never block a request on a poll.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -21,8 +24,9 @@ import grpc
 
 from proto import bulkhead_pb2 as pb
 from router.errors import WorkerCallError
+from router.liveness import LivenessState, Progress, judge_liveness
 from router.policy import CompatKey, WorkerLoad
-from router.worker_client import CallDeadlines, WorkerClient
+from router.worker_client import CallDeadlines, WorkerAccess, WorkerClient
 
 log = logging.getLogger("bulkhead.router.registry")
 
@@ -39,6 +43,11 @@ def compat_diff(a: pb.Compatibility, b: pb.Compatibility) -> list[str]:
     """Fields that differ, as 'field: a != b'."""
     return [f"{name}: {getattr(a, name)!r} != {getattr(b, name)!r}"
             for name in COMPAT_FIELDS if getattr(a, name) != getattr(b, name)]
+
+
+def progress_of(info: pb.WorkerInfo) -> Progress:
+    return Progress(int(info.steps_completed), int(info.tokens_advanced), int(info.num_running),
+                    int(info.num_waiting))
 
 
 class WorkerRegistry(Protocol):
@@ -68,6 +77,13 @@ class _Worker:
     problem: str = "not polled yet"
     num_inflight: int = 0
     missed_polls: int = 0  # consecutive GetInfo deadlines while otherwise healthy
+    key: str = ""          # its registry key; '' = configured by address
+    heartbeat: pb.WorkerInfo | None = None  # last WorkerInfo published under `key`
+    liveness: LivenessState | None = None
+
+    @property
+    def last_info(self) -> pb.WorkerInfo | None:
+        return self.info if self.info is not None else self.heartbeat
 
 
 @dataclass
@@ -78,7 +94,10 @@ class StaticRegistry:
     decode_addresses: Sequence[str]
     deadlines: CallDeadlines
     poll_interval_s: float = 2.0
+    stall_timeout_s: float = 120.0
+    access: WorkerAccess = field(default_factory=WorkerAccess)  # token / TLS of every call
     _workers: dict[str, _Worker] = field(default_factory=dict, init=False)
+    _retired: list[_Worker] = field(default_factory=list, init=False)  # dropped, still in use
     _task: asyncio.Task[None] | None = field(default=None, init=False)
     _logged: set[str] = field(default_factory=set, init=False)
 
@@ -87,7 +106,8 @@ class StaticRegistry:
             for addr in addrs:
                 if addr in self._workers:
                     raise ValueError(f"worker address {addr} is listed twice")
-                self._workers[addr] = _Worker(addr, role, WorkerClient(addr, self.deadlines))
+                self._workers[addr] = _Worker(addr, role,
+                                              WorkerClient(addr, self.deadlines, self.access))
 
     async def start(self) -> None:
         await self.refresh()
@@ -98,8 +118,9 @@ class StaticRegistry:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for w in self._workers.values():
+        for w in [*self._workers.values(), *self._retired]:
             await w.client.close()
+        self._retired.clear()
 
     async def _poll_forever(self) -> None:
         while True:
@@ -110,38 +131,84 @@ class StaticRegistry:
                 log.exception("worker poll failed")
 
     async def refresh(self) -> None:
-        """Poll every worker's GetInfo concurrently and re-check compatibility."""
+        """Poll every worker's GetInfo concurrently, judge its progress, re-check pairs."""
         workers = list(self._workers.values())
         results = await asyncio.gather(*(w.client.get_info() for w in workers),
                                        return_exceptions=True)
+        now_s = time.monotonic()
         for w, res in zip(workers, results, strict=True):
-            if (isinstance(res, WorkerCallError) and res.code == grpc.StatusCode.DEADLINE_EXCEEDED
-                    and w.healthy and w.missed_polls + 1 < MAX_MISSED_POLLS):
-                # A slow answer is not a dead worker: a busy host (a long prefill step on
-                # few cores) can miss one poll. A refused connection still counts at once.
-                w.missed_polls += 1
-                log.info("worker %s (%s) missed a GetInfo deadline (%d in a row)", w.address,
-                         w.role, w.missed_polls)
-                continue
-            w.missed_polls = 0
-            if isinstance(res, WorkerCallError):
-                self._set_problem(w, f"GetInfo failed: {res.code.name} {res.details}")
-            elif isinstance(res, BaseException):
-                self._set_problem(w, f"GetInfo failed: {res!r}")
-            elif res.role != w.role:
-                self._set_problem(w, f"reports role {res.role!r}, configured as {w.role!r}")
-                w.info = res
-            else:
-                if not w.healthy:
-                    log.info("worker %s (%s) is up: max_context=%d max_batch=%d", w.address,
-                             w.role, res.max_context, res.max_batch)
-                w.info, w.healthy, w.problem = res, True, ""
+            problem = self._poll_problem(w, res)
+            self._set_health(w, problem or self._liveness_problem(w, res, now_s))
         self._check_pairs()
+        await self._close_retired()
+
+    def _poll_problem(self, w: _Worker, res: pb.WorkerInfo | BaseException) -> str:
+        """What this GetInfo answer says is wrong with `w` ('' = nothing)."""
+        if (isinstance(res, WorkerCallError) and res.code == grpc.StatusCode.DEADLINE_EXCEEDED
+                and w.healthy and (w.key or w.missed_polls + 1 < MAX_MISSED_POLLS)):
+            # A slow answer is not a dead worker: a busy host (a long prefill step on few
+            # cores) can miss polls. A registered worker's live heartbeat key and its progress
+            # counters speak for it; an unregistered one gets MAX_MISSED_POLLS. A refused
+            # connection still counts at once.
+            w.missed_polls += 1
+            log.info("worker %s (%s) missed a GetInfo deadline (%d in a row)", w.address,
+                     w.role, w.missed_polls)
+            return ""
+        w.missed_polls = 0
+        if isinstance(res, WorkerCallError):
+            return f"GetInfo failed: {res.code.name} {res.details}"
+        if isinstance(res, BaseException):
+            return f"GetInfo failed: {res!r}"
+        w.info = res
+        if res.role != w.role:
+            return f"reports role {res.role!r}, configured as {w.role!r}"
+        return ""
+
+    def _liveness_problem(self, w: _Worker, res: pb.WorkerInfo | BaseException,
+                          now_s: float) -> str:
+        """'' while `w` is idle or its progress counters advance: from this GetInfo answer, or
+        when it did not come, from the heartbeat (a registered worker) or the last answer.
+        Mixing the sources is safe: a stalled engine's counters are frozen in all of them."""
+        seen = res if isinstance(res, pb.WorkerInfo) else (
+            w.heartbeat if w.heartbeat is not None else w.info)
+        if seen is None:
+            return ""
+        verdict = judge_liveness(w.liveness, progress_of(seen), now_s, self.stall_timeout_s)
+        w.liveness = verdict.state
+        return verdict.problem
+
+    def _set_health(self, w: _Worker, problem: str) -> None:
+        if problem:
+            self._set_problem(w, problem)
+            return
+        if not w.healthy:
+            info = w.last_info
+            assert info is not None
+            log.info("worker %s (%s) is up: max_context=%d max_batch=%d", w.address,
+                     w.role, info.max_context, info.max_batch)
+        w.healthy, w.problem = True, ""
 
     def _set_problem(self, w: _Worker, problem: str) -> None:
         if w.healthy or w.problem != problem:
             log.warning("worker %s (%s) refused: %s", w.address, w.role, problem)
         w.healthy, w.problem = False, problem
+
+    def _retire(self, w: _Worker) -> None:
+        """Stop routing to `w`; its channel closes once no request of ours uses it."""
+        del self._workers[w.address]
+        w.healthy = False
+        self._retired.append(w)
+
+    async def _close_retired(self) -> None:
+        done = [w for w in self._retired if w.num_inflight == 0]
+        self._retired = [w for w in self._retired if w.num_inflight > 0]
+        for w in done:
+            await w.client.close()
+
+    def _find(self, address: str) -> _Worker | None:
+        w = self._workers.get(address)
+        return w if w is not None else next(
+            (r for r in reversed(self._retired) if r.address == address), None)
 
     def _check_pairs(self) -> None:
         up = [w for w in self._workers.values() if w.healthy and w.info is not None]
@@ -160,7 +227,7 @@ class StaticRegistry:
     def loads(self) -> list[WorkerLoad]:
         out = []
         for w in self._workers.values():
-            info = w.info
+            info = w.last_info
             if info is None:
                 continue
             out.append(WorkerLoad(
@@ -172,19 +239,27 @@ class StaticRegistry:
         return out
 
     def info(self, address: str) -> pb.WorkerInfo | None:
-        return self._workers[address].info
+        w = self._find(address)
+        return None if w is None else w.last_info
 
     def client(self, address: str) -> WorkerClient:
-        return self._workers[address].client
+        w = self._find(address)
+        if w is None:
+            raise KeyError(f"no worker {address} in the registry")
+        return w.client
 
     def mark_unavailable(self, address: str, problem: str) -> None:
         """A call failed with UNAVAILABLE: stop routing there until the next good poll."""
-        self._set_problem(self._workers[address], problem)
+        w = self._workers.get(address)
+        if w is not None:  # a dropped worker is already out of routing
+            self._set_problem(w, problem)
 
     @contextlib.contextmanager
     def track(self, address: str) -> Iterator[None]:
         """Count a request in flight on `address` for the duration of the block."""
-        w = self._workers[address]
+        w = self._find(address)
+        if w is None:
+            raise KeyError(f"no worker {address} in the registry")
         w.num_inflight += 1
         try:
             yield

@@ -45,9 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except DefaultModelMissing as exc:
             print(f"bulkhead router: no --model given and {exc}", file=sys.stderr)
             return 2
-    if not settings.decode_workers:
-        print("bulkhead router: at least one --decode worker (env BULKHEAD_DECODE_WORKERS) is "
-              "required", file=sys.stderr)
+    if not settings.decode_workers and not settings.registry_url:
+        print("bulkhead router: at least one --decode worker (env BULKHEAD_DECODE_WORKERS) or a "
+              "--registry-url (env BULKHEAD_REGISTRY_URL) is required", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

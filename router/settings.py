@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from common.worker_registry import url_problem
+
 ENV_PREFIX = "BULKHEAD_"
 
 
@@ -45,10 +47,17 @@ class RouterSettings:
         "host:port of each prefill worker (env: comma-separated list)."))
     decode_workers: tuple[str, ...] = field(default=(), metadata=_doc(
         "host:port of each decode worker (env: comma-separated list)."))
+    registry_url: str = field(default="", repr=False, metadata=_doc(
+        "Redis worker registry, redis://[:password@]host:port[/db] or rediss://: workers that "
+        "register there are discovered, incompatible ones refused, expired ones dropped; merged "
+        "with the static worker lists; '' = static lists only."))
     split_threshold_tokens: int = field(default=256, metadata=_doc(
         "Uncached prompt tokens from which a request is prefilled on a prefill worker."))
     poll_interval_s: float = field(default=2.0, metadata=_doc(
         "Seconds between GetInfo polls of every worker."))
+    stall_timeout_s: float = field(default=120.0, metadata=_doc(
+        "A worker with work whose engine progress counters did not advance for this long is "
+        "not routed to (a slow GetInfo alone is not a dead worker)."))
     info_timeout_s: float = field(default=2.0, metadata=_doc(
         "Deadline of the small RPCs: GetInfo, Lookup, Abort."))
     prefill_timeout_s: float = field(default=300.0, metadata=_doc(
@@ -74,13 +83,19 @@ class RouterSettings:
     api_keys: tuple[str, ...] = field(default=(), repr=False, metadata=_doc(
         "Keys accepted as `Authorization: Bearer <key>` on /v1 (env: comma-separated list); "
         "none = open, with a warning at start-up. Never logged."))
+    internal_token: str = field(default="", repr=False, metadata=_doc(
+        "Shared token sent as `authorization: Bearer <token>` on every worker call; must "
+        "equal the workers' internal_token. Never logged."))
+    worker_tls_ca_file: str = field(default="", metadata=_doc(
+        "PEM CA bundle that signed the workers' TLS certificates; set = TLS to every worker "
+        "(the certificate must name the host in the worker address)."))
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise SettingsError(f"port: {self.port} is not in 1..65535")
         if self.split_threshold_tokens < 1:
             raise SettingsError(f"split_threshold_tokens: {self.split_threshold_tokens} must be >= 1")
-        for name in ("poll_interval_s", "info_timeout_s", "prefill_timeout_s",
+        for name in ("poll_interval_s", "stall_timeout_s", "info_timeout_s", "prefill_timeout_s",
                      "first_token_timeout_s", "stream_idle_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
@@ -93,6 +108,8 @@ class RouterSettings:
         for name in ("max_n", "max_stop_strings", "max_prompts"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")
+        if self.registry_url and url_problem(self.registry_url):
+            raise SettingsError(f"registry_url: {url_problem(self.registry_url)}")
         for name in ("prefill_workers", "decode_workers"):
             for addr in getattr(self, name):
                 host, sep, port = addr.rpartition(":")

@@ -2,14 +2,18 @@
 
 A `Generate` stream is read through `GenerateStream`, which applies the first-token and
 stream-idle deadlines and cancels the call (the worker then aborts the request) when they pass
-or when the caller stops early.  This module must never block forever and never import torch.
+or when the caller stops early.  `WorkerAccess` is what the router presents to workers: the
+shared internal token (sent as `authorization: Bearer <token>` metadata on every call; checked
+by service/auth.py) and, when set, the CA that makes the channel TLS.  This module must never
+block forever, never log the token and never import torch.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,6 +31,36 @@ class CallDeadlines:
     prefill_s: float = 300.0
     first_token_s: float = 120.0
     stream_idle_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class WorkerAccess:
+    """The shared internal token and, for TLS, the PEM CA bundle the workers' certificates chain
+    to; the defaults are a plaintext channel without a token."""
+
+    token: str = field(default="", repr=False)
+    tls_ca_pem: bytes = field(default=b"", repr=False)
+
+    @classmethod
+    def load(cls, token: str, tls_ca_file: str = "") -> WorkerAccess:
+        """Read the CA bundle once (``''`` = plaintext); a missing file is an error naming it."""
+        if not tls_ca_file:
+            return cls(token)
+        try:
+            pem = Path(tls_ca_file).read_bytes()
+        except OSError as exc:
+            raise ValueError(f"worker_tls_ca_file: cannot read {tls_ca_file}: {exc}") from exc
+        return cls(token, pem)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def channel(self, address: str, options: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
+        if self.tls_ca_pem:
+            creds = grpc.ssl_channel_credentials(root_certificates=self.tls_ca_pem)
+            return grpc.aio.secure_channel(address, creds, options=list(options))
+        return grpc.aio.insecure_channel(address, options=list(options))
 
 
 class GenerateStream:
@@ -73,17 +107,19 @@ class GenerateStream:
 class WorkerClient:
     """Calls of the bulkhead.v1.Worker service on one address."""
 
-    def __init__(self, address: str, deadlines: CallDeadlines) -> None:
+    def __init__(self, address: str, deadlines: CallDeadlines,
+                 access: WorkerAccess = WorkerAccess()) -> None:
         self.address = address
         self._deadlines = deadlines
-        self._channel = grpc.aio.insecure_channel(
+        self._metadata = access.metadata
+        self._channel = access.channel(
             address, options=[("grpc.enable_retries", 0),
                               ("grpc.max_receive_message_length", 64 * 1024 * 1024)])
         self._stub = pb_grpc.WorkerStub(self._channel)
 
     async def _unary(self, method: Any, request: Any, phase: str, timeout: float) -> Any:
         try:
-            return await method(request, timeout=timeout)
+            return await method(request, timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise WorkerCallError(self.address, phase, exc.code(), exc.details() or "") from None
 
@@ -101,7 +137,8 @@ class WorkerClient:
         return await self._unary(self._stub.Prefill, request, "prefill", self._deadlines.prefill_s)
 
     def generate(self, request: pb.GenerateRequest) -> GenerateStream:
-        return GenerateStream(self._stub.Generate(request), self.address, self._deadlines)
+        return GenerateStream(self._stub.Generate(request, metadata=self._metadata),
+                              self.address, self._deadlines)
 
     async def abort(self, request_id: str) -> bool:
         resp = await self._unary(self._stub.Abort, pb.AbortRequest(request_id=request_id),

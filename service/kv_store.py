@@ -14,6 +14,17 @@ the last one possibly partial, into host memory) and its engine import hook copi
 sequence's blocks (``paged_kv.scatter_tokens``); ``retrieve`` does both in one call. Either
 says how many leading tokens it filled; the caller recomputes the rest.
 
+Access and expiry. The URL may carry a password (``redis://:pw@host:port``) and TLS
+(``rediss://``, ``?ssl_ca_certs=PATH`` for a private CA); both are checked with a PING at
+start-up, and the password never reaches a log: our messages use ``redact_url`` and LMCache's
+own loggers (which print the URL at INFO) get a ``RedactingFilter``. On a Redis store every
+chunk key is written with a TTL (``ttl_s``; LMCache's SETs go through ``_ExpiringRedis``), and a
+``put`` that reuses stored chunks refreshes theirs, so KV left by a request that never finished
+(a cancelled or failed split, a prefill worker killed mid-store) expires instead of staying
+forever. Nothing deletes chunks when a request fails: chunks are content-addressed and shared
+by every prompt with the same prefix, so the chunks of a failed request may be the live prefix of
+another one; the TTL is the only safe bound. ``lm://`` stores have no TTL.
+
 This module never decides what to recompute and never frees engine blocks: that is the engine's
 and the workers' business. Processes using it must run with ``PYTHONHASHSEED=0`` and
 ``LMCACHE_TRACK_USAGE=false`` (``worker_environment()`` gives both).
@@ -22,6 +33,7 @@ and the workers' business. Processes using it must run with ``PYTHONHASHSEED=0``
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import os
 import socket
@@ -29,16 +41,31 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import torch
+
+from common.redact import redact_logger, redact_text, redact_url
 
 log = logging.getLogger(__name__)
 
 # Bumped whenever the bytes we hand LMCache change meaning (order of K/V, layers, heads).
 _LAYOUT_VERSION = "bulkhead-kv-2LTD-v1"
-_SCHEMES = ("redis", "lm")
+_SCHEMES = ("redis", "rediss", "lm")
+_REDIS_SCHEMES = ("redis", "rediss")
+# LMCache modules that log the remote URL (config dump, connector creation, health checks):
+# imported before the engine is built so their loggers exist when the redaction is installed.
+_LMCACHE_URL_LOGGERS = (
+    "lmcache.v1.config",
+    "lmcache.v1.cache_engine",
+    "lmcache.v1.storage_backend.remote_backend",
+    "lmcache.v1.storage_backend.connector",
+    "lmcache.v1.storage_backend.connector.redis_adapter",
+    "lmcache.v1.storage_backend.connector.redis_connector",
+    "lmcache.v1.health_monitor.checks.remote_backend_check",
+)
 
 
 def layout_fingerprint(model_name: str, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -62,7 +89,7 @@ def worker_environment() -> dict[str, str]:
 
 
 def public_url(url: str) -> str:
-    """``url`` with any user/password removed, safe to log or send to a peer."""
+    """``url`` with any user/password and query removed, safe to send to a peer."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
@@ -73,7 +100,7 @@ def public_url(url: str) -> str:
 class KVStoreConfig:
     """What both sides of a handoff must agree on, plus local knobs (staging, timeouts)."""
 
-    url: str  # redis://[:password@]host:port[/db] or lm://host:port
+    url: str = field(repr=False)  # redis[s]://[:password@]host:port[/db][?...] or lm://host:port
     model_name: str
     num_layers: int
     num_kv_heads: int
@@ -82,17 +109,20 @@ class KVStoreConfig:
     chunk_size: int = 256
     staging_gb: float = 0.5  # LMCache's CPU staging pool (allocated and zero-filled at start)
     blocking_timeout_s: int = 10  # LMCache's own timeout for a blocking remote get
+    ttl_s: int = 3600  # expiry of every chunk key in a Redis store; 0 = never
 
     def __post_init__(self) -> None:
         scheme = urlsplit(self.url).scheme
         if scheme not in _SCHEMES:
             raise KVStoreError(
-                f"kv store url {public_url(self.url)!r}: scheme must be one of "
+                f"kv store url {redact_url(self.url)!r}: scheme must be one of "
                 f"{', '.join(s + '://' for s in _SCHEMES)}"
             )
         parts = urlsplit(self.url)
         if not parts.hostname or not parts.port:
-            raise KVStoreError(f"kv store url {public_url(self.url)!r} needs host and port")
+            raise KVStoreError(f"kv store url {redact_url(self.url)!r} needs host and port")
+        if self.ttl_s < 0:
+            raise KVStoreError(f"ttl_s must be >= 0 (0 = no expiry), got {self.ttl_s}")
         for name in ("num_layers", "num_kv_heads", "head_dim", "chunk_size"):
             if getattr(self, name) < 1:
                 raise KVStoreError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -121,6 +151,7 @@ class KVStore:
         *,
         staging_gb: float = 0.5,
         blocking_timeout_s: int = 10,
+        ttl_s: int = 3600,
     ) -> None:
         self.config = KVStoreConfig(
             url=url,
@@ -132,6 +163,7 @@ class KVStore:
             chunk_size=chunk_size,
             staging_gb=staging_gb,
             blocking_timeout_s=blocking_timeout_s,
+            ttl_s=ttl_s,
         )
         if os.environ.get("PYTHONHASHSEED") != "0":
             # LMCache keys chunks with Python's hash() over token tuples and asks every process
@@ -141,16 +173,30 @@ class KVStore:
                         "a peer's; start workers with service.kv_store.worker_environment()")
         os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
         _check_reachable(self.config.url)
+        self._redis = _redis_client(self.config.url)  # None for lm://
         self._lock = threading.Lock()
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
-        self._engine = self._build_engine()
+        _redact_lmcache_logs()
+        try:
+            self._engine = self._build_engine()
+        except BaseException:
+            if self._redis is not None:
+                self._redis.close()
+            raise
+        _redact_lmcache_logs()  # loggers of modules the build imported
         self._closed = False
+        wants_ttl = self._redis is not None and self.config.ttl_s > 0
+        if wants_ttl and not _expire_on_write(self._engine, self.config.ttl_s):
+            self.close()
+            raise KVStoreError("cannot give LMCache's Redis writes a TTL (its connector "
+                               "changed?); set kv_ttl_s=0 to run without expiry")
 
     @classmethod
     def from_config(cls, cfg: KVStoreConfig) -> KVStore:
         return cls(
             cfg.url, cfg.model_name, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype,
             cfg.chunk_size, staging_gb=cfg.staging_gb, blocking_timeout_s=cfg.blocking_timeout_s,
+            ttl_s=cfg.ttl_s,
         )
 
     def _build_engine(self):  # noqa: ANN202 - LMCacheEngine type lives in a heavy import
@@ -191,8 +237,9 @@ class KVStore:
         except Exception as e:  # LMCache raises assorted types for a bad backend
             LMCacheEngineBuilder.destroy(self._instance_id)
             raise KVStoreError(
-                f"could not start LMCache with remote {public_url(cfg.url)!r}: {e}"
-            ) from e
+                f"could not start LMCache with remote {redact_url(cfg.url)!r}: "
+                f"{redact_text(str(e))}"
+            ) from None  # the chained exception may quote the URL
         return engine
 
     def _make_connector(self):  # noqa: ANN202 - an LMCache GPUConnectorInterface
@@ -230,6 +277,8 @@ class KVStore:
             self._check_open()
             # Chunks a peer already stored (a shared system prompt) are not sent again.
             present = int(self._engine.lookup(tokens, search_range=["RemoteBackend"]))
+            if present:  # reused chunks live on as long as prompts keep reusing them
+                self._refresh_ttl([k for _, e, k in self._chunk_keys(tokens) if e <= present])
             if present >= len(tokens):
                 return
             skip = present - present % self.config.chunk_size
@@ -336,9 +385,26 @@ class KVStore:
     def chunk_keys(self, token_ids: Sequence[int]) -> list[tuple[int, int, str]]:
         """``(start, end, key)`` of each chunk of ``token_ids``; a Redis backend stores
         ``key + "kv_bytes"`` and ``key + "metadata"`` for each (for eviction and diagnostics)."""
-        tokens = self._tokens(token_ids)
+        return self._chunk_keys(self._tokens(token_ids))
+
+    def _chunk_keys(self, tokens: list[int]) -> list[tuple[int, int, str]]:
         db = self._engine.token_database
         return [(s, e, k.to_string()) for s, e, k in db.process_tokens(tokens)]
+
+    def _refresh_ttl(self, chunk_keys: Sequence[str]) -> None:
+        """Reset the TTL of stored chunks (both Redis keys of each). Best effort: a store that
+        is down only means they expire on their first schedule."""
+        if self._redis is None or not self.config.ttl_s or not chunk_keys:
+            return
+        try:
+            with self._redis.pipeline(transaction=False) as pipe:
+                for key in chunk_keys:
+                    for suffix in REDIS_KEY_SUFFIXES:
+                        pipe.expire(key + suffix, self.config.ttl_s)
+                pipe.execute()
+        except Exception as exc:  # redis-py raises several types; never fail a store on it
+            log.warning("KV store %s: could not refresh the TTL of %d chunks: %s",
+                        self.public_url, len(chunk_keys), redact_text(str(exc)))
 
     def close(self) -> None:
         """Stop LMCache's threads and drop its connections. Idempotent."""
@@ -358,6 +424,8 @@ class KVStore:
             closer.join(timeout=10.0)
             if closer.is_alive():
                 log.error("LMCache did not close within 10 s; abandoning its threads")
+            if self._redis is not None:
+                self._redis.close()
 
     def __enter__(self) -> KVStore:
         return self
@@ -377,6 +445,76 @@ class KVStore:
         return [int(t) for t in token_ids]
 
 
+REDIS_KEY_SUFFIXES = ("kv_bytes", "metadata")  # LMCache's Redis keys: chunk key + suffix
+
+
+def _redis_client(url: str) -> Any:  # noqa: ANN401 - redis.Redis, imported lazily
+    """A small synchronous client of a Redis store (TTL refreshes), after a PING that checks the
+    password and TLS now rather than at the first handoff; None for other schemes."""
+    if urlsplit(url).scheme not in _REDIS_SCHEMES:
+        return None
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=5.0)
+        client.ping()
+    except (redis.RedisError, ValueError, OSError) as e:
+        raise KVStoreError(f"KV store {redact_url(url)} refused the connection: "
+                           f"{type(e).__name__}: {redact_text(str(e))}") from None
+    return client
+
+
+def _redact_lmcache_logs() -> None:
+    """LMCache prints its remote URL, password included, at INFO; its loggers do not propagate
+    and each has its own handler, so each gets a redacting filter."""
+    for name in _LMCACHE_URL_LOGGERS:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # another LMCache version: the loop below still covers the rest
+            log.debug("LMCache module %s not found", name)
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if name.startswith("lmcache") and isinstance(logger, logging.Logger):
+            redact_logger(logger)
+
+
+class _ExpiringRedis:
+    """LMCache's asyncio Redis client with a TTL on every SET (all else passes through), so a
+    chunk key is never, even for a moment, stored without expiry."""
+
+    def __init__(self, inner: Any, ttl_s: int) -> None:  # noqa: ANN401 - redis.asyncio.Redis
+        self._inner = inner
+        self.ttl_s = ttl_s
+
+    async def set(self, name: Any, value: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        if not args and not any(kwargs.get(k) for k in ("ex", "px", "exat", "pxat", "keepttl")):
+            kwargs["ex"] = self.ttl_s
+        return await self._inner.set(name, value, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # noqa: ANN401
+        return getattr(self._inner, name)
+
+
+def _expire_on_write(engine: object, ttl_s: int) -> bool:
+    """Route the Redis connector's writes through ``_ExpiringRedis``; False if there is no
+    Redis connector where LMCache 0.5.6 keeps it."""
+    connector = _remote_connector(engine)
+    connection = getattr(connector, "connection", None)
+    if connection is None or not hasattr(connection, "set"):
+        return False
+    if not isinstance(connection, _ExpiringRedis):
+        connector.connection = _ExpiringRedis(connection, ttl_s)
+    return True
+
+
+def _remote_connector(engine: object) -> Any:  # noqa: ANN401 - an LMCache RemoteConnector
+    """The connector behind LMCache's remote backend (unwrapped), or None."""
+    manager = getattr(engine, "storage_manager", None)
+    backend = getattr(manager, "storage_backends", {}).get("RemoteBackend")
+    connector = getattr(backend, "connection", None)
+    unwrap = getattr(connector, "getWrappedConnector", None)
+    return unwrap() if unwrap is not None else connector
+
+
 def _check_reachable(url: str, timeout_s: float = 5.0) -> None:
     """Fail at start-up, naming the store, rather than serve with a store LMCache cannot reach
     (it would only log, and every handoff would silently fall back to recompute)."""
@@ -385,19 +523,14 @@ def _check_reachable(url: str, timeout_s: float = 5.0) -> None:
         with socket.create_connection((parts.hostname, parts.port), timeout=timeout_s):
             pass
     except OSError as e:
-        raise KVStoreError(f"cannot reach the KV store at {public_url(url)}: {e}") from e
+        raise KVStoreError(f"cannot reach the KV store at {redact_url(url)}: {e}") from e
 
 
 def _avoid_redis_close_deadlock(engine: object) -> None:
     """LMCache 0.5.6's RedisConnector.close() runs on its event loop and calls the blocking
     ``pq_executor.shutdown()``, which schedules onto that same loop and waits: a deadlock that
     keeps the process from exiting. Point the instance at the coroutine version it can await."""
-    manager = getattr(engine, "storage_manager", None)
-    backend = getattr(manager, "storage_backends", {}).get("RemoteBackend")
-    connector = getattr(backend, "connection", None)
-    unwrap = getattr(connector, "getWrappedConnector", None)
-    if unwrap is not None:
-        connector = unwrap()
+    connector = _remote_connector(engine)
     executor = getattr(connector, "pq_executor", None)
     if executor is not None and hasattr(executor, "shutdown_async"):
         executor.shutdown = executor.shutdown_async

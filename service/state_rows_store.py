@@ -6,7 +6,8 @@ layouts differ never exchange bytes.
 
 ``put(tokens, rows, [])`` stores the rows of a prefix (rows: host ``[n, row_width]``);
 ``fetch(tokens)`` loads the longest stored prefix into a new host tensor, off the engine thread.
-Like ``KVStore`` it never decides what to recompute and never touches engine state.
+Like ``KVStore`` it never decides what to recompute and never touches engine state, and its
+chunk keys expire after ``ttl_s`` the same way.
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ class StateRowsStore(KVStore):
 
     def __init__(self, url: str, model_name: str, row_width: int, dtype: torch.dtype,
                  state_fingerprint: str, chunk_size: int = 256, *, staging_gb: float = 0.5,
-                 blocking_timeout_s: int = 10) -> None:
+                 blocking_timeout_s: int = 10, ttl_s: int = 3600) -> None:
         self.row_width = row_width
         self.state_fingerprint = state_fingerprint
         # LMCache sees one virtual layer, one "head" of row_width / 2 values (K half, V half).
         super().__init__(url, model_name, 1, 1, row_width // 2, dtype, chunk_size,
-                         staging_gb=staging_gb, blocking_timeout_s=blocking_timeout_s)
+                         staging_gb=staging_gb, blocking_timeout_s=blocking_timeout_s,
+                         ttl_s=ttl_s)
 
     @classmethod
     def for_slot_state(cls, url: str, model_name: str, slot_state: Any, chunk_size: int = 256,

@@ -31,9 +31,11 @@ from engine.kv_cache import KVCache
 from engine.llm_engine import KVImport, LLMEngine
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
+from service.auth import AccessError, server_credentials, server_interceptors, warn_if_open
 from service.codec import status_of
 from service.engine_loop import EngineLoop
 from service.kv_store import KVStore, layout_fingerprint
+from service.registration import registration_publisher
 from service.state_rows_store import StateRowsStore, rows_layout_fingerprint
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,8 @@ def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
         if settings.kv_store_url:
             kv_store = StateRowsStore.for_slot_state(
                 settings.kv_store_url, store_model_name, slot_state,
-                chunk_size=settings.lmcache_chunk_size, staging_gb=settings.kv_staging_gb)
+                chunk_size=settings.lmcache_chunk_size, staging_gb=settings.kv_staging_gb,
+                ttl_s=settings.kv_ttl_s)
     else:
         kv_layout = layout_fingerprint(store_model_name, mc.num_layers, mc.num_kv_heads,
                                        mc.head_dim, kv_dtype, settings.lmcache_chunk_size)
@@ -98,7 +101,7 @@ def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
             kv_store = KVStore(settings.kv_store_url, store_model_name, mc.num_layers,
                                mc.num_kv_heads, mc.head_dim, kv_dtype,
                                chunk_size=settings.lmcache_chunk_size,
-                               staging_gb=settings.kv_staging_gb)
+                               staging_gb=settings.kv_staging_gb, ttl_s=settings.kv_ttl_s)
     assert kv_store is None or kv_store.layout_fingerprint == kv_layout
     compat = pb.Compatibility(
         model_fingerprint=engine.model_fingerprint,
@@ -185,6 +188,10 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
                       context: grpc.aio.ServicerContext) -> pb.WorkerInfo:
         """Static description, compatibility fingerprints, live load and progress counters.
         Reads the engine loop's last snapshot: never waits behind a running step."""
+        return self.info()
+
+    def info(self) -> pb.WorkerInfo:
+        """This worker's WorkerInfo now (GetInfo's answer and the registry heartbeat's value)."""
         s, ec, plan = self.loop.stats, self.rt.engine.config, self.rt.engine.plan
         return pb.WorkerInfo(
             worker_id=self.rt.settings.name, role=self.role, model_name=self.rt.model_name,
@@ -255,16 +262,24 @@ async def start_server(rt: WorkerRuntime,
                        make_servicer: Callable[[WorkerRuntime], WorkerServicerBase],
                        host: str, port: int) -> RunningServer:
     """Start the engine loop and a grpc.aio server (Worker + Health) on ``host:port`` (0 = any
-    free port); health is SERVING once this returns."""
+    free port); health is SERVING once this returns. With ``internal_token`` set every Worker
+    call must carry it, with ``tls_cert_file``/``tls_key_file`` the port is TLS (service/auth.py;
+    an unreadable file raises AccessError before anything starts)."""
+    settings = rt.settings
+    credentials = server_credentials(settings.tls_cert_file, settings.tls_key_file)
     rt.loop.start()
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    server = grpc.aio.server(interceptors=server_interceptors(settings.internal_token),
+                             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.so_reuseport", 0)])
     servicer = make_servicer(rt)
     pb_grpc.add_WorkerServicer_to_server(servicer, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    bound = server.add_insecure_port(f"{host}:{port}")  # raises RuntimeError if it cannot bind
+    # both raise RuntimeError if they cannot bind
+    bound = (server.add_secure_port(f"{host}:{port}", credentials) if credentials is not None
+             else server.add_insecure_port(f"{host}:{port}"))
+    warn_if_open(host, settings.internal_token, credentials is not None)
     await server.start()
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -279,7 +294,7 @@ async def serve_worker(settings: WorkerSettings,
     bind = f"{settings.host}:{settings.bind_port}"
     try:
         running = await start_server(rt, make_servicer, settings.host, settings.bind_port)
-    except RuntimeError as exc:
+    except (RuntimeError, AccessError) as exc:
         rt.close()
         log.error("cannot serve on %s: %s", bind, exc)
         return 2
@@ -291,6 +306,9 @@ async def serve_worker(settings: WorkerSettings,
     log.info("%s worker %s serving on %s (model %s, kv store %s)", role, settings.name, bind,
              rt.model_name, rt.kv_store.public_url if rt.kv_store else "none")
     print(f"bulkhead {role} worker ready on {settings.address}", flush=True)
+    publisher = registration_publisher(settings, role, running.servicer.info)
+    if publisher is not None:
+        await publisher.start()  # Redis down only logs: the worker serves either way
     assert rt.loop.failed is not None
     waits = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(rt.loop.failed.wait())]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -301,6 +319,8 @@ async def serve_worker(settings: WorkerSettings,
         log.error("engine loop failed; shutting down: %s", rt.loop.failure)
     else:
         log.info("shutting down: running RPCs get %.0f s", settings.grace_s)
+    if publisher is not None:
+        await publisher.stop()  # routers stop sending new requests before the grace period
     await running.stop(0 if failed else settings.grace_s)
     rt.close()
     with contextlib.suppress(Exception):

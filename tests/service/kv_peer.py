@@ -9,6 +9,7 @@ multiprocessing start method.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -37,8 +38,11 @@ def gather_tokens(paged: torch.Tensor, block_ids: list[int], n: int) -> torch.Te
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     dtype = getattr(torch, spec["dtype"])
+    if spec.get("log_level"):  # tests that read the peer's logs (no secret may appear)
+        logging.basicConfig(level=spec["log_level"].upper())
     store = KVStore(spec["url"], spec["model_name"], spec["num_layers"], spec["num_kv_heads"],
-                    spec["head_dim"], dtype, chunk_size=spec["chunk_size"], staging_gb=0.05)
+                    spec["head_dim"], dtype, chunk_size=spec["chunk_size"], staging_gb=0.05,
+                    ttl_s=spec.get("ttl_s", 3600))
     results: dict[str, object] = {"layout_fingerprint": store.layout_fingerprint}
     try:
         for op in spec["ops"]:

@@ -1,0 +1,119 @@
+"""The decode benchmark through LLMEngine at toy dimensions on CPU: one row per batch x prompt
+with timed decode steps of one token per request, prompts long enough that early requests decode
+during the others' prefill, an out-of-memory step recorded without stopping the run, the
+deadline, and the docs section written once between its markers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.model_config import ModelConfig
+from engine.model_runner import ModelRunner
+from engine.models.deepseek_v4.bench_context import flash_config
+from engine.models.deepseek_v4.bench_decode import HEADING, hf_dict, main, max_tokens_for
+from engine.models.deepseek_v4.config import DeepseekV4Config
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "deepseek_v4.md"
+BEGIN, END = "<!-- bench_decode:begin -->", "<!-- bench_decode:end -->"
+
+
+def _run(out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    rc = main(["run", "--tiny", "--device", "cpu", "--out", str(out), *extra])
+    return rc, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    out = tmp_path_factory.mktemp("decode") / "r.json"
+    rc, _ = _run(out, "--prompts", "20,200")
+    return rc, out
+
+
+def test_hf_dict_round_trips_the_flash_config() -> None:
+    cfg = flash_config("SCHS", 8, 16384)
+    d = hf_dict(cfg)
+    assert DeepseekV4Config.from_hf_dict(d) == cfg
+    assert DeepseekV4Config.coerce(ModelConfig.from_hf_dict(d)) == cfg
+    assert cfg.compress_rope.rope_type == "yarn"  # the nested rope survives the trip
+
+
+def test_run_rows(tiny_run: tuple[int, Path]) -> None:
+    rc, out = tiny_run
+    res = json.loads(out.read_text())
+    assert rc == 0 and res["error"] is None and res["stopped"] is None
+    assert (res["device"], res["indexer"], res["dtype"], res["max_batch"]) == ("cpu", "torch", "fp32", 2)
+    assert (res["context"], res["chunk"], res["steps"]) == (256, 16, 3)
+    assert res["warmup"]["activation_planned_bytes"] > 0 and res["warmup"]["workspace_capacity_bytes"] > 0
+    assert res["warmup"]["activation_peak_bytes"] is None  # measured on CUDA only
+    assert [(r["batch"], r["prompt"]) for r in res["rows"]] == [(1, 20), (1, 200), (2, 20), (2, 200)]
+    for r in res["rows"]:
+        assert r["error"] is None
+        assert r["tokens"] == r["batch"] * 3 and r["tokens_per_s"] > 0 and r["ms_per_step"] > 0
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"])
+        assert r["device_allocs_since_warmup"] is None and r["device_allocs_row"] is None  # CPU
+        lo, hi = r["context_at_start"]
+        assert lo >= r["prompt"] + 1 + 2  # first token + the warm steps before timing
+        assert r["prefill_steps"] >= -(-r["batch"] * r["prompt"] // 16)
+    # the first request decoded while the second prefilled, past steps + 8 output tokens: a
+    # max_tokens of steps + 8 would have finished it before the timed steps
+    lo, hi = res["rows"][3]["context_at_start"]
+    assert hi - lo > 3 + 8
+    assert max_tokens_for(2, 200, 16, 3, 2) > hi - 200
+
+
+def test_out_of_memory_row_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OOM inside a scheduled decode step (after the scheduler planned it): that row records
+    it, its requests are aborted, and the next row runs on the same engine."""
+    real = ModelRunner.execute
+    raised: list[str] = []
+
+    def execute(self: ModelRunner, out: Any, params: Any, generators: Any) -> dict[str, int]:
+        ids = [c.request_id for c in out.chunks]
+        if not raised and ids and all(i.startswith("b1-") and c.num_tokens == 1
+                                      for i, c in zip(ids, out.chunks, strict=True)):
+            raised.append(ids[0])
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore")
+        return real(self, out, params, generators)
+
+    monkeypatch.setattr(ModelRunner, "execute", execute)
+    rc, res = _run(tmp_path / "r.json")
+    assert rc == 1 and raised == ["b1-p20-0"]
+    assert [r["error"] for r in res["rows"]] == [
+        "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB.", None]
+    assert res["rows"][1]["tokens"] == 6 and res["rows"][1]["tokens_per_s"] > 0
+
+
+def test_deadline_stops_cleanly(tmp_path: Path) -> None:
+    rc, res = _run(tmp_path / "r.json", "--deadline", "0")
+    assert rc == 0 and res["rows"] == []
+    assert res["stopped"].startswith("deadline (0 s) before B=1 prompt=20")
+
+
+def test_report_writes_the_section_once(tiny_run: tuple[int, Path], tmp_path: Path) -> None:
+    _, out = tiny_run
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    md = docs / "deepseek_v4.md"
+    shutil.copy(DOC, md)
+    before = md.read_text()
+    assert before.count(BEGIN) == before.count(END) == before.count(HEADING) == 1
+    for _ in range(2):
+        assert main(["report", str(out), "--docs", str(docs)]) == 0
+        text = md.read_text()
+        assert text.count(BEGIN) == text.count(END) == text.count(HEADING) == 1
+        section = text[text.index(BEGIN) : text.index(END)]
+        assert "Not measured yet" not in section
+        assert "| 2 | 200 |" in section and "| 1 | 20 |" in section
+        # everything outside the markers is untouched
+        assert text[: text.index(BEGIN)] == before[: before.index(BEGIN)]
+        assert text[text.index(END) :] == before[before.index(END) :]
+    md.write_text("# V4\n")  # a doc without the section gets it appended under its heading
+    assert main(["report", str(out), "--docs", str(docs)]) == 0
+    text = md.read_text()
+    assert text.startswith("# V4\n") and text.count(HEADING) == 1 and text.index(HEADING) < text.index(BEGIN)
