@@ -121,6 +121,24 @@ def _agreement(model, engine: LLMEngine, num: int = 4, prompt: int = 40, new: in
                 min_common_prefix_hf=min(common(a, b) for a, b in zip(fast, hf, strict=True)))
 
 
+def _first_steps(engine: LLMEngine, lengths: list[int]) -> list[float]:
+    """Seconds to the first token of a fresh request of each length, one at a time, after the
+    warm-up: lengths the warm-up never ran must not pay a kernel compilation here."""
+    vocab = engine.model_config.vocab_size
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for n in lengths:
+        prompt = torch.randint(0, vocab, (n,), generator=g).tolist()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        engine.add_request(f"first-{n}", prompt, SamplingParams(max_tokens=1, temperature=0))
+        while engine.has_unfinished():
+            engine.step()
+        torch.cuda.synchronize()
+        out.append(time.perf_counter() - t)
+    return out
+
+
 def _prefill(engine: LLMEngine, n: int) -> tuple[float, float]:
     vocab = engine.model_config.vocab_size
     prompt = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -145,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the greedy-token check (fast path vs eager vs transformers)")
     ap.add_argument("--bandwidth", type=float, default=4.3,
                     help="device memory bandwidth in TB/s for the weight-streaming limit")
+    ap.add_argument("--first-steps", default="83,301,457,3",
+                    help="prompt lengths whose time to first token is reported right after the "
+                         "warm-up (a Triton compile would show here); '' to skip")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     rows = []
@@ -153,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         batches = [int(b) for b in args.batches.split(",")]
         eng = _engine(model, max_context=512, chunk_tokens=4096, max_batch=max(batches))
         weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        lengths = [int(x) for x in args.first_steps.split(",") if x]
+        if lengths:
+            secs = _first_steps(eng, lengths)
+            rows.append(dict(shape=shape, kind="first-steps", tokens_per_s=0.0,
+                             lengths=lengths, seconds=secs,
+                             allocs_after_warmup=eng.stats().device_allocs_since_warmup))
+            print(rows[-1], flush=True)
         # The engine's rows first, transformers after: the allocation counter is per process,
         # and transformers' own cudaMallocs must not be charged to the engine.
         decode_rows = []
@@ -193,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'shape':<14}{'kind':<9}{'batch/prompt':>13}{'tok/s':>12}{'hf tok/s':>10}"
           f"{'TTFT s':>8}{'allocs':>7}{'% BW limit':>11}")
     for r in rows:
+        if r["kind"] == "first-steps":
+            times = ", ".join(f"{n}: {t * 1e3:.1f} ms" for n, t in zip(r["lengths"], r["seconds"],
+                                                                      strict=True))
+            print(f"{r['shape']:<14}first token right after warm-up: {times}")
+            continue
         if r["kind"] == "agreement":
             print(f"{r['shape']:<14}greedy tokens, {r['sequences']} sequences x "
                   f"{r['new_tokens']}: fast==eager {r['fast_eq_eager']}, fast==transformers "

@@ -82,7 +82,9 @@ def _kth(best, offs, k):
     return tl.sum(tl.where(offs == k - 1, best, 0), axis=0)
 
 
-@triton.jit
+# Ints that change from step to step are not specialised (==1, %16): a prompt length or
+# batch size the warm-up did not see must not compile a new variant while serving.
+@triton.jit(do_not_specialize=["num_rows", "col0", "n_cols"])
 def _indexer_scores_kernel(
     q_ptr, k_ptr, w_ptr, kv_end_ptr, scores_ptr, q_scale_ptr, k_scale_ptr,
     num_rows, num_heads, head_dim, col0, n_cols,
@@ -129,7 +131,9 @@ def _indexer_scores_kernel(
              mask=row_mask[:, None] & col_mask[None, :])
 
 
-@triton.jit
+# Ints that change from step to step are not specialised (==1, %16): a prompt length or
+# batch size the warm-up did not see must not compile a new variant while serving.
+@triton.jit(do_not_specialize=["col0", "n_cols"])
 def _topk_merge_kernel(
     scores_ptr, kv_end_ptr, best_ptr, cand_ptr,
     col0, n_cols, topk, stride_ss,

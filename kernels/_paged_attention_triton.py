@@ -57,7 +57,9 @@ def _prefill_tile(
     return m_new, l_i, acc
 
 
-@triton.jit
+# Ints that change from step to step are not specialised (==1, %16): a prompt length or
+# batch size the warm-up did not see must not compile a new variant while serving.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, bt_ptr, qsl_ptr, ctx_ptr,
     qk_scale, num_seqs, num_q_heads, group, head_dim,
@@ -122,7 +124,9 @@ def _paged_attention_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
-@triton.jit
+# Ints that change from step to step are not specialised (==1, %16): a prompt length or
+# batch size the warm-up did not see must not compile a new variant while serving.
+@triton.jit(do_not_specialize=["tokens_per_split", "stride_bt", "num_splits"])
 def _paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr, bt_ptr, ctx_ptr,
     qk_scale, group, head_dim, tokens_per_split,
