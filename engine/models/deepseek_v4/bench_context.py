@@ -258,15 +258,22 @@ def _cmd_report(args: argparse.Namespace) -> int:
     fig.tight_layout()
     png = Path(args.docs) / "deepseek_v4_context.png"
     fig.savefig(png, dpi=110)
-    md_path = Path(args.docs) / "deepseek_v4.md"
-    body = "\n".join([_MARK_BEGIN, f"![peak and throughput per chunk]({png.name})", "", *lines, _MARK_END])
-    text = md_path.read_text() if md_path.exists() else ""
-    if _MARK_BEGIN in text and _MARK_END in text:
-        text = text[: text.index(_MARK_BEGIN)] + body + text[text.index(_MARK_END) + len(_MARK_END) :]
-    else:
-        text = text + "\n" + body + "\n"
-    md_path.write_text(text)
+    write_marked_section(Path(args.docs) / "deepseek_v4.md", _MARK_BEGIN, _MARK_END,
+                         "\n".join([f"![peak and throughput per chunk]({png.name})", "", *lines]))
     return 0
+
+
+def write_marked_section(md_path: Path, begin: str, end: str, body: str,
+                         heading: str = "") -> None:
+    """Put ``body`` between the ``begin``/``end`` marker lines of ``md_path`` (the text outside
+    them is kept); where the markers are missing, append ``heading`` and a marked section."""
+    block = f"{begin}\n{body.rstrip(chr(10))}\n{end}"
+    text = md_path.read_text() if md_path.exists() else ""
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
+    else:
+        text = text + (f"\n{heading}\n" if heading else "") + "\n" + block + "\n"
+    md_path.write_text(text)
 
 
 def _section(res: dict[str, Any]) -> str:

@@ -40,6 +40,7 @@ from engine.models.deepseek_v4.bench_context import (
     _sync,
     flash_config,
     random_init_,
+    write_marked_section,
 )
 from engine.models.deepseek_v4.cache_state import DeepseekV4CacheState, deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.config import DeepseekV4Config
@@ -340,14 +341,8 @@ def report_table(res: dict[str, Any]) -> str:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     res = json.loads(Path(args.results).read_text())
-    md_path = Path(args.docs) / "deepseek_v4.md"
-    body = f"{_MARK_BEGIN}\n{report_table(res)}{_MARK_END}"
-    text = md_path.read_text() if md_path.exists() else ""
-    if _MARK_BEGIN in text and _MARK_END in text:
-        text = text[: text.index(_MARK_BEGIN)] + body + text[text.index(_MARK_END) + len(_MARK_END) :]
-    else:
-        text = text + "\n## Resumed conversations (incident shapes)\n\n" + body + "\n"
-    md_path.write_text(text)
+    write_marked_section(Path(args.docs) / "deepseek_v4.md", _MARK_BEGIN, _MARK_END,
+                         report_table(res), heading="## Resumed conversations (incident shapes)")
     return 0
 
 
