@@ -52,6 +52,7 @@ class ManagedProcess:
     argv: list[str]
     popen: subprocess.Popen[bytes]
     log_path: Path | None
+    env: dict[str, str] = field(default_factory=dict)  # what spawn added to os.environ
 
     @property
     def pid(self) -> int:
@@ -129,7 +130,8 @@ def spawn(
     finally:
         if log_path is not None:
             out.close()  # type: ignore[union-attr]
-    return ManagedProcess(name=name, argv=list(argv), popen=popen, log_path=log_path)
+    return ManagedProcess(name=name, argv=list(argv), popen=popen, log_path=log_path,
+                          env=dict(env or {}))
 
 
 def wait_until(

@@ -143,7 +143,11 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
         # A Redis store doubles as the worker registry: the workers register there and the
         # router discovers them (an lm:// store cannot, so the router then gets the addresses).
         registry_url = kv_url if urlsplit(kv_url).scheme in REGISTRY_SCHEMES else ""
-        registry = ("--registry-url", registry_url) if registry_url else ()
+        # URLs may carry a password: they go to the children through the environment, never
+        # on a command line that `ps` shows to every user of the host.
+        url_env = {"BULKHEAD_KV_STORE_URL": kv_url}
+        if registry_url:
+            url_env["BULKHEAD_REGISTRY_URL"] = registry_url
         config = ("--config", opts.config) if opts.config else ()
         router_config = config if opts.config and _has_router_section(opts.config) else ()
         addresses: dict[str, str] = {}
@@ -152,20 +156,22 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
             port = port or free_port(opts.host)
             addresses[role] = f"{opts.host}:{port}"
             argv = _cli(role, "--model", opts.model, "--host", opts.host, "--port", str(port),
-                        "--kv-store-url", kv_url, *registry, *config, *opts.extra_worker_args)
-            workers.append(group.add(spawn(role, argv, env=WORKER_ENV, log_dir=log_dir)))
+                        *config, *opts.extra_worker_args)
+            workers.append(group.add(spawn(role, argv, env={**WORKER_ENV, **url_env},
+                                           log_dir=log_dir)))
         for proc, role in zip(workers, ("prefill", "decode"), strict=True):
             address = addresses[role]
             wait_until(proc, lambda a=address: grpc_serving(a), opts.startup_timeout_s,
                        f"serving on {address}")
             log(f"{role:8s}  {address} (log {proc.log_path})")
         url = f"http://{opts.host}:{opts.port}"
-        workers_of_router = registry or ("--prefill", addresses["prefill"],
-                                         "--decode", addresses["decode"])
+        workers_of_router = () if registry_url else ("--prefill", addresses["prefill"],
+                                                     "--decode", addresses["decode"])
+        router_env = {"BULKHEAD_REGISTRY_URL": registry_url} if registry_url else {}
         router_argv = _cli("router", "--model", opts.model, "--host", opts.host,
                            "--port", str(opts.port), *workers_of_router, *router_config,
                            *opts.extra_router_args)
-        router = group.add(spawn("router", router_argv, log_dir=log_dir))
+        router = group.add(spawn("router", router_argv, env=router_env, log_dir=log_dir))
         wait_until(router, lambda: router_ready(url, 2), min(opts.startup_timeout_s, 120.0),
                    f"healthy at {url}/health")
         log(f"router    {url} (log {router.log_path})")

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from common.launcher import ManagedProcess, redis_server_path, spawn, wait_until
-from common.up import WORKER_ENV, Deployment, UpOptions, grpc_serving, start
+from common.up import Deployment, UpOptions, grpc_serving, start
 from tests.helpers.tiny_model import write_tiny_llama
 
 CHUNK = 16  # LMCache chunk: long prompts span several
@@ -85,7 +85,7 @@ class E2E:
         for role, proc in old.items():
             # a log of its own: the stopped worker's log stays for the reader
             name = f"{role}-restart{len(list(self.deployment.log_dir.glob(role + '*.log')))}"
-            new = spawn(name, proc.argv, env=WORKER_ENV, log_dir=self.deployment.log_dir)
+            new = spawn(name, proc.argv, env=proc.env, log_dir=self.deployment.log_dir)
             group.processes[group.processes.index(proc)] = new
             started.append(new)
         for proc, role in zip(started, roles, strict=True):

@@ -140,3 +140,12 @@ def test_bad_inputs_get_clear_errors_and_the_server_stays_healthy(e2e: E2E) -> N
         assert resp.status == 200
     prompt = token_prompt(60, 6)
     assert complete_ids(e2e, prompt, 5, False)[0] == hf_greedy(e2e.folder, prompt, 5)
+
+
+def test_store_urls_stay_off_command_lines(e2e: E2E) -> None:
+    """A Redis URL can carry a password: `bulkhead up` hands it to the children through their
+    environment, so no command line (readable by every user through `ps`) shows it."""
+    procs = e2e.deployment.group.processes
+    assert any(p.env.get("BULKHEAD_KV_STORE_URL") == e2e.deployment.kv_store_url for p in procs)
+    for p in procs:
+        assert not any("redis://" in a or "rediss://" in a for a in p.argv), (p.name, p.argv)
