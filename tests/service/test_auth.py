@@ -143,3 +143,21 @@ def test_tls_files_are_checked(tmp_path: Path) -> None:
         server_credentials(str(tmp_path / "nope.pem"), __file__)
     with pytest.raises(SettingsError, match="give both"):
         WorkerSettings(tls_cert_file="/x.pem")
+
+
+def test_container_health_probe_speaks_tls(worker: SecuredWorker) -> None:
+    """deploy/healthcheck_grpc.py (compose's worker health check) reaches a TLS worker when
+    given the CA, and fails without it."""
+    import os
+    import subprocess
+    import sys
+
+    probe = [sys.executable, str(Path(__file__).parents[2] / "deploy" / "healthcheck_grpc.py"),
+             worker.address]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BULKHEAD_")}
+    plain = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=30)
+    assert plain.returncode == 1
+    secure = subprocess.run(probe, env={**env, "BULKHEAD_WORKER_TLS_CA_FILE":
+                                        str(worker.tls.ca_file)},
+                            capture_output=True, text=True, timeout=30)
+    assert secure.returncode == 0, secure.stderr
