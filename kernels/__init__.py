@@ -25,6 +25,8 @@ from kernels.paged_attention import (
     paged_decode_workspace_bytes,
 )
 from kernels.paged_attention_ref import paged_attention_ref, paged_decode_attention_ref
+from kernels.sinkhorn import sinkhorn
+from kernels.sinkhorn_ref import sinkhorn_ref
 from kernels.sparse_attention import (
     SparseTiles,
     default_sparse_tiles,
@@ -58,6 +60,8 @@ __all__ = [
     "rope_and_cache",
     "rope_and_cache_ref",
     "silu_and_mul",
+    "sinkhorn",
+    "sinkhorn_ref",
     "silu_and_mul_ref",
     "sparse_attention",
     "sparse_attention_ref",

@@ -25,6 +25,7 @@ from triton.compiler import ASTSource
 from kernels import _fused_triton as fused
 from kernels import _indexer_triton as idx
 from kernels import _paged_attention_triton as paged
+from kernels import _sinkhorn_triton as sk
 from kernels import _sparse_attention_triton as sparse
 
 _DIV16_INTS = {"num_heads", "head_dim", "num_q_heads"}
@@ -123,6 +124,9 @@ def default_specs() -> list[KernelSpec]:
                                                "kc_ptr", "vc_ptr", "qo_ptr")}
                    | {"pos_ptr": _ptr("i64"), "slot_ptr": _ptr("i64")},
                    {"NUM_Q_HEADS": 32, "HALF": 64, "BLOCK_HALF": 64}, num_warps=1),
+        KernelSpec("mHC sinkhorn (m 4)", sk._sinkhorn_kernel,
+                   {"x_ptr": _ptr("fp32"), "out_ptr": _ptr("fp32"), "eps": "fp32"},
+                   {"BLOCK": 4}, num_warps=1),
         KernelSpec("fused silu * up", fused._silu_and_mul_kernel,
                    {"g_ptr": _ptr("bf16"), "u_ptr": _ptr("bf16"), "out_ptr": _ptr("bf16")},
                    {"BLOCK": 1024}),

@@ -14,6 +14,17 @@ from torch import nn
 
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.norms import unweighted_rms_norm
+from kernels._triton_support import triton_available
+from kernels.sinkhorn import sinkhorn
+from kernels.sinkhorn_ref import sinkhorn_ref
+
+
+def _sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """[N, m, m] fp32 -> [N, m, m]: one Triton kernel on CUDA (the unfused loop is ~6 x iters
+    small kernels per call), the PyTorch reference elsewhere."""
+    if logits.is_cuda and triton_available():
+        return sinkhorn(logits, iters, eps, torch.empty_like(logits))
+    return sinkhorn_ref(logits, iters, eps)
 
 
 class HyperConnection(nn.Module):
@@ -34,11 +45,7 @@ class HyperConnection(nn.Module):
         s_pre, s_post, s_comb = self.scale.unbind(0)
         pre = torch.sigmoid(pre_w * s_pre + pre_b) + self.eps
         post = 2 * torch.sigmoid(post_w * s_post + post_b)
-        comb = torch.softmax(comb_w.view(-1, m, m) * s_comb + comb_b.view(m, m), dim=-1) + self.eps
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
-        for _ in range(self.iters - 1):
-            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.eps)
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
+        comb = _sinkhorn(comb_w.view(-1, m, m) * s_comb + comb_b.view(m, m), self.iters, self.eps)
         collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
         return post, comb, collapsed
 
