@@ -18,7 +18,7 @@ Access and expiry. The URL may carry a password (``redis://:pw@host:port``) and 
 (``rediss://``, ``?ssl_ca_certs=PATH`` for a private CA); both are checked with a PING at
 start-up, and the password never reaches a log: our messages use ``redact_url`` and LMCache's
 own loggers (which print the URL at INFO) get a ``RedactingFilter``. On a Redis store every
-chunk key is written with a TTL (``ttl_s``; LMCache's SETs go through ``_ExpiringRedis``), and a
+chunk key is written with a TTL (``ttl_s``; LMCache's SETs go through ``ExpiringRedis``), and a
 ``put`` that reuses stored chunks refreshes theirs, so KV left by a request that never finished
 (a cancelled or failed split, a prefill worker killed mid-store) expires instead of staying
 forever. Nothing deletes chunks when a request fails: chunks are content-addressed and shared
@@ -33,7 +33,6 @@ and the workers' business. Processes using it must run with ``PYTHONHASHSEED=0``
 from __future__ import annotations
 
 import hashlib
-import importlib
 import logging
 import os
 import socket
@@ -47,7 +46,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import torch
 
-from common.redact import redact_logger, redact_text, redact_url
+from common.redact import redact_text, redact_url
+from service.lmcache_redis import (
+    REDIS_KEY_SUFFIXES,
+    avoid_redis_close_deadlock,
+    expire_on_write,
+    redact_lmcache_logs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +60,7 @@ log = logging.getLogger(__name__)
 _LAYOUT_VERSION = "bulkhead-kv-2LTD-v1"
 _SCHEMES = ("redis", "rediss", "lm")
 _REDIS_SCHEMES = ("redis", "rediss")
-# LMCache modules that log the remote URL (config dump, connector creation, health checks):
-# imported before the engine is built so their loggers exist when the redaction is installed.
-_LMCACHE_URL_LOGGERS = (
-    "lmcache.v1.config",
-    "lmcache.v1.cache_engine",
-    "lmcache.v1.storage_backend.remote_backend",
-    "lmcache.v1.storage_backend.connector",
-    "lmcache.v1.storage_backend.connector.redis_adapter",
-    "lmcache.v1.storage_backend.connector.redis_connector",
-    "lmcache.v1.health_monitor.checks.remote_backend_check",
-)
+
 
 
 def layout_fingerprint(model_name: str, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -176,17 +171,17 @@ class KVStore:
         self._redis = _redis_client(self.config.url)  # None for lm://
         self._lock = threading.Lock()
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
-        _redact_lmcache_logs()
+        redact_lmcache_logs()
         try:
             self._engine = self._build_engine()
         except BaseException:
             if self._redis is not None:
                 self._redis.close()
             raise
-        _redact_lmcache_logs()  # loggers of modules the build imported
+        redact_lmcache_logs()  # loggers of modules the build imported
         self._closed = False
         wants_ttl = self._redis is not None and self.config.ttl_s > 0
-        if wants_ttl and not _expire_on_write(self._engine, self.config.ttl_s):
+        if wants_ttl and not expire_on_write(self._engine, self.config.ttl_s):
             self.close()
             raise KVStoreError("cannot give LMCache's Redis writes a TTL (its connector "
                                "changed?); set kv_ttl_s=0 to run without expiry")
@@ -414,7 +409,7 @@ class KVStore:
             if self._closed:
                 return
             self._closed = True
-            _avoid_redis_close_deadlock(self._engine)
+            avoid_redis_close_deadlock(self._engine)
             # LMCache's threads are not daemons: a close that hangs would keep the worker
             # process alive forever, so it gets a bounded time and is then abandoned.
             closer = threading.Thread(
@@ -445,9 +440,6 @@ class KVStore:
         return [int(t) for t in token_ids]
 
 
-REDIS_KEY_SUFFIXES = ("kv_bytes", "metadata")  # LMCache's Redis keys: chunk key + suffix
-
-
 def _redis_client(url: str) -> Any:  # noqa: ANN401 - redis.Redis, imported lazily
     """A small synchronous client of a Redis store (TTL refreshes), after a PING that checks the
     password and TLS now rather than at the first handoff; None for other schemes."""
@@ -464,57 +456,6 @@ def _redis_client(url: str) -> Any:  # noqa: ANN401 - redis.Redis, imported lazi
     return client
 
 
-def _redact_lmcache_logs() -> None:
-    """LMCache prints its remote URL, password included, at INFO; its loggers do not propagate
-    and each has its own handler, so each gets a redacting filter."""
-    for name in _LMCACHE_URL_LOGGERS:
-        try:
-            importlib.import_module(name)
-        except ImportError:  # another LMCache version: the loop below still covers the rest
-            log.debug("LMCache module %s not found", name)
-    for name, logger in list(logging.root.manager.loggerDict.items()):
-        if name.startswith("lmcache") and isinstance(logger, logging.Logger):
-            redact_logger(logger)
-
-
-class _ExpiringRedis:
-    """LMCache's asyncio Redis client with a TTL on every SET (all else passes through), so a
-    chunk key is never, even for a moment, stored without expiry."""
-
-    def __init__(self, inner: Any, ttl_s: int) -> None:  # noqa: ANN401 - redis.asyncio.Redis
-        self._inner = inner
-        self.ttl_s = ttl_s
-
-    async def set(self, name: Any, value: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
-        if not args and not any(kwargs.get(k) for k in ("ex", "px", "exat", "pxat", "keepttl")):
-            kwargs["ex"] = self.ttl_s
-        return await self._inner.set(name, value, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:  # noqa: ANN401
-        return getattr(self._inner, name)
-
-
-def _expire_on_write(engine: object, ttl_s: int) -> bool:
-    """Route the Redis connector's writes through ``_ExpiringRedis``; False if there is no
-    Redis connector where LMCache 0.5.6 keeps it."""
-    connector = _remote_connector(engine)
-    connection = getattr(connector, "connection", None)
-    if connection is None or not hasattr(connection, "set"):
-        return False
-    if not isinstance(connection, _ExpiringRedis):
-        connector.connection = _ExpiringRedis(connection, ttl_s)
-    return True
-
-
-def _remote_connector(engine: object) -> Any:  # noqa: ANN401 - an LMCache RemoteConnector
-    """The connector behind LMCache's remote backend (unwrapped), or None."""
-    manager = getattr(engine, "storage_manager", None)
-    backend = getattr(manager, "storage_backends", {}).get("RemoteBackend")
-    connector = getattr(backend, "connection", None)
-    unwrap = getattr(connector, "getWrappedConnector", None)
-    return unwrap() if unwrap is not None else connector
-
-
 def _check_reachable(url: str, timeout_s: float = 5.0) -> None:
     """Fail at start-up, naming the store, rather than serve with a store LMCache cannot reach
     (it would only log, and every handoff would silently fall back to recompute)."""
@@ -524,16 +465,6 @@ def _check_reachable(url: str, timeout_s: float = 5.0) -> None:
             pass
     except OSError as e:
         raise KVStoreError(f"cannot reach the KV store at {redact_url(url)}: {e}") from e
-
-
-def _avoid_redis_close_deadlock(engine: object) -> None:
-    """LMCache 0.5.6's RedisConnector.close() runs on its event loop and calls the blocking
-    ``pq_executor.shutdown()``, which schedules onto that same loop and waits: a deadlock that
-    keeps the process from exiting. Point the instance at the coroutine version it can await."""
-    connector = _remote_connector(engine)
-    executor = getattr(connector, "pq_executor", None)
-    if executor is not None and hasattr(executor, "shutdown_async"):
-        executor.shutdown = executor.shutdown_async
 
 
 def _leading_true(mask: torch.Tensor) -> int:
