@@ -1,24 +1,43 @@
-"""Fixtures: the real router app served by uvicorn on 127.0.0.1, in front of fake gRPC workers."""
+"""Fixtures: the real router app served by uvicorn on 127.0.0.1, in front of fake gRPC workers;
+a real redis-server per module (``redis_url``) and an asyncio client on it, emptied (``r``)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import redis.asyncio as aioredis
 import uvicorn
 
 from router.app import create_app
 from router.settings import RouterSettings
+from tests.helpers.redis_server import running_redis
 from tests.router.router_fakes import SCRIPT, FakeWorker, LoopThread, TinyTokenizer, start_worker
 
 MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_redis(tmp_path_factory.mktemp("redis"), maxmemory_mb=64) as url:
+        yield url
+
+
+@pytest.fixture
+async def r(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.from_url(redis_url)
+    await client.flushdb()
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 @dataclass

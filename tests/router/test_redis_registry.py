@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -63,27 +63,6 @@ class InfoWorker(pb_grpc.WorkerServicer):
     @property
     def key(self) -> str:
         return worker_key(self.info.role, self.info.worker_id)
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if redis_server_path() is None:
-        pytest.skip("redis-server is not installed")
-    proc, url = start_redis(log_dir=tmp_path_factory.mktemp("redis"), maxmemory_mb=64)
-    try:
-        yield url
-    finally:
-        proc.stop(grace_s=5.0)
-
-
-@pytest.fixture
-async def r(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(redis_url)
-    await client.flushdb()
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 @pytest.fixture

@@ -8,14 +8,12 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
 import openai
 import pytest
 import redis
-import redis.asyncio as aioredis
 
 from router.quarantine import Quarantine, prompt_fingerprint
 from router.shared_quarantine import KEY_PREFIX, SharedQuarantine, quarantine_key
@@ -29,22 +27,6 @@ LOGGER = "bulkhead.router.quarantine"
 PROMPT = [101, 2023, 2003, 1037, 3231]
 FP = prompt_fingerprint(PROMPT)
 LONG_PROMPT = "Hello world! The quick brown fox jumps over the lazy dog. " * 4  # split route
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_redis(tmp_path_factory.mktemp("redis"), maxmemory_mb=64) as url:
-        yield url
-
-
-@pytest.fixture
-async def r(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(redis_url)
-    await client.flushdb()
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 def shared(url: str, ttl_s: float = 30.0, clock=time.monotonic) -> SharedQuarantine:
