@@ -121,34 +121,31 @@ def _agreement(model, engine: LLMEngine, num: int = 4, prompt: int = 40, new: in
                 min_common_prefix_hf=min(common(a, b) for a, b in zip(fast, hf, strict=True)))
 
 
+def _time_to_first_token(engine: LLMEngine, request_id: str, prompt: list[int]) -> float:
+    """Seconds from queuing ``prompt`` alone to its first token."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    engine.add_request(request_id, prompt, SamplingParams(max_tokens=1, temperature=0))
+    while engine.has_unfinished():
+        engine.step()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
 def _first_steps(engine: LLMEngine, lengths: list[int]) -> list[float]:
     """Seconds to the first token of a fresh request of each length, one at a time, after the
     warm-up: lengths the warm-up never ran must not pay a kernel compilation here."""
     vocab = engine.model_config.vocab_size
     g = torch.Generator().manual_seed(2)
-    out = []
-    for n in lengths:
-        prompt = torch.randint(0, vocab, (n,), generator=g).tolist()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        engine.add_request(f"first-{n}", prompt, SamplingParams(max_tokens=1, temperature=0))
-        while engine.has_unfinished():
-            engine.step()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - t)
-    return out
+    return [_time_to_first_token(engine, f"first-{n}",
+                                 torch.randint(0, vocab, (n,), generator=g).tolist())
+            for n in lengths]
 
 
 def _prefill(engine: LLMEngine, n: int) -> tuple[float, float]:
     vocab = engine.model_config.vocab_size
     prompt = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(1)).tolist()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    engine.add_request(f"p{n}", prompt, SamplingParams(max_tokens=1, temperature=0))
-    while engine.has_unfinished():
-        engine.step()
-    torch.cuda.synchronize()
-    ttft = time.perf_counter() - t
+    ttft = _time_to_first_token(engine, f"p{n}", prompt)
     return n / ttft, ttft
 
 

@@ -255,11 +255,10 @@ def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_spec: KVCacheSpec,
                       ec.memory_utilization, kv_spec, ec.max_context, ec.chunk_tokens, ec.max_batch)
 
 
-def reserve_allocator_slack(device: torch.device, nbytes: int = 0) -> None:
+def reserve_allocator_slack(device: torch.device, nbytes: int) -> None:
     """Leave at least ``nbytes`` of free small-pool blocks in the caching allocator (start-up
     only, after the warm-up): allocate 512 KiB tensors, which the allocator packs four to a
     2 MiB small-pool segment, then free them; the segments stay cached for serving."""
-    nbytes = nbytes or ALLOCATOR_SLACK
     blocks = [torch.empty(512 * 1024, dtype=torch.uint8, device=device)
               for _ in range(nbytes // (512 * 1024))]
     del blocks

@@ -8,6 +8,9 @@ sparse attention core.
 * ``naive`` (indexer only): transformers' formulation, one ``[S, H, T]`` fp32 score tensor; it
   exists to show the memory growth the tiled versions remove and must never be the default.
 
+The attention choice also decides the mHC Sinkhorn normalisation (``kernels``: one Triton kernel,
+``kernels.sinkhorn``; otherwise its PyTorch reference), the largest count of small kernels a step.
+
 Never decides anything from mutable global state: the choice is a frozen value handed down.
 """
 

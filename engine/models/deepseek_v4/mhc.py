@@ -14,17 +14,8 @@ from torch import nn
 
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.norms import unweighted_rms_norm
-from kernels._triton_support import triton_available
 from kernels.sinkhorn import sinkhorn
 from kernels.sinkhorn_ref import sinkhorn_ref
-
-
-def _sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    """[N, m, m] fp32 -> [N, m, m]: one Triton kernel on CUDA (the unfused loop is ~6 x iters
-    small kernels per call), the PyTorch reference elsewhere."""
-    if logits.is_cuda and triton_available():
-        return sinkhorn(logits, iters, eps, torch.empty_like(logits))
-    return sinkhorn_ref(logits, iters, eps)
 
 
 class HyperConnection(nn.Module):
@@ -36,8 +27,10 @@ class HyperConnection(nn.Module):
         self.base = nn.Parameter(torch.zeros((2 + m) * m, dtype=torch.float32))
         self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
 
-    def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """streams: [N, hc, hidden] -> post [N, hc] fp32, comb [N, hc, hc] fp32, collapsed [N, hidden]."""
+    def forward(self, streams: torch.Tensor, kernels: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """streams: [N, hc, hidden] -> post [N, hc] fp32, comb [N, hc, hc] fp32, collapsed [N, hidden].
+        ``kernels``: Sinkhorn as one Triton kernel (the loop is ~6 x iters small kernels)."""
         m = self.hc
         mixes = F.linear(unweighted_rms_norm(streams.flatten(1).float(), self.norm_eps), self.fn.float())
         pre_w, post_w, comb_w = mixes.split([m, m, m * m], dim=-1)
@@ -45,7 +38,9 @@ class HyperConnection(nn.Module):
         s_pre, s_post, s_comb = self.scale.unbind(0)
         pre = torch.sigmoid(pre_w * s_pre + pre_b) + self.eps
         post = 2 * torch.sigmoid(post_w * s_post + post_b)
-        comb = _sinkhorn(comb_w.view(-1, m, m) * s_comb + comb_b.view(m, m), self.iters, self.eps)
+        logits = comb_w.view(-1, m, m) * s_comb + comb_b.view(m, m)
+        comb = (sinkhorn(logits, self.iters, self.eps, torch.empty_like(logits)) if kernels
+                else sinkhorn_ref(logits, self.iters, self.eps))
         collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
         return post, comb, collapsed
 

@@ -150,19 +150,20 @@ class DeepseekV4Model(nn.Module):
             spans.append(SeqSpan(b, e, slot, cache.num_tokens[slot]))
         x = self.model.embed_tokens(input_ids)  # [N, hidden]
         streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [N, hc, hidden]
+        kernels = backend.attention == "kernels"  # the per-token Sinkhorn follows attention's choice
         ropes = {
             True: self.main_rotary(positions, x.dtype),
             False: self.compress_rotary(positions, x.dtype),
         }
         for layer, lc in zip(self.model.layers, cache.layers, strict=True):
             attn: V4Attention = layer.self_attn
-            post, comb, collapsed = layer.attn_hc(streams)
+            post, comb, collapsed = layer.attn_hc(streams, kernels)
             a = attn(
                 layer.input_layernorm(collapsed), ropes[attn.layer_type == SLIDING],
                 self.compress_rotary, spans, lc, backend, ws,
             )
             streams = hc_merge(post, comb, a, streams)
-            post, comb, collapsed = layer.ffn_hc(streams)
+            post, comb, collapsed = layer.ffn_hc(streams, kernels)
             m = layer.mlp(layer.post_attention_layernorm(collapsed), input_ids)
             streams = hc_merge(post, comb, m, streams)
         for sp in spans:
