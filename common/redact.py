@@ -37,6 +37,14 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def public_url(url: str) -> str:
+    """``url`` with user, password and query removed: safe to log or send to a peer."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 def redact_text(text: str) -> str:
     """``text`` with the password of every URL in it replaced by ``***``."""
     text = _USERINFO.sub(lambda m: f"{m.group('head')}:{MASK}@", text)

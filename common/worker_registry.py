@@ -8,7 +8,7 @@ network or import torch: both sides import it, and the router stays light.
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 KEY_PREFIX = "bulkhead:worker:"
 SCAN_PATTERN = KEY_PREFIX + "*"
@@ -38,9 +38,3 @@ def url_problem(url: str) -> str:
     return ""
 
 
-def public_url(url: str) -> str:
-    """``url`` without user or password: safe to log."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))

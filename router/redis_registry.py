@@ -29,7 +29,8 @@ import redis.asyncio as aioredis
 from google.protobuf.message import DecodeError
 from redis.exceptions import RedisError
 
-from common.worker_registry import SCAN_PATTERN, public_url, role_of_key, url_problem
+from common.redact import public_url
+from common.worker_registry import SCAN_PATTERN, role_of_key, url_problem
 from proto import bulkhead_pb2 as pb
 from router.registry import StaticRegistry, _Worker, compat_diff
 from router.settings import RouterSettings

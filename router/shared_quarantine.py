@@ -23,8 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from common.redact import redact_text
-from common.worker_registry import public_url
+from common.redact import public_url, redact_text
 from router.quarantine import Quarantine
 
 log = logging.getLogger("bulkhead.router.quarantine")

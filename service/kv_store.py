@@ -42,11 +42,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import torch
 
-from common.redact import redact_text, redact_url
+from common.redact import public_url, redact_text, redact_url
 from service.lmcache_redis import (
     REDIS_KEY_SUFFIXES,
     avoid_redis_close_deadlock,
@@ -81,14 +81,6 @@ def worker_environment() -> dict[str, str]:
     from common.cli import WORKER_ENV
 
     return {**WORKER_ENV, "LMCACHE_LOG_LEVEL": "WARNING"}
-
-
-def public_url(url: str) -> str:
-    """``url`` with any user/password and query removed, safe to send to a peer."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from common.redact import public_url
 from common.settings import WorkerSettings
-from common.worker_registry import public_url, url_problem, worker_key
+from common.worker_registry import url_problem, worker_key
 from proto import bulkhead_pb2 as pb
 
 log = logging.getLogger(__name__)
