@@ -22,6 +22,7 @@ from tqdm import tqdm
 from engine.errors import CheckpointError
 from engine.gguf_loader import GGUFCheckpoint
 from engine.model_config import ModelConfig
+from engine.models import family_class
 from engine.safetensors_loader import SafetensorsCheckpoint
 
 # Tensors some writers add that no family reads; dropped without complaint.
@@ -74,8 +75,8 @@ def load_checkpoint(
             bar.update(1)
 
         if isinstance(source, SafetensorsCheckpoint):
-            # DeepSeek-V4 ships fp8 weights with separate scales: keep those payloads as stored.
-            cast_all = config.family != "deepseek_v4"
+            # Families that dequantize themselves keep quantized payloads and scales as stored.
+            cast_all = family_class(config).cast_weights_on_load
             state_dict = source.load(names, dtype, device, tick, cast_all=cast_all)
         else:
             state_dict = source.load(names, dtype, device, tick)
@@ -149,9 +150,9 @@ def model_fingerprint(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> s
 def _select_tensors(cfg: ModelConfig, source: GGUFCheckpoint | SafetensorsCheckpoint) -> list[str]:
     """The names to load, after checking names and shapes against the family's layout."""
     present = source.shapes
-    if cfg.family == "deepseek_v4":
+    expected = family_class(cfg).checkpoint_tensors(cfg, present)
+    if expected is None:  # the family checks names and shapes itself when it is built
         return sorted(present)
-    expected = expected_tensor_shapes(cfg)
     for name, shape in expected.items():
         if name not in present:
             where = ", ".join(str(f) for f in source.files)

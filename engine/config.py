@@ -25,6 +25,9 @@ class EngineConfig:
     max_batch: int = 8  # most sequences running at once
     block_size: int = 16  # KV block size in tokens
     num_blocks: int | None = None  # KV extent; None -> every running sequence can reach max_context
+    # "auto": KV stored in the model dtype; "fp8": stored entries in FP8 e4m3 with a per-row
+    # scale (families whose layout supports it)
+    kv_dtype: str = "auto"
     attn_tile_tokens: int = 256  # keys per attention tile (PyTorch path)
     attention_backend: str = "auto"  # "auto" (triton on CUDA, else torch) | "torch" | "triton"
     max_queue: int = 256  # waiting requests beyond which add_request raises QueueFull
@@ -50,6 +53,8 @@ class EngineConfig:
         if self.attn_tile_tokens % self.block_size:
             raise PlanError(f"attn_tile_tokens={self.attn_tile_tokens} must be a multiple of "
                             f"block_size={self.block_size}")
+        if self.kv_dtype not in ("auto", "fp8"):
+            raise PlanError(f"kv_dtype must be auto or fp8; got {self.kv_dtype!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise PlanError(f"attention_backend must be auto, torch or triton; got "
                             f"{self.attention_backend!r}")

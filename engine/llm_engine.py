@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -26,29 +26,15 @@ from engine.errors import (
     PlanError,
     QueueFull,
 )
-from engine.kv_cache import KVCache
 from engine.memory_planner import MemoryPlan, device_memory, library_workspaces, make_plan
 from engine.model_config import ModelConfig
-from engine.model_runner import ModelRunner
-from engine.models import uses_paged_kv
+from engine.model_runner import KVImport, ModelRunner
+from engine.models.family import KVLayout
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
 
 log = logging.getLogger(__name__)
-
-
-class KVImport(Protocol):
-    def __call__(self, kv: KVCache, block_ids: list[int], num_prompt_tokens: int, *,
-                 num_computed_tokens: int = 0, **per_slot: Any) -> int:
-        """Fill the leading tokens' KV into ``block_ids`` (those below ``num_computed_tokens``
-        are already there, from the prefix cache); return how many leading tokens are filled.
-
-        Families with per-slot state (``LLMEngine.slot_state`` is not None) get instead three
-        more keywords and fill the slot, not the blocks: ``slot_state`` (the family's export /
-        import object), ``cache_slot`` (the sequence's slot) and ``max_tokens`` (import at most
-        this many tokens: the slot must hold exactly the count returned)."""
-        ...
 
 
 @dataclass
@@ -86,18 +72,14 @@ class LLMEngine:
                                           non_torch_bytes, library_workspaces(ec))
         self.plan.check()
         self.runner = ModelRunner(model_config, ec, weights, self.plan)
-        # Prefix sharing by block hash needs the state to live in those blocks: not so for
-        # families with per-slot state (DeepSeek-V4), which always compute from their start.
-        self.block_manager = BlockManager(self.plan.kv_spec.num_blocks, ec.block_size,
-                                          ec.enable_prefix_cache and uses_paged_kv(model_config))
-        # The family's per-slot state export/import (None for the paged-KV families).
-        self.slot_state: Any = (None if uses_paged_kv(model_config)
-                                else getattr(self.runner.model, "slot_state", None))
+        # Every family keeps what a sequence needs to continue in its blocks, so full blocks
+        # are shared by prefix hash (the family's layout says where it can resume).
+        self.block_manager = BlockManager(self.plan.num_blocks, ec.block_size,
+                                          ec.enable_prefix_cache)
         eos = model_config.eos_token_ids
         self.scheduler = Scheduler(
-            SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos),
-                            keep_slot_with_kv=self.slot_state is not None),
-            self.block_manager, on_admit=self._on_admit)
+            SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos)),
+            self.block_manager)
         self.warmup_report = self.runner.warmup()
         rep = self.warmup_report
         if rep.activation_peak_bytes is not None and rep.activation_peak_bytes > rep.activation_planned_bytes:
@@ -129,8 +111,13 @@ class LLMEngine:
         return cls(ec, ckpt.config, ckpt.state_dict, ckpt.model_fingerprint, non_torch)
 
     @property
-    def kv_cache(self) -> KVCache:
+    def kv_cache(self) -> Any:
+        """The KV storage in the family's layout (``kv_layout``)."""
         return self.runner.kv
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        return self.plan.kv_layout
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling: SamplingParams,
@@ -188,23 +175,12 @@ class LLMEngine:
         seq = self._kept[request_id]
         return list(seq.block_ids), seq.num_computed_tokens
 
-    def kept_slot(self, request_id: str) -> int:
-        """The cache slot a finished keep_kv request of a per-slot family still holds (its state
-        is readable through ``slot_state`` until ``release``)."""
-        slot = self._kept[request_id].cache_slot
-        assert slot >= 0, f"{request_id} keeps no cache slot (paged-KV family?)"
-        return slot
-
     def release(self, request_id: str) -> bool:
         seq = self._kept.pop(request_id, None)
         if seq is None:
             return False
         self.block_manager.free(seq.block_ids)
         seq.block_ids = []
-        if self.slot_state is not None and seq.cache_slot >= 0:
-            self.slot_state.stop_recording(seq.cache_slot)
-            self.scheduler.free_slot(seq.cache_slot)
-            seq.cache_slot = -1
         return True
 
     # -- stepping -------------------------------------------------------------------------------
@@ -217,7 +193,13 @@ class LLMEngine:
             seq = self._seqs.get(rid)
             if gen is not None and seq is not None:
                 seq.rng_state = gen.get_state()
-        if sched.is_empty:
+        for rid in sched.admitted:
+            self._bind_generator(self._seqs[rid])
+        if sched.kv_loads:
+            loaded = self.runner.load_kv(sched.kv_loads, self._imports)
+            for rid, n in loaded.items():
+                self.scheduler.apply_kv_load(rid, n)
+        if not sched.chunks:
             return outputs
         params = {c.request_id: self._seqs[c.request_id].sampling for c in sched.chunks}
         sampled = self.runner.execute(sched, params, self._generators)
@@ -255,7 +237,7 @@ class LLMEngine:
             device_allocs_since_warmup=self.runner.device_allocs_since_warmup)
 
     # -- internals ------------------------------------------------------------------------------
-    def _on_admit(self, seq: Sequence) -> None:
+    def _bind_generator(self, seq: Sequence) -> None:
         if not seq.sampling.is_greedy:
             gen = self.runner.generators[seq.cache_slot]
             if seq.rng_state is not None:  # resumed after preemption: continue the same stream
@@ -263,29 +245,6 @@ class LLMEngine:
             else:
                 gen.manual_seed(seq.seed)
             self._generators[seq.request_id] = gen
-        if self.slot_state is not None:
-            # A keep_kv sequence's state is exported later: record it as it is computed.
-            self.slot_state.stop_recording(seq.cache_slot)
-            if seq.keep_kv:
-                self.slot_state.start_recording(seq.cache_slot, seq.num_prompt_tokens)
-        kv_import = self._imports.get(seq.request_id)
-        if kv_import is None:
-            return
-        if self.slot_state is not None:
-            loaded = kv_import(self.runner.kv, list(seq.block_ids), seq.num_prompt_tokens,
-                               num_computed_tokens=seq.num_computed_tokens,
-                               slot_state=self.slot_state, cache_slot=seq.cache_slot,
-                               max_tokens=min(seq.num_prompt_tokens, seq.num_tokens - 1))
-        else:
-            # Blocks the prefix cache already filled are not overwritten (others may share them).
-            loaded = kv_import(self.runner.kv, list(seq.block_ids), seq.num_prompt_tokens,
-                               num_computed_tokens=seq.num_computed_tokens)
-        # At least the last token is computed, so there are logits to sample from.
-        loaded = min(int(loaded), seq.num_tokens - 1, seq.num_prompt_tokens)
-        if loaded > seq.num_computed_tokens:
-            seq.num_imported_tokens = loaded
-            seq.num_computed_tokens = loaded
-            seq.num_cached_tokens = loaded
 
     def _output(self, seq: Sequence, new: list[int], finished: bool,
                 reason: str | None) -> RequestOutput:

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionShape, attention_workspace_bytes
 from engine.config import EngineConfig
 from engine.errors import PlanError
-from engine.kv_cache import KVCacheSpec
 from engine.model_config import ModelConfig
+from engine.models.family import KVLayout
 from engine.sampler import sampler_workspace_bytes
 from engine.workspace import _align
 
@@ -39,10 +38,20 @@ class MemoryPlan:
     device: str
     device_memory_bytes: int
     memory_utilization: float
-    kv_spec: KVCacheSpec
+    kv_layout: KVLayout
+    num_blocks: int
     max_context: int
     chunk_tokens: int
     max_batch: int
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the KV extent holds, all sequences together (the null block excluded)."""
+        return (self.num_blocks - 1) * self.kv_layout.block_size
+
+    @property
+    def kv_tokens_per_gib(self) -> float:
+        return GiB / self.kv_layout.bytes_per_token
 
     def term(self, name: str) -> int:
         return sum(t.bytes for t in self.terms if t.name == name)
@@ -92,9 +101,13 @@ class MemoryPlan:
             "max_context": self.max_context,
             "chunk_tokens": self.chunk_tokens,
             "max_batch": self.max_batch,
-            "num_blocks": self.kv_spec.num_blocks,
-            "block_size": self.kv_spec.block_size,
-            "kv_bytes_per_token": self.kv_spec.bytes_per_token,
+            "num_blocks": self.num_blocks,
+            "block_size": self.kv_layout.block_size,
+            "kv_bytes_per_block": self.kv_layout.bytes_per_block,
+            "kv_bytes_per_token": self.kv_layout.bytes_per_token,
+            "kv_tokens": self.kv_tokens,
+            "kv_tokens_per_gib": self.kv_tokens_per_gib,
+            "kv_layout_fingerprint": self.kv_layout.fingerprint,
             "terms": [{"name": t.name, "bytes": t.bytes, "formula": t.formula,
                        "in_workspace": t.in_workspace} for t in self.terms],
         }
@@ -106,6 +119,9 @@ class MemoryPlan:
         rows.append(f"{'total':<22}{self.total_bytes:>16,}{self.total_bytes / GiB:>10.3f}")
         rows.append(f"{'budget':<22}{self.budget_bytes:>16,}{self.budget_bytes / GiB:>10.3f}  "
                     f"{self.memory_utilization} x {self.device_memory_bytes:,} ({self.device})")
+        rows.append(f"{'kv tokens':<22}{self.kv_tokens:>16,}  in {self.num_blocks - 1:,} blocks of "
+                    f"{self.kv_layout.block_size} ({self.kv_layout.bytes_per_token:,.1f} B a token, "
+                    f"{self.kv_tokens_per_gib:,.0f} tokens per GiB)")
         rows.append(f"{'headroom':<22}{self.headroom_bytes:>16,}{self.headroom_bytes / GiB:>10.3f}")
         return "\n".join(rows)
 
@@ -123,120 +139,39 @@ def step_inputs_term(ec: EngineConfig) -> PlanTerm:
                     f"{ec.blocks_per_seq} x 4 + 8) B", True)
 
 
-def dense_weight_bytes(cfg: ModelConfig, elem: int) -> int:
-    h, q, kv, i, v = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.vocab_size
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
-    if cfg.attention_bias:
-        per_layer += q + 2 * kv
-    if cfg.qk_norm:
-        per_layer += 2 * cfg.head_dim
-    total = v * h + cfg.num_layers * per_layer + h
-    if not cfg.tie_word_embeddings:
-        total += v * h
-    return total * elem
-
-
-def dense_activation_bytes(cfg: ModelConfig, chunk: int, max_batch: int, elem: int) -> int:
-    """Upper bound of the transient tensors of one layer at ``chunk`` tokens (eager PyTorch)."""
-    h, q, kv, i = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    per_token = (6 * h + 5 * q + 4 * kv + 4 * i) * elem + 2 * h * 4
-    logits = max_batch * (cfg.vocab_size * elem + h * 4)
-    return chunk * per_token + logits
+def common_step_terms(model: ModelConfig, ec: EngineConfig) -> list[PlanTerm]:
+    """Workspace slices every family takes in a step: the logits rows, the sampler's scratch and
+    the staged step inputs."""
+    return [
+        PlanTerm("ws.logits", _align(ec.max_batch * model.vocab_size * 4),
+                 f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),
+        PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size)),
+                 "vocab x (4 + 8 + 4) B", True),
+        step_inputs_term(ec),
+    ]
 
 
 def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
               weight_bytes: int | None = None, non_torch_bytes: int = 0,
               library_bytes: int = 0, device_label: str | None = None) -> MemoryPlan:
-    dtype = ec.torch_dtype
-    elem = torch.empty((), dtype=dtype).element_size()
-    if model.family == "deepseek_v4":
-        return _deepseek_v4_plan(model, ec, device_memory_bytes, weight_bytes, non_torch_bytes,
-                                 library_bytes, device_label)
-    kv_spec = KVCacheSpec(model.num_layers, ec.resolved_num_blocks, ec.block_size,
-                          model.num_kv_heads, model.head_dim, dtype)
-    attn = AttentionShape(model.num_heads, model.num_kv_heads, model.head_dim, ec.block_size,
-                          ec.attn_tile_tokens)
-    terms = [
-        PlanTerm("weights", weight_bytes if weight_bytes is not None
-                 else dense_weight_bytes(model, elem),
-                 "embed + layers x (qkv + o + 3 mlp + norms) + lm_head, x dtype bytes"),
-        PlanTerm("kv_cache", kv_spec.total_bytes,
-                 f"num_blocks {kv_spec.num_blocks} x block_size {ec.block_size} x layers "
-                 f"{model.num_layers} x 2 x kv_heads {model.num_kv_heads} x head_dim "
-                 f"{model.head_dim} x {elem} B"),
-        PlanTerm("ws.attention", 0, "Triton paged attention keeps its tiles on chip", True)
-        if ec.use_triton_attention else
-        PlanTerm("ws.attention", attention_workspace_bytes(attn, ec.chunk_tokens, ec.max_batch,
-                                                           dtype),
-                 f"max(chunk {ec.chunk_tokens} x 1 seq, 1 x batch {ec.max_batch}) x heads x tile "
-                 f"{ec.attn_tile_tokens} (fp32 scores, K/V tiles, accumulators)", True),
-        PlanTerm("ws.logits", _align(ec.max_batch * model.vocab_size * 4),
-                 f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),
-        PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size)),
-                 "vocab x (4 + 8 + 4) B", True),
-        step_inputs_term(ec),
-        PlanTerm("rope_tables", 2 * ec.max_context * model.head_dim * elem,
-                 f"2 x max_context {ec.max_context} x head_dim x {elem} B"),
-        PlanTerm("activations", dense_activation_bytes(model, ec.chunk_tokens, ec.max_batch, elem),
-                 f"chunk {ec.chunk_tokens} x (6h + 5q + 4kv + 4i) x {elem} B + fp32 norms"
-                 " + max_batch x vocab logits"),
-    ]
-    if ec.use_cuda_graphs:
-        terms.append(PlanTerm(
-            "cuda_graph_pool",
-            dense_activation_bytes(model, ec.max_batch, ec.max_batch, elem) + GRAPH_POOL_SLACK,
-            f"activations of a {ec.max_batch}-token decode step + 42 MiB allocator segment "
-            "granularity (one 2 MiB small-pool and two 20 MiB large-pool segments)"))
-    return _finish_plan(terms, ec, kv_spec, device_memory_bytes, library_bytes, non_torch_bytes,
-                        device_label)
+    """The family gives the block geometry and its own terms; the KV extent is the engine's
+    number of blocks times the layout's bytes per block."""
+    from engine.models import family_class
+
+    family = family_class(model)
+    layout = family.kv_layout(model, ec)
+    num_blocks = ec.resolved_num_blocks
+    kinds = " + ".join(f"{k.name} {k.layers} x {k.rows} x {k.row_bytes} B" for k in layout.kinds)
+    terms = family.plan_terms(model, ec, weight_bytes)
+    terms.insert(1, PlanTerm(
+        "kv_cache", num_blocks * layout.bytes_per_block,
+        f"num_blocks {num_blocks} x {layout.bytes_per_block:,} B per block of "
+        f"{layout.block_size} tokens ({kinds})"))
+    return _finish_plan(terms, ec, layout, num_blocks, device_memory_bytes, library_bytes,
+                        non_torch_bytes, device_label)
 
 
-def _deepseek_v4_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
-                      weight_bytes: int | None, non_torch_bytes: int, library_bytes: int,
-                      device_label: str | None) -> MemoryPlan:
-    """DeepSeek-V4: its state is per sequence slot (sliding window, compressed entries, indexer
-    keys, compressor carry-over), sized by the family's own functions; the paged pool only
-    counts tokens for admission (zero layers, zero bytes)."""
-    from engine.models.deepseek_v4.cache_state import deepseek_v4_cache_bytes
-    from engine.models.deepseek_v4.config import DeepseekV4Config
-    from engine.models.deepseek_v4.sizing import (
-        deepseek_v4_step_peak_bytes,
-        deepseek_v4_step_scratch_bytes,
-        deepseek_v4_workspace_bytes,
-    )
-
-    dtype = ec.torch_dtype
-    cfg = DeepseekV4Config.from_hf_dict(model.hf_config)
-    kernels = ec.use_triton_attention
-    kv_spec = KVCacheSpec(0, ec.resolved_num_blocks, ec.block_size, 1, 1, dtype)
-    terms = [PlanTerm("weights", weight_bytes or 0,
-                      "as loaded" if weight_bytes else "not estimated for deepseek_v4 "
-                      "(pass --weights-gib)")]
-    for name, nbytes in deepseek_v4_cache_bytes(cfg, ec.max_batch, ec.max_context, dtype).items():
-        terms.append(PlanTerm(f"state.{name}", nbytes,
-                              f"per slot x max_batch {ec.max_batch} at max_context {ec.max_context}"))
-    scratch = deepseek_v4_step_scratch_bytes(cfg, ec.chunk_tokens, ec.max_context, ec.max_batch,
-                                             dtype, "kernels" if kernels else "torch")
-    if kernels:
-        terms.append(PlanTerm("ws.indexer", _align(deepseek_v4_workspace_bytes(
-            cfg, max(ec.chunk_tokens, ec.max_batch), ec.max_context)),
-            "tiled indexer top-k scratch + [rows, topk] outputs (kernels' size function)", True))
-    terms += [
-        PlanTerm("ws.logits", _align(ec.max_batch * model.vocab_size * 4),
-                 f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),
-        PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size)),
-                 "vocab x (4 + 8 + 4) B", True),
-        step_inputs_term(ec),
-        PlanTerm("activations", deepseek_v4_step_peak_bytes(scratch),
-                 "mHC streams + max(attention parts, MoE, final norm) at chunk "
-                 f"{ec.chunk_tokens} against {ec.max_context}: "
-                 + ", ".join(f"{k}={v}" for k, v in scratch.items())),
-    ]
-    return _finish_plan(terms, ec, kv_spec, device_memory_bytes, library_bytes, non_torch_bytes,
-                        device_label)
-
-
-def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_spec: KVCacheSpec,
+def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_layout: KVLayout, num_blocks: int,
                  device_memory_bytes: int, library_bytes: int, non_torch_bytes: int,
                  device_label: str | None) -> MemoryPlan:
     """Add the terms measured on the device (not derived from the config) and build the plan."""
@@ -252,7 +187,7 @@ def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_spec: KVCacheSpec,
         terms.append(PlanTerm("non_torch", non_torch_bytes,
                               "CUDA context and libraries, measured before loading"))
     return MemoryPlan(tuple(terms), device_label or str(ec.torch_device), device_memory_bytes,
-                      ec.memory_utilization, kv_spec, ec.max_context, ec.chunk_tokens, ec.max_batch)
+                      ec.memory_utilization, kv_layout, num_blocks, ec.max_context, ec.chunk_tokens, ec.max_batch)
 
 
 def reserve_allocator_slack(device: torch.device, nbytes: int) -> None:

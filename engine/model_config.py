@@ -13,20 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CheckpointError
-
-# HF architecture / model_type -> our family name.
-_FAMILIES = {
-    "llama": "llama",
-    "LlamaForCausalLM": "llama",
-    "mistral": "llama",
-    "MistralForCausalLM": "llama",
-    "qwen2": "qwen2",
-    "Qwen2ForCausalLM": "qwen2",
-    "qwen3": "qwen3",
-    "Qwen3ForCausalLM": "qwen3",
-    "deepseek_v4": "deepseek_v4",
-    "DeepseekV4ForCausalLM": "deepseek_v4",
-}
+from engine.models.registry import ARCHITECTURES as _FAMILIES
+from engine.models.registry import FAMILIES
 
 
 @dataclass(frozen=True)
@@ -73,16 +61,16 @@ class RopeConfig:
 
 
 def _is_per_layer(params: dict[str, Any]) -> bool:
-    # Some configs (DeepSeek-V4, Gemma) key rope parameters by attention type.
+    # Some configs key rope parameters by attention type (one dict per kind of layer).
     return all(isinstance(v, dict) for v in params.values())
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape of a decoder-only transformer.  ``hf_config`` keeps the raw dict for families with
-    fields beyond the common ones (DeepSeek-V4)."""
+    fields beyond the common ones (read by the family itself)."""
 
-    family: str  # "llama" | "qwen2" | "qwen3" | "deepseek_v4"
+    family: str  # one of engine.models.registry.FAMILIES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -103,7 +91,7 @@ class ModelConfig:
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.family not in ("llama", "qwen2", "qwen3", "deepseek_v4"):
+        if self.family not in FAMILIES:
             raise CheckpointError(f"unknown model family {self.family!r}")
         if self.num_heads % max(self.num_kv_heads, 1) != 0:
             raise CheckpointError(

@@ -7,7 +7,9 @@ turns the plan's arithmetic into a measured peak. Never sizes anything by what a
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -15,17 +17,26 @@ from engine.block_manager import NULL_BLOCK
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.errors import DeviceAllocationAfterLock, PlanError
-from engine.kv_cache import KVCache
 from engine.memory_planner import MemoryPlan, reserve_allocator_slack
 from engine.model_config import ModelConfig
-from engine.models import build_model, prepare_warmup_slot, reset_slots, uses_paged_kv
+from engine.models import family_class
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledChunk, SchedulerOutput
+from engine.scheduler import KVLoad, ScheduledChunk, SchedulerOutput
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace
 
 log = logging.getLogger(__name__)
+
+
+class KVImport(Protocol):
+    def __call__(self, kv: Any, block_ids: list[int], num_prompt_tokens: int, *,
+                 num_computed_tokens: int = 0) -> int:
+        """Fill the leading tokens' KV into ``block_ids`` (of the engine's ``kv`` storage, in
+        the family's layout); tokens below ``num_computed_tokens`` are there already (prefix
+        cache, maybe shared) and must not be written. Return how many leading tokens are filled.
+        """
+        ...
 
 
 @dataclass
@@ -46,12 +57,12 @@ class ModelRunner:
         self.device = ec.torch_device
         self.dtype = ec.torch_dtype
         self.block_size = ec.block_size
-        self.kv = KVCache(plan.kv_spec, self.device)
+        self.kv = plan.kv_layout.allocate(plan.num_blocks, self.device)
         self.ws = Workspace(plan.workspace_bytes, self.device)
-        self.model = build_model(model_cfg, weights, ec)
-        # Decode graphs need a step whose host-side work is all in the inputs: true of the
-        # dense families, not of DeepSeek-V4 (its runner checks slot state on the host).
-        self.use_graphs = ec.use_cuda_graphs and uses_paged_kv(model_cfg)
+        family = family_class(model_cfg)
+        self.model = family(model_cfg, weights, ec)
+        # Decode graphs need a step whose host-side work is all in the inputs.
+        self.use_graphs = ec.use_cuda_graphs and family.uses_cuda_graphs
         self.num_steps = 0
         # One sampling generator per running slot, made once: creating a CUDA generator takes
         # device memory, so requests re-seed these instead of making their own.
@@ -102,6 +113,7 @@ class ModelRunner:
             context_lens=[c.context_len for c in chunks],
             block_tables=[list(c.block_ids) for c in chunks],
             cache_slots=[c.cache_slot for c in chunks],
+            first_chunks=[c.is_first for c in chunks],
             logits_indices=self._stage(torch.tensor(logits_rows, dtype=i64),
                                        "model_runner.logits_indices"),
             **kernel_meta,
@@ -117,6 +129,18 @@ class ModelRunner:
     def _forward_logits(self, batch: StepBatch, ws: Workspace, logits: torch.Tensor) -> None:
         hidden = self.model.forward(batch, self.kv, ws)
         self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
+
+    @torch.inference_mode()
+    def load_kv(self, loads: list[KVLoad], hooks: Mapping[str, KVImport]) -> dict[str, int]:
+        """Run the scheduler's KV loads through their import hooks; returns the leading tokens
+        each filled, rounded down to where the family's layout can resume."""
+        step = self.plan.kv_layout.resume_granularity
+        done = {}
+        for load in loads:
+            n = hooks[load.request_id](self.kv, list(load.block_ids), load.num_prompt_tokens,
+                                       num_computed_tokens=load.num_computed_tokens)
+            done[load.request_id] = min(int(n), load.max_tokens) // step * step
+        return done
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, params: dict[str, SamplingParams],
@@ -148,30 +172,18 @@ class ModelRunner:
 
     # -- warm-up --------------------------------------------------------------------------------
     def warmup(self) -> WarmupReport:
-        """Run the worst-case steps of the plan: the longest chunk against the longest context,
-        and a full batch of decodes at the longest context. KV writes go to the null block."""
+        """Run the family's worst-case steps of the plan (the longest chunk against the longest
+        context, a full batch of decodes at the longest context, ...); KV writes of the dense
+        families go to the null block, others' to blocks no sequence holds yet."""
         ec = self.ec
-        usable = self.plan.kv_spec.num_blocks - 1
+        usable = self.plan.num_blocks - 1
         table = tuple(1 + (i % usable) for i in range(ec.blocks_per_seq))
-        chunk = min(ec.chunk_tokens, ec.max_context - 1)
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(self.device)
             base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        # A full token budget shared by a full batch: every sequence's metadata live at once,
-        # and up to chunk_tokens tokens in the step even when one sequence cannot hold them all.
-        total = min(ec.chunk_tokens, ec.max_batch * (ec.max_context - 1))
-        share = [total // ec.max_batch + (i < total % ec.max_batch) for i in range(ec.max_batch)]
-        mixed = [ScheduledChunk(f"warmup-mixed-{i}", ec.max_context - 1 - n, n, (0,) * n, table,
-                                i, True) for i, n in enumerate(share) if n > 0]
-        steps = [
-            [ScheduledChunk("warmup-prefill", ec.max_context - 1 - chunk, chunk, (0,) * chunk,
-                            table, 0, True)],
-            [ScheduledChunk(f"warmup-decode-{i}", ec.max_context - 1, 1, (0,), table, i, True)
-             for i in range(ec.max_batch)],
-            mixed,
-        ]
+        steps = self.model.warmup_steps(ec, table)
         self._run_warmup_steps(steps)
         act_peak = None
         if cuda:
@@ -187,7 +199,7 @@ class ModelRunner:
             reserve_allocator_slack(self.device, self.plan.term("allocator_slack"))
             torch.cuda.synchronize(self.device)
             self._device_allocs = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
-        reset_slots(self.model)
+        self.model.reset(self.kv)
         self.num_steps = 0
         self.warmup_report = WarmupReport(self.ws.peak_bytes, self.ws.capacity, act_peak,
                                           self.plan.term("activations"), self._device_allocs)
@@ -197,8 +209,7 @@ class ModelRunner:
         greedy = SamplingParams(max_tokens=1, temperature=0.0)
         random = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.9, top_k=50, seed=0)
         for chunks in steps:
-            for c in chunks:
-                prepare_warmup_slot(self.model, c.cache_slot, c.start)
+            self.model.prepare_warmup(self.kv, chunks)
             params = {c.request_id: (random if i % 2 else greedy) for i, c in enumerate(chunks)}
             gens = {c.request_id: self.generators[c.cache_slot].manual_seed(0) for c in chunks}
             self._execute_warmup(chunks, params, gens)

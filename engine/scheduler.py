@@ -8,7 +8,6 @@ pool is dry it preempts the latest arrival (its KV is recomputed later), a plann
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
@@ -21,9 +20,6 @@ class SchedulerConfig:
     chunk_tokens: int  # tokens computed in one step, all sequences together
     max_context: int  # longest prompt + output a sequence may reach
     eos_token_ids: tuple[int, ...] = ()
-    # per-slot state families: a finished keep_kv sequence keeps its cache slot (its state
-    # lives there) until the engine calls ``free_slot``
-    keep_slot_with_kv: bool = False
 
     def __post_init__(self) -> None:
         assert self.max_batch >= 1 and self.chunk_tokens >= 1 and self.max_context >= 2
@@ -40,16 +36,33 @@ class ScheduledChunk:
     block_ids: tuple[int, ...]  # the sequence's whole block table
     cache_slot: int
     do_sample: bool  # the chunk ends at the sequence's last token: sample the next one
+    # the sequence's first chunk since it was admitted to its slot (it may start past 0: its
+    # leading tokens came from the prefix cache or an import and are in its blocks already)
+    is_first: bool = False
 
     @property
     def context_len(self) -> int:
         return self.start + self.num_tokens
 
 
+@dataclass(frozen=True)
+class KVLoad:
+    """An admitted sequence whose leading KV the engine should import into its blocks before
+    its first chunk is scheduled (the import hook it was added with does the copying)."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    num_prompt_tokens: int
+    num_computed_tokens: int  # already in its blocks (prefix cache): never overwritten
+    max_tokens: int  # import at most this many leading tokens (one is always computed)
+
+
 @dataclass
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)  # given a cache slot in this step
+    kv_loads: list[KVLoad] = field(default_factory=list)  # run before the chunks
 
     @property
     def num_tokens(self) -> int:
@@ -57,7 +70,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks
+        return not self.chunks and not self.kv_loads
 
 
 @dataclass(frozen=True)
@@ -71,11 +84,9 @@ class SeqUpdate:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
-                 on_admit: Callable[[Sequence], None] | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
         self.config = config
         self.blocks = block_manager
-        self.on_admit = on_admit
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._free_slots = list(range(config.max_batch - 1, -1, -1))
@@ -114,6 +125,12 @@ class Scheduler:
             if not self._admit(seq):
                 break
             self.waiting.popleft()
+            out.admitted.append(seq.request_id)
+            if seq.has_kv_import:  # load first; its chunk is scheduled from the next step on
+                out.kv_loads.append(KVLoad(
+                    seq.request_id, tuple(seq.block_ids), seq.num_prompt_tokens,
+                    seq.num_computed_tokens, min(seq.num_prompt_tokens, seq.num_tokens - 1)))
+                continue
             n = min(seq.num_uncomputed, budget)
             planned.append((seq, n))
             budget -= n
@@ -123,9 +140,20 @@ class Scheduler:
             out.chunks.append(ScheduledChunk(
                 request_id=seq.request_id, start=start, num_tokens=n, token_ids=tuple(tokens),
                 block_ids=tuple(seq.block_ids), cache_slot=seq.cache_slot,
-                do_sample=start + n == seq.num_tokens,
+                do_sample=start + n == seq.num_tokens, is_first=seq.is_fresh,
             ))
+            seq.is_fresh = False
         return out
+
+    def apply_kv_load(self, request_id: str, num_loaded: int) -> None:
+        """What a KVLoad filled: the sequence's first ``num_loaded`` tokens are in its blocks."""
+        seq = next((s for s in self.running if s.request_id == request_id), None)
+        if seq is None or num_loaded <= seq.num_computed_tokens:
+            return
+        assert num_loaded < seq.num_tokens, "at least the last token must be computed"
+        seq.num_imported_tokens = num_loaded
+        seq.num_computed_tokens = num_loaded
+        seq.num_cached_tokens = min(num_loaded, seq.num_prompt_tokens)
 
     def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[SeqUpdate]:
         """Advance counters by what ran, append sampled tokens, finish what is done."""
@@ -179,9 +207,8 @@ class Scheduler:
         seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
         seq.status = SequenceStatus.RUNNING
         seq.cache_slot = self._free_slots.pop()
+        seq.is_fresh = True
         self.running.append(seq)
-        if self.on_admit is not None:
-            self.on_admit(seq)
         return True
 
     def _preempt(self, seq: Sequence) -> None:
@@ -203,11 +230,6 @@ class Scheduler:
             self.blocks.free(seq.block_ids)
             seq.block_ids = []
             seq.block_hashes = []
-        if not (keep_kv and self.config.keep_slot_with_kv):
-            self.free_slot(seq.cache_slot)
-            seq.cache_slot = -1
-
-    def free_slot(self, slot: int) -> None:
-        """Give a cache slot back (a kept one, once the engine has released its sequence)."""
-        assert slot not in self._free_slots, f"cache slot {slot} freed twice"
-        self._free_slots.append(slot)
+        assert seq.cache_slot not in self._free_slots, f"cache slot {seq.cache_slot} freed twice"
+        self._free_slots.append(seq.cache_slot)
+        seq.cache_slot = -1

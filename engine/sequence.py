@@ -27,7 +27,8 @@ class Sequence:
     block_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache or imported
     num_imported_tokens: int = 0  # of those, loaded by kv_import
-    cache_slot: int = -1  # index in [0, max_batch) for families with per-sequence state
+    cache_slot: int = -1  # index in [0, max_batch) while running (sampling generator, carry)
+    is_fresh: bool = False  # admitted, no chunk scheduled yet
     finish_reason: str | None = None
     keep_kv: bool = False
     num_preemptions: int = 0

@@ -21,6 +21,8 @@ class StepBatch:
     block_tables_t: torch.Tensor | None = None  # [B, max_blocks] int32, null-block padded
     query_start_loc_t: torch.Tensor | None = None  # [B + 1] int32
     context_lens_t: torch.Tensor | None = None  # [B] int32
+    # [B] whether it is the sequence's first chunk in its slot (it may resume from its blocks)
+    first_chunks: list[bool] | None = None
 
     @property
     def num_seqs(self) -> int:

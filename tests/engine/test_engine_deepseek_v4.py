@@ -1,5 +1,6 @@
-"""DeepSeek-V4 served through the engine (scheduler, chunked prefill, batched decode, planner)
-against transformers' generate: tiny random configs from tests/engine/deepseek_v4."""
+"""DeepSeek-V4 served through the engine with its KV in blocks of one pool (scheduler, chunked
+prefill, batched decode, prefix sharing, planner) against transformers' generate: tiny random
+configs from tests/engine/deepseek_v4."""
 
 from __future__ import annotations
 
@@ -7,41 +8,115 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.errors import PlanError
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.sampling_params import SamplingParams
 from tests.engine.deepseek_v4.conftest import SHORT_CONFIGS, build_hf_v4
 
+NEW = 10
+# (config, block size): blocks of one and of several compression windows of the largest rate
+CASES = [(SHORT_CONFIGS[0], 16), (SHORT_CONFIGS[1], 16), (SHORT_CONFIGS[2], 24)]
 
-@pytest.mark.parametrize("name", SHORT_CONFIGS[:2])
-def test_engine_batched_greedy_matches_transformers(name):
-    model, _ = build_hf_v4(name)
+
+def _engine(model, block_size: int, **kw) -> LLMEngine:
     cfg = ModelConfig.from_hf_dict(model.config.to_dict())
-    assert cfg.family == "deepseek_v4"
-    ec = EngineConfig(model=name, device="cpu", dtype="float32", max_context=160,
-                      chunk_tokens=23, max_batch=3, block_size=16)
-    engine = LLMEngine(ec, cfg, dict(model.state_dict()))
-    assert engine.plan.term("state.compressed_kv") > 0 and engine.plan.term("kv_cache") == 0
-    g = torch.Generator().manual_seed(5)
-    vocab = cfg.vocab_size
-    prompts = {f"p{n}": torch.randint(0, vocab, (n,), generator=g).tolist() for n in (1, 37, 70)}
-    sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    ec = EngineConfig(model="v4", device="cpu", dtype="float32", max_context=kw.pop("ctx", 160),
+                      chunk_tokens=kw.pop("chunk", 23), max_batch=kw.pop("batch", 3),
+                      block_size=block_size, attn_tile_tokens=block_size * 4, **kw)
+    return LLMEngine(ec, cfg, dict(model.state_dict()))
+
+
+def _run(engine: LLMEngine, prompts: dict[str, list[int]], max_tokens: int = NEW):
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     for rid, p in prompts.items():
         engine.add_request(rid, p, sp)
     got: dict[str, list[int]] = {rid: [] for rid in prompts}
+    cached: dict[str, int] = {}
     while engine.has_unfinished():
         for o in engine.step():
             got[o.request_id] += o.new_token_ids
+            cached[o.request_id] = o.num_cached_tokens
+    return got, cached
+
+
+def _reference(model, prompt: list[int], n: int = NEW) -> list[int]:
     model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                             pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize(("name", "block_size"), CASES)
+def test_pool_batched_greedy_matches_transformers(name: str, block_size: int) -> None:
+    """Prompts straddling block (16/24), chunk (23) and compression (4/8/12/16) boundaries,
+    batched with different lengths: each equals transformers alone."""
+    model, _ = build_hf_v4(name)
+    engine = _engine(model, block_size)
+    assert engine.plan.term("kv_cache") == engine.plan.num_blocks * engine.kv_layout.bytes_per_block
+    g = torch.Generator().manual_seed(5)
+    vocab = model.config.vocab_size
+    prompts = {f"p{n}": torch.randint(0, vocab, (n,), generator=g).tolist()
+               for n in (1, 2 * block_size - 1, 2 * block_size + 1, 70)}
+    got, _ = _run(engine, prompts)
     for rid, p in prompts.items():
-        with torch.no_grad():
-            ref = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False,
-                                 pad_token_id=0)[0, len(p):].tolist()
-        assert got[rid] == ref, rid
-    # a second request with the same prompt recomputes (no prefix sharing for per-slot state)
-    engine.add_request("again", prompts["p70"], sp)
-    outs = []
-    while engine.has_unfinished():
-        outs += engine.step()
-    assert outs[-1].num_cached_tokens == 0
-    assert [t for o in outs for t in o.new_token_ids] == got["p70"]
+        assert got[rid] == _reference(model, p), rid
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
+
+
+@pytest.mark.parametrize(("name", "block_size"), CASES[:2])
+def test_prefix_sharing_reuses_blocks_with_same_tokens(name: str, block_size: int) -> None:
+    """A resumed conversation (prompt + answer + more) reuses the blocks of the first turn:
+    num_cached_tokens counts them, and the tokens equal transformers' on the whole prompt."""
+    model, _ = build_hf_v4(name)
+    engine = _engine(model, block_size)
+    g = torch.Generator().manual_seed(11)
+    vocab = model.config.vocab_size
+    first = torch.randint(0, vocab, (45,), generator=g).tolist()
+    got, cached = _run(engine, {"turn1": first})
+    assert cached["turn1"] == 0
+    second = first + got["turn1"] + torch.randint(0, vocab, (9,), generator=g).tolist()
+    got2, cached2 = _run(engine, {"turn2": second})
+    # every full block of the first turn's computed tokens (prompt + answer - 1) is reused
+    computed = len(first) + NEW - 1
+    assert cached2["turn2"] == computed // block_size * block_size > 0
+    assert got2["turn2"] == _reference(model, second)
+    # the same prompt again: all but the last block-aligned part comes from the cache
+    got3, cached3 = _run(engine, {"again": second})
+    assert cached3["again"] == (len(second) - 1) // block_size * block_size
+    assert got3["again"] == got2["turn2"]
+
+
+def test_pool_is_a_shared_token_budget_and_preemption_recomputes() -> None:
+    """A pool smaller than max_batch x max_context: sequences take blocks as they grow, the
+    pool runs dry, the latest arrival is preempted and later resumed from its cached blocks;
+    every sequence still equals transformers."""
+    model, _ = build_hf_v4(SHORT_CONFIGS[0])
+    blocks_per_seq = 160 // 16
+    engine = _engine(model, 16, num_blocks=blocks_per_seq + 4, chunk=64)
+    assert engine.plan.kv_tokens == (blocks_per_seq + 3) * 16
+    g = torch.Generator().manual_seed(3)
+    prompts = {f"q{i}": torch.randint(0, 97, (60 + i,), generator=g).tolist() for i in range(3)}
+    got, _ = _run(engine, prompts, max_tokens=30)
+    assert engine.stats().num_preemptions > 0
+    for rid, p in prompts.items():
+        assert got[rid] == _reference(model, p, 30), rid
+
+
+def test_fp8_pool_is_planned_smaller_and_stays_close() -> None:
+    model, _ = build_hf_v4(SHORT_CONFIGS[0])
+    exact = _engine(model, 16)
+    fp8 = _engine(model, 16, kv_dtype="fp8")
+    assert fp8.kv_layout.bytes_per_block < exact.kv_layout.bytes_per_block
+    assert fp8.kv_layout.fingerprint != exact.kv_layout.fingerprint
+    prompt = torch.randint(0, 97, (57,), generator=torch.Generator().manual_seed(2)).tolist()
+    a = exact.final_logits(prompt)
+    b = fp8.final_logits(prompt)
+    assert (a - b).abs().max() < 0.05 * a.abs().max()
+
+
+def test_block_size_must_hold_whole_compressor_windows() -> None:
+    model, _ = build_hf_v4(SHORT_CONFIGS[2])  # rates 8 and 12: blocks of 24, 48, ...
+    with pytest.raises(PlanError, match="block_size=16 must be a multiple of 24"):
+        _engine(model, 16)

@@ -1,24 +1,14 @@
-"""DeepSeek-V4 model family: config, model, cache state, and planner size functions."""
+"""DeepSeek-V4 model family: config, model, KV pool in blocks, and the family contract."""
 
 from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.cache_state import (
-    DeepseekV4CacheState,
-    SlotExport,
-    deepseek_v4_cache_bytes,
-)
 from engine.models.deepseek_v4.config import DeepseekV4Config
+from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.model import DeepseekV4Model
-from engine.models.deepseek_v4.runner import DeepseekV4Runner
-from engine.models.deepseek_v4.state_rows import DeepseekV4StateRows, StateRowLayout
 
 __all__ = [
     "V4Backend",
-    "DeepseekV4CacheState",
     "DeepseekV4Config",
+    "DeepseekV4KVPool",
     "DeepseekV4Model",
-    "DeepseekV4Runner",
-    "DeepseekV4StateRows",
-    "SlotExport",
-    "StateRowLayout",
     "deepseek_v4_cache_bytes",
 ]

@@ -1,8 +1,8 @@
 """One DeepSeek-V4 attention block (sliding, CSA or HCA): low-rank queries, shared-KV MQA with
 head_dim 512, partial interleaved RoPE, per-head sinks, grouped output projection.
 
-Parameter names follow transformers' ``DeepseekV4Attention``. Reads and writes the slot state in
-:class:`DeepseekV4CacheState` for every sequence of the step; never allocates cache memory.
+Parameter names follow transformers' ``DeepseekV4Attention``. Reads and writes each sequence's
+blocks and slot carry in :class:`DeepseekV4KVPool`; never allocates cache memory.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from engine.models.deepseek_v4.backend import (
     attend_batched,
     select_topk,
 )
-from engine.models.deepseek_v4.cache_state import LayerCache
 from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.indexer import V4Indexer
+from engine.models.deepseek_v4.kv_pool import LayerPool
 from engine.models.deepseek_v4.norms import RMSNorm, unweighted_rms_norm
 from engine.models.deepseek_v4.rope import V4Rotary, apply_rope
 from engine.models.deepseek_v4.sparse_attention import v4_attention_torch
@@ -37,6 +37,7 @@ class SeqSpan:
     end: int
     slot: int
     start_pos: int
+    table: torch.Tensor  # [blocks] int64: the sequence's block ids in the pool
 
 
 @dataclass
@@ -108,7 +109,7 @@ class V4Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],
         compress_rotary: V4Rotary,
         spans: list[SeqSpan],
-        cache: LayerCache,
+        cache: LayerPool,
         backend: V4Backend,
         ws: object | None = None,
     ) -> torch.Tensor:
@@ -128,10 +129,6 @@ class V4Attention(nn.Module):
         if isinstance(self.compressor, V4CSACompressor):
             t.idx_q, t.idx_w = self.compressor.indexer.queries(q_res, x, cos, sin)
             t.kv_i, t.gate_i = self.compressor.indexer.project(x)
-        for sp in spans:  # a slot being exported keeps this step's per-token rows (host)
-            record = cache.recorders.get(sp.slot)
-            if record is not None:
-                record(sp.start_pos, t.rows(sp))
         out = torch.empty_like(q)
         batched = backend.attention != "torch"
         seqs = []
@@ -143,19 +140,17 @@ class V4Attention(nn.Module):
                 if batched:  # copy the indices out of the Workspace frame before it closes
                     if s.topk_idx is not None:
                         s = SeqAttention(s.num_rows, s.start_pos, s.slot, s.window_kv, s.num_prev,
-                                         s.topk_idx.clone())
+                                         s.topk_idx.clone(), s.comp)
                     seqs.append(s)
                 else:
-                    comp = None if cache.compressor is None else cache.compressor.entries[sp.slot]
                     out[sp.begin : sp.end] = v4_attention_torch(
                         t.q[sp.begin : sp.end], s.window_kv, s.num_prev, cfg.sliding_window,
-                        self.sinks, cfg.head_dim**-0.5, s.start_pos, comp=comp,
+                        self.sinks, cfg.head_dim**-0.5, s.start_pos, comp=s.comp,
                         comp_rate=self._rate, topk_idx=s.topk_idx,
                     )
         if batched:
-            entries = None if cache.compressor is None else cache.compressor.entries
             attend_batched(backend, out, q, seqs, cfg.sliding_window, self.sinks, cfg.head_dim**-0.5,
-                           entries, self._rate)
+                           self._rate)
         out = apply_rope(out, cos, -sin)  # undo the rotation V picked up (K == V)
         grouped = self.o_a_proj(out.view(n, cfg.o_groups, -1))
         return self.o_b_proj(grouped)
@@ -165,31 +160,42 @@ class V4Attention(nn.Module):
         return 0 if self.compressor is None else self.compressor.rate
 
     def _update_sequence(
-        self, sp: SeqSpan, t: _StepRows, rotary: V4Rotary, cache: LayerCache,
+        self, sp: SeqSpan, t: _StepRows, rotary: V4Rotary, cache: LayerPool,
         backend: V4Backend, ws: object | None,
     ) -> SeqAttention:
-        """Extends the slot's state with this chunk (window ring, compressor, indexer keys) and
-        returns what its attention needs (the top-k indices, for CSA, may live in ``ws``)."""
+        """Extends the sequence's state with this chunk (window ring and window rows of its
+        blocks, compressor entries, indexer keys) and returns what its attention needs: the
+        window keys, the sequence's compressed entries gathered from its blocks, and for CSA
+        the top-k entry indices (which may live in ``ws``)."""
         c, n0, slot, win = sp.end - sp.begin, sp.start_pos, sp.slot, self.cfg.sliding_window
         dev = t.q.device
-        ring = cache.window[slot]  # [W, D]
+        ring = cache.ring[slot]  # [W, D]
         num_prev = min(n0, win - 1)
         prev_pos = torch.arange(n0 - num_prev, n0, device=dev) % win
         window_kv = torch.cat([ring[prev_pos], t.kv])  # [num_prev + C, D]
         keep = min(c, win)
         ring[torch.arange(n0 + c - keep, n0 + c, device=dev) % win] = t.kv[c - keep :]
-        topk_idx = None
+        # the keys of each block's last window_rows tokens also go to the block
+        bs, wr = cache.block_size, cache.window.rows
+        pos = torch.arange(n0, n0 + c, device=dev)
+        tail = pos % bs >= bs - wr
+        pt = pos[tail]
+        cache.window.write(sp.table[pt // bs] * wr + (pt % bs - (bs - wr)), t.kv[tail])
+        topk_idx = comp = None
         if self.compressor is not None:
             assert cache.compressor is not None
             assert t.kv_c is not None and t.gate_c is not None
-            num_entries = self.compressor.compress(t.kv_c, t.gate_c, cache.compressor, slot, n0, rotary)
+            num_entries = self.compressor.compress(t.kv_c, t.gate_c, cache.compressor, slot, n0,
+                                                   rotary, sp.table)
+            comp = cache.compressor.entries.read(cache.compressor.entry_rows(sp.table, 0, num_entries))
             if isinstance(self.compressor, V4CSACompressor):
                 assert cache.indexer is not None and t.kv_i is not None and t.gate_i is not None
                 assert t.idx_q is not None and t.idx_w is not None
-                self.compressor.indexer.compress(t.kv_i, t.gate_i, cache.indexer, slot, n0, rotary)
-                keys = cache.indexer.entries[slot, :num_entries]
+                self.compressor.indexer.compress(t.kv_i, t.gate_i, cache.indexer, slot, n0, rotary,
+                                                 sp.table)
+                keys = cache.indexer.entries.read(cache.indexer.entry_rows(sp.table, 0, num_entries))
                 # query i (position n0 + i) sees the entries of windows closed by then
                 kv_end = torch.div(torch.arange(n0 + 1, n0 + c + 1, device=dev), self._rate,
                                    rounding_mode="floor")
                 topk_idx = select_topk(backend, t.idx_q, keys, t.idx_w, kv_end, self.cfg.index_topk, ws)
-        return SeqAttention(c, n0, slot, window_kv, num_prev, topk_idx)
+        return SeqAttention(c, n0, slot, window_kv, num_prev, topk_idx, comp)

@@ -93,40 +93,44 @@ class SeqAttention:
     slot: int
     window_kv: torch.Tensor  # [num_prev + num_rows, D]: the previous window - 1 tokens + the chunk
     num_prev: int
-    topk_idx: torch.Tensor | None  # CSA: [num_rows, k] entry indices of this slot (-1 = none)
+    topk_idx: torch.Tensor | None  # CSA: [num_rows, k] entry indices of this sequence (-1 = none)
+    comp: torch.Tensor | None = None  # [E, D] the sequence's compressed entries (from its blocks)
 
 
 def attend_batched(
     backend: V4Backend, out: torch.Tensor, q: torch.Tensor, seqs: list[SeqAttention],
-    window: int, sinks: torch.Tensor, scale: float, entries: torch.Tensor | None, comp_rate: int,
+    window: int, sinks: torch.Tensor, scale: float, comp_rate: int,
 ) -> None:
     """One kernels call for every row of the step (kernels / kernels_ref backends): the windows
-    concatenated into one flat buffer, the compressed entries addressed in the flat
-    ``entries [max_batch * E, D]`` table by ``slot * E`` offsets. out, q: [N, H, D]."""
+    concatenated into one flat buffer, the sequences' compressed entries likewise, each
+    sequence's addressed by its offset in that table. out, q: [N, H, D]."""
     assert backend.attention in ("kernels", "kernels_ref")
-    w_start, w_end, c_start, c_end = [], [], [], []
-    offset = 0
-    per_slot = entries.shape[1] if entries is not None else 0
+    w_start, w_end, c_start, c_end, idx = [], [], [], [], []
+    offset = base = 0
+    dev = q.device
+    has_comp = seqs[0].comp is not None
     for s in seqs:
         rows = torch.arange(s.num_rows, dtype=torch.int32)
         end = rows + (offset + s.num_prev + 1)
         w_end.append(end)
         w_start.append((end - window).clamp(min=offset))
-        if entries is not None:
-            base = s.slot * per_slot
+        if has_comp:
+            assert s.comp is not None
+            if s.topk_idx is not None:
+                idx.append(torch.where(s.topk_idx >= 0, s.topk_idx + base, -1).to(torch.int32))
             c_start.append(torch.full((s.num_rows,), base, dtype=torch.int32))
             c_end.append(base + torch.div(rows + (s.start_pos + 1), comp_rate, rounding_mode="floor"))
+            base += s.comp.shape[0]
         offset += s.window_kv.shape[0]
-    dev = q.device
     window_kv = torch.cat([s.window_kv for s in seqs])
     kw: dict[str, torch.Tensor] = {}
-    if entries is not None:
-        kw["compressed_kv"] = entries.view(-1, entries.shape[-1])
-        if seqs[0].topk_idx is not None:
-            kw["indices"] = torch.cat([
-                torch.where(s.topk_idx >= 0, s.topk_idx + s.slot * per_slot, -1).to(torch.int32)
-                for s in seqs if s.topk_idx is not None
-            ])
+    if has_comp:
+        table = torch.cat([s.comp for s in seqs if s.comp is not None])
+        if table.shape[0] == 0:  # no entry closed yet anywhere: one zero row nobody sees
+            table = q.new_zeros((1, q.shape[-1]))
+        kw["compressed_kv"] = table
+        if idx:
+            kw["indices"] = torch.cat(idx)
         else:
             kw["compressed_start"] = torch.cat(c_start).to(dev)
             kw["compressed_end"] = torch.cat(c_end).to(dev)

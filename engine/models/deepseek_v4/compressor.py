@@ -3,8 +3,8 @@
 Every ``rate`` source tokens close a window that emits one compressed entry: a softmax-gated sum
 of the window's projected KV (plus, for the overlapping CSA variant, the previous window's Ca
 slice), RMS-normed and rotated at the window's first position. Tokens of a not-yet-closed window
-wait in the slot's carry-over buffer, so the result does not depend on where chunk boundaries
-fall. Writes only into the fixed :class:`CompressorState`; never grows anything.
+wait in the slot's carry-over buffer (engine/models/deepseek_v4/kv_pool.py), so the result does not depend on where chunk boundaries
+fall. Writes only into the fixed pool's blocks and slot buffers; never grows anything.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.models.deepseek_v4.cache_state import CompressorState
+from engine.models.deepseek_v4.kv_pool import CompressorPool
 from engine.models.deepseek_v4.norms import RMSNorm
 from engine.models.deepseek_v4.rope import V4Rotary, apply_rope
 
@@ -35,43 +35,52 @@ class V4Compressor(nn.Module):
         return self.kv_proj(x), self.gate_proj(x)
 
     def compress(
-        self, kv: torch.Tensor, gate: torch.Tensor, st: CompressorState, slot: int, n0: int,
-        rotary: V4Rotary,
+        self, kv: torch.Tensor, gate: torch.Tensor, cp: CompressorPool, slot: int, n0: int,
+        rotary: V4Rotary, table: torch.Tensor,
     ) -> int:
         """Absorb one sequence's chunk (its rows of :meth:`project`, ``[C, width]``) whose first
-        token is at position ``n0``; returns the number of entries the slot holds afterwards."""
+        token is at position ``n0``; ``table``: the sequence's block ids [blocks] int64. Entries
+        and the CSA overlap go to the sequence's blocks, the open window to the slot's buffer.
+        Returns the number of entries the sequence has afterwards."""
         r, d = self.rate, self.dim
         b0, e0 = n0 % r, n0 // r
         if b0:
-            kv = torch.cat([st.buf_kv[slot, :b0], kv])
-            gate = torch.cat([st.buf_gate[slot, :b0], gate])
+            kv = torch.cat([cp.buf_kv[slot, :b0], kv])
+            gate = torch.cat([cp.buf_gate[slot, :b0], gate])
         nw = kv.shape[0] // r
         usable = nw * r
         rem = kv.shape[0] - usable
         if rem:
-            st.buf_kv[slot, :rem] = kv[usable:]
-            st.buf_gate[slot, :rem] = gate[usable:]
+            cp.buf_kv[slot, :rem] = kv[usable:]
+            cp.buf_gate[slot, :rem] = gate[usable:]
         if nw == 0:
             return e0
         ck = kv[:usable].view(nw, r, -1)
         cg = gate[:usable].view(nw, r, -1) + self.position_bias  # fp32, as transformers
         if self.overlap:
-            assert st.ov_kv is not None and st.ov_gate is not None
+            assert cp.ov_kv is not None and cp.ov_gate is not None
             nk = ck.new_zeros((nw, 2 * r, d))
             ng = cg.new_full((nw, 2 * r, d), float("-inf"))
             nk[:, r:] = ck[..., d:]
             ng[:, r:] = cg[..., d:]
             nk[1:, :r] = ck[:-1, :, :d]
             ng[1:, :r] = cg[:-1, :, :d]
-            if e0 > 0:  # the previous window's Ca slice, saved when it closed
-                nk[0, :r] = st.ov_kv[slot]
-                ng[0, :r] = st.ov_gate[slot]
-            st.ov_kv[slot] = ck[-1, :, :d]
-            st.ov_gate[slot] = cg[-1, :, :d]
+            if e0 > 0:  # the previous window's Ca slice, kept in the block that holds it
+                prev = cp.block_of_window(table, torch.tensor([e0 - 1], device=table.device))
+                nk[0, :r] = cp.ov_kv[prev[0]]
+                ng[0, :r] = cp.ov_gate[prev[0]]
+            # every block keeps the Ca slice of its last closed window (what a sequence resuming
+            # at the block's end needs); the chunk's last window also goes to its block
+            w = torch.arange(e0, e0 + nw, device=table.device)
+            last = ((w + 1) * r % cp.block_size == 0) | (w == e0 + nw - 1)
+            sel = w[last]
+            blocks = cp.block_of_window(table, sel)
+            cp.ov_kv[blocks] = ck[sel - e0, :, :d].to(cp.ov_kv.dtype)
+            cp.ov_gate[blocks] = cg[sel - e0, :, :d]
             ck, cg = nk, ng
         weights = cg.softmax(dim=1, dtype=torch.float32).to(ck.dtype)
         comp = self.kv_norm((ck * weights).sum(dim=1))  # [nw, d]
         pos = (torch.arange(nw, device=kv.device) + e0) * r
         cos, sin = rotary(pos, comp.dtype)
-        st.entries[slot, e0 : e0 + nw] = apply_rope(comp, cos, sin)
+        cp.entries.write(cp.entry_rows(table, e0, nw), apply_rope(comp, cos, sin))
         return e0 + nw

@@ -1,8 +1,8 @@
 """The DeepSeek-V4 causal LM for the engine: HF tensor names, flat multi-sequence steps.
 
 ``forward`` takes the concatenated tokens of all scheduled sequences (each a chunk of prefill or
-one decode token) with per-sequence cache slots, extends each slot's state in
-:class:`DeepseekV4CacheState`, and returns the final hidden states; ``compute_logits`` applies the
+one decode token) with per-sequence cache slots and block tables, extends each sequence's state in
+:class:`DeepseekV4KVPool`, and returns the final hidden states; ``compute_logits`` applies the
 LM head into a caller-given buffer. Never allocates cache memory and never grows the extent.
 """
 
@@ -16,8 +16,8 @@ from torch import nn
 from engine.errors import CheckpointError, InvalidRequest
 from engine.models.deepseek_v4.attention import SeqSpan, V4Attention
 from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.cache_state import DeepseekV4CacheState
 from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
+from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool
 from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, hc_merge
 from engine.models.deepseek_v4.moe import V4MoE
 from engine.models.deepseek_v4.norms import RMSNorm
@@ -130,12 +130,14 @@ class DeepseekV4Model(nn.Module):
         positions: torch.Tensor,
         query_start_loc: Sequence[int],
         cache_slots: Sequence[int],
-        cache: DeepseekV4CacheState,
+        cache: DeepseekV4KVPool,
         ws: object | None = None,
+        block_tables: Sequence[Sequence[int]] | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [N] (sequence i owns rows ``query_start_loc[i]:[i+1]``, at
-        consecutive positions from its slot's ``num_tokens``). Returns hidden [N, hidden].
-        ``ws``: the engine's Workspace (kernel scratch is taken from it when given)."""
+        consecutive positions from its slot's ``num_tokens``). ``block_tables[i]``: sequence
+        i's blocks in the pool (None: each slot's own run of a ``for_slots`` pool). Returns
+        hidden [N, hidden]. ``ws``: the engine's Workspace (kernel scratch comes from it)."""
         cfg = self.cfg
         backend = self.backend.resolved(input_ids.device)
         if len(set(cache_slots)) != len(cache_slots):
@@ -146,8 +148,9 @@ class DeepseekV4Model(nn.Module):
             b, e = int(query_start_loc[i]), int(query_start_loc[i + 1])
             if not 0 <= slot < cache.max_batch:
                 raise InvalidRequest(f"cache slot {slot} outside [0, {cache.max_batch})", field="cache_slots")
-            cache.check_room(slot, e - b)
-            spans.append(SeqSpan(b, e, slot, cache.num_tokens[slot]))
+            table = cache.table(slot, None if block_tables is None else block_tables[i])
+            cache.check_room(slot, e - b, table)
+            spans.append(SeqSpan(b, e, slot, cache.num_tokens[slot], table))
         x = self.model.embed_tokens(input_ids)  # [N, hidden]
         streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [N, hc, hidden]
         kernels = backend.attention == "kernels"  # the per-token Sinkhorn follows attention's choice

@@ -24,7 +24,7 @@ def deepseek_v4_step_scratch_bytes(
     dtype: torch.dtype = torch.bfloat16, backend: str = "kernels",
 ) -> dict[str, int]:
     """Bytes by role: ``mhc_streams``, ``attention_projections``, ``compressor``, ``indexer``,
-    ``sparse_attention``, ``moe``, ``final_norm``. ``cfg``: a DeepseekV4Config or the engine's
+    ``sparse_attention``, ``paged_gather``, ``moe``, ``final_norm``. ``cfg``: a DeepseekV4Config or the engine's
     ModelConfig; ``backend`` is the resolved :class:`V4Backend` kind ("kernels" or "torch")."""
     cfg = DeepseekV4Config.coerce(cfg)
     n = max(chunk_tokens, max_batch)  # a decode step schedules up to max_batch tokens
@@ -85,6 +85,14 @@ def deepseek_v4_step_scratch_bytes(
         attn = window_rows * d * e + (kw + visible) * (per_key + d * f) + gathered + 3 * t * h * d * f
     out["compressor"] = comp
     out["indexer"] = idx
+    # entries and indexer keys gathered out of the sequences' blocks: every sequence's entries
+    # of the densest compressed layer (the batched kernels take them as one table, built from
+    # per-sequence copies: x2) and one sequence's indexer keys; fp32 for FP8 dequantisation
+    rates_used = [cfg.rate(t) for t in cfg.layer_types if cfg.rate(t)]
+    gathered_entries = max_batch * (max_context // min(rates_used)) if rates_used else 0
+    out["paged_gather"] = 2 * gathered_entries * d * (e + f)
+    if cfg.uses_csa:
+        out["paged_gather"] += (max_context // cfg.csa_rate) * cfg.index_head_dim * (e + f)
     out["sparse_attention"] = attn
     inter, kx, ne = cfg.moe_intermediate_size, cfg.num_experts_per_tok, cfg.n_routed_experts
     routed_rows = n * kx  # hash tables may repeat an expert for a token: bound by all picks
@@ -97,7 +105,8 @@ def deepseek_v4_step_scratch_bytes(
     return out
 
 
-_ATTENTION_PARTS = ("attention_projections", "compressor", "indexer", "sparse_attention")
+_ATTENTION_PARTS = ("attention_projections", "compressor", "indexer", "sparse_attention",
+                    "paged_gather")
 
 
 def deepseek_v4_step_peak_bytes(scratch: dict[str, int]) -> int:

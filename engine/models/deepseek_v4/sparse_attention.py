@@ -34,6 +34,8 @@ def v4_attention_torch(
     to those entries (CSA); None with comp given: attend to every visible entry (HCA).
     Returns [C, H, D] in q's dtype (softmax in fp32 with the sink as an extra logit)."""
     c, h, d = q.shape
+    if comp is not None and comp.shape[0] == 0:  # no window closed yet: nothing to attend to
+        comp = None
     out = torch.empty_like(q)
     dev = q.device
     for i0 in range(0, c, q_tile):

@@ -1,0 +1,143 @@
+"""DeepSeek-V4 behind the engine's ModelFamily contract: its KV layout (blocks of
+:mod:`.kv_pool`), its plan terms, and the step adapter that binds a running sequence to a slot
+of per-sequence carry: a sequence's first chunk either starts from nothing or resumes at a block
+boundary from its blocks (a prefix hit or an import); any other step must continue exactly where
+the slot stands, or it is refused (a scheduling bug, not a request error).
+
+Never allocates cache memory after construction.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import InvalidRequest
+from engine.memory_planner import PlanTerm, common_step_terms
+from engine.model_config import ModelConfig
+from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.config import DeepseekV4Config
+from engine.models.deepseek_v4.kv_pool import (
+    DeepseekV4KVPool,
+    block_bytes_by_kind,
+    check_block_size,
+    slot_carry_bytes,
+    v4_fingerprint,
+)
+from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.models.deepseek_v4.sizing import (
+    deepseek_v4_step_peak_bytes,
+    deepseek_v4_step_scratch_bytes,
+    deepseek_v4_workspace_bytes,
+)
+from engine.models.family import CacheKind, KVLayout, ModelFamily
+from engine.step_batch import StepBatch
+from engine.workspace import Workspace, _align
+
+
+class V4KVLayout(KVLayout):
+    """Blocks of ``block_size`` tokens holding window rows, compressed entries, indexer keys and
+    the CSA carry of every layer (see kv_pool.py); resumable at block boundaries."""
+
+    def __init__(self, cfg: DeepseekV4Config, ec: EngineConfig) -> None:
+        check_block_size(cfg, ec.block_size)
+        self.cfg, self.block_size = cfg, ec.block_size
+        self.dtype, self.fp8, self.max_batch = ec.torch_dtype, ec.kv_dtype == "fp8", ec.max_batch
+
+    @property
+    def kinds(self) -> tuple[CacheKind, ...]:
+        return tuple(CacheKind(name, n, rows, rb) for name, (n, rows, rb)
+                     in block_bytes_by_kind(self.cfg, self.block_size, self.dtype, self.fp8).items())
+
+    @property
+    def resume_granularity(self) -> int:
+        return self.block_size
+
+    @property
+    def fingerprint(self) -> str:
+        return v4_fingerprint(self.cfg, self.block_size, self.dtype, self.fp8)
+
+    def allocate(self, num_blocks: int, device: torch.device) -> DeepseekV4KVPool:
+        return DeepseekV4KVPool(self.cfg, num_blocks, self.block_size, self.max_batch, self.dtype,
+                                device, self.fp8)
+
+    def export_blocks(self, kv: DeepseekV4KVPool, block_ids: list[int]) -> torch.Tensor:
+        return kv.export_blocks(block_ids)
+
+    def import_blocks(self, kv: DeepseekV4KVPool, block_ids: list[int], data: torch.Tensor) -> None:
+        kv.import_blocks(block_ids, data)
+
+
+class DeepseekV4Family(ModelFamily):
+    uses_cuda_graphs: ClassVar[bool] = False  # the step checks slot positions on the host
+    cast_weights_on_load: ClassVar[bool] = False  # FP8/FP4 payloads and scales kept as stored
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineConfig,
+                 backend: V4Backend | None = None) -> None:
+        self.cfg = DeepseekV4Config.from_hf_dict(dict(cfg.hf_config))
+        self.model = DeepseekV4Model.from_state_dict(self.cfg, weights, ec.torch_dtype,
+                                                     ec.torch_device, backend)
+
+    @classmethod
+    def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> V4KVLayout:
+        return V4KVLayout(DeepseekV4Config.from_hf_dict(cfg.hf_config), ec)
+
+    @classmethod
+    def plan_terms(cls, cfg: ModelConfig, ec: EngineConfig,
+                   weight_bytes: int | None) -> list[PlanTerm]:
+        v4 = DeepseekV4Config.from_hf_dict(cfg.hf_config)
+        kernels = ec.use_triton_attention
+        terms = [
+            PlanTerm("weights", weight_bytes or 0,
+                     "as loaded" if weight_bytes else "not estimated for this family"),
+            PlanTerm("slot_carry", slot_carry_bytes(v4, ec.max_batch, ec.torch_dtype),
+                     f"max_batch {ec.max_batch} x layers x (window ring {v4.sliding_window} x "
+                     f"head_dim {v4.head_dim} + open compressor window: 2 x rate x width) x dtype"),
+        ]
+        scratch = deepseek_v4_step_scratch_bytes(v4, ec.chunk_tokens, ec.max_context,
+                                                 ec.max_batch, ec.torch_dtype,
+                                                 "kernels" if kernels else "torch")
+        if kernels:
+            terms.append(PlanTerm("ws.indexer", _align(deepseek_v4_workspace_bytes(
+                v4, max(ec.chunk_tokens, ec.max_batch), ec.max_context)),
+                "tiled indexer top-k scratch + [rows, topk] outputs (kernels' size function)",
+                True))
+        terms += [
+            *common_step_terms(cfg, ec),
+            PlanTerm("activations", deepseek_v4_step_peak_bytes(scratch),
+                     "mHC streams + max(attention parts, MoE, final norm) at chunk "
+                     f"{ec.chunk_tokens} against {ec.max_context}: "
+                     + ", ".join(f"{k}={v}" for k, v in scratch.items())),
+        ]
+        return terms
+
+    def forward(self, batch: StepBatch, kv: Any, ws: Workspace | None) -> torch.Tensor:
+        """Binds each sequence to its slot (fresh, resumed from its blocks, or continued) and
+        runs the model over the step. Returns hidden [N, hidden]."""
+        pool: DeepseekV4KVPool = kv
+        firsts = batch.first_chunks or [False] * batch.num_seqs
+        for i, slot in enumerate(batch.cache_slots):
+            start = batch.context_lens[i] - batch.query_len(i)
+            if start == 0:
+                pool.reset_slot(slot)
+            elif firsts[i]:
+                pool.restore_slot(slot, pool.table(slot, batch.block_tables[i]), start)
+            elif pool.num_tokens[slot] != start:
+                raise InvalidRequest(
+                    f"V4 slot {slot} holds {pool.num_tokens[slot]} tokens but the step continues "
+                    f"at position {start}", field="cache_slots")
+        return self.model(batch.input_ids, batch.positions, batch.query_start_loc,
+                          batch.cache_slots, pool, ws, batch.block_tables)
+
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden, out)
+
+    def prepare_warmup(self, kv: DeepseekV4KVPool, chunks: list[Any]) -> None:
+        for c in chunks:
+            kv.pretend_filled(c.cache_slot, c.start)
+
+    def reset(self, kv: DeepseekV4KVPool) -> None:
+        for slot in range(kv.max_batch):
+            kv.reset_slot(slot)

@@ -1,0 +1,329 @@
+"""DeepSeek-V4's attention state in blocks of one pool allocated at start-up.
+
+A block covers ``block_size`` tokens (a multiple of every compression rate, so no compressor
+window straddles two blocks) and holds, per layer:
+- ``window``: the rotated K(=V) of the block's last ``min(sliding_window, block_size)`` tokens,
+  so a sequence that resumes at the block's end finds its sliding window there;
+- compressed layers: the ``block_size / rate`` compressed entries whose windows lie in the block;
+- CSA layers: as many indexer keys, and the compressor carry at the block's end: the overlap
+  state (Ca slice and gate of the block's last window) of the compressor and of the indexer.
+At a block boundary no compressor window is open, so that carry is ALL the compressor state
+there: a block holds everything a sequence needs to continue at its end (prefix sharing, and
+import of stored blocks, resume at block boundaries). Stored entries and window keys are the
+model dtype or FP8 e4m3 with one fp32 scale per row (``fp8=True``); carry stays exact.
+
+Per running sequence (``max_batch`` slots, small and fixed): the window ring of the last
+``sliding_window`` keys and the open compressor window's raw projections (< rate tokens).
+
+Nothing here allocates after construction; reads gather rows by block table into new tensors of
+the step (bounded by the planned context, counted in the plan's activations).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import InvalidRequest, PlanError
+from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def block_multiple(cfg: DeepseekV4Config) -> int:
+    """Block sizes must be multiples of this: the lcm of the compression rates in use."""
+    rates = [cfg.rate(t) for t in cfg.layer_types if t != SLIDING]
+    return math.lcm(*rates) if rates else 1
+
+
+def check_block_size(cfg: DeepseekV4Config, block_size: int) -> None:
+    m = block_multiple(cfg)
+    if block_size % m:
+        raise PlanError(f"block_size={block_size} must be a multiple of {m} (the lcm of this "
+                        "model's compression rates) so that no compressor window straddles blocks")
+
+
+class PagedRows:
+    """``[num_blocks, rows, dim]`` rows, addressed flat as ``block * rows + i``; model dtype, or
+    FP8 with a per-row fp32 scale."""
+
+    def __init__(self, num_blocks: int, rows: int, dim: int, dtype: torch.dtype, fp8: bool,
+                 device: torch.device) -> None:
+        self.rows, self.dim, self.dtype = rows, dim, dtype
+        self.data = torch.zeros(num_blocks, rows, dim, dtype=FP8 if fp8 else dtype, device=device)
+        self.scale = torch.zeros(num_blocks, rows, dtype=torch.float32, device=device) if fp8 else None
+
+    @staticmethod
+    def row_bytes(dim: int, dtype: torch.dtype, fp8: bool) -> int:
+        return dim + 4 if fp8 else dim * torch.empty((), dtype=dtype).element_size()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.data] if self.scale is None else [self.data, self.scale]
+
+    def write(self, idx: torch.Tensor, x: torch.Tensor) -> None:
+        """x: [n, dim] into flat rows ``idx`` [n]."""
+        flat = self.data.view(-1, self.dim)
+        if self.scale is None:
+            flat.index_copy_(0, idx, x.to(self.dtype))
+            return
+        s = x.float().abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX
+        # copied as bytes: not every device implements index_copy_ for float8
+        flat.view(torch.uint8).index_copy_(0, idx, (x.float() / s[:, None]).to(FP8).view(torch.uint8))
+        self.scale.view(-1).index_copy_(0, idx, s)
+
+    def read(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows ``idx`` [n] -> [n, dim] in the model dtype."""
+        if self.scale is None:
+            return self.data.view(-1, self.dim).index_select(0, idx)
+        rows = self.data.view(-1, self.dim).view(torch.uint8).index_select(0, idx).view(FP8)
+        return (rows.float() * self.scale.view(-1).index_select(0, idx)[:, None]).to(self.dtype)
+
+
+@dataclass
+class CompressorPool:
+    """One compressor's (or indexer's) part of the pool for one layer, plus its slot carry."""
+
+    rate: int
+    block_size: int
+    entries: PagedRows  # block_size / rate entries per block
+    ov_kv: torch.Tensor | None  # CSA: [num_blocks, rate, dim] Ca slice of the block's last window
+    ov_gate: torch.Tensor | None  # CSA: [num_blocks, rate, dim] fp32, its gate + position bias
+    buf_kv: torch.Tensor  # [max_batch, rate, width] raw kv projections of the open window
+    buf_gate: torch.Tensor  # [max_batch, rate, width]
+
+    def entry_rows(self, table: torch.Tensor, first: int, count: int) -> torch.Tensor:
+        """Flat rows of a sequence's entries ``[first, first + count)``; table: [blocks] int64."""
+        per = self.entries.rows
+        e = torch.arange(first, first + count, device=table.device)
+        return table[e // per] * per + e % per
+
+    def block_of_window(self, table: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return table[w * self.rate // self.block_size]
+
+    def block_tensors(self) -> list[torch.Tensor]:
+        out = self.entries.tensors()
+        if self.ov_kv is not None and self.ov_gate is not None:
+            out += [self.ov_kv, self.ov_gate]
+        return out
+
+
+@dataclass
+class LayerPool:
+    block_size: int
+    window: PagedRows  # min(W, block_size) rows per block: the block's last tokens' keys
+    ring: torch.Tensor  # [max_batch, W, D]; position p of a running sequence at p % W
+    compressor: CompressorPool | None
+    indexer: CompressorPool | None
+
+
+def _compressor_pool(num_blocks: int, block_size: int, max_batch: int, rate: int, dim: int,
+                     overlap: bool, dtype: torch.dtype, fp8: bool,
+                     device: torch.device) -> CompressorPool:
+    width = 2 * dim if overlap else dim
+    return CompressorPool(
+        rate=rate, block_size=block_size,
+        entries=PagedRows(num_blocks, block_size // rate, dim, dtype, fp8, device),
+        ov_kv=torch.zeros(num_blocks, rate, dim, dtype=dtype, device=device) if overlap else None,
+        ov_gate=(torch.zeros(num_blocks, rate, dim, dtype=torch.float32, device=device)
+                 if overlap else None),
+        buf_kv=torch.zeros(max_batch, rate, width, dtype=dtype, device=device),
+        buf_gate=torch.zeros(max_batch, rate, width, dtype=dtype, device=device),
+    )
+
+
+class DeepseekV4KVPool:
+    """The fixed pool of V4 blocks plus the per-slot carry. ``num_tokens[slot]`` counts what a
+    running sequence's slot has absorbed. A slot is either bound to block tables handed in per
+    step (the engine) or, built with :meth:`for_slots`, to a fixed run of blocks of its own."""
+
+    def __init__(self, cfg: DeepseekV4Config, num_blocks: int, block_size: int, max_batch: int,
+                 dtype: torch.dtype, device: torch.device | str, fp8: bool = False) -> None:
+        check_block_size(cfg, block_size)
+        if max_batch < 1 or num_blocks < 2:
+            raise InvalidRequest(f"max_batch={max_batch} must be >= 1 and num_blocks={num_blocks} "
+                                 ">= 2 (the null block and one more)")
+        self.cfg, self.num_blocks, self.block_size = cfg, num_blocks, block_size
+        self.max_batch, self.dtype, self.fp8 = max_batch, dtype, fp8
+        self.device = torch.device(device)
+        self.window_rows = min(cfg.sliding_window, block_size)
+        self.num_tokens = [0] * max_batch
+        self.static_tables: list[list[int]] | None = None
+        self.layers: list[LayerPool] = []
+        dev = self.device
+        for lt in cfg.layer_types:
+            comp = idx = None
+            if lt != SLIDING:
+                rate = cfg.rate(lt)
+                comp = _compressor_pool(num_blocks, block_size, max_batch, rate, cfg.head_dim,
+                                        lt == CSA, dtype, fp8, dev)
+                if lt == CSA:
+                    idx = _compressor_pool(num_blocks, block_size, max_batch, rate,
+                                           cfg.index_head_dim, True, dtype, fp8, dev)
+            self.layers.append(LayerPool(
+                block_size, PagedRows(num_blocks, self.window_rows, cfg.head_dim, dtype, fp8, dev),
+                torch.zeros(max_batch, cfg.sliding_window, cfg.head_dim, dtype=dtype, device=dev),
+                comp, idx))
+
+    @classmethod
+    def for_slots(cls, cfg: DeepseekV4Config, max_batch: int, max_context: int,
+                  dtype: torch.dtype, device: torch.device | str, fp8: bool = False,
+                  block_size: int | None = None) -> DeepseekV4KVPool:
+        """A pool where slot ``s`` owns a fixed run of blocks covering ``max_context`` tokens
+        (for model-level tests and benchmarks that address sequences by slot only)."""
+        bs = block_size or block_multiple(cfg)
+        per = -(-max_context // bs)
+        pool = cls(cfg, 1 + max_batch * per, bs, max_batch, dtype, device, fp8)
+        pool.static_tables = [list(range(1 + s * per, 1 + (s + 1) * per)) for s in range(max_batch)]
+        pool.max_context = max_context
+        return pool
+
+    # --- bookkeeping -------------------------------------------------------------------------
+    def table(self, slot: int, block_ids: list[int] | tuple[int, ...] | None) -> torch.Tensor:
+        if block_ids is None:
+            assert self.static_tables is not None, "no block table given and no static tables"
+            block_ids = self.static_tables[slot]
+        return torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
+
+    def reset_slot(self, slot: int) -> None:
+        """Forget a slot's sequence (no tensor work: stale data is never read past num_tokens)."""
+        self.num_tokens[slot] = 0
+
+    def pretend_filled(self, slot: int, num_tokens: int) -> None:
+        """Warm-up only: mark ``slot`` as holding ``num_tokens`` tokens (whatever its blocks
+        contain) so a warm-up step runs against the longest context. Reset afterwards."""
+        self.num_tokens[slot] = num_tokens
+
+    def check_room(self, slot: int, num_new: int, table: torch.Tensor) -> None:
+        end = self.num_tokens[slot] + num_new
+        if end > table.numel() * self.block_size:
+            raise InvalidRequest(
+                f"V4 cache slot {slot}: {self.num_tokens[slot]} + {num_new} tokens exceed its "
+                f"{table.numel()} blocks of {self.block_size} tokens", field="block_tables")
+
+    def restore_slot(self, slot: int, table: torch.Tensor, num_tokens: int) -> None:
+        """Make ``slot`` continue a sequence whose first ``num_tokens`` tokens (a multiple of
+        the block size) are in the blocks of ``table``: the window ring from the blocks' window
+        rows; no compressor window is open at a block boundary, so the open buffers stay empty."""
+        if num_tokens % self.block_size:
+            raise InvalidRequest(
+                f"V4 resumes only at block boundaries: {num_tokens} is not a multiple of "
+                f"block_size={self.block_size}", field="num_computed_tokens")
+        w, b, wr = self.cfg.sliding_window, self.block_size, self.window_rows
+        pos = torch.arange(max(0, num_tokens - w), num_tokens, device=self.device)
+        rows = table[pos // b] * wr + (pos % b - (b - wr))
+        for layer in self.layers:
+            layer.ring[slot, pos % w] = layer.window.read(rows)
+        self.num_tokens[slot] = num_tokens
+
+    # --- sizes and layout -------------------------------------------------------------------
+    def block_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by block first, in the fixed export order."""
+        out: list[torch.Tensor] = []
+        for layer in self.layers:
+            out += layer.window.tensors()
+            for cp in (layer.compressor, layer.indexer):
+                if cp is not None:
+                    out += cp.block_tensors()
+        return out
+
+    def slot_tensors(self) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for layer in self.layers:
+            out.append(layer.ring)
+            for cp in (layer.compressor, layer.indexer):
+                if cp is not None:
+                    out += [cp.buf_kv, cp.buf_gate]
+        return out
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.block_tensors() + self.slot_tensors())
+
+    @property
+    def bytes_per_block(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.block_tensors())
+
+    @property
+    def fingerprint(self) -> str:
+        return v4_fingerprint(self.cfg, self.block_size, self.dtype, self.fp8)
+
+    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        idx = torch.as_tensor(block_ids, dtype=torch.long, device=self.device)
+        parts = [t.view(torch.uint8).index_select(0, idx).reshape(len(block_ids), -1)
+                 for t in self.block_tensors()]
+        return torch.cat(parts, dim=1)
+
+    def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
+        if data.dim() != 2 or data.shape != (len(block_ids), self.bytes_per_block):
+            raise InvalidRequest(f"V4 block data {tuple(data.shape)}, expected "
+                                 f"({len(block_ids)}, {self.bytes_per_block})", field="kv")
+        idx = torch.as_tensor(block_ids, dtype=torch.long, device=self.device)
+        data = data.to(self.device)
+        off = 0
+        for t in self.block_tensors():
+            n = t[0].numel() * t.element_size()
+            dst = t.view(torch.uint8)
+            dst.index_copy_(0, idx, data[:, off:off + n].reshape(len(block_ids), *dst.shape[1:]))
+            off += n
+
+
+def v4_fingerprint(cfg: DeepseekV4Config, block_size: int, dtype: torch.dtype, fp8: bool) -> str:
+    """Identifies what a block's bytes mean; both sides of a transfer must agree on it."""
+    desc = (f"v4-blocks-v1;dtype={str(dtype).removeprefix('torch.')};fp8={int(fp8)};"
+            f"bs={block_size};hd={cfg.head_dim};ihd={cfg.index_head_dim};win={cfg.sliding_window};"
+            f"csa={cfg.csa_rate};hca={cfg.hca_rate};"
+            f"layers={','.join(t[0] for t in cfg.layer_types)};rope={cfg.rope_head_dim}")
+    return desc + ";h=" + hashlib.sha256(desc.encode()).hexdigest()[:12]
+
+
+def block_bytes_by_kind(cfg: DeepseekV4Config, block_size: int, dtype: torch.dtype,
+                        fp8: bool) -> dict[str, tuple[int, int, int]]:
+    """kind -> (layers, rows per block, bytes per row) of one block, without allocating."""
+    check_block_size(cfg, block_size)
+    e = torch.empty((), dtype=dtype).element_size()
+    row = PagedRows.row_bytes
+    n_comp = sum(t != SLIDING for t in cfg.layer_types)
+    n_csa = sum(t == CSA for t in cfg.layer_types)
+    out = {"sliding_window": (cfg.num_layers, min(cfg.sliding_window, block_size),
+                              row(cfg.head_dim, dtype, fp8))}
+    for lt, name in ((CSA, "csa_entries"), ("heavily_compressed_attention", "hca_entries")):
+        n = sum(t == lt for t in cfg.layer_types)
+        if n:
+            out[name] = (n, block_size // cfg.rate(lt), row(cfg.head_dim, dtype, fp8))
+    if n_csa:
+        r = cfg.csa_rate
+        out["indexer_keys"] = (n_csa, block_size // r, row(cfg.index_head_dim, dtype, fp8))
+        out["compressor_carry"] = (n_csa, r, (cfg.head_dim + cfg.index_head_dim) * (e + 4))
+    del n_comp
+    return out
+
+
+def slot_carry_bytes(cfg: DeepseekV4Config, max_batch: int, dtype: torch.dtype) -> int:
+    """The per-slot part: window rings and open-window buffers of ``max_batch`` slots."""
+    e = torch.empty((), dtype=dtype).element_size()
+    total = 0
+    for lt in cfg.layer_types:
+        total += max_batch * cfg.sliding_window * cfg.head_dim * e
+        if lt == SLIDING:
+            continue
+        dims = [(cfg.head_dim, lt == CSA)] + ([(cfg.index_head_dim, True)] if lt == CSA else [])
+        for dim, overlap in dims:
+            total += 2 * max_batch * cfg.rate(lt) * (2 * dim if overlap else dim) * e
+    return total
+
+
+def deepseek_v4_cache_bytes(cfg: DeepseekV4Config, max_batch: int, max_context: int,
+                            dtype: torch.dtype = torch.bfloat16, fp8: bool = False,
+                            block_size: int | None = None) -> dict[str, int]:
+    """Bytes of :meth:`DeepseekV4KVPool.for_slots` by kind (``max_batch`` sequences of
+    ``max_context`` tokens each), without allocating it."""
+    cfg = DeepseekV4Config.coerce(cfg)
+    bs = block_size or block_multiple(cfg)
+    num_blocks = 1 + max_batch * -(-max_context // bs)
+    out = {k: num_blocks * n * rows * rb
+           for k, (n, rows, rb) in block_bytes_by_kind(cfg, bs, dtype, fp8).items()}
+    out["slot_carry"] = slot_carry_bytes(cfg, max_batch, dtype)
+    return out

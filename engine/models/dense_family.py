@@ -1,0 +1,142 @@
+"""The dense families (Llama, Qwen2, Qwen3) behind the ModelFamily contract: K/V of every token
+in paged blocks (engine/kv_cache.py), the plan terms of a dense decoder, CUDA-graph decode."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from engine.attention import AttentionShape, attention_workspace_bytes
+from engine.config import EngineConfig
+from engine.kv_cache import KVCache, KVCacheSpec
+from engine.memory_planner import GRAPH_POOL_SLACK, PlanTerm, common_step_terms
+from engine.model_config import ModelConfig
+from engine.models.dense import DenseDecoder
+from engine.models.family import CacheKind, KVLayout, ModelFamily
+from engine.rope import RotaryTable
+from engine.step_batch import StepBatch
+from engine.workspace import Workspace
+
+
+class DenseKVLayout(KVLayout):
+    """K and V of each token, per layer: ``KVCache.data[L, 2, num_blocks, block_size, H, D]``."""
+
+    def __init__(self, cfg: ModelConfig, ec: EngineConfig) -> None:
+        if ec.kv_dtype != "auto":
+            from engine.errors import PlanError
+
+            raise PlanError(f"kv_dtype={ec.kv_dtype!r}: this family stores K/V in the model dtype "
+                            "only (kv_dtype=auto)")
+        self.block_size = ec.block_size
+        self.spec_for = lambda n: KVCacheSpec(cfg.num_layers, n, ec.block_size, cfg.num_kv_heads,
+                                              cfg.head_dim, ec.torch_dtype)
+        self._spec = self.spec_for(2)
+
+    @property
+    def kinds(self) -> tuple[CacheKind, ...]:
+        s = self._spec
+        elem = torch.empty((), dtype=s.dtype).element_size()
+        return (CacheKind("k_and_v", s.num_layers, 2 * s.block_size,
+                          s.num_kv_heads * s.head_dim * elem),)
+
+    @property
+    def fingerprint(self) -> str:
+        return self._spec.layout_fingerprint
+
+    def allocate(self, num_blocks: int, device: torch.device) -> KVCache:
+        return KVCache(self.spec_for(num_blocks), device)
+
+    def export_blocks(self, kv: KVCache, block_ids: list[int]) -> torch.Tensor:
+        idx = torch.as_tensor(block_ids, dtype=torch.long, device=kv.data.device)
+        blocks = kv.data.index_select(2, idx).transpose(0, 2).contiguous()  # [n, 2, L, B, H, D]
+        return blocks.view(len(block_ids), -1).view(torch.uint8)
+
+    def import_blocks(self, kv: KVCache, block_ids: list[int], data: torch.Tensor) -> None:
+        idx = torch.as_tensor(block_ids, dtype=torch.long, device=kv.data.device)
+        d = kv.data
+        src = data.to(d.device).contiguous().view(d.dtype).view(
+            len(block_ids), d.shape[1], d.shape[0], *d.shape[3:]).transpose(0, 2)
+        d.index_copy_(2, idx, src)
+
+
+def dense_weight_bytes(cfg: ModelConfig, elem: int) -> int:
+    h, q, kv, i, v = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.vocab_size
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+    if cfg.attention_bias:
+        per_layer += q + 2 * kv
+    if cfg.qk_norm:
+        per_layer += 2 * cfg.head_dim
+    total = v * h + cfg.num_layers * per_layer + h
+    if not cfg.tie_word_embeddings:
+        total += v * h
+    return total * elem
+
+
+def dense_activation_bytes(cfg: ModelConfig, chunk: int, max_batch: int, elem: int) -> int:
+    """Upper bound of the transient tensors of one layer at ``chunk`` tokens (eager PyTorch)."""
+    h, q, kv, i = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    per_token = (6 * h + 5 * q + 4 * kv + 4 * i) * elem + 2 * h * 4
+    logits = max_batch * (cfg.vocab_size * elem + h * 4)
+    return chunk * per_token + logits
+
+
+class DenseFamily(ModelFamily):
+    uses_cuda_graphs: ClassVar[bool] = True
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineConfig) -> None:
+        rope = RotaryTable(cfg.rope, cfg.head_dim, ec.max_context, cfg.max_position_embeddings,
+                           ec.torch_dtype, ec.torch_device)
+        shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, ec.block_size,
+                               ec.attn_tile_tokens)
+        self.decoder = DenseDecoder(cfg, weights, rope, shape, fused=ec.use_triton_attention)
+
+    @classmethod
+    def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> DenseKVLayout:
+        return DenseKVLayout(cfg, ec)
+
+    @classmethod
+    def checkpoint_tensors(cls, cfg: ModelConfig,
+                           present: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        from engine.checkpoint import expected_tensor_shapes
+
+        return expected_tensor_shapes(cfg)
+
+    @classmethod
+    def plan_terms(cls, cfg: ModelConfig, ec: EngineConfig,
+                   weight_bytes: int | None) -> list[PlanTerm]:
+        elem = torch.empty((), dtype=ec.torch_dtype).element_size()
+        attn = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, ec.block_size,
+                              ec.attn_tile_tokens)
+        terms = [
+            PlanTerm("weights", weight_bytes if weight_bytes is not None
+                     else dense_weight_bytes(cfg, elem),
+                     "embed + layers x (qkv + o + 3 mlp + norms) + lm_head, x dtype bytes"),
+            PlanTerm("ws.attention", 0, "Triton paged attention keeps its tiles on chip", True)
+            if ec.use_triton_attention else
+            PlanTerm("ws.attention", attention_workspace_bytes(attn, ec.chunk_tokens,
+                                                               ec.max_batch, ec.torch_dtype),
+                     f"max(chunk {ec.chunk_tokens} x 1 seq, 1 x batch {ec.max_batch}) x heads x "
+                     f"tile {ec.attn_tile_tokens} (fp32 scores, K/V tiles, accumulators)", True),
+            *common_step_terms(cfg, ec),
+            PlanTerm("rope_tables", 2 * ec.max_context * cfg.head_dim * elem,
+                     f"2 x max_context {ec.max_context} x head_dim x {elem} B"),
+            PlanTerm("activations", dense_activation_bytes(cfg, ec.chunk_tokens, ec.max_batch,
+                                                           elem),
+                     f"chunk {ec.chunk_tokens} x (6h + 5q + 4kv + 4i) x {elem} B + fp32 norms"
+                     " + max_batch x vocab logits"),
+        ]
+        if ec.use_cuda_graphs:
+            terms.append(PlanTerm(
+                "cuda_graph_pool",
+                dense_activation_bytes(cfg, ec.max_batch, ec.max_batch, elem) + GRAPH_POOL_SLACK,
+                f"activations of a {ec.max_batch}-token decode step + 42 MiB allocator segment "
+                "granularity (one 2 MiB small-pool and two 20 MiB large-pool segments)"))
+        return terms
+
+    def forward(self, batch: StepBatch, kv: KVCache, ws: Workspace) -> torch.Tensor:
+        return self.decoder.forward(batch, kv, ws)
+
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return self.decoder.compute_logits(hidden, out)
+

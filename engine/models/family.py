@@ -1,0 +1,162 @@
+"""The contract between the generic engine and a model family.
+
+Two implementations exist: the dense decoders (``dense_family.DenseFamily``: Llama, Qwen2, Qwen3)
+and DeepSeek-V4 (``deepseek_v4.family.DeepseekV4Family``). The engine, the planner, the loader
+and the workers talk to a family only through these two classes, so adding a family never adds
+an ``if family == ...`` anywhere else. Nothing here allocates; implementations allocate their
+KV only in ``KVLayout.allocate`` (once, at start-up) and their weights at construction.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.memory_planner import PlanTerm
+    from engine.model_config import ModelConfig
+    from engine.scheduler import ScheduledChunk
+    from engine.step_batch import StepBatch
+    from engine.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class CacheKind:
+    """One kind of data a KV block holds, with its geometry: a block of ``block_size`` tokens
+    holds ``rows`` rows of ``row_bytes`` bytes of this kind (per layer that has it, ``layers``)."""
+
+    name: str
+    layers: int
+    rows: int
+    row_bytes: int
+
+    @property
+    def block_bytes(self) -> int:
+        return self.layers * self.rows * self.row_bytes
+
+
+class KVLayout(ABC):
+    """How a family's attention state lives in the engine's pool of fixed-size blocks.
+
+    Contract:
+    - ``block_size`` tokens per block; a sequence holds ``ceil(tokens / block_size)`` blocks and
+      block 0 is the null block (never handed out). Everything a sequence needs to continue at a
+      multiple of ``resume_granularity`` tokens is inside its blocks, so full blocks can be
+      shared by prefix hash and exported / imported one by one.
+    - ``kinds`` describes each kind of data with its geometry; ``bytes_per_block`` is their sum
+      and is what the planner multiplies by the number of blocks.
+    - ``fingerprint`` changes whenever the bytes of a block would mean something else; two
+      engines exchange blocks only when their fingerprints are equal.
+    - ``allocate`` makes the storage once; ``export_blocks`` / ``import_blocks`` copy whole
+      blocks out of / into it as ``[n, bytes_per_block]`` uint8 rows, never touching others.
+    """
+
+    block_size: int
+
+    @property
+    @abstractmethod
+    def kinds(self) -> tuple[CacheKind, ...]: ...
+
+    @property
+    def bytes_per_block(self) -> int:
+        return sum(k.block_bytes for k in self.kinds)
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.bytes_per_block / self.block_size
+
+    @property
+    def resume_granularity(self) -> int:
+        """A sequence can continue from its blocks at multiples of this many tokens (imports and
+        prefix hits are rounded down to it)."""
+        return 1
+
+    @property
+    @abstractmethod
+    def fingerprint(self) -> str: ...
+
+    @abstractmethod
+    def allocate(self, num_blocks: int, device: torch.device) -> Any:
+        """The KV storage for ``num_blocks`` blocks (the engine's ``kv`` object)."""
+
+    @abstractmethod
+    def export_blocks(self, kv: Any, block_ids: list[int]) -> torch.Tensor:
+        """Copies of the blocks: [len(block_ids), bytes_per_block] uint8 on the KV's device."""
+
+    @abstractmethod
+    def import_blocks(self, kv: Any, block_ids: list[int], data: torch.Tensor) -> None:
+        """Write ``data`` ([n, bytes_per_block] uint8, any device) into the blocks."""
+
+
+class ModelFamily(ABC):
+    """One family of models as the engine runs it.
+
+    Contract:
+    - Class level (no weights needed, so ``bulkhead plan`` can use it): ``kv_layout`` gives the
+      block geometry for an engine config and ``plan_terms`` every device-memory term of the
+      family except the KV extent and the measured ones (weights, activations, workspace
+      slices; ``in_workspace`` terms are carved from the workspace arena).
+    - Instance (built from the loaded weights): ``forward(batch, kv, ws)`` runs one step of
+      any mix of prefill chunks and decodes and returns hidden [N, hidden]; it writes state
+      only into the blocks of ``batch.block_tables`` at the step's positions and never allocates
+      beyond the plan. ``compute_logits`` writes [n, vocab] fp32 into a given buffer.
+    - ``warmup_steps`` lists the worst-case steps the plan must survive; the runner runs them
+      (KV writes to the null block), then calls ``reset``. ``prepare_warmup`` makes per-
+      sequence bookkeeping claim the steps' positions (its contents are garbage).
+    - ``uses_cuda_graphs``: whether a decode step is pure device work that graphs can replay.
+    """
+
+    uses_cuda_graphs: ClassVar[bool] = False
+
+    @classmethod
+    @abstractmethod
+    def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> KVLayout: ...
+
+    @classmethod
+    @abstractmethod
+    def plan_terms(cls, cfg: ModelConfig, ec: EngineConfig,
+                   weight_bytes: int | None) -> list[PlanTerm]: ...
+
+    @classmethod
+    def checkpoint_tensors(cls, cfg: ModelConfig,
+                           present: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]] | None:
+        """The tensors to load with their shapes (checked by the loader), or None to load every
+        tensor present and let the family check them at construction."""
+        return None
+
+    #: whether the loader may cast every tensor to the engine dtype (False: quantized payloads
+    #: and their scales are kept as stored and the family dequantizes them)
+    cast_weights_on_load: ClassVar[bool] = True
+
+    @abstractmethod
+    def forward(self, batch: StepBatch, kv: Any, ws: Workspace) -> torch.Tensor: ...
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
+
+    def warmup_steps(self, ec: EngineConfig, table: tuple[int, ...]) -> list[list[ScheduledChunk]]:
+        """The plan's worst steps: the longest chunk against the longest context, a full batch
+        of decodes at the longest context, and a full token budget spread over a full batch."""
+        from engine.scheduler import ScheduledChunk
+
+        chunk = min(ec.chunk_tokens, ec.max_context - 1)
+        total = min(ec.chunk_tokens, ec.max_batch * (ec.max_context - 1))
+        share = [total // ec.max_batch + (i < total % ec.max_batch) for i in range(ec.max_batch)]
+        end = ec.max_context - 1
+        return [
+            [ScheduledChunk("warmup-prefill", end - chunk, chunk, (0,) * chunk, table, 0, True)],
+            [ScheduledChunk(f"warmup-decode-{i}", end, 1, (0,), table, i, True)
+             for i in range(ec.max_batch)],
+            [ScheduledChunk(f"warmup-mixed-{i}", end - n, n, (0,) * n, table, i, True)
+             for i, n in enumerate(share) if n > 0],
+        ]
+
+    def prepare_warmup(self, kv: Any, chunks: list[ScheduledChunk]) -> None:  # noqa: B027
+        """Before a warm-up step: make per-sequence bookkeeping accept these chunks."""
+
+    def reset(self, kv: Any) -> None:  # noqa: B027 - optional hook
+        """After the warm-up: forget every per-sequence state it left."""
