@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.cache_state import DeepseekV4CacheState, deepseek_v4_cache_bytes
+from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.config import CSA, HCA, SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.sizing import (
@@ -104,7 +104,7 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
     model = DeepseekV4Model.empty(cfg, torch.bfloat16, dev, backend)
     random_init_(model, seed=0)
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    cache = DeepseekV4CacheState(cfg, 1, args.context, torch.bfloat16, dev)
+    cache = DeepseekV4KVPool.for_slots(cfg, 1, args.context, torch.bfloat16, dev)
     scratch = deepseek_v4_step_scratch_bytes(
         cfg, args.chunk, args.context, 1, torch.bfloat16,
         backend="kernels" if kind.indexer == "kernels" else "torch",
@@ -203,7 +203,7 @@ def backend_agreement(model: DeepseekV4Model, cfg: DeepseekV4Config, tokens: int
     outs = []
     for backend in (model.backend, V4Backend("torch", "torch")):
         saved, model.backend = model.backend, backend
-        cache = DeepseekV4CacheState(cfg, 1, tokens, torch.bfloat16, dev)
+        cache = DeepseekV4KVPool.for_slots(cfg, 1, tokens, torch.bfloat16, dev)
         outs.append(model(ids, pos, [0, tokens], [0], cache).float())
         model.backend = saved
     diff = (outs[0] - outs[1]).norm() / outs[1].norm()

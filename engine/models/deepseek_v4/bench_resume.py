@@ -42,7 +42,7 @@ from engine.models.deepseek_v4.bench_context import (
     random_init_,
     write_marked_section,
 )
-from engine.models.deepseek_v4.cache_state import DeepseekV4CacheState, deepseek_v4_cache_bytes
+from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.sizing import (
@@ -116,7 +116,7 @@ class ResumeBench:
         self.model = DeepseekV4Model.empty(self.cfg, dtype, self.dev, backend)
         random_init_(self.model, seed=0)
         self.weights_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
-        self.cache = DeepseekV4CacheState(self.cfg, 1, args.context, dtype, self.dev)
+        self.cache = DeepseekV4KVPool.for_slots(self.cfg, 1, args.context, dtype, self.dev)
         self.scratch = deepseek_v4_step_scratch_bytes(
             self.cfg, args.chunk, args.context, 1, dtype,
             backend="kernels" if self.kind.indexer == "kernels" else "torch",

@@ -178,7 +178,6 @@ class DeepseekV4KVPool:
         per = -(-max_context // bs)
         pool = cls(cfg, 1 + max_batch * per, bs, max_batch, dtype, device, fp8)
         pool.static_tables = [list(range(1 + s * per, 1 + (s + 1) * per)) for s in range(max_batch)]
-        pool.max_context = max_context
         return pool
 
     # --- bookkeeping -------------------------------------------------------------------------
@@ -195,6 +194,10 @@ class DeepseekV4KVPool:
     def pretend_filled(self, slot: int, num_tokens: int) -> None:
         """Warm-up only: mark ``slot`` as holding ``num_tokens`` tokens (whatever its blocks
         contain) so a warm-up step runs against the longest context. Reset afterwards."""
+        blocks = self.num_blocks - 1 if self.static_tables is None else len(self.static_tables[slot])
+        if not 0 <= num_tokens <= blocks * self.block_size:
+            raise InvalidRequest(f"num_tokens={num_tokens} outside [0, {blocks * self.block_size}]",
+                                 field="num_tokens")
         self.num_tokens[slot] = num_tokens
 
     def check_room(self, slot: int, num_new: int, table: torch.Tensor) -> None:

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import build_hf_v4  # noqa: E402
 
 from engine.models.deepseek_v4 import (  # noqa: E402
-    DeepseekV4CacheState,
+    DeepseekV4KVPool,
     DeepseekV4Config,
     DeepseekV4Model,
     V4Backend,
@@ -32,7 +32,7 @@ outs = []
 peak = 0
 for backend in (V4Backend("kernels", "kernels"), V4Backend("torch", "torch")):
     ours = DeepseekV4Model.from_state_dict(cfg, model.state_dict(), dtype=torch.float32, backend=backend)
-    cache = DeepseekV4CacheState(cfg, 2, 32, torch.float32, "cpu")
+    cache = DeepseekV4KVPool.for_slots(cfg, 2, 32, torch.float32, "cpu")
     ws = Workspace(deepseek_v4_workspace_bytes(cfg, 13, 32), "cpu")
     ws.lock()
     h1 = ours(a[:6], torch.arange(6), [0, 6], [1], cache, ws=ws)

@@ -1,6 +1,7 @@
 """DeepSeek-V4 family against transformers' DeepseekV4ForCausalLM: same logits and greedy tokens
 for prompts prefilled in chunks that straddle compression windows, then decoded token by token;
-several sequences in one step; slot export/import; the fixed extent never grows."""
+several sequences in one step; export/import of blocks and resumption at a block boundary;
+the fixed pool never grows."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from engine.errors import InvalidRequest
 from engine.models.deepseek_v4 import (
-    DeepseekV4CacheState,
+    DeepseekV4KVPool,
     DeepseekV4Config,
     DeepseekV4Model,
     V4Backend,
@@ -33,7 +34,7 @@ def _prompt(seed: int, n: int = PROMPT_LEN, vocab: int = 97) -> torch.Tensor:
     return torch.randint(2, vocab, (n,), generator=torch.Generator().manual_seed(seed))
 
 
-def _prefill(ours: DeepseekV4Model, cache: DeepseekV4CacheState, ids: torch.Tensor, slot: int,
+def _prefill(ours: DeepseekV4Model, cache: DeepseekV4KVPool, ids: torch.Tensor, slot: int,
              chunk: int) -> torch.Tensor:
     """Chunked prefill of ``ids`` into ``slot``; returns the logits of every prompt token."""
     logits = []
@@ -45,7 +46,7 @@ def _prefill(ours: DeepseekV4Model, cache: DeepseekV4CacheState, ids: torch.Tens
     return torch.cat(logits)
 
 
-def _decode(ours: DeepseekV4Model, cache: DeepseekV4CacheState, first_logits: torch.Tensor,
+def _decode(ours: DeepseekV4Model, cache: DeepseekV4KVPool, first_logits: torch.Tensor,
             slot: int, steps: int) -> tuple[list[int], torch.Tensor]:
     tokens = [int(first_logits.argmax())]
     all_logits = [first_logits]
@@ -78,7 +79,7 @@ def test_chunked_prefill_logits_match(hf_v4: tuple[str, torch.nn.Module, dict[st
     ids = _prompt(1)
     with torch.no_grad():
         ref = model(ids[None]).logits[0]
-    cache = DeepseekV4CacheState(cfg, max_batch=2, max_context=64, dtype=torch.float32, device="cpu")
+    cache = DeepseekV4KVPool.for_slots(cfg, max_batch=2, max_context=64, dtype=torch.float32, device="cpu")
     got = _prefill(ours, cache, ids, slot=1, chunk=chunk)
     torch.testing.assert_close(got, ref, atol=ATOL, rtol=1e-4, msg=f"{name} chunk={chunk}")
 
@@ -92,7 +93,7 @@ def test_greedy_tokens_match_generate(hf_v4: tuple[str, torch.nn.Module, dict[st
                        return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
     hf_tokens = g.sequences[0, PROMPT_LEN:].tolist()
     hf_logits = torch.stack([lg[0] for lg in g.logits])
-    cache = DeepseekV4CacheState(cfg, max_batch=1, max_context=64, dtype=torch.float32, device="cpu")
+    cache = DeepseekV4KVPool.for_slots(cfg, max_batch=1, max_context=64, dtype=torch.float32, device="cpu")
     prompt_logits = _prefill(ours, cache, ids, slot=0, chunk=chunk)
     tokens, logits = _decode(ours, cache, prompt_logits[-1], slot=0, steps=NEW_TOKENS)
     assert tokens == hf_tokens, name
@@ -111,11 +112,11 @@ def test_mixed_batch_equals_single_sequences(hf_v4: tuple[str, torch.nn.Module, 
     cfg = DeepseekV4Config.from_hf_dict(raw)
     ours = DeepseekV4Model.from_state_dict(cfg, model.state_dict(), dtype=torch.float32, backend=backend)
     a, b, c = _prompt(3, 23), _prompt(4, 13), _prompt(5, 30)
-    solo = DeepseekV4CacheState(cfg, max_batch=3, max_context=64, dtype=torch.float32, device="cpu")
+    solo = DeepseekV4KVPool.for_slots(cfg, max_batch=3, max_context=64, dtype=torch.float32, device="cpu")
     ref_a = _prefill(ours, solo, a, 0, 23)[10:]
     ref_b = _prefill(ours, solo, b, 1, 13)
     ref_c = _prefill(ours, solo, c, 2, 30)[-1:]
-    cache = DeepseekV4CacheState(cfg, max_batch=3, max_context=64, dtype=torch.float32, device="cpu")
+    cache = DeepseekV4KVPool.for_slots(cfg, max_batch=3, max_context=64, dtype=torch.float32, device="cpu")
     _prefill(ours, cache, a[:10], 0, 10)
     _prefill(ours, cache, c[:29], 2, 29)
     ids = torch.cat([c[29:], a[10:], b])
@@ -126,21 +127,27 @@ def test_mixed_batch_equals_single_sequences(hf_v4: tuple[str, torch.nn.Module, 
     assert cache.num_tokens == [23, 13, 30]
 
 
-def test_export_import_slot_continues_identically(hf_v4: tuple[str, torch.nn.Module, dict[str, Any]]) -> None:
-    """Prefill on one cache (the 'prefill worker'), move the slot through a flat byte tensor,
-    decode on another cache in a different slot: same tokens as decoding in place."""
+def test_export_import_blocks_continues_identically(hf_v4: tuple[str, torch.nn.Module, dict[str, Any]]) -> None:
+    """Prefill on one pool (the 'prefill worker'), move its full blocks as bytes into another
+    pool's blocks of a different slot, resume there at the block boundary, compute the rest of
+    the prompt and decode: same tokens as decoding in place."""
     _, model, raw = hf_v4
     cfg, ours = _ours(model, raw)
     ids = _prompt(6)
-    src = DeepseekV4CacheState(cfg, max_batch=2, max_context=64, dtype=torch.float32, device="cpu")
+    src = DeepseekV4KVPool.for_slots(cfg, max_batch=2, max_context=64, dtype=torch.float32, device="cpu")
     logits = _prefill(ours, src, ids, 1, 9)
-    exported = src.export_slot(1)
-    flat = src.pack(exported)
-    assert flat.dtype == torch.uint8 and flat.dim() == 1
-    dst = DeepseekV4CacheState(cfg, max_batch=3, max_context=64, dtype=torch.float32, device="cpu")
-    ptrs = [t.data_ptr() for _, t in dst.named_tensors()]
-    dst.import_slot(2, dst.unpack(flat.clone(), exported.fingerprint, exported.num_tokens))
-    assert [t.data_ptr() for _, t in dst.named_tensors()] == ptrs
+    bs = src.block_size
+    full = PROMPT_LEN // bs
+    assert full >= 1
+    data = src.export_blocks(src.static_tables[1][:full])
+    assert data.dtype == torch.uint8 and tuple(data.shape) == (full, src.bytes_per_block)
+    dst = DeepseekV4KVPool.for_slots(cfg, max_batch=3, max_context=64, dtype=torch.float32, device="cpu")
+    ptrs = [t.data_ptr() for t in dst.block_tensors() + dst.slot_tensors()]
+    dst.import_blocks(dst.static_tables[2][:full], data)
+    assert [t.data_ptr() for t in dst.block_tensors() + dst.slot_tensors()] == ptrs
+    dst.restore_slot(2, dst.table(2, None), full * bs)
+    tail = _prefill(ours, dst, ids[full * bs:], 2, 5)
+    torch.testing.assert_close(tail[-1], logits[-1], atol=ATOL, rtol=1e-4)
     want, _ = _decode(ours, src, logits[-1], 1, 6)
     got, _ = _decode(ours, dst, logits[-1], 2, 6)
     assert got == want
@@ -149,24 +156,22 @@ def test_export_import_slot_continues_identically(hf_v4: tuple[str, torch.nn.Mod
 def test_import_rejects_other_layout(v4_builder: Callable[..., Any]) -> None:
     _, raw_a = v4_builder("s-csa-hca_yarn_hc2")
     _, raw_b = v4_builder("csa-hca-csa-s_hc3_topk_all")
-    a = DeepseekV4CacheState(DeepseekV4Config.from_hf_dict(raw_a), 1, 32, torch.float32, "cpu")
-    b = DeepseekV4CacheState(DeepseekV4Config.from_hf_dict(raw_b), 1, 32, torch.float32, "cpu")
+    a = DeepseekV4KVPool.for_slots(DeepseekV4Config.from_hf_dict(raw_a), 1, 32, torch.float32, "cpu")
+    b = DeepseekV4KVPool.for_slots(DeepseekV4Config.from_hf_dict(raw_b), 1, 32, torch.float32, "cpu")
     assert a.fingerprint != b.fingerprint
-    with pytest.raises(InvalidRequest, match="layout mismatch"):
-        b.import_slot(0, a.export_slot(0))
-    with pytest.raises(InvalidRequest, match="trailing bytes"):
-        a.unpack(torch.zeros(a.pack(a.export_slot(0)).numel() + 1, dtype=torch.uint8), a.fingerprint, 0)
+    with pytest.raises(InvalidRequest, match="V4 block data"):
+        b.import_blocks([1], a.export_blocks([1]))
 
 
 def test_fixed_extent_never_grows_and_rejects_overflow(hf_v4: tuple[str, torch.nn.Module, dict[str, Any]]) -> None:
     _, model, raw = hf_v4
     cfg, ours = _ours(model, raw)
-    cache = DeepseekV4CacheState(cfg, max_batch=2, max_context=48, dtype=torch.float32, device="cpu")
+    cache = DeepseekV4KVPool.for_slots(cfg, max_batch=2, max_context=48, dtype=torch.float32, device="cpu")
     assert sum(deepseek_v4_cache_bytes(cfg, 2, 48, torch.float32).values()) == cache.nbytes()
-    before = [(n, t.data_ptr(), tuple(t.shape)) for n, t in cache.named_tensors()]
+    before = [(t.data_ptr(), tuple(t.shape)) for t in cache.block_tensors() + cache.slot_tensors()]
     _prefill(ours, cache, _prompt(7, 45), 0, 11)
-    assert [(n, t.data_ptr(), tuple(t.shape)) for n, t in cache.named_tensors()] == before
-    with pytest.raises(InvalidRequest, match="max_context=48"):
+    assert [(t.data_ptr(), tuple(t.shape)) for t in cache.block_tensors() + cache.slot_tensors()] == before
+    with pytest.raises(InvalidRequest, match="exceed its"):
         ours(torch.tensor([3, 4, 5, 6]), torch.arange(45, 49), [0, 4], [0], cache)
     assert cache.num_tokens[0] == 45  # a refused step leaves the slot untouched
 
@@ -182,7 +187,7 @@ def test_kernel_references_as_backend_match(backend: V4Backend, v4_builder: Call
     ids = _prompt(8, 30)
     with torch.no_grad():
         ref = model(ids[None]).logits[0]
-    cache = DeepseekV4CacheState(cfg, max_batch=1, max_context=32, dtype=torch.float32, device="cpu")
+    cache = DeepseekV4KVPool.for_slots(cfg, max_batch=1, max_context=32, dtype=torch.float32, device="cpu")
     torch.testing.assert_close(_prefill(ours, cache, ids, 0, 7), ref, atol=ATOL, rtol=1e-4)
 
 
@@ -194,7 +199,7 @@ def test_flash_rates_long_prompt(v4_builder: Callable[..., Any]) -> None:
     ids = _prompt(9, 380)
     g = model.generate(ids[None], max_new_tokens=6, do_sample=False, output_logits=True,
                        return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
-    cache = DeepseekV4CacheState(cfg, max_batch=1, max_context=400, dtype=torch.float32, device="cpu")
+    cache = DeepseekV4KVPool.for_slots(cfg, max_batch=1, max_context=400, dtype=torch.float32, device="cpu")
     logits = _prefill(ours, cache, ids, slot=0, chunk=61)
     with torch.no_grad():
         ref = model(ids[None]).logits[0]

@@ -1,6 +1,6 @@
-"""The engine-facing adapter: StepBatch steps with two sequences interleaved (one in chunked
-prefill while the other decodes) give transformers' greedy tokens; slot reuse resets state; a
-step that does not continue the slot's state is refused."""
+"""The family adapter (DeepseekV4Family over a pool of blocks): StepBatch steps with two
+sequences interleaved (one in chunked prefill while the other decodes) give transformers' greedy
+tokens; slot reuse resets state; a step that does not continue the slot's state is refused."""
 
 from __future__ import annotations
 
@@ -10,9 +10,14 @@ from typing import Any
 import pytest
 import torch
 
+from engine.config import EngineConfig
 from engine.errors import InvalidRequest
-from engine.models.deepseek_v4.runner import DeepseekV4Runner
+from engine.model_config import ModelConfig
+from engine.models.deepseek_v4.family import DeepseekV4Family
 from engine.step_batch import StepBatch
+
+BS = 8  # lcm of the config's rates (4, 8)
+TABLES = {0: list(range(6, 11)), 1: list(range(1, 6))}  # 5 blocks of 8 = 40 tokens per slot
 
 
 def _batch(seqs: list[tuple[list[int], int, int]]) -> StepBatch:
@@ -26,7 +31,7 @@ def _batch(seqs: list[tuple[list[int], int, int]]) -> StepBatch:
         slots.append(slot)
     n = len(ids)
     return StepBatch(torch.tensor(ids), torch.tensor(pos), torch.zeros(n, dtype=torch.long), qsl, ctx,
-                     [[] for _ in seqs], slots, torch.tensor([q - 1 for q in qsl[1:]]))
+                     [TABLES[s] for s in slots], slots, torch.tensor([q - 1 for q in qsl[1:]]))
 
 
 def test_interleaved_sequences_match_generate(v4_builder: Callable[..., Any]) -> None:
@@ -37,12 +42,17 @@ def test_interleaved_sequences_match_generate(v4_builder: Callable[..., Any]) ->
     for name, p in (("a", a), ("b", b)):
         out = model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
         want[name] = out[0, len(p):].tolist()
-    runner = DeepseekV4Runner(raw, model.state_dict(), max_batch=2, max_context=40, dtype=torch.float32)
+    mc = ModelConfig.from_hf_dict(model.config.to_dict())
+    ec = EngineConfig(model="v4", device="cpu", dtype="float32", max_batch=2, max_context=40,
+                      block_size=BS, attn_tile_tokens=BS)
+    runner = DeepseekV4Family(mc, dict(model.state_dict()), ec)
+    pool = DeepseekV4Family.kv_layout(mc, ec).allocate(11, torch.device("cpu"))
     got: dict[str, list[int]] = {"a": [], "b": []}
 
     def step(seqs: list[tuple[str, list[int], int, int]]) -> None:
         batch = _batch([(t, s, slot) for _, t, s, slot in seqs])
-        logits = runner.compute_logits(runner.forward(batch)[batch.logits_indices])
+        logits = runner.compute_logits(runner.forward(batch, pool, None)[batch.logits_indices],
+                                       torch.empty(len(seqs), 97))
         for (name, toks, start, _slot), lg in zip(seqs, logits, strict=True):
             full = a if name == "a" else b
             if start + len(toks) >= len(full):  # prompt done: the row's argmax is an output token
@@ -57,6 +67,6 @@ def test_interleaved_sequences_match_generate(v4_builder: Callable[..., Any]) ->
     assert got["b"][:5] == want["b"][:5]
     # slot 1 reused by a new sequence: state restarts at position 0
     step([("a", a[:21], 0, 1)])
-    assert runner.cache.num_tokens[1] == 21
-    with pytest.raises(InvalidRequest, match="cannot be rewound"):
-        runner.forward(_batch([([5], 30, 0)]))
+    assert pool.num_tokens[1] == 21
+    with pytest.raises(InvalidRequest, match="continues at position 30"):
+        runner.forward(_batch([([5], 30, 0)]), pool, None)

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from engine.errors import CheckpointError
-from engine.models.deepseek_v4 import DeepseekV4CacheState, DeepseekV4Config, DeepseekV4Model
+from engine.models.deepseek_v4 import DeepseekV4KVPool, DeepseekV4Config, DeepseekV4Model
 from engine.models.deepseek_v4.bench_context import flash_config, main
-from engine.models.deepseek_v4.cache_state import deepseek_v4_cache_bytes
+from engine.models.deepseek_v4.kv_pool import deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.sizing import (
     deepseek_v4_step_peak_bytes,
     deepseek_v4_step_scratch_bytes,
@@ -25,9 +25,16 @@ from engine.models.deepseek_v4.sizing import (
 def test_flash_cache_bytes_by_role() -> None:
     cfg = flash_config("SCH", experts=8, context=1 << 20)
     got = deepseek_v4_cache_bytes(cfg, max_batch=2, max_context=1 << 20)
-    assert got["compressed_kv"] == 2 * ((1 << 18) + (1 << 13)) * 512 * 2  # CSA /4 + HCA /128
-    assert got["indexer_keys"] == 2 * (1 << 18) * 128 * 2
-    assert got["sliding_window_kv"] == 3 * 2 * 128 * 512 * 2
+    blocks = 1 + 2 * (1 << 20) // 128  # blocks of lcm(4, 128) tokens, + the null block
+    assert got["csa_entries"] == blocks * 32 * 512 * 2  # 128 / 4 entries a block
+    assert got["hca_entries"] == blocks * 1 * 512 * 2
+    assert got["indexer_keys"] == blocks * 32 * 128 * 2
+    assert got["sliding_window"] == blocks * 3 * 128 * 512 * 2  # window 128 = the whole block
+    assert got["compressor_carry"] == blocks * 4 * (512 + 128) * (2 + 4)
+    assert got["slot_carry"] == 2 * (3 * 128 * 512 * 2 + 2 * 4 * 1024 * 2 + 2 * 4 * 256 * 2
+                                     + 2 * 128 * 512 * 2)
+    fp8 = deepseek_v4_cache_bytes(cfg, max_batch=2, max_context=1 << 20, fp8=True)
+    assert fp8["csa_entries"] == blocks * 32 * (512 + 4)
 
 
 @pytest.mark.parametrize("backend", ["kernels", "torch"])
@@ -69,7 +76,7 @@ def test_bf16_prefill_close_to_fp32(v4_builder: Callable[..., Any]) -> None:
     outs = []
     for dtype in (torch.float32, torch.bfloat16):
         ours = DeepseekV4Model.from_state_dict(cfg, model.state_dict(), dtype=dtype)
-        cache = DeepseekV4CacheState(cfg, 1, 32, dtype, "cpu")
+        cache = DeepseekV4KVPool.for_slots(cfg, 1, 32, dtype, "cpu")
         h = torch.cat([ours(ids[s : s + 8], torch.arange(s, min(29, s + 8)), [0, min(29, s + 8) - s], [0], cache)
                        for s in range(0, 29, 8)])
         outs.append(ours.compute_logits(h).float())
@@ -117,7 +124,7 @@ def test_warmup_at_longest_context() -> None:
     cfg = flash_config("SCH", experts=4, context=256, tiny=True)
     model = DeepseekV4Model.empty(cfg, torch.float32, "cpu")
     random_init_(model, seed=0)
-    cache = DeepseekV4CacheState(cfg, 2, 256, torch.float32, "cpu")
+    cache = DeepseekV4KVPool.for_slots(cfg, 2, 256, torch.float32, "cpu")
     cache.pretend_filled(1, 240)
     h = model(torch.randint(0, cfg.vocab_size, (16,)), torch.arange(240, 256), [0, 16], [1], cache)
     assert torch.isfinite(h).all() and cache.num_tokens == [0, 256]

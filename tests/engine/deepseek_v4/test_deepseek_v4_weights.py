@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.checkpoint import load_checkpoint
 from engine.errors import CheckpointError
-from engine.models.deepseek_v4 import DeepseekV4CacheState, DeepseekV4Config, DeepseekV4Model
+from engine.models.deepseek_v4 import DeepseekV4KVPool, DeepseekV4Config, DeepseekV4Model
 from engine.models.deepseek_v4.weights import dequantize_block, is_deepseek_layout, to_hf_names
 
 _V4_FLASH_TOP = {"model.embed_tokens.weight": "embed.weight", "model.hc_head.hc_fn": "hc_head_fn",
@@ -69,7 +69,7 @@ def test_engine_loader_to_model_matches_transformers(v4_builder: Callable[..., A
     cfg = DeepseekV4Config.from_hf_dict(ck.config.hf_config)
     ours = DeepseekV4Model.from_state_dict(cfg, ck.state_dict, dtype=torch.float32)
     ids = torch.randint(2, 97, (27,), generator=torch.Generator().manual_seed(5))
-    cache = DeepseekV4CacheState(cfg, 1, 32, torch.float32, "cpu")
+    cache = DeepseekV4KVPool.for_slots(cfg, 1, 32, torch.float32, "cpu")
     got = ours.compute_logits(ours(ids, torch.arange(27), [0, 27], [0], cache))
     with torch.no_grad():
         want = model(ids[None]).logits[0]
