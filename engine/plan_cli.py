@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="KV extent in blocks (default: every sequence can reach max-context)")
     ap.add_argument("--attn-tile-tokens", type=int, default=256)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8"],
+                    help="stored KV entries in the model dtype (auto) or FP8 with per-row scales")
+    ap.add_argument("--weights-gib", type=float, default=None,
+                    help="weight bytes to plan with, for families whose weights the planner "
+                         "does not estimate from the config")
     ap.add_argument("--device-memory-gib", type=float, default=96.0,
                     help="device memory to plan against (default: a 96 GB card)")
     ap.add_argument("--memory-utilization", type=float, default=0.92)
@@ -48,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
                           max_context=args.max_context, chunk_tokens=args.chunk_tokens,
                           max_batch=args.max_batch, block_size=args.block_size,
                           num_blocks=args.num_blocks, attn_tile_tokens=args.attn_tile_tokens,
-                          memory_utilization=args.memory_utilization)
-        plan = make_plan(mc, ec, int(args.device_memory_gib * GiB),
+                          memory_utilization=args.memory_utilization, kv_dtype=args.kv_dtype)
+        weights = None if args.weights_gib is None else int(args.weights_gib * GiB)
+        plan = make_plan(mc, ec, int(args.device_memory_gib * GiB), weights,
                          device_label=f"planned {args.device_memory_gib:g} GiB device")
     except EngineError as e:
         print(f"bulkhead plan: {e}", file=sys.stderr)
@@ -58,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"model": mc.name, "family": mc.family, **plan.to_json()}, indent=2))
     else:
         print(f"model {mc.name} ({mc.family}), dtype {args.dtype}, max_context {ec.max_context}, "
-              f"chunk {ec.chunk_tokens}, max_batch {ec.max_batch}")
+              f"chunk {ec.chunk_tokens}, max_batch {ec.max_batch}, kv_dtype {ec.kv_dtype}")
         print(plan.table())
         if not plan.fits:
             print("\nDOES NOT FIT: " + str(_safe_check(plan)))
