@@ -42,8 +42,8 @@ from bench.deepseek_v4.context import (
     write_marked_section,
 )
 from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.config import DeepseekV4Config
+from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.sizing import (
     deepseek_v4_step_scratch_bytes,

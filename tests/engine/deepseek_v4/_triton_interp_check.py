@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import build_hf_v4  # noqa: E402
 
 from engine.models.deepseek_v4 import (  # noqa: E402
-    DeepseekV4KVPool,
     DeepseekV4Config,
+    DeepseekV4KVPool,
     DeepseekV4Model,
     V4Backend,
 )

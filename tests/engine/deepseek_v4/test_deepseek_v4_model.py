@@ -13,8 +13,8 @@ import torch
 
 from engine.errors import InvalidRequest
 from engine.models.deepseek_v4 import (
-    DeepseekV4KVPool,
     DeepseekV4Config,
+    DeepseekV4KVPool,
     DeepseekV4Model,
     V4Backend,
     deepseek_v4_cache_bytes,

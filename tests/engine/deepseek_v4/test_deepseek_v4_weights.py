@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.checkpoint import load_checkpoint
 from engine.errors import CheckpointError
-from engine.models.deepseek_v4 import DeepseekV4KVPool, DeepseekV4Config, DeepseekV4Model
+from engine.models.deepseek_v4 import DeepseekV4Config, DeepseekV4KVPool, DeepseekV4Model
 from engine.models.deepseek_v4.weights import dequantize_block, is_deepseek_layout, to_hf_names
 
 _V4_FLASH_TOP = {"model.embed_tokens.weight": "embed.weight", "model.hc_head.hc_fn": "hc_head_fn",
