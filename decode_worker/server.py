@@ -4,9 +4,8 @@ Generate RPC, two ways in:
 - ``has_prefill``: a prefill worker already ran the prompt and sampled ``first_token_id``. The
   engine loads the prompt's KV from LMCache into its own blocks (``kv_importer``) and computes
   whatever the store did not hold (a partial or evicted chunk), so the output is right either way.
-  The stream does NOT repeat ``first_token_id``: it carries the tokens after it. For a family
-  with per-sequence state (DeepSeek-V4) the store holds per-token state rows and the hook
-  rebuilds the sequence's cache slot from them instead (``prepare_import`` picks by family).
+  The stream does NOT repeat ``first_token_id``: it carries the tokens after it. The store
+  holds whole blocks of the engine's KV layout, whatever the family.
 - otherwise: a short prompt; the engine prefills it here inside its own plan (still loading any
   prefix the store holds).
 Every chunk carries the tokens of one engine step; the last one carries the finish reason and

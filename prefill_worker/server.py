@@ -136,16 +136,12 @@ class PrefillServicer(WorkerServicerBase):
                     return out
 
     def _export(self, engine: LLMEngine, rid: str, prompt: Sequence[int]) -> int:
-        """On the engine thread: copy the kept KV (or, for a per-slot family, the slot's state
-        rows) into LMCache, then free the blocks and the slot."""
+        """On the engine thread: copy the kept KV's whole blocks into LMCache, then free the
+        blocks. Returns how many leading tokens were handed to the store."""
         try:
             block_ids, num_tokens = engine.kept_kv(rid)
-            if engine.slot_state is not None:  # per-sequence state: its per-token rows
-                rows = engine.slot_state.export_rows(engine.kept_slot(rid), num_tokens)
-                self.kv_store.put(prompt[:num_tokens], rows, [])
-            else:
-                self.kv_store.put(prompt[:num_tokens], engine.kv_cache.data, block_ids)
-            return num_tokens
+            self.kv_store.put(prompt[:num_tokens], engine.kv_cache, block_ids)
+            return len(self.kv_store.stored_prefix(prompt[:num_tokens]))
         except Exception as exc:  # the decode side then recomputes: slower, still right
             log.warning("prefill %s: KV export failed: %s", rid, exc)
             return 0

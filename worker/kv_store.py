@@ -1,17 +1,19 @@
 """KV handoff between a prefill and a decode worker through LMCache (Redis or ``lm://`` backend).
 
 One ``KVStore`` per worker process wraps one LMCache engine whose remote backend is the shared
-store, and our ``PagedKVConnector`` (worker/lmcache_connector.py) that reads from / writes into
-the engine's paged KV tensor by block table. Both sides must build it with identical model name,
-layer/head shapes, dtype and chunk size (``layout_fingerprint`` is what the router compares) and
-pass identical token lists: LMCache keys are a prefix-hash chain over ``chunk_size``-token chunks.
+store, and our ``BlockConnector`` (worker/lmcache_connector.py) that moves whole KV blocks of
+the engine's layout (any family: ``engine.models.family.KVLayout``) by block table. Both sides
+must build it from identical model name, engine layout and chunk size (``layout_fingerprint`` is
+what the router compares) and pass identical token lists: LMCache keys are a prefix-hash chain
+over ``chunk_size``-token chunks. Only whole blocks are stored: a prompt's last partial block is
+recomputed by the decode side, like anything the store lacks.
 
 The prefill side calls ``put`` (gather + hand to LMCache; LMCache writes to Redis in the
 background) and then ``wait_visible`` (poll the remote backend until the prompt is covered or a
 deadline passes), so the router is only told "KV ready" once a decode worker can really read it.
 The decode side calls ``fetch`` off the engine thread (the longest stored prefix, whole chunks,
 the last one possibly partial, into host memory) and its engine import hook copies that into the
-sequence's blocks (``paged_kv.scatter_tokens``); ``retrieve`` does both in one call. Either
+sequence's blocks (``import_staged``); ``retrieve`` does both in one call. Either
 says how many leading tokens it filled; the caller recomputes the rest.
 
 Access and expiry. The URL may carry a password (``redis://:pw@host:port``) and TLS
@@ -45,6 +47,7 @@ from urllib.parse import urlsplit
 import torch
 
 from common.redact import public_url, redact_text, redact_url
+from engine.models.family import KVLayout
 from worker.kv_store_config import REDIS_SCHEMES, KVStoreConfig, KVStoreError
 from worker.lmcache_redis import (
     REDIS_KEY_SUFFIXES,
@@ -57,16 +60,13 @@ log = logging.getLogger(__name__)
 
 
 class KVStore:
-    """LMCache engine + paged connector for one worker process. Thread-safe."""
+    """LMCache engine + block connector for one worker process. Thread-safe."""
 
     def __init__(
         self,
         url: str,
         model_name: str,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
+        layout: KVLayout,
         chunk_size: int = 256,
         *,
         staging_gb: float = 0.5,
@@ -76,15 +76,15 @@ class KVStore:
         self.config = KVStoreConfig(
             url=url,
             model_name=model_name,
-            num_layers=num_layers,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            dtype=dtype,
+            engine_layout=layout.fingerprint,
+            block_size=layout.block_size,
+            bytes_per_block=layout.bytes_per_block,
             chunk_size=chunk_size,
             staging_gb=staging_gb,
             blocking_timeout_s=blocking_timeout_s,
             ttl_s=ttl_s,
         )
+        self.layout = layout
         if os.environ.get("PYTHONHASHSEED") != "0":
             # LMCache keys chunks with Python's hash() over token tuples and asks every process
             # for the same seed (int tuples hash alike anyway today; a key that mixed in a str
@@ -111,14 +111,6 @@ class KVStore:
             raise KVStoreError("cannot give LMCache's Redis writes a TTL (its connector "
                                "changed?); set kv_ttl_s=0 to run without expiry")
 
-    @classmethod
-    def from_config(cls, cfg: KVStoreConfig) -> KVStore:
-        return cls(
-            cfg.url, cfg.model_name, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype,
-            cfg.chunk_size, staging_gb=cfg.staging_gb, blocking_timeout_s=cfg.blocking_timeout_s,
-            ttl_s=cfg.ttl_s,
-        )
-
     def _build_engine(self):  # noqa: ANN202 - LMCacheEngine type lives in a heavy import
         from lmcache.utils import mock_up_broadcast_fn, mock_up_broadcast_object_fn
         from lmcache.v1.cache_engine import LMCacheEngineBuilder
@@ -142,8 +134,8 @@ class KVStore:
             local_world_size=1,
             worker_id=0,
             local_worker_id=0,
-            kv_dtype=cfg.dtype,
-            kv_shape=(cfg.num_layers, 2, cfg.chunk_size, cfg.num_kv_heads, cfg.head_dim),
+            kv_dtype=torch.uint8,
+            kv_shape=(1, 2, cfg.chunk_size, 1, cfg.token_row_bytes),
             use_mla=False,
             chunk_size=cfg.chunk_size,
         )
@@ -164,10 +156,10 @@ class KVStore:
 
     def _make_connector(self):  # noqa: ANN202 - an LMCache GPUConnectorInterface
         """The connector LMCache moves chunks through (a subclass stores another layout)."""
-        from worker.lmcache_connector import PagedKVConnector
+        from worker.lmcache_connector import BlockConnector
 
         cfg = self.config
-        return PagedKVConnector(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        return BlockConnector(cfg.block_size, cfg.bytes_per_block, cfg.padded_block_bytes)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -183,14 +175,19 @@ class KVStore:
         return public_url(self.config.url)
 
     # ------------------------------------------------------------------ operations
-    def put(self, token_ids: Sequence[int], kv_data: torch.Tensor, block_ids: Sequence[int]) -> None:
-        """Copy the KV of ``token_ids`` (held in ``block_ids`` of ``kv_data``) into LMCache.
+    def stored_prefix(self, token_ids: Sequence[int]) -> list[int]:
+        """The leading tokens the store keeps: whole blocks only."""
+        n = len(token_ids) // self.config.block_size * self.config.block_size
+        return self._tokens(token_ids[:n])
+
+    def put(self, token_ids: Sequence[int], kv_data: Any, block_ids: Sequence[int]) -> None:
+        """Copy the KV of ``token_ids``' whole blocks (``block_ids`` of the engine's storage
+        ``kv_data``, in ``self.layout``) into LMCache.
 
         Returns once the bytes are copied out of ``kv_data`` (the blocks may be freed then); the
         remote write continues in LMCache's background loop: use ``wait_visible``.
-        kv_data: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         """
-        tokens = self._tokens(token_ids)
+        tokens = self.stored_prefix(token_ids)
         if not tokens:
             return
         with self._lock:
@@ -204,12 +201,14 @@ class KVStore:
             skip = present - present % self.config.chunk_size
             mask = torch.ones(len(tokens), dtype=torch.bool)
             mask[:skip] = False
-            self._engine.store(tokens, mask=mask, kv_data=kv_data, block_ids=list(block_ids))
+            self._engine.store(tokens, mask=mask, kv_data=kv_data, layout=self.layout,
+                               block_ids=list(block_ids))
 
     def wait_visible(self, token_ids: Sequence[int], timeout_s: float) -> int:
-        """Poll the remote backend until it holds KV for all of ``token_ids`` or ``timeout_s``
-        passes; returns how many leading tokens are visible (the prefix a peer can load)."""
-        tokens = self._tokens(token_ids)
+        """Poll the remote backend until it holds KV for all of ``token_ids``' whole blocks or
+        ``timeout_s`` passes; returns how many leading tokens are visible (what a peer can
+        load)."""
+        tokens = self.stored_prefix(token_ids)
         deadline = time.monotonic() + timeout_s
         delay = 0.001
         while True:
@@ -239,7 +238,7 @@ class KVStore:
     def store(
         self,
         token_ids: Sequence[int],
-        kv_data: torch.Tensor,
+        kv_data: Any,
         block_ids: Sequence[int],
         timeout_s: float = 10.0,
     ) -> int:
@@ -248,8 +247,9 @@ class KVStore:
         return self.wait_visible(token_ids, timeout_s)
 
     def lookup(self, token_ids: Sequence[int]) -> int:
-        """Number of leading tokens of ``token_ids`` whose KV the remote backend holds."""
-        tokens = self._tokens(token_ids)
+        """Number of leading tokens of ``token_ids`` whose KV the remote backend holds (whole
+        blocks: the chunks are keyed on the block-aligned prefix)."""
+        tokens = self.stored_prefix(token_ids)
         if not tokens:
             return 0
         with self._lock:
@@ -259,11 +259,13 @@ class KVStore:
     def retrieve(
         self,
         token_ids: Sequence[int],
-        kv_data: torch.Tensor,
+        kv_data: Any,
         block_ids: Sequence[int],
         skip_tokens: int = 0,
+        layout: Any = None,
     ) -> int:
-        """Load the longest stored prefix of ``token_ids`` into ``block_ids`` of ``kv_data``.
+        """Load the longest stored prefix of ``token_ids`` into ``block_ids`` of ``kv_data``
+        (the engine's storage in ``self.layout``, or another ``layout`` such as HostBlocks).
 
         Returns the number of leading tokens filled: possibly fewer than asked (a chunk missing
         or evicted), never a gap. Tokens past the returned count are untouched or must be
@@ -271,7 +273,7 @@ class KVStore:
         already holds them, maybe in blocks shared with other sequences); whole chunks among
         them are not even fetched.
         """
-        tokens = self._tokens(token_ids)
+        tokens = self.stored_prefix(token_ids)
         if not tokens:
             return 0
         chunk = self.config.chunk_size
@@ -283,24 +285,39 @@ class KVStore:
         with self._lock:
             self._check_open()
             got = self._engine.retrieve(tokens, mask=mask, kv_data=kv_data,
-                                        block_ids=list(block_ids), skip_tokens=skip_tokens)
+                                        layout=layout or self.layout, block_ids=list(block_ids),
+                                        skip_tokens=skip_tokens)
         return skip_fetch + _leading_true(got[skip_fetch:])
 
     def fetch(self, token_ids: Sequence[int]) -> tuple[int, torch.Tensor | None]:
         """Load the longest stored prefix of ``token_ids`` into a new host tensor, off the
-        engine thread; ``scatter_into`` then copies it into the engine's blocks in one pass.
+        engine thread; ``import_staged`` then copies it into the engine's blocks.
 
-        Returns ``(num_tokens, staged)`` with staged: [num_layers, 2, 1, n, num_kv_heads,
-        head_dim] on the CPU (n = len(token_ids)); ``(0, None)`` when nothing is stored.
-        Host memory only: the device plan is untouched."""
-        tokens = self._tokens(token_ids)
+        Returns ``(num_tokens, staged)`` with staged: [num_blocks, bytes_per_block] uint8 on the
+        CPU, one row per block of ``token_ids``; ``(0, None)`` when nothing is stored. Host
+        memory only: the device plan is untouched."""
+        from worker.lmcache_connector import HostBlocks
+
+        tokens = self.stored_prefix(token_ids)
         if not tokens or self.lookup(tokens) == 0:
             return 0, None
         cfg = self.config
-        staged = torch.empty(cfg.num_layers, 2, 1, len(tokens), cfg.num_kv_heads, cfg.head_dim,
-                             dtype=cfg.dtype)
-        loaded = self.retrieve(tokens, staged, [0])
+        num_blocks = len(tokens) // cfg.block_size
+        staged = torch.empty(num_blocks, cfg.bytes_per_block, dtype=torch.uint8)
+        loaded = self.retrieve(tokens, staged, list(range(num_blocks)), layout=HostBlocks)
         return (loaded, staged) if loaded else (0, None)
+
+    def import_staged(self, kv_data: Any, block_ids: Sequence[int], staged: torch.Tensor,
+                      start: int, end: int) -> None:
+        """Copy the fetched blocks of tokens ``[start, end)`` (block-aligned) into the engine's
+        ``block_ids``, one chunk of blocks at a time (the host-to-device copy is bounded by a
+        chunk, whatever the prompt's length)."""
+        bs = self.config.block_size
+        b0, b1 = -(-start // bs), end // bs
+        step = self.config.chunk_size // bs
+        for i in range(b0, b1, step):
+            j = min(i + step, b1)
+            self.layout.import_blocks(kv_data, list(block_ids[i:j]), staged[i:j])
 
     def chunk_keys(self, token_ids: Sequence[int]) -> list[tuple[int, int, str]]:
         """``(start, end, key)`` of each chunk of ``token_ids``; a Redis backend stores

@@ -12,24 +12,24 @@ import hashlib
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import torch
-
 from common.redact import redact_url
 from common.worker_env import WORKER_ENV
 
-# Bumped whenever the bytes we hand LMCache change meaning (order of K/V, layers, heads).
-_LAYOUT_VERSION = "bulkhead-kv-2LTD-v1"
+# Bumped whenever the way blocks are packed into LMCache's memory objects changes; what a
+# block's bytes mean is the engine layout's own fingerprint, hashed in too.
+_LAYOUT_VERSION = "bulkhead-kv-blocks-v1"
 _SCHEMES = ("redis", "rediss", "lm")
 REDIS_SCHEMES = ("redis", "rediss")
 
 
 
-def layout_fingerprint(model_name: str, num_layers: int, num_kv_heads: int, head_dim: int,
-                       dtype: torch.dtype, chunk_size: int) -> str:
-    """Hash of everything that decides what the stored bytes mean and how they are keyed
-    (not where they live, and not the engine's block size: the connector re-pages)."""
-    desc = "|".join(str(x) for x in (_LAYOUT_VERSION, model_name, num_layers, num_kv_heads,
-                                     head_dim, str(dtype).removeprefix("torch."), chunk_size))
+def layout_fingerprint(model_name: str, engine_layout: str, block_size: int,
+                       bytes_per_block: int, chunk_size: int) -> str:
+    """Hash of everything that decides what the stored bytes mean and how they are keyed:
+    the model, the engine's KV layout (``KVLayout.fingerprint``: family, shapes, dtype, block
+    geometry), the block and chunk sizes (not where the blocks live)."""
+    desc = "|".join(str(x) for x in (_LAYOUT_VERSION, model_name, engine_layout, block_size,
+                                     bytes_per_block, chunk_size))
     return hashlib.sha256(desc.encode()).hexdigest()[:16]
 
 
@@ -48,11 +48,10 @@ class KVStoreConfig:
 
     url: str = field(repr=False)  # redis[s]://[:password@]host:port[/db][?...] or lm://host:port
     model_name: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    chunk_size: int = 256
+    engine_layout: str  # the engine's KVLayout.fingerprint
+    block_size: int  # tokens per block
+    bytes_per_block: int
+    chunk_size: int = 256  # tokens per LMCache chunk: a multiple of block_size
     staging_gb: float = 0.5  # LMCache's CPU staging pool (allocated and zero-filled at start)
     blocking_timeout_s: int = 10  # LMCache's own timeout for a blocking remote get
     ttl_s: int = 3600  # expiry of every chunk key in a Redis store; 0 = never
@@ -69,14 +68,28 @@ class KVStoreConfig:
             raise KVStoreError(f"kv store url {redact_url(self.url)!r} needs host and port")
         if self.ttl_s < 0:
             raise KVStoreError(f"ttl_s must be >= 0 (0 = no expiry), got {self.ttl_s}")
-        for name in ("num_layers", "num_kv_heads", "head_dim", "chunk_size"):
+        for name in ("block_size", "bytes_per_block", "chunk_size"):
             if getattr(self, name) < 1:
                 raise KVStoreError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.chunk_size % self.block_size:
+            raise KVStoreError(f"lmcache chunk_size={self.chunk_size} must be a multiple of the "
+                               f"engine's block_size={self.block_size}: chunks hold whole blocks")
         if self.staging_gb <= 0:
             raise KVStoreError(f"staging_gb must be > 0 (LMCache's staging pool), got "
                                f"{self.staging_gb}")
 
     @property
     def layout_fingerprint(self) -> str:
-        return layout_fingerprint(self.model_name, self.num_layers, self.num_kv_heads,
-                                  self.head_dim, self.dtype, self.chunk_size)
+        return layout_fingerprint(self.model_name, self.engine_layout, self.block_size,
+                                  self.bytes_per_block, self.chunk_size)
+
+    @property
+    def padded_block_bytes(self) -> int:
+        """A block's bytes rounded up to fill whole token rows of LMCache's memory object."""
+        unit = 2 * self.block_size
+        return -(-self.bytes_per_block // unit) * unit
+
+    @property
+    def token_row_bytes(self) -> int:
+        """Bytes per token in each (K, V) half of LMCache's [2, 1, tokens, row] uint8 object."""
+        return self.padded_block_bytes // (2 * self.block_size)

@@ -27,8 +27,8 @@ from grpc_health.v1.health import aio as health_aio
 
 from common.settings import WorkerSettings
 from engine.config import EngineConfig
-from engine.kv_cache import KVCache
-from engine.llm_engine import KVImport, LLMEngine
+from engine.llm_engine import LLMEngine
+from engine.model_runner import KVImport
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from worker.auth import AccessError, server_credentials, server_interceptors, warn_if_open
@@ -37,7 +37,6 @@ from worker.engine_loop import EngineLoop
 from worker.kv_store import KVStore
 from worker.kv_store_config import layout_fingerprint
 from worker.registration import registration_publisher
-from worker.state_rows_store import StateRowsStore, rows_layout_fingerprint
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "bulkhead.v1.Worker"
@@ -79,30 +78,19 @@ def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
         settings = _replace_model(settings, str(default_model_path()))
     engine = LLMEngine.from_config(EngineConfig(**settings.engine_config_kwargs()))
     mc = engine.model_config
-    kv_dtype = engine.kv_cache.data.dtype
+    kv_dtype = engine.config.torch_dtype
+    layout = engine.kv_layout
     # LMCache keys include the model name: both sides derive it from the weights they loaded.
     store_model_name = f"{mc.name}-{engine.model_fingerprint[:16]}"
+    # One store for every family: whole blocks of the engine's layout, whose fingerprint the
+    # store's covers (two workers exchange bytes only if their layouts agree).
+    kv_layout = layout_fingerprint(store_model_name, layout.fingerprint, layout.block_size,
+                                   layout.bytes_per_block, settings.lmcache_chunk_size)
     kv_store: KVStore | None = None
-    slot_state = engine.slot_state
-    if slot_state is not None:
-        # Per-sequence state (DeepSeek-V4): the store holds per-token state rows, and the
-        # layout fingerprint covers the family's state layout.
-        kv_dtype = slot_state.dtype
-        kv_layout = rows_layout_fingerprint(store_model_name, slot_state.row_width, kv_dtype,
-                                            settings.lmcache_chunk_size, slot_state.fingerprint)
-        if settings.kv_store_url:
-            kv_store = StateRowsStore.for_slot_state(
-                settings.kv_store_url, store_model_name, slot_state,
-                chunk_size=settings.lmcache_chunk_size, staging_gb=settings.kv_staging_gb,
-                ttl_s=settings.kv_ttl_s)
-    else:
-        kv_layout = layout_fingerprint(store_model_name, mc.num_layers, mc.num_kv_heads,
-                                       mc.head_dim, kv_dtype, settings.lmcache_chunk_size)
-        if settings.kv_store_url:
-            kv_store = KVStore(settings.kv_store_url, store_model_name, mc.num_layers,
-                               mc.num_kv_heads, mc.head_dim, kv_dtype,
-                               chunk_size=settings.lmcache_chunk_size,
-                               staging_gb=settings.kv_staging_gb, ttl_s=settings.kv_ttl_s)
+    if settings.kv_store_url:
+        kv_store = KVStore(settings.kv_store_url, store_model_name, layout,
+                           chunk_size=settings.lmcache_chunk_size,
+                           staging_gb=settings.kv_staging_gb, ttl_s=settings.kv_ttl_s)
     assert kv_store is None or kv_store.layout_fingerprint == kv_layout
     compat = pb.Compatibility(
         model_fingerprint=engine.model_fingerprint,
@@ -166,17 +154,14 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
             return None
         log.debug("KV fetch: %d of %d prompt tokens in %.3f s", loaded, len(prompt),
                   time.monotonic() - started)
-        if self.rt.engine.slot_state is not None:
-            return _slot_state_import(loaded, staged)
-        from worker.paged_kv import scatter_tokens
 
-        def load(kv: KVCache, block_ids: list[int], num_prompt_tokens: int,
+        def load(kv: object, block_ids: list[int], num_prompt_tokens: int,
                  num_computed_tokens: int = 0) -> int:
             # num_computed_tokens: what the engine's own prefix cache already holds; those
             # (possibly shared) blocks are left alone.
             n = min(loaded, num_prompt_tokens)
             try:
-                scatter_tokens(kv.data, block_ids, num_computed_tokens, n, staged)
+                store.import_staged(kv, block_ids, staged, num_computed_tokens, n)
             except Exception as exc:  # never let an import take the engine thread down
                 log.error("KV import into blocks failed, recomputing: %s", exc)
                 return 0
@@ -222,27 +207,6 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
         except Exception as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"KV store lookup failed: {exc}")
         return pb.LookupResponse(num_cached_tokens=n)
-
-
-def _slot_state_import(loaded: int, rows: torch.Tensor) -> KVImport:
-    """The engine's import hook for a per-slot family: rebuild the sequence's slot from the
-    fetched host rows (``StateRowsStore.fetch``)."""
-
-    def load(kv: KVCache, block_ids: list[int], num_prompt_tokens: int,
-             num_computed_tokens: int = 0, *, slot_state: Any = None, cache_slot: int = -1,
-             max_tokens: int | None = None) -> int:
-        del kv, block_ids, num_computed_tokens  # the state lives in the slot, not in blocks
-        if slot_state is None or cache_slot < 0:
-            log.error("state rows import without a slot; recomputing")
-            return 0
-        n = min(loaded, num_prompt_tokens if max_tokens is None else max_tokens)
-        try:
-            return int(slot_state.import_rows(cache_slot, rows, n))
-        except Exception as exc:  # never let an import take the engine thread down
-            log.error("state import into slot %d failed, recomputing: %s", cache_slot, exc)
-            return 0
-
-    return load
 
 
 @dataclass

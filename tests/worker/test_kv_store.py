@@ -18,7 +18,7 @@ from worker.kv_store_config import KVStoreConfig, KVStoreError, worker_environme
 REPO = Path(__file__).resolve().parents[2]
 PEER = Path(__file__).with_name("kv_peer.py")
 LAYOUT = {"model_name": "tiny-test", "num_layers": 3, "num_kv_heads": 2, "head_dim": 12,
-          "chunk_size": 16, "dtype": "float32"}
+          "chunk_size": 16, "dtype": "float32", "block_size": 8}
 
 
 def run_peer(tmp_path: Path, tag: str, url: str, ops: list[dict]) -> dict:
@@ -39,42 +39,44 @@ def random_kv(n: int, seed: int) -> torch.Tensor:
 
 
 def test_store_in_one_process_retrieve_in_another(redis_url: str, tmp_path: Path) -> None:
-    # 45 tokens = 2 full chunks of 16 + a partial chunk of 13; 40 tokens for the eviction case.
+    # 45 tokens: 5 whole blocks of 8 are stored (2 chunks of 16 + a partial chunk of 8); the
+    # last 5 tokens' partial block is left to the decode side. 40 tokens for the eviction case.
     full = list(range(1000, 1045))
     evicted = [7 * i % 500 for i in range(40)]
     kv_full, kv_evicted = random_kv(45, 0), random_kv(40, 1)
     torch.save(kv_full, tmp_path / "full.pt")
     torch.save(kv_evicted, tmp_path / "evicted.pt")
-    # Prefill side: block size 8, blocks scattered and out of order.
+    # Prefill side: blocks scattered and out of order.
     prefill_blocks_45 = [9, 3, 7, 1, 5, 11]
     prefill_blocks_40 = [2, 4, 6, 8, 10]
     stored = run_peer(tmp_path, "store", redis_url, [
         {"kind": "store", "name": "full", "tokens": full, "kv_path": str(tmp_path / "full.pt"),
-         "block_ids": prefill_blocks_45, "num_blocks": 12, "block_size": 8},
+         "block_ids": prefill_blocks_45, "num_blocks": 12},
         {"kind": "store", "name": "evicted", "tokens": evicted,
          "kv_path": str(tmp_path / "evicted.pt"), "block_ids": prefill_blocks_40,
-         "num_blocks": 12, "block_size": 8},
+         "num_blocks": 12},
     ])
-    assert stored["full"] == 45 and stored["evicted"] == 40
-    assert [(s, e) for s, e, _ in stored["full.keys"]] == [(0, 16), (16, 32), (32, 45)]
+    assert stored["full"] == 40 and stored["evicted"] == 40
+    assert [(s, e) for s, e, _ in stored["full.keys"]] == [(0, 16), (16, 32), (32, 40)]
 
     # Evict the middle chunk of the second prompt the way Redis's LRU would (both keys).
     client = redis.Redis.from_url(redis_url)
     middle_key = stored["evicted.keys"][1][2]
     assert client.delete(middle_key + "kv_bytes", middle_key + "metadata") == 2
 
-    # Decode side: a different block size (4) and different block ids.
-    decode_blocks_45 = [13, 2, 5, 17, 1, 8, 3, 20, 11, 4, 6, 15]
+    # Decode side: different block ids.
+    decode_blocks_45 = [13, 2, 5, 17, 1, 8]
     got = run_peer(tmp_path, "retrieve", redis_url, [
         {"kind": "retrieve", "name": "full", "tokens": full, "block_ids": decode_blocks_45,
-         "num_blocks": 21, "block_size": 4},
+         "num_blocks": 21},
         {"kind": "retrieve", "name": "evicted", "tokens": evicted,
-         "block_ids": list(range(1, 11)), "num_blocks": 12, "block_size": 4},
-        {"kind": "retrieve", "name": "unknown", "tokens": [5] * 20, "block_ids": [1, 2, 3, 4, 5],
-         "num_blocks": 6, "block_size": 4},
-        # The engine already holds 20 tokens (prefix cache): they must not be written.
+         "block_ids": list(range(1, 6)), "num_blocks": 12},
+        {"kind": "retrieve", "name": "unknown", "tokens": [5] * 20, "block_ids": [1, 2, 3],
+         "num_blocks": 6},
+        # The engine already holds 20 tokens (prefix cache; 3 blocks with the partial one):
+        # they must not be written.
         {"kind": "retrieve", "name": "skipped", "tokens": full, "block_ids": decode_blocks_45,
-         "num_blocks": 21, "block_size": 4, "skip_tokens": 20},
+         "num_blocks": 21, "skip_tokens": 20},
         {"kind": "fetch", "name": "fetch_full", "tokens": full},
         {"kind": "fetch", "name": "fetch_evicted", "tokens": evicted},
         {"kind": "fetch", "name": "fetch_unknown", "tokens": [9] * 30},
@@ -84,35 +86,36 @@ def test_store_in_one_process_retrieve_in_another(redis_url: str, tmp_path: Path
         {"kind": "lookup", "name": "lookup_evicted", "tokens": evicted},
     ])
     assert stored["layout_fingerprint"] == got["layout_fingerprint"]
-    assert got["full"] == 45
-    assert torch.equal(got["full.kv"], kv_full)  # bit-exact, partial last chunk included
+    assert got["full"] == 40
+    assert torch.equal(got["full.kv"][:, :, :40], kv_full[:, :, :40])  # bit-exact
+    assert got["full.kv"][:, :, 40:].isnan().all()  # the partial block: recomputed
     assert got["full.others_untouched"]
     assert got["evicted"] == 16  # only the chunk before the hole
     assert torch.equal(got["evicted.kv"][:, :, :16], kv_evicted[:, :, :16])
     assert got["evicted.kv"][:, :, 16:].isnan().all()  # the rest left for recompute
     assert got["evicted.others_untouched"]
-    assert got["skipped"] == 45
-    assert got["skipped.kv"][:, :, :20].isnan().all()
-    assert torch.equal(got["skipped.kv"][:, :, 20:], kv_full[:, :, 20:])
-    assert got["fetch_full"] == 45 and torch.equal(got["fetch_full.kv"], kv_full)
+    assert got["skipped"] == 40
+    assert got["skipped.kv"][:, :, :24].isnan().all()
+    assert torch.equal(got["skipped.kv"][:, :, 24:40], kv_full[:, :, 24:40])
+    assert got["fetch_full"] == 40 and torch.equal(got["fetch_full.kv"], kv_full[:, :, :40])
     assert got["fetch_evicted"] == 16
     assert torch.equal(got["fetch_evicted.kv"][:, :, :16], kv_evicted[:, :, :16])
     assert got["fetch_unknown"] == 0 and got["fetch_unknown.kv"] is None
     assert got["unknown"] == 0
     assert got["unknown.kv"].isnan().all()
-    assert got["lookup_full"] == 45
+    assert got["lookup_full"] == 40
     assert got["lookup_longer"] == 32
     assert got["lookup_evicted"] == 16
 
 
 def test_layout_fingerprint_tracks_what_the_bytes_mean() -> None:
-    base = KVStoreConfig(url="redis://127.0.0.1:6379", model_name="m", num_layers=2,
-                         num_kv_heads=2, head_dim=8, dtype=torch.float16, chunk_size=16)
-    same = KVStoreConfig(url="lm://10.0.0.1:5000", model_name="m", num_layers=2,
-                         num_kv_heads=2, head_dim=8, dtype=torch.float16, chunk_size=16)
+    base = KVStoreConfig(url="redis://127.0.0.1:6379", model_name="m", engine_layout="paged-a",
+                         block_size=8, bytes_per_block=1000, chunk_size=16)
+    same = KVStoreConfig(url="lm://10.0.0.1:5000", model_name="m", engine_layout="paged-a",
+                         block_size=8, bytes_per_block=1000, chunk_size=16)
     assert base.layout_fingerprint == same.layout_fingerprint  # where it lives does not matter
-    for change in ({"dtype": torch.bfloat16}, {"chunk_size": 32}, {"num_kv_heads": 1},
-                   {"head_dim": 16}, {"num_layers": 3}, {"model_name": "other"}):
+    for change in ({"engine_layout": "v4-blocks"}, {"chunk_size": 32}, {"block_size": 16},
+                   {"bytes_per_block": 1004}, {"model_name": "other"}):
         other = KVStoreConfig(**{**base.__dict__, **change})
         assert other.layout_fingerprint != base.layout_fingerprint, change
 
@@ -124,17 +127,25 @@ def test_layout_fingerprint_tracks_what_the_bytes_mean() -> None:
 ])
 def test_bad_store_url_is_refused_with_the_url_named(url: str, needle: str) -> None:
     with pytest.raises(KVStoreError, match=needle):
-        KVStoreConfig(url=url, model_name="m", num_layers=1, num_kv_heads=1, head_dim=8,
-                      dtype=torch.float32)
+        KVStoreConfig(url=url, model_name="m", engine_layout="x", block_size=8,
+                      bytes_per_block=64)
+
+
+def test_chunks_must_hold_whole_blocks() -> None:
+    with pytest.raises(KVStoreError, match="chunk_size=20 must be a multiple of the engine's "
+                                           "block_size=8"):
+        KVStoreConfig(url="redis://h:1", model_name="m", engine_layout="x", block_size=8,
+                      bytes_per_block=64, chunk_size=20)
 
 
 def test_unreachable_store_fails_at_start_naming_it() -> None:
     from launch.launcher import free_port
+    from tests.worker.kv_peer import dense_layout
     from worker.kv_store import KVStore
 
     url = f"redis://127.0.0.1:{free_port()}"
     with pytest.raises(KVStoreError, match=f"cannot reach the KV store at {url}"):
-        KVStore(url, "m", 1, 1, 8, torch.float32)
+        KVStore(url, "m", dense_layout({**LAYOUT}), chunk_size=16)
 
 
 def test_public_url_strips_credentials() -> None:
@@ -144,7 +155,7 @@ def test_public_url_strips_credentials() -> None:
 
 def test_lm_server_fallback_round_trip(tmp_path: Path) -> None:
     """LMCache's own lm:// server (used when no redis-server is installed) stores and serves
-    the same bytes, partial last chunk included."""
+    the same bytes, partial last chunk (of whole blocks) included."""
     from launch.launcher import start_lm_server
 
     proc, url = start_lm_server(log_dir=tmp_path)
@@ -154,12 +165,14 @@ def test_lm_server_fallback_round_trip(tmp_path: Path) -> None:
         torch.save(kv, tmp_path / "kv.pt")
         got = run_peer(tmp_path, "lm", url, [
             {"kind": "store", "name": "s", "tokens": tokens, "kv_path": str(tmp_path / "kv.pt"),
-             "block_ids": [4, 2, 6], "num_blocks": 8, "block_size": 16},
+             "block_ids": [4, 2, 6, 9, 11, 13], "num_blocks": 14},
             {"kind": "retrieve", "name": "r", "tokens": tokens, "block_ids": [1, 7, 3, 5, 2, 6],
-             "num_blocks": 8, "block_size": 8},
-            {"kind": "lookup", "name": "prefix", "tokens": tokens[:40]},
+             "num_blocks": 8},
+            {"kind": "lookup", "name": "prefix", "tokens": tokens[:44]},
+            {"kind": "lookup", "name": "shorter", "tokens": tokens[:36]},
         ])
     finally:
         proc.stop(grace_s=5.0)
-    assert got["s"] == 45 and got["r"] == 45 and torch.equal(got["r.kv"], kv)
-    assert got["prefix"] == 32
+    assert got["s"] == 40 and got["r"] == 40 and torch.equal(got["r.kv"][:, :, :40], kv[:, :, :40])
+    assert got["prefix"] == 40  # its whole blocks are the stored chunks
+    assert got["shorter"] == 32  # 32 tokens of whole blocks: two full stored chunks

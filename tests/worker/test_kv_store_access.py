@@ -44,8 +44,7 @@ def store_op(tmp_path: Path, name: str, tokens: list[int], seed: int) -> dict:
     torch.save(random_kv(len(tokens), seed), kv_path)
     num_blocks = (len(tokens) + 7) // 8
     return {"kind": "store", "name": name, "tokens": tokens, "kv_path": str(kv_path),
-            "block_ids": list(range(1, num_blocks + 1)), "num_blocks": num_blocks + 1,
-            "block_size": 8}
+            "block_ids": list(range(1, num_blocks + 1)), "num_blocks": num_blocks + 1}
 
 
 def ttls(client: redis.Redis, chunk_keys: list) -> dict[str, int]:
@@ -61,9 +60,9 @@ def password_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_password_url_end_to_end_with_ttl_and_no_secret_logged(password_url: str,
                                                                tmp_path: Path) -> None:
     assert PASSWORD in password_url
-    tokens = list(range(3000, 3045))  # 2 full chunks of 16 + a partial one
+    tokens = list(range(3000, 3045))  # whole blocks: 2 full chunks of 16 + a partial one of 8
     stored, log = run_peer(tmp_path, "store", password_url, [store_op(tmp_path, "a", tokens, 3)])
-    assert stored is not None and stored["a"] == 45
+    assert stored is not None and stored["a"] == 40
     client = redis.Redis.from_url(password_url)
     keys = ttls(client, stored["a.keys"])
     assert len(keys) == 6 and set(client.keys()) == {k.encode() for k in keys}
@@ -79,8 +78,8 @@ def test_password_url_end_to_end_with_ttl_and_no_secret_logged(password_url: str
     got, log = run_peer(tmp_path, "reuse", password_url, [
         {"kind": "fetch", "name": "f", "tokens": tokens},
         store_op(tmp_path, "again", tokens, 3)])
-    assert got is not None and got["f"] == 45
-    assert torch.equal(got["f.kv"], random_kv(45, 3))
+    assert got is not None and got["f"] == 40
+    assert torch.equal(got["f.kv"], random_kv(45, 3)[:, :, :40])
     assert all(TTL_S - 30 < t <= TTL_S for t in ttls(client, stored["a.keys"]).values())
     assert PASSWORD not in log
 
@@ -88,7 +87,7 @@ def test_password_url_end_to_end_with_ttl_and_no_secret_logged(password_url: str
     other = list(range(5000, 5020))
     got, _ = run_peer(tmp_path, "no-ttl", password_url, [store_op(tmp_path, "b", other, 4)],
                       ttl_s=0)
-    assert got is not None and got["b"] == 20
+    assert got is not None and got["b"] == 16
     assert set(ttls(client, got["b.keys"]).values()) == {-1}
 
 

@@ -1,5 +1,6 @@
-"""PagedKVConnector against a plain per-token loop (the specification), on awkward shapes:
-odd head_dim, GQA, block ids out of order, ranges that start and end mid-block."""
+"""BlockConnector against the layouts' own block export (the specification), for the dense
+paged K/V and the DeepSeek-V4 pool, on awkward shapes: odd head dims, block ids out of order,
+block bytes that need padding, chunks skipped by ``skip_tokens``."""
 
 from __future__ import annotations
 
@@ -8,73 +9,80 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from worker.lmcache_connector import PagedKVConnector
-from worker.paged_kv import scatter_tokens, token_slots
+from engine.config import EngineConfig
+from engine.model_config import ModelConfig
+from engine.models import family_class
+from tests.worker.kv_peer import dense_layout
+from worker.kv_store_config import KVStoreConfig
+from worker.lmcache_connector import BlockConnector, HostBlocks
 
 
-def reference_gather(paged: torch.Tensor, block_ids: list[int], start: int, end: int
-                     ) -> torch.Tensor:
-    # paged: [L, 2, NB, BS, H, D] -> [2, L, n, H * D]
-    bs = paged.shape[3]
-    rows = [paged[:, :, block_ids[i // bs], i % bs].flatten(2) for i in range(start, end)]
-    return torch.stack(rows, dim=2).transpose(0, 1).contiguous()
+def _v4_layout(block_size: int, kv_dtype: str):  # noqa: ANN202 - a V4KVLayout
+    from tests.engine.deepseek_v4.conftest import _BASE, CONFIGS
+
+    raw = {**_BASE, **CONFIGS["s-csa-hca_yarn_hc2"], "model_type": "deepseek_v4"}
+    mc = ModelConfig.from_hf_dict(raw)
+    ec = EngineConfig(model="v4", device="cpu", dtype="float32", block_size=block_size,
+                      kv_dtype=kv_dtype, max_batch=2)
+    return family_class(mc).kv_layout(mc, ec)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("block_size, start, end", [(16, 0, 16), (16, 5, 37), (4, 13, 14),
-                                                    (7, 0, 45)])
-def test_gather_and_scatter_match_the_reference(dtype: torch.dtype, block_size: int, start: int,
-                                                end: int) -> None:
-    num_layers, heads, dim, num_blocks = 3, 2, 13, 12
-    g = torch.Generator().manual_seed(block_size * 100 + start)
-    paged = torch.randn(num_layers, 2, num_blocks, block_size, heads, dim, generator=g).to(dtype)
-    block_ids = torch.randperm(num_blocks - 1, generator=g)[: -(-end // block_size)] + 1
-    block_ids = block_ids.tolist()
-    conn = PagedKVConnector(num_layers, heads, dim)
-    obj = SimpleNamespace(tensor=torch.empty(tuple(conn.get_shape(end - start)), dtype=dtype))
-    conn.from_gpu(obj, start, end, kv_data=paged, block_ids=block_ids)
-    assert torch.equal(obj.tensor, reference_gather(paged, block_ids, start, end))
-
-    target = torch.zeros_like(paged)
-    conn.to_gpu(obj, start, end, kv_data=target, block_ids=block_ids)
-    assert torch.equal(reference_gather(target, block_ids, start, end), obj.tensor)
-    # Nothing outside tokens [start, end) of this sequence was written.
-    written = torch.zeros(num_blocks * block_size, dtype=torch.bool)
-    written[token_slots(block_ids, block_size, start, end, torch.device("cpu"))] = True
-    untouched = target.view(num_layers, 2, -1, heads, dim)[:, :, ~written]
-    assert not untouched.any()
+LAYOUTS = {
+    "dense": lambda: dense_layout({"num_layers": 3, "num_kv_heads": 2, "head_dim": 13,
+                                   "dtype": "bfloat16", "block_size": 4}),
+    "v4": lambda: _v4_layout(8, "auto"),
+    "v4-fp8": lambda: _v4_layout(16, "fp8"),
+}
 
 
-def test_scatter_skips_tokens_the_engine_already_holds() -> None:
-    conn = PagedKVConnector(1, 1, 4)
-    obj = SimpleNamespace(tensor=torch.arange(2 * 1 * 10 * 4, dtype=torch.float32)
-                          .view(2, 1, 10, 4))
-    target = torch.full((1, 2, 4, 4, 1, 4), -1.0)
-    conn.to_gpu(obj, 6, 16, kv_data=target, block_ids=[3, 1, 2, 0], skip_tokens=9)
-    got = reference_gather(target, [3, 1, 2, 0], 6, 16)
-    assert (got[:, :, :3] == -1).all()  # tokens 6..8 untouched
-    assert torch.equal(got[:, :, 3:], obj.tensor[:, :, 3:])
-    conn.to_gpu(obj, 6, 16, kv_data=target, block_ids=[3, 1, 2, 0], skip_tokens=16)
+def _random_storage(layout, num_blocks: int, seed: int):  # noqa: ANN001, ANN202
+    kv = layout.allocate(num_blocks, torch.device("cpu"))
+    g = torch.Generator().manual_seed(seed)
+    ids = list(range(num_blocks))
+    layout.import_blocks(kv, ids, torch.randint(0, 256, (num_blocks, layout.bytes_per_block),
+                                                dtype=torch.uint8, generator=g))
+    return kv
 
 
-def test_scatter_of_a_staged_fetch() -> None:
-    g = torch.Generator().manual_seed(3)
-    staged = torch.randn(2, 2, 1, 23, 3, 5, generator=g)  # what KVStore.fetch returns
-    target = torch.zeros(2, 2, 9, 4, 3, 5)
-    block_ids = [8, 2, 5, 1, 7, 3]
-    scatter_tokens(target, block_ids, 6, 21, staged)
-    got = reference_gather(target, block_ids, 0, 23)  # [2, L, n, H * D]
-    want = staged[:, :, 0].flatten(3).transpose(0, 1)
-    assert torch.equal(got[:, :, 6:21], want[:, :, 6:21])
-    assert not got[:, :, :6].any() and not got[:, :, 21:].any()
+def _connector(layout) -> BlockConnector:  # noqa: ANN001
+    cfg = KVStoreConfig(url="redis://h:1", model_name="m", engine_layout=layout.fingerprint,
+                        block_size=layout.block_size, bytes_per_block=layout.bytes_per_block,
+                        chunk_size=layout.block_size * 4)
+    return BlockConnector(cfg.block_size, cfg.bytes_per_block, cfg.padded_block_bytes)
 
 
-def test_bad_inputs_are_named() -> None:
-    conn = PagedKVConnector(2, 2, 8)
-    obj = SimpleNamespace(tensor=torch.empty(2, 2, 4, 16))
-    with pytest.raises(TypeError, match="block_ids"):
-        conn.from_gpu(obj, 0, 4, kv_data=torch.zeros(2, 2, 4, 4, 2, 8))
-    with pytest.raises(ValueError, match="num_kv_heads=2"):
-        conn.from_gpu(obj, 0, 4, kv_data=torch.zeros(2, 2, 4, 4, 1, 8), block_ids=[1])
-    with pytest.raises(ValueError, match="block table has 1"):
-        conn.from_gpu(obj, 0, 8, kv_data=torch.zeros(2, 2, 4, 4, 2, 8), block_ids=[1])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_blocks_round_trip_bit_exact_and_skip_shared_blocks(name: str) -> None:
+    layout = LAYOUTS[name]()
+    bs = layout.block_size
+    conn = _connector(layout)
+    src = _random_storage(layout, 9, seed=1)
+    src_table = [7, 2, 5, 1, 8]
+    start, end = bs, 4 * bs  # blocks 1..3 of the sequence (one chunk's worth)
+    obj = SimpleNamespace(tensor=torch.empty(conn.get_shape(end - start), dtype=torch.uint8))
+    conn.from_gpu(obj, start, end, kv_data=src, layout=layout, block_ids=src_table)
+    dst = _random_storage(layout, 9, seed=2)
+    before = layout.export_blocks(dst, list(range(9)))
+    dst_table = [3, 6, 4, 0, 2]
+    conn.to_gpu(obj, start, end, kv_data=dst, layout=layout, block_ids=dst_table,
+                skip_tokens=2 * bs - 1)  # the sequence's 2 first blocks are the engine's own
+    after = layout.export_blocks(dst, list(range(9)))
+    want = layout.export_blocks(src, src_table[2:4])
+    assert torch.equal(after[dst_table[2:4]], want)  # bit-exact (FP8 scales included)
+    untouched = [b for b in range(9) if b not in dst_table[2:4]]
+    assert torch.equal(after[untouched], before[untouched])
+
+
+def test_host_staging_layout_and_misaligned_ranges() -> None:
+    layout = LAYOUTS["v4"]()
+    conn = _connector(layout)
+    src = _random_storage(layout, 5, seed=3)
+    obj = SimpleNamespace(tensor=torch.empty(conn.get_shape(16), dtype=torch.uint8))
+    conn.from_gpu(obj, 0, 16, kv_data=src, layout=layout, block_ids=[4, 1])
+    staged = torch.zeros(2, layout.bytes_per_block, dtype=torch.uint8)
+    conn.to_gpu(obj, 0, 16, kv_data=staged, layout=HostBlocks, block_ids=[0, 1])
+    assert torch.equal(staged, layout.export_blocks(src, [4, 1]))
+    with pytest.raises(ValueError, match="not whole blocks"):
+        conn.from_gpu(obj, 0, 12, kv_data=src, layout=layout, block_ids=[4, 1])
+    with pytest.raises(TypeError, match="'layout'"):
+        conn.from_gpu(obj, 0, 16, kv_data=src, block_ids=[4, 1])
