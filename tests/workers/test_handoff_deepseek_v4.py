@@ -1,10 +1,12 @@
-"""DeepSeek-V4 through the split path: prefill worker -> LMCache (per-token state rows) -> Redis
--> decode worker, each its own OS process (the CLI), driven over gRPC, on a tiny random
-DeepseekV4 checkpoint written with transformers' save_pretrained.
+"""DeepSeek-V4 through the split path: prefill worker -> LMCache (whole blocks of the V4 pool:
+window rows, compressed entries, indexer keys, CSA carry) -> Redis -> decode worker, each its own
+OS process (the CLI), driven over gRPC, on a tiny random DeepseekV4 checkpoint written with
+transformers' save_pretrained.
 
-The decode worker LOADS the prompt's state (its engine computes only the decode tokens), the
-greedy tokens equal transformers' generate, and when one chunk's keys are deleted from Redis the
-decode worker loads the shorter prefix before it, recomputes the rest, and answers the same."""
+The decode worker LOADS the prompt's whole blocks (its engine computes only the partial last
+block and the decode tokens), the greedy tokens equal transformers' generate, and when one
+chunk's keys are deleted from Redis the decode worker loads the shorter prefix before it,
+recomputes the rest, and answers the same."""
 
 from __future__ import annotations
 
@@ -22,11 +24,14 @@ from proto import bulkhead_pb2_grpc as pb_grpc
 from tests.engine.deepseek_v4.conftest import SHORT_CONFIGS, build_hf_v4
 from tests.helpers.worker_pair import worker_pair
 
-CHUNK = 8  # LMCache chunk; the prompt (45) is not a multiple of it, nor of the rates 4 and 8
-PROMPT = 45
+BLOCK = 8  # V4 blocks of 8 tokens: the lcm of the rates 4 and 8
+CHUNK = 16  # LMCache chunk: two blocks
+PROMPT = 53  # not a multiple of the block, the chunk, the rates or the engine chunk (17)
+STORED = PROMPT // BLOCK * BLOCK  # whole blocks only: 48 = 3 chunks
 NEW = 8
 WORKER_FLAGS = ["--device", "cpu", "--dtype", "float32", "--max-context", "128",
-                "--chunk-tokens", "17", "--max-batch", "2", "--block-size", "16",
+                "--chunk-tokens", "17", "--max-batch", "2", "--block-size", str(BLOCK),
+                "--attn-tile-tokens", str(4 * BLOCK),
                 "--lmcache-chunk-size", str(CHUNK), "--kv-staging-gb", "0.05",
                 "--num-threads", "1", "--kv-visible-timeout-s", "5"]
 
@@ -107,16 +112,17 @@ def test_checkpoint_is_read_by_the_engine_loader(v4_folder: tuple[Path, torch.nn
 def test_decode_loads_the_prefilled_state(pair: Pair) -> None:
     prompt = prompt_of(PROMPT, 1, pair.vocab)
     resp = prefill(pair, prompt, "v1")
-    assert resp.kv.num_tokens_stored == PROMPT and resp.num_computed_tokens == PROMPT
+    assert resp.kv.num_tokens_stored == STORED and resp.num_computed_tokens == PROMPT
     info = pair.decode.GetInfo(pb.WorkerInfoRequest(), timeout=5)
     assert resp.kv.kv_layout_fingerprint == info.compat.kv_layout_fingerprint
     tokens, usage, computed = decode(pair, prompt, resp, "v1")
     assert tokens == hf_greedy(pair.hf_model, prompt, NEW)
-    assert usage.loaded_kv_tokens == PROMPT and usage.recomputed_tokens == 0
-    # LOADED, not recomputed: the decode engine ran only the NEW - 1 tokens after the first.
-    assert computed == NEW - 1
+    assert usage.loaded_kv_tokens == STORED and usage.recomputed_tokens == PROMPT - STORED
+    # LOADED, not recomputed: the decode engine ran only the partial last block and the NEW - 1
+    # tokens after the first.
+    assert computed == (PROMPT - STORED) + NEW - 1
     lookup = pair.decode.Lookup(pb.LookupRequest(prompt_token_ids=prompt), timeout=5)
-    assert lookup.num_cached_tokens == PROMPT
+    assert lookup.num_cached_tokens == STORED
     # The prefill worker gave its slot back after the reply (max_batch 2: two more fit).
     assert pair.prefill.GetInfo(pb.WorkerInfoRequest(), timeout=5).num_running == 0
 
@@ -124,19 +130,17 @@ def test_decode_loads_the_prefilled_state(pair: Pair) -> None:
 def test_deleted_chunk_loads_a_shorter_prefix(pair: Pair) -> None:
     prompt = prompt_of(PROMPT, 2, pair.vocab)
     r = redis.Redis.from_url(pair.redis_url)
-    # Store the prompt in steps, so the keys of chunk 3 (tokens [16, 24)) are known: they are
-    # what a prefill of 24 tokens adds to a prefill of 16.
+    # Store the prompt in steps, so the keys of chunk 3 (tokens [32, 48)) are known: they are
+    # what a prefill of 48 tokens adds to a prefill of 32.
     prefill(pair, prompt[:2 * CHUNK], "v2-a", max_tokens=2)
     keys_16 = set(r.keys("*"))
     prefill(pair, prompt[:3 * CHUNK], "v2-b", max_tokens=2)
     chunk3 = set(r.keys("*")) - keys_16
     assert len(chunk3) == 2  # <key>kv_bytes and <key>metadata
     resp = prefill(pair, prompt, "v2")
-    assert resp.kv.num_tokens_stored == PROMPT
-    assert resp.num_cached_tokens == 3 * CHUNK  # the prefill worker loaded its own rows too
-    full_tokens, usage, _ = decode(pair, prompt, resp, "v2-full")
-    assert usage.loaded_kv_tokens == PROMPT
-    assert full_tokens == hf_greedy(pair.hf_model, prompt, NEW)
+    assert resp.kv.num_tokens_stored == STORED
+    # the prefill worker's own prefix cache held the blocks of the first 48 tokens
+    assert resp.num_cached_tokens == 3 * CHUNK
 
     assert r.delete(*chunk3) == 2
     deadline = time.monotonic() + 10
@@ -147,4 +151,11 @@ def test_deleted_chunk_loads_a_shorter_prefix(pair: Pair) -> None:
     tokens, usage, computed = decode(pair, prompt, resp, "v2-cut")
     assert usage.loaded_kv_tokens == 2 * CHUNK and usage.recomputed_tokens == PROMPT - 2 * CHUNK
     assert computed == (PROMPT + 1 - 2 * CHUNK) + (NEW - 2)
-    assert tokens == full_tokens
+    assert tokens == hf_greedy(pair.hf_model, prompt, NEW)  # equals a cold run
+
+    # The same conversation again on the decode worker: its own prefix cache now holds the
+    # blocks (V4 prefix sharing inside a worker), nothing is loaded, the tokens are the same.
+    again, usage, computed = decode(pair, prompt, resp, "v2-again")
+    assert usage.cached_tokens == STORED and usage.loaded_kv_tokens == 0
+    assert computed == (PROMPT + 1 - STORED) + (NEW - 2)
+    assert again == tokens
