@@ -58,11 +58,14 @@ def test_each_turn_computes_only_its_new_tokens(cold_workers: E2E) -> None:
     turn3 = turn2 + token_prompt(2 * CHUNK + 5, seed=13)
     ckpt = load_checkpoint(e2e.folder, torch.float32, progress=False)
     mc = ckpt.config
+    from engine.config import EngineConfig
+    from engine.models import family_class
     from worker.kv_store import KVStore
 
+    layout = family_class(mc).kv_layout(mc, EngineConfig(model="e2e", device="cpu",
+                                                         dtype="float32", block_size=16))
     store = KVStore(e2e.deployment.kv_store_url, f"{mc.name}-{ckpt.model_fingerprint[:16]}",
-                    mc.num_layers, mc.num_kv_heads, mc.head_dim, torch.float32,
-                    chunk_size=CHUNK, staging_gb=0.05)
+                    layout, chunk_size=CHUNK, staging_gb=0.05)
     try:
         assert store.lookup(turn3) == (len(turn2) // CHUNK) * CHUNK
         start, end, key = store.chunk_keys(turn3)[2]

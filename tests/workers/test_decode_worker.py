@@ -78,7 +78,7 @@ def test_health_and_info(worker: Worker) -> None:
     assert info.compat.dtype == "float32" and info.compat.block_size == 16
     assert len(info.compat.model_fingerprint) == 64 and len(info.compat.tokenizer_fingerprint) == 64
     assert info.compat.kv_layout_fingerprint and info.memory_planned_bytes > 0
-    assert info.free_kv_tokens == worker.rt.engine.plan.kv_spec.num_blocks * 16 - 16
+    assert info.free_kv_tokens == worker.rt.engine.plan.kv_tokens
 
 
 def test_stream_matches_transformers_with_batching(worker: Worker) -> None:

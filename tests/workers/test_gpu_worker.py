@@ -1,6 +1,6 @@
 """GPU tier: the decode worker served in-process on CUDA (engine thread on the device) streams
 the same greedy tokens as transformers on the same GPU, and the KV import copy (host staging ->
-paged device KV) lands every token in its slot."""
+paged device KV) lands every block where it belongs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from decode_worker.server import DecodeServicer
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from tests.helpers.loop_thread import LoopThread
-from worker.paged_kv import scatter_tokens, token_slots
+from tests.worker.kv_peer import dense_layout
 from worker.worker_base import build_runtime, start_server
 
 pytestmark = [pytest.mark.gpu,
@@ -58,14 +58,15 @@ def test_decode_worker_streams_on_cuda(tiny_llama: Path) -> None:
         lt.close()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_scatter_into_cuda_kv(dtype: torch.dtype) -> None:
-    g = torch.Generator().manual_seed(0)
-    staged = torch.randn(3, 2, 1, 45, 2, 24, generator=g).to(dtype)  # host staging
-    kv = torch.zeros(3, 2, 11, 8, 2, 24, dtype=dtype, device="cuda")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_import_blocks_into_cuda_kv(dtype: str) -> None:
+    layout = dense_layout({"num_layers": 3, "num_kv_heads": 2, "head_dim": 24, "dtype": dtype,
+                           "block_size": 8})
+    src = layout.allocate(7, torch.device("cpu"))
+    src.data.normal_(generator=torch.Generator().manual_seed(0))
+    staged = layout.export_blocks(src, [1, 2, 3, 4, 5, 6])  # host staging, as fetched
+    kv = layout.allocate(11, torch.device("cuda"))
     block_ids = [9, 2, 7, 1, 5, 10]
-    scatter_tokens(kv, block_ids, 3, 45, staged)
-    flat = kv.view(3, 2, -1, 2, 24)
-    slots = token_slots(block_ids, 8, 3, 45, kv.device)
-    assert torch.equal(flat[:, :, slots].cpu(), staged[:, :, 0, 3:45])
-    assert int((flat != 0).any(dim=(0, 1, 3, 4)).sum()) == 42
+    layout.import_blocks(kv, block_ids[1:], staged[1:])  # the first block was the engine's own
+    assert torch.equal(kv.data[:, :, block_ids[1:]].cpu(), src.data[:, :, 2:7])
+    assert int((kv.data != 0).any(dim=(0, 1, 3, 4, 5)).sum()) == 5

@@ -19,7 +19,7 @@ from tests.helpers.worker_pair import worker_pair
 
 CHUNK = 16
 WORKER_FLAGS = ["--device", "cpu", "--max-context", "256", "--chunk-tokens", "40",
-                "--max-batch", "4", "--block-size", "16", "--attn-tile-tokens", "64",
+                "--max-batch", "4", "--block-size", "8", "--attn-tile-tokens", "64",
                 "--lmcache-chunk-size", str(CHUNK), "--kv-staging-gb", "0.05",
                 "--num-threads", "1", "--kv-visible-timeout-s", "5"]
 
@@ -64,20 +64,22 @@ def split_generate(pair: Pair, prompt: list[int], max_tokens: int, rid: str,
 
 
 def test_decode_loads_the_prefilled_kv(pair: Pair) -> None:
-    prompt = prompt_of(45, 1)  # 2 full chunks of 16 + a partial chunk of 13
+    # whole blocks of 8 are stored: 2 full chunks of 16 + a partial chunk of 8; the 5 tokens of
+    # the partial last block are recomputed by the decode worker
+    prompt = prompt_of(45, 1)
     resp, tokens, usage = split_generate(pair, prompt, 10, "h1")
     assert tokens == hf_greedy(pair.folder, prompt, 10)
-    assert resp.kv.num_tokens_stored == 45 and resp.num_computed_tokens == 45
+    assert resp.kv.num_tokens_stored == 40 and resp.num_computed_tokens == 45
     decode_info = pair.decode.GetInfo(pb.WorkerInfoRequest(), timeout=5)
     assert resp.kv.kv_layout_fingerprint == decode_info.compat.kv_layout_fingerprint
     assert "@" not in resp.kv.store_url
-    assert usage.loaded_kv_tokens == 45 and usage.recomputed_tokens == 0
-    assert usage.cached_tokens == 45 and usage.completion_tokens == len(tokens)
+    assert usage.loaded_kv_tokens == 40 and usage.recomputed_tokens == 5
+    assert usage.cached_tokens == 40 and usage.completion_tokens == len(tokens)
     lookup = pair.decode.Lookup(pb.LookupRequest(prompt_token_ids=prompt), timeout=5)
-    assert lookup.num_cached_tokens == 45
+    assert lookup.num_cached_tokens == 40
     # The prefill worker gave its blocks back after the reply.
     info = pair.prefill.GetInfo(pb.WorkerInfoRequest(), timeout=5)
-    assert info.num_running == 0 and info.free_kv_tokens == 256 * 4 // 16 * 16
+    assert info.num_running == 0 and info.free_kv_tokens == 256 * 4
 
 
 def test_missing_tail_is_recomputed(pair: Pair) -> None:
@@ -137,4 +139,4 @@ def test_prefill_whose_first_token_ends_the_request(pair: Pair) -> None:
         timeout=30)
     assert (resp.first_token_id, resp.finish_reason) == (first, "stop")
     info = pair.prefill.GetInfo(pb.WorkerInfoRequest(), timeout=5)
-    assert info.num_running == 0 and info.free_kv_tokens == 256 * 4 // 16 * 16
+    assert info.num_running == 0 and info.free_kv_tokens == 256 * 4
