@@ -144,6 +144,16 @@ def default_log_dir(port: int) -> Path:
     return Path(state) / "bulkhead" / f"up-{port}"
 
 
+def _thread_env(opts: UpOptions) -> dict[str, str]:
+    """Two workers on one host each take every core by default (torch's thread pool), and on a
+    CPU-only machine they then fight over them through the whole warm-up: a 2-core machine took
+    ~3x longer to be healthy. Each worker gets half the cores unless the user chose a number
+    (BULKHEAD_NUM_THREADS, or a --config file, which may set num_threads)."""
+    if opts.config or os.environ.get("BULKHEAD_NUM_THREADS"):
+        return {}
+    return {"BULKHEAD_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // 2))}
+
+
 def _limit_flags(opts: UpOptions) -> tuple[str, ...]:
     flags: list[str] = []
     for name in ("max_context", "max_batch", "chunk_tokens"):
@@ -189,7 +199,8 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
             addresses[role] = f"{opts.host}:{port}"
             argv = _cli(role, "--model", opts.model, "--host", opts.host, "--port", str(port),
                         *config, *limits, *opts.extra_worker_args)
-            workers.append(group.add(spawn(role, argv, env={**WORKER_ENV, **url_env},
+            workers.append(group.add(spawn(role, argv,
+                                           env={**WORKER_ENV, **_thread_env(opts), **url_env},
                                            log_dir=log_dir)))
         followers = {role: ProgressFollower(proc.log_path) for role, proc
                      in zip(("prefill", "decode"), workers, strict=True) if proc.log_path}

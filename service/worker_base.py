@@ -86,6 +86,9 @@ def build_runtime(settings: WorkerSettings,
     store_model_name = f"{mc.name}-{engine.model_fingerprint[:16]}"
     kv_store: KVStore | None = None
     slot_state = engine.slot_state
+    if progress is not None:
+        progress("warm-up done" + (", connecting the KV store through LMCache"
+                                   if settings.kv_store_url else ""))
     if slot_state is not None:
         # Per-sequence state (DeepSeek-V4): the store holds per-token state rows, and the
         # layout fingerprint covers the family's state layout.
