@@ -209,7 +209,8 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
             memory_planned_bytes=plan.total_bytes,
             memory_headroom_bytes=max(plan.headroom_bytes, 0),
             steps_completed=s.steps_completed, tokens_advanced=s.tokens_advanced,
-            address=self.rt.settings.address)
+            address=self.rt.settings.address,
+            total_kv_tokens=self.rt.engine.block_manager.num_usable_blocks * ec.block_size)
 
     async def Abort(self, request: pb.AbortRequest,
                     context: grpc.aio.ServicerContext) -> pb.AbortResponse:
