@@ -3,7 +3,8 @@
 Sends streamed chat or completion requests at a request rate (Poisson arrivals) or a fixed
 concurrency, with synthetic prompts of a given length (plus, optionally, a long prompt every
 k-th request), and measures per request the time to first token, the gaps between tokens and the
-end-to-end latency.  Prints a table of p50/p90/p99/max and throughput, writes JSON and a PNG plot.
+end-to-end latency.  Prints a table of p50/p90/p99/max and throughput, writes JSON and a PNG plot
+(common/bench_plot.py).
 
 Bounded by construction: a number of requests, an optional duration, a concurrency cap and a
 per-request timeout.  Must never import torch (it runs on any client machine); matplotlib is
@@ -26,89 +27,17 @@ from typing import Any
 
 import httpx
 
+from common.cli import DefaultsHelpFormatter
+
 # Common English words: each is one token in most BPE vocabularies, so N words ~ N tokens.
 _WORDS = (
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "was",
-    "for",
-    "on",
-    "that",
-    "with",
-    "as",
-    "by",
-    "at",
-    "from",
-    "his",
-    "it",
-    "an",
-    "were",
-    "are",
-    "which",
-    "this",
-    "be",
-    "or",
-    "has",
-    "had",
-    "first",
-    "one",
-    "their",
-    "its",
-    "new",
-    "after",
-    "who",
-    "they",
-    "two",
-    "her",
-    "she",
-    "been",
-    "other",
-    "when",
-    "there",
-    "all",
-    "also",
-    "into",
-    "during",
-    "time",
-    "only",
-    "may",
-    "over",
-    "about",
-    "more",
-    "most",
-    "some",
-    "city",
-    "world",
-    "state",
-    "year",
-    "school",
-    "through",
-    "where",
-    "many",
-    "these",
-    "then",
-    "them",
-    "both",
-    "such",
-    "up",
-    "out",
-    "between",
-    "under",
-    "while",
-    "however",
-    "would",
-    "could",
-    "people",
-    "known",
-    "part",
-    "later",
-    "each",
-    "well",
-    "before",
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at",
+    "from", "his", "it", "an", "were", "are", "which", "this", "be", "or", "has", "had", "first",
+    "one", "their", "its", "new", "after", "who", "they", "two", "her", "she", "been", "other",
+    "when", "there", "all", "also", "into", "during", "time", "only", "may", "over", "about",
+    "more", "most", "some", "city", "world", "state", "year", "school", "through", "where", "many",
+    "these", "then", "them", "both", "such", "up", "out", "between", "under", "while", "however",
+    "would", "could", "people", "known", "part", "later", "each", "well", "before",
 )
 
 
@@ -124,7 +53,9 @@ class BenchConfig:
     num_requests: int = 100
     duration_s: float = 0.0  # stop sending after this long; 0 = no time bound
     request_rate: float = math.inf  # requests per second (Poisson); inf = as fast as allowed
-    concurrency: int = 16  # most requests in flight
+    # Most requests in flight. The workers' default max_batch is 8: a default above it would
+    # measure the queue the bench itself builds, not the server.
+    concurrency: int = 8
     prompt_tokens: int = 128  # approximate, in words
     output_tokens: int = 64  # max_tokens of every request
     long_prompt_tokens: int = 0  # a long prompt of this length ...
@@ -269,8 +200,8 @@ async def _resolve_model(client: httpx.AsyncClient, cfg: BenchConfig) -> str:
     return str(resp.json()["data"][0]["id"])
 
 
-async def run_bench(cfg: BenchConfig) -> tuple[list[RequestRecord], float]:
-    """Run the load; return the records and the wall time of the run."""
+async def run_bench(cfg: BenchConfig) -> tuple[list[RequestRecord], float, str]:
+    """Run the load; return the records, the wall time of the run and the model id used."""
     rng = random.Random(cfg.seed)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     limits = httpx.Limits(max_connections=cfg.concurrency + 4)
@@ -303,14 +234,21 @@ async def run_bench(cfg: BenchConfig) -> tuple[list[RequestRecord], float]:
             # the semaphore bounds in-flight requests; tasks wait their turn
             tasks.append(asyncio.create_task(guarded(rec, _prompt(rng, words), t0)))
         await asyncio.gather(*tasks)
-        return records, time.perf_counter() - t0
+        return records, time.perf_counter() - t0, model
 
 
-def summarize(cfg: BenchConfig, records: Sequence[RequestRecord], wall_s: float) -> dict[str, Any]:
+def summarize(cfg: BenchConfig, records: Sequence[RequestRecord], wall_s: float,
+              model: str = "") -> dict[str, Any]:
     ok = [r for r in records if r.error is None]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
     return {
+        "model": model or cfg.model,
+        "endpoint": cfg.endpoint,
+        "concurrency": cfg.concurrency,
+        "request_rate": cfg.request_rate if math.isfinite(cfg.request_rate) else None,
+        "prompt_tokens_per_request": (round(in_tokens / len(ok)) if ok else cfg.prompt_tokens),
+        "output_tokens_per_request": cfg.output_tokens,
         "requests": len(records),
         "completed": len(ok),
         "failed": len(records) - len(ok),
@@ -350,35 +288,9 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(records: Sequence[RequestRecord], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in records if r.error is None and r.e2e_s is not None]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, values, title in (
-        (axes[0], [r.ttft_s * 1000 for r in ok if r.ttft_s is not None], "TTFT (ms)"),
-        (axes[1], [x * 1000 for r in ok for x in r.itl_s], "inter-token latency (ms)"),
-    ):
-        s = sorted(values)
-        ax.plot(s, [(i + 1) / len(s) for i in range(len(s))] if s else [])
-        ax.set_title(f"{title}, CDF")
-        ax.set_xlabel("ms")
-        ax.grid(True, alpha=0.3)
-    axes[2].scatter([r.start_s for r in ok], [(r.e2e_s or 0.0) * 1000 for r in ok], s=8)
-    axes[2].set_title("end-to-end latency by start time")
-    axes[2].set_xlabel("request start (s)")
-    axes[2].set_ylabel("ms")
-    axes[2].grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bulkhead bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="bulkhead bench", description=__doc__.split("\n")[0],
+                                formatter_class=DefaultsHelpFormatter)
     d = BenchConfig()
     p.add_argument("--base-url", default=d.base_url, help="server root (without /v1)")
     p.add_argument("--model", default=d.model, help="default: first model of /v1/models")
@@ -409,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-prompt-every", type=int, default=d.long_prompt_every,
                    help="every k-th request gets the long prompt (0 = never)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="let requests stop at EOS (default: exactly --output-tokens)")
+                   help="turn ignore_eos off: let requests stop at EOS instead of "
+                   "asking for exactly --output-tokens")
     p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="per-request timeout")
     p.add_argument("--seed", type=int, default=d.seed, help="prompts and arrival times")
     p.add_argument("--api-key", default=d.api_key, help="sent as a Bearer token")
@@ -426,11 +339,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bulkhead bench: {exc}", file=sys.stderr)
         return 2
     try:
-        records, wall_s = asyncio.run(run_bench(cfg))
+        records, wall_s, model = asyncio.run(run_bench(cfg))
     except httpx.HTTPError as exc:
         print(f"bulkhead bench: cannot reach {cfg.base_url}: {exc}", file=sys.stderr)
         return 1
-    summary = summarize(cfg, records, wall_s)
+    summary = summarize(cfg, records, wall_s, model)
     print(format_table(summary))
     if cfg.out_json:
         out = {
@@ -444,7 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         Path(cfg.out_json).write_text(json.dumps(out, indent=1))
     if cfg.out_png:
-        plot(records, cfg.out_png)
+        from common.bench_plot import plot
+
+        plot(summary, records, cfg.out_png)
     return 0 if summary["completed"] else 1
 
 

