@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from common.cli import DefaultsHelpFormatter
+from common.help_format import DefaultsHelpFormatter
 from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.memory_planner import GiB, make_plan

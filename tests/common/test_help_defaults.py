@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from common import bench, up
+from bench import load as bench
 from common.settings import build_parser as worker_parser
 from engine import plan_cli
+from launch import up
 from router.settings import build_parser as router_parser
 
 PARSERS = {

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from common.default_model import DefaultModelMissing, default_model_path
-from common.launcher import free_port
+from launch.launcher import free_port
 
 pytestmark = pytest.mark.slow  # two workers warm up the full default plan: ~1 min on 2 cores
 
@@ -36,7 +36,7 @@ def test_up_reports_progress_and_time_to_healthy(tmp_path: Path) -> None:
     started = time.monotonic()
     with out_path.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "common.cli", "up", "--port", str(port),
+            [sys.executable, "-m", "launch.cli", "up", "--port", str(port),
              "--log-dir", str(tmp_path / "logs")],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from common.bench import main, percentiles
+from bench.load import main
+from bench.load_report import percentiles
 from tests.router.conftest import Cluster
 
 pytestmark = pytest.mark.timeout(120)   # a hang is a failure, never a stuck CI
@@ -40,8 +41,8 @@ def test_bench_concurrency_with_long_prompts(reset: Cluster, tmp_path: Path) -> 
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The picture says what was measured: model, concurrency, requests, throughput in the
     # title; p50/p99 marked on the latency panels; a requests-over-time panel.
-    from common.bench import RequestRecord
-    from common.bench_plot import build_figure
+    from bench.load_plot import build_figure
+    from bench.load_report import RequestRecord
 
     records = [RequestRecord(**r) for r in data["requests"]]
     fig = build_figure(s, records)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from common.bench import RequestRecord
+    from bench.load_report import RequestRecord
 
 
 def title(summary: dict[str, Any]) -> str:

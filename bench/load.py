@@ -4,7 +4,7 @@ Sends streamed chat or completion requests at a request rate (Poisson arrivals) 
 concurrency, with synthetic prompts of a given length (plus, optionally, a long prompt every
 k-th request), and measures per request the time to first token, the gaps between tokens and the
 end-to-end latency.  Prints a table of p50/p90/p99/max and throughput, writes JSON and a PNG plot
-(common/bench_plot.py).
+(bench/load_plot.py).
 
 Bounded by construction: a number of requests, an optional duration, a concurrency cap and a
 per-request timeout.  Must never import torch (it runs on any client machine); matplotlib is
@@ -21,13 +21,14 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from common.cli import DefaultsHelpFormatter
+from bench.load_report import RequestRecord, format_table, summarize
+from common.help_format import DefaultsHelpFormatter
 
 # Common English words: each is one token in most BPE vocabularies, so N words ~ N tokens.
 _WORDS = (
@@ -81,37 +82,6 @@ class BenchConfig:
             raise BenchError("long_prompt_every and long_prompt_tokens must be >= 0")
         if self.long_prompt_every and not self.long_prompt_tokens:
             raise BenchError("long_prompt_every needs long_prompt_tokens > 0")
-
-
-@dataclass
-class RequestRecord:
-    index: int
-    prompt_words: int
-    start_s: float = 0.0  # since the start of the run
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)
-    prompt_tokens: int | None = None
-    output_tokens: int = 0
-    error: str | None = None
-
-
-def percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    """p50/p90/p99/max/mean by the nearest-rank method; None when there is no value."""
-    if not values:
-        return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
-    s = sorted(values)
-
-    def rank(p: float) -> float:
-        return s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))]
-
-    return {
-        "p50": rank(50),
-        "p90": rank(90),
-        "p99": rank(99),
-        "max": s[-1],
-        "mean": sum(s) / len(s),
-    }
 
 
 def _prompt(rng: random.Random, words: int) -> str:
@@ -237,55 +207,18 @@ async def run_bench(cfg: BenchConfig) -> tuple[list[RequestRecord], float, str]:
         return records, time.perf_counter() - t0, model
 
 
-def summarize(cfg: BenchConfig, records: Sequence[RequestRecord], wall_s: float,
-              model: str = "") -> dict[str, Any]:
-    ok = [r for r in records if r.error is None]
-    out_tokens = sum(r.output_tokens for r in ok)
-    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+def describe_run(cfg: BenchConfig, model: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """What the run was, for the JSON and the plot's title: model, endpoint, offered load."""
+    done = summary["completed"]
     return {
         "model": model or cfg.model,
         "endpoint": cfg.endpoint,
         "concurrency": cfg.concurrency,
         "request_rate": cfg.request_rate if math.isfinite(cfg.request_rate) else None,
-        "prompt_tokens_per_request": (round(in_tokens / len(ok)) if ok else cfg.prompt_tokens),
+        "prompt_tokens_per_request": (round(summary["prompt_tokens"] / done) if done
+                                      else cfg.prompt_tokens),
         "output_tokens_per_request": cfg.output_tokens,
-        "requests": len(records),
-        "completed": len(ok),
-        "failed": len(records) - len(ok),
-        "duration_s": wall_s,
-        "request_throughput": len(ok) / wall_s if wall_s > 0 else 0.0,
-        "output_token_throughput": out_tokens / wall_s if wall_s > 0 else 0.0,
-        "total_token_throughput": (out_tokens + in_tokens) / wall_s if wall_s > 0 else 0.0,
-        "output_tokens": out_tokens,
-        "prompt_tokens": in_tokens,
-        "ttft_s": percentiles([r.ttft_s for r in ok if r.ttft_s is not None]),
-        "itl_s": percentiles([x for r in ok for x in r.itl_s]),
-        "e2e_s": percentiles([r.e2e_s for r in ok if r.e2e_s is not None]),
-        "errors": sorted({r.error for r in records if r.error})[:10],
     }
-
-
-def format_table(summary: dict[str, Any]) -> str:
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v * 1000:.1f}"
-
-    lines = [
-        f"requests {summary['completed']}/{summary['requests']} ok, {summary['failed']} failed, "
-        f"{summary['duration_s']:.2f} s",
-        f"throughput: {summary['request_throughput']:.2f} req/s, "
-        f"{summary['output_token_throughput']:.1f} output tok/s, "
-        f"{summary['total_token_throughput']:.1f} total tok/s",
-        f"{'metric (ms)':<14}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}{'mean':>10}",
-    ]
-    for key, label in (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
-        p = summary[key]
-        lines.append(
-            f"{label:<14}"
-            + "".join(f"{ms(p[k]):>10}" for k in ("p50", "p90", "p99", "max", "mean"))
-        )
-    for err in summary["errors"]:
-        lines.append(f"error: {err}")
-    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -343,7 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except httpx.HTTPError as exc:
         print(f"bulkhead bench: cannot reach {cfg.base_url}: {exc}", file=sys.stderr)
         return 1
-    summary = summarize(cfg, records, wall_s, model)
+    summary = summarize(records, wall_s)
+    summary = {**describe_run(cfg, model, summary), **summary}
     print(format_table(summary))
     if cfg.out_json:
         out = {
@@ -357,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         Path(cfg.out_json).write_text(json.dumps(out, indent=1))
     if cfg.out_png:
-        from common.bench_plot import plot
+        from bench.load_plot import plot
 
         plot(summary, records, cfg.out_png)
     return 0 if summary["completed"] else 1

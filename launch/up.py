@@ -2,7 +2,7 @@
 
 Starts a KV store (the given ``--redis-url``, else redis-server on a free port if installed, else
 LMCache's ``lm://`` server), one prefill worker, one decode worker and the router, each as its own
-OS process (``python -m common.cli <role>``) with its log in ``--log-dir`` (default
+OS process (``python -m launch.cli <role>``) with its log in ``--log-dir`` (default
 ``~/.local/state/bulkhead/up-<port>/``, overwritten by the next start on that port, so runs leave
 no trail of folders); while the workers load and warm up, prints their start-up steps
 (``common/startup_progress.py``) with the time so far; waits until both workers answer
@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from common.cli import WORKER_ENV as CLI_WORKER_ENV
-from common.cli import DefaultsHelpFormatter
-from common.launcher import (
+from common.help_format import DefaultsHelpFormatter
+from common.startup_progress import ProgressFollower
+from common.worker_env import WORKER_ENV
+from common.worker_registry import SCHEMES as REGISTRY_SCHEMES
+from launch.launcher import (
     LaunchError,
     ManagedProcess,
     ProcessGroup,
@@ -43,12 +45,6 @@ from common.launcher import (
     start_kv_server,
     wait_until,
 )
-from common.startup_progress import ProgressFollower
-from common.worker_registry import SCHEMES as REGISTRY_SCHEMES
-
-# Set in every worker: LMCache keys must hash alike in both workers, and no usage reporting.
-WORKER_ENV = {**CLI_WORKER_ENV, "LMCACHE_LOG_LEVEL": "WARNING",
-              "TOKENIZERS_PARALLELISM": "false"}
 
 
 @dataclass(frozen=True)
@@ -135,7 +131,7 @@ def _has_router_section(path: str) -> bool:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "common.cli", *args]
+    return [sys.executable, "-m", "launch.cli", *args]
 
 
 def default_log_dir(port: int) -> Path:

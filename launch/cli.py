@@ -1,11 +1,11 @@
 """The ``bulkhead`` command: one entry point, one subcommand per component.
 
-    bulkhead up       router + prefill + decode (+ KV store) on this host   (common.up)
+    bulkhead up       router + prefill + decode (+ KV store) on this host   (launch.up)
     bulkhead router   the OpenAI-compatible gateway                         (router.server)
     bulkhead prefill  a prefill worker                                      (prefill_worker.server)
     bulkhead decode   a decode worker                                       (decode_worker.server)
     bulkhead plan     print the memory plan for a model and limits          (engine.plan_cli)
-    bulkhead bench    load generator for any OpenAI endpoint                (common.bench)
+    bulkhead bench    load generator for any OpenAI endpoint                (bench.load)
 
 Each subcommand's module is imported only when that subcommand runs, so ``bulkhead router`` and
 ``bulkhead up`` never import torch. This module holds no state and parses nothing but the
@@ -14,38 +14,23 @@ subcommand name; each component owns its flags (``bulkhead <cmd> --help``).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
 from collections.abc import Sequence
 
+from common.worker_env import WORKER_ENV
+
 # subcommand -> (module, one-line description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("common.up", "start router + prefill + decode workers (+ KV store) on this host"),
+    "up": ("launch.up", "start router + prefill + decode workers (+ KV store) on this host"),
     "router": ("router.server", "run the OpenAI-compatible router"),
     "prefill": ("prefill_worker.server", "run a prefill worker (gRPC)"),
     "decode": ("decode_worker.server", "run a decode worker (gRPC)"),
     "plan": ("engine.plan_cli", "print the memory plan for a model and limits"),
-    "bench": ("common.bench", "load-test an OpenAI-compatible endpoint"),
+    "bench": ("bench.load", "load-test an OpenAI-compatible endpoint"),
 }
 
-
-class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """`--help` shows every option's default, as vLLM's does; a required option says so
-    instead of showing a meaningless `default: None`."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.required:
-            return f"{action.help or ''} (required)"
-        if action.default == "" and action.help:
-            return f"{action.help} (default: '')"
-        return super()._get_help_string(action)
-
-
-# Set in a worker before the interpreter starts: LMCache hashes token chunks with hash(), which
-# must agree between prefill and decode processes; and no LMCache usage reporting.
-WORKER_ENV = {"PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false"}
 
 
 def _reexec_with_worker_env(args: list[str]) -> None:
@@ -54,7 +39,7 @@ def _reexec_with_worker_env(args: list[str]) -> None:
     if "PYTHONHASHSEED" in os.environ:
         return
     env = {**os.environ, **{k: v for k, v in WORKER_ENV.items() if k not in os.environ}}
-    os.execve(sys.executable, [sys.executable, "-m", "common.cli", *args], env)
+    os.execve(sys.executable, [sys.executable, "-m", "launch.cli", *args], env)
 
 
 def usage() -> str:
