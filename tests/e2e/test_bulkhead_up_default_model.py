@@ -46,7 +46,7 @@ def test_up_answers_the_capital_of_france_and_stops_cleanly(tmp_path: Path) -> N
             time.sleep(1)
         text = out_path.read_text()
         assert f"http://127.0.0.1:{port}/v1" in text and "curl " in text
-        addresses = re.findall(r"(?:redis://|^prefill\s+|^decode\s+)(127\.0\.0\.1:\d+)", text,
+        addresses = re.findall(r"^(?:kv store\s+redis://|prefill\s+|decode\s+)(127\.0\.0\.1:\d+)", text,
                                re.MULTILINE)
         assert len(addresses) == 3, text
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
