@@ -100,6 +100,9 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
         model=f"synthetic-v4-flash-{args.layers}-{args.experts}e", device=args.device,
         dtype=_DTYPES[dtype], max_context=args.context, chunk_tokens=args.chunk,
         max_batch=max(args.batch_list), strict_allocations=cuda, seed=0,
+        block_size=args.block_size or (16 if args.tiny else 256),
+        attn_tile_tokens=args.block_size or (16 if args.tiny else 256),
+        num_blocks=args.num_blocks, kv_dtype=args.kv_dtype,
     )
     t0 = time.perf_counter()
     model = DeepseekV4Model.empty(cfg, ec.torch_dtype, dev, V4Backend())
@@ -115,6 +118,9 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu", "torch": torch.__version__,
         "dtype": dtype, "layers": args.layers, "experts": args.experts, "context": args.context,
         "chunk": args.chunk, "max_batch": ec.max_batch, "indexer": kind.indexer,
+        "block_size": ec.block_size, "num_blocks": engine.plan.num_blocks,
+        "kv_tokens": engine.plan.kv_tokens, "kv_dtype": ec.kv_dtype,
+        "kv_bytes": engine.plan.term("kv_cache"),
         "attention": kind.attention, "strict_allocations": ec.strict_allocations,
         "weights_bytes": weights_bytes, "plan_total_bytes": engine.plan.total_bytes,
         "plan_activations_bytes": engine.plan.term("activations"),
@@ -342,6 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--context", type=int, default=None, help=f"engine max_context (default {FULL['context']})")
     r.add_argument("--chunk", type=int, default=None, help=f"engine chunk_tokens (default {FULL['chunk']})")
     r.add_argument("--layers", default="SCH")
+    r.add_argument("--block-size", type=int, default=None,
+                   help="KV block size (default 256; 16 with --tiny)")
+    r.add_argument("--num-blocks", type=int, default=None,
+                   help="KV pool in blocks, shared by all sequences (default: every sequence "
+                        "can reach --context)")
+    r.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8"])
     r.add_argument("--experts", type=int, default=8)
     r.add_argument("--dtype", default=None, choices=sorted(_DTYPES), help="default bf16 on CUDA, fp32 on CPU")
     r.add_argument("--device", default="cuda")
