@@ -13,6 +13,8 @@ import torch
 
 from engine.checkpoint import load_checkpoint
 from tests.e2e.conftest import CHUNK, E2E, deploy
+
+BLOCK = 16  # the workers' --block-size (tests/e2e/conftest.py)
 from tests.e2e.test_tiny_deployment import complete_ids, token_prompt
 from tests.helpers.tiny_model import hf_greedy
 
@@ -42,7 +44,9 @@ def test_each_turn_computes_only_its_new_tokens(cold_workers: E2E) -> None:
     e2e = cold_workers
     turn1 = token_prompt(5 * CHUNK + 3, seed=11)  # 83 tokens
     out1, cached1, computed1 = _turn(e2e, turn1)
-    assert cached1 == 0 and computed1 == len(turn1)
+    # the store holds whole blocks (16 tokens): the decode worker recomputes the partial last
+    # block of each split prompt after the prefill worker computed all of it
+    assert cached1 == 0 and computed1 == len(turn1) + len(turn1) % BLOCK
 
     # Turn 2 re-sends turn 1, its answer and new text; the stored full chunks of turn 1 are
     # loaded and only the rest is computed (the partial last chunk of turn 1 is keyed by its
@@ -51,7 +55,7 @@ def test_each_turn_computes_only_its_new_tokens(cold_workers: E2E) -> None:
     _, cached2, computed2 = _turn(e2e, turn2)
     reused = (len(turn1) // CHUNK) * CHUNK
     assert cached2 == reused
-    assert computed2 == len(turn2) - reused
+    assert computed2 == len(turn2) - reused + len(turn2) % BLOCK
 
     # A partial eviction: drop one stored chunk of turn 2 from Redis. The next turn loads the
     # prefix before the hole and recomputes from there; the output is unchanged.
@@ -77,4 +81,4 @@ def test_each_turn_computes_only_its_new_tokens(cold_workers: E2E) -> None:
         store.close()
     _, cached3, computed3 = _turn(e2e, turn3)
     assert cached3 == 2 * CHUNK
-    assert computed3 == len(turn3) - 2 * CHUNK
+    assert computed3 == len(turn3) - 2 * CHUNK + len(turn3) % BLOCK

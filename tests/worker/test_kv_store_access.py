@@ -74,7 +74,7 @@ def test_password_url_end_to_end_with_ttl_and_no_secret_logged(password_url: str
     # A reader with the same URL loads it bit-exact; a put of the same prompt (a reused
     # prefix) refreshes the TTL of its chunks.
     for key in keys:
-        client.expire(key, 5)
+        client.expire(key, 20)  # short, but longer than a peer process takes to start
     got, log = run_peer(tmp_path, "reuse", password_url, [
         {"kind": "fetch", "name": "f", "tokens": tokens},
         store_op(tmp_path, "again", tokens, 3)])
