@@ -13,10 +13,10 @@ import torch
 
 from engine.checkpoint import load_checkpoint
 from tests.e2e.conftest import CHUNK, E2E, deploy
-
-BLOCK = 16  # the workers' --block-size (tests/e2e/conftest.py)
 from tests.e2e.test_tiny_deployment import complete_ids, token_prompt
 from tests.helpers.tiny_model import hf_greedy
+
+BLOCK = 16  # the workers' --block-size (tests/e2e/conftest.py)
 
 
 @pytest.fixture(scope="module")
