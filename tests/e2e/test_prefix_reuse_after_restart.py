@@ -27,7 +27,8 @@ def test_turn_after_restart_loads_the_prefix_from_redis(warm_workers: E2E) -> No
     assert len(turn1) >= SPLIT_THRESHOLD  # the split route: the prefill worker stores the KV
     split0 = e2e.metric("bulkhead_time_to_first_token_seconds_count", route="split")
     out1, cached1, computed1 = _turn(e2e, turn1)
-    assert cached1 == 0 and computed1 == len(turn1)
+    # the decode worker recomputes the partial last block (16 tokens) the store does not hold
+    assert cached1 == 0 and computed1 == len(turn1) + len(turn1) % 16
     assert e2e.metric("bulkhead_time_to_first_token_seconds_count", route="split") == split0 + 1
 
     pids = {p.pid for p in e2e.deployment.group.processes}
@@ -41,5 +42,5 @@ def test_turn_after_restart_loads_the_prefix_from_redis(warm_workers: E2E) -> No
     # is keyed by its own tokens); the new processes can have found them only in Redis.
     reused = (len(turn1) // CHUNK) * CHUNK
     assert cached2 == reused
-    assert computed2 == len(turn2) - reused
+    assert computed2 == len(turn2) - reused + len(turn2) % 16
     assert e2e.metric("bulkhead_time_to_first_token_seconds_count", route="split") == split1 + 1
