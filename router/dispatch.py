@@ -128,7 +128,8 @@ class Dispatcher:
             sp.seed = (job.seed + choice) % 2**64
         return sp
 
-    def _context_limit(self) -> int:
+    def context_limit(self) -> int:
+        """The largest context a healthy decode worker plans for; 503 when there is none."""
         decode = [w for w in self._registry.loads() if w.role == "decode" and w.healthy]
         if not decode:
             raise no_worker("decode", self._settings.retry_after_s,
@@ -192,7 +193,7 @@ class Dispatcher:
 
     async def start(self, job: GenerationJob) -> Dispatch:
         """Route every choice; raise ApiError if any cannot run."""
-        limit = self._context_limit()
+        limit = self.context_limit()
         request_id = f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         deadline = (time.time() + self._settings.request_timeout_s
                     if self._settings.request_timeout_s > 0 else 0.0)

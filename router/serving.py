@@ -9,10 +9,12 @@ outside the `RouterContext` it is given.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -45,10 +47,21 @@ class RouterContext:
     background: BackgroundTasks
     dispatcher: Dispatcher
     admission: Admission
+    # bounds the prompts tokenized at once (each in a thread, without the GIL)
+    tokenize_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(2))
+
+
+class AsciiJSONResponse(JSONResponse):
+    """JSON escaped to ASCII: a message quoting client text (a lone surrogate, say) always
+    encodes, where Starlette's UTF-8 rendering would raise while answering the error."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False,
+                          separators=(",", ":")).encode("ascii")
 
 
 def error_response(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+    return AsciiJSONResponse(err.body(), status_code=err.status, headers=err.headers())
 
 
 def as_api_error(exc: BaseException, ctx: RouterContext) -> ApiError:
@@ -141,8 +154,21 @@ async def _stream_body(ctx: RouterContext, job: GenerationJob, dispatch: Dispatc
         outcome.finish(result)
 
 
+async def _build_job(ctx: RouterContext, build: Callable[[int], GenerationJob]) -> GenerationJob:
+    """Validate and tokenize off the event loop, a bounded number at once.
+
+    The context limit is read first, so a prompt whose length alone proves it too long is
+    refused before it is tokenized (router/job.py)."""
+    max_context = ctx.dispatcher.context_limit()
+    async with ctx.tokenize_slots:
+        started = time.monotonic()
+        job = await asyncio.to_thread(build, max_context)
+        ctx.metrics.phase.labels("tokenize").observe(time.monotonic() - started)
+    return job
+
+
 async def serve_generation(ctx: RouterContext, request: Request,
-                 build: Callable[[], GenerationJob]) -> Response:
+                 build: Callable[[int], GenerationJob]) -> Response:
     try:
         outcome = _Outcome(ctx.metrics, ctx.admission)
     except ApiError as err:
@@ -151,9 +177,7 @@ async def serve_generation(ctx: RouterContext, request: Request,
     handed_over = False
     result = "error"
     try:
-        started = time.monotonic()
-        job = await asyncio.to_thread(build)
-        ctx.metrics.phase.labels("tokenize").observe(time.monotonic() - started)
+        job = await _build_job(ctx, build)
         dispatch = await ctx.dispatcher.start(job)
         outcome.dispatch = dispatch
         events = dispatch.deltas()

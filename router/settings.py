@@ -72,6 +72,11 @@ class RouterSettings:
         "Value of the Retry-After header on 429 and 503 answers."))
     max_inflight_requests: int = field(default=0, metadata=_doc(
         "Requests the router serves at once; past it new ones get 429 (0 = no bound)."))
+    max_body_bytes: int = field(default=8 * 1024 * 1024, metadata=_doc(
+        "Largest request body accepted, in bytes; a larger one is answered 413 before it is "
+        "read or parsed (Content-Length, or counted as it arrives when chunked)."))
+    max_concurrent_tokenizations: int = field(default=2, metadata=_doc(
+        "Prompts tokenized at once (each off the event loop, without the GIL); more wait."))
     max_n: int = field(default=16, metadata=_doc("Largest `n` (choices per request) accepted."))
     max_stop_strings: int = field(default=16, metadata=_doc("Most `stop` strings per request."))
     max_prompts: int = field(default=64, metadata=_doc(
@@ -105,7 +110,8 @@ class RouterSettings:
             raise SettingsError(f"max_inflight_requests: {self.max_inflight_requests} must be >= 0")
         if self.retry_after_s < 0:
             raise SettingsError(f"retry_after_s: {self.retry_after_s} must be >= 0")
-        for name in ("max_n", "max_stop_strings", "max_prompts"):
+        for name in ("max_n", "max_stop_strings", "max_prompts", "max_body_bytes",
+                     "max_concurrent_tokenizations"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")
         if self.registry_url and url_problem(self.registry_url):
