@@ -138,8 +138,13 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:   # FastAPI could not read the body (bytes, depth, digits)
+            return error_response(ApiError(
+                400, f"Request body: {exc.detail}; it must be one JSON object in UTF-8.",
+                "invalid_request_error", "body", "invalid_body"))
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return error_response(ApiError(exc.status_code, str(exc.detail),
-                                       "invalid_request_error", None, None))
+                                       "invalid_request_error", None, code))
 
     @app.exception_handler(Exception)
     async def _on_any(request: Request, exc: Exception) -> JSONResponse:

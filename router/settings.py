@@ -75,6 +75,9 @@ class RouterSettings:
     max_body_bytes: int = field(default=8 * 1024 * 1024, metadata=_doc(
         "Largest request body accepted, in bytes; a larger one is answered 413 before it is "
         "read or parsed (Content-Length, or counted as it arrives when chunked)."))
+    max_header_bytes: int = field(default=64 * 1024, metadata=_doc(
+        "Largest request head (request line and headers) accepted, in bytes; past it the "
+        "HTTP server answers 431 without buffering more."))
     max_concurrent_tokenizations: int = field(default=2, metadata=_doc(
         "Prompts tokenized at once (each off the event loop, without the GIL); more wait."))
     max_n: int = field(default=16, metadata=_doc("Largest `n` (choices per request) accepted."))
@@ -111,7 +114,7 @@ class RouterSettings:
         if self.retry_after_s < 0:
             raise SettingsError(f"retry_after_s: {self.retry_after_s} must be >= 0")
         for name in ("max_n", "max_stop_strings", "max_prompts", "max_body_bytes",
-                     "max_concurrent_tokenizations"):
+                     "max_header_bytes", "max_concurrent_tokenizations"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")
         if self.registry_url and url_problem(self.registry_url):
