@@ -142,7 +142,8 @@ async def _stream_body(ctx: RouterContext, job: GenerationJob, dispatch: Dispatc
             yield writer.usage_chunk(dispatch.runners)
         result = "ok"
         yield sse("[DONE]")
-    except (ApiError, WorkerCallError) as exc:
+    except Exception as exc:   # noqa: BLE001 - whatever cut the stream, the client gets a word
+        # (a worker that died, a bug): an OpenAI error event and [DONE], never a bare reset
         err = as_api_error(exc, ctx)
         result = err.code or str(err.status)
         yield sse(err.body())
