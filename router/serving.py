@@ -60,6 +60,14 @@ class AsciiJSONResponse(JSONResponse):
                           separators=(",", ":")).encode("ascii")
 
 
+KEEPALIVE = ": keep-alive\n\n"
+
+
+async def _ready_within(task: asyncio.Future[ChoiceDelta], timeout_s: float) -> bool:
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    return bool(done)
+
+
 def error_response(err: ApiError) -> JSONResponse:
     return AsciiJSONResponse(err.body(), status_code=err.status, headers=err.headers())
 
@@ -121,16 +129,21 @@ def _account(dispatch: Dispatch, metrics: RouterMetrics) -> None:
 
 
 async def _stream_body(ctx: RouterContext, job: GenerationJob, dispatch: Dispatch,
-                       first: ChoiceDelta, events: AsyncIterator[ChoiceDelta],
+                       first: asyncio.Future[ChoiceDelta], events: AsyncIterator[ChoiceDelta],
                        outcome: _Outcome) -> AsyncIterator[str]:
     writer = ChunkWriter(job, dispatch.request_id, int(time.time()))
     route = dispatch.runners[0].spec.route.kind
     seen: set[int] = set()
     result = "cancelled"
     try:
+        while not first.done():
+            # a long prefill sends nothing for minutes: SSE comments keep proxies from cutting
+            # the idle connection, and tell the client the request is alive
+            yield KEEPALIVE
+            await asyncio.wait({first}, timeout=ctx.settings.sse_keepalive_s)
+        delta: ChoiceDelta | None = first.result()
         for line in writer.opening():
             yield line
-        delta: ChoiceDelta | None = first
         while delta is not None:
             outcome.saw(delta, route)
             chunk = writer.delta(delta, delta.index not in seen)
@@ -149,10 +162,19 @@ async def _stream_body(ctx: RouterContext, job: GenerationJob, dispatch: Dispatc
         yield sse(err.body())
         yield sse("[DONE]")
     finally:
+        await _settle(first)
         await events.aclose()
         dispatch.close()
         _account(dispatch, ctx.metrics)
         outcome.finish(result)
+
+
+async def _settle(task: asyncio.Future[ChoiceDelta]) -> None:
+    """Cancel a pending first-delta read and wait for it, so the generator it reads from is
+    not running when it is closed."""
+    if not task.done():
+        task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _build_job(ctx: RouterContext, build: Callable[[int], GenerationJob]) -> GenerationJob:
@@ -182,9 +204,14 @@ async def serve_generation(ctx: RouterContext, request: Request,
         dispatch = await ctx.dispatcher.start(job)
         outcome.dispatch = dispatch
         events = dispatch.deltas()
+        first: asyncio.Future[ChoiceDelta] | None = None
         try:
             if job.stream:
-                first = await run_until_disconnect(anext(events), request.receive)
+                first = asyncio.ensure_future(anext(events))
+                if await run_until_disconnect(_ready_within(first, ctx.settings.sse_keepalive_s),
+                                              request.receive):
+                    first.result()   # failed before any byte went out: an HTTP error status
+                # else: a slow first token; the stream opens now and keeps itself alive
                 handed_over = True
                 return EventStreamResponse(
                     _stream_body(ctx, job, dispatch, first, events, outcome),
@@ -203,6 +230,8 @@ async def serve_generation(ctx: RouterContext, request: Request,
                                 headers={"x-request-id": dispatch.request_id})
         finally:
             if not handed_over:
+                if first is not None:
+                    await _settle(first)
                 await events.aclose()
                 dispatch.close()   # also when the generator never started
     except ClientGone:

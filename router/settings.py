@@ -66,6 +66,9 @@ class RouterSettings:
         "Longest wait for the first token of a Generate stream."))
     stream_idle_timeout_s: float = field(default=60.0, metadata=_doc(
         "Longest wait between two chunks of a Generate stream."))
+    sse_keepalive_s: float = field(default=5.0, metadata=_doc(
+        "A stream whose first token takes longer opens anyway and sends an SSE comment "
+        "(`: keep-alive`) this often until it comes, so proxies do not cut a long prefill."))
     request_timeout_s: float = field(default=0.0, metadata=_doc(
         "Whole-request deadline sent to the workers (deadline_unix_s); 0 = none."))
     retry_after_s: int = field(default=1, metadata=_doc(
@@ -104,7 +107,7 @@ class RouterSettings:
         if self.split_threshold_tokens < 1:
             raise SettingsError(f"split_threshold_tokens: {self.split_threshold_tokens} must be >= 1")
         for name in ("poll_interval_s", "stall_timeout_s", "info_timeout_s", "prefill_timeout_s",
-                     "first_token_timeout_s", "stream_idle_timeout_s"):
+                     "first_token_timeout_s", "stream_idle_timeout_s", "sse_keepalive_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
         if self.request_timeout_s < 0:
