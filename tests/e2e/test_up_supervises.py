@@ -1,6 +1,6 @@
 """`bulkhead up` survives the death of any one of its children (real processes, a real
 redis-server, loopback): SIGKILL the prefill worker, then the decode worker, then Redis, each
-while 8 streaming chats run. Every stream ends with an answer or an OpenAI error event, then
+while 8 streaming chats run, and last the router. Every stream ends with an answer or an OpenAI error event, then
 `data: [DONE]`; the supervisor restarts the dead child by itself; and a new request is served
 within 30 s each time. Ctrl-C then stops everything cleanly."""
 
@@ -150,9 +150,14 @@ def test_up_restarts_each_child_and_every_stream_ends_with_a_word(tmp_path: Path
                         break
                 assert time.monotonic() < deadline, out_path.read_text()
                 time.sleep(0.5)
+        # the router too: its clients see EOF (nothing can send them a word), but it comes back
+        router = _child(up, "common.cli router")
+        router.send_signal(signal.SIGKILL)
+        report.append(("router", 0, 0, 0.0, round(_served(url, model, 30.0), 1)))
+        assert _child(up, "common.cli router").pid != router.pid
         print("victim, answers, error events, s from kill to a new answer:", report)
         text = out_path.read_text()
-        for victim in ("prefill", "decode", "redis"):
+        for victim in ("prefill", "decode", "redis", "router"):
             assert f"{victim} (pid" in text and f"{victim} restarted" in text, text
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0, out_path.read_text()
