@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from common.launcher import free_port, redis_server_path
-from common.up import Deployment, UpOptions, start
+from launch.launcher import free_port, redis_server_path
+from launch.up import Deployment, UpOptions, start
 from tests.e2e.conftest import SPLIT_THRESHOLD, WORKER_FLAGS
 from tests.helpers.tiny_model import write_tiny_llama
 

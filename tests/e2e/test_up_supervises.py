@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from common.launcher import free_port, redis_server_path
+from launch.launcher import free_port, redis_server_path
 from tests.e2e.conftest import MAX_CONTEXT
 from tests.helpers.tiny_model import write_tiny_llama
 
@@ -109,7 +109,7 @@ def test_up_restarts_each_child_and_every_stream_ends_with_a_word(tmp_path: Path
     out_path = tmp_path / "up.out"
     with out_path.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "common.cli", "up", "--model", str(folder), "--port",
+            [sys.executable, "-m", "launch.cli", "up", "--model", str(folder), "--port",
              str(port), "--config", str(config), "--log-dir", str(tmp_path / "logs")],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
@@ -122,7 +122,7 @@ def test_up_restarts_each_child_and_every_stream_ends_with_a_word(tmp_path: Path
         model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
         up = psutil.Process(proc.pid)
         report = []
-        for victim in ("common.cli prefill", "common.cli decode", "redis-server"):
+        for victim in ("launch.cli prefill", "launch.cli decode", "redis-server"):
             target = _child(up, victim)
             # long prompts go through the prefill worker, short ones straight to decode
             streams = [Stream(url, model, ("tell me a long story " * (12 if i % 2 else 1)))
@@ -151,10 +151,10 @@ def test_up_restarts_each_child_and_every_stream_ends_with_a_word(tmp_path: Path
                 assert time.monotonic() < deadline, out_path.read_text()
                 time.sleep(0.5)
         # the router too: its clients see EOF (nothing can send them a word), but it comes back
-        router = _child(up, "common.cli router")
+        router = _child(up, "launch.cli router")
         router.send_signal(signal.SIGKILL)
         report.append(("router", 0, 0, 0.0, round(_served(url, model, 30.0), 1)))
-        assert _child(up, "common.cli router").pid != router.pid
+        assert _child(up, "launch.cli router").pid != router.pid
         print("victim, answers, error events, s from kill to a new answer:", report)
         text = out_path.read_text()
         for victim in ("prefill", "decode", "redis", "router"):

@@ -21,7 +21,7 @@ import grpc
 import httpx
 
 from common.default_model import default_model_path
-from common.launcher import free_port
+from launch.launcher import free_port
 from proto import bulkhead_pb2_grpc as pb_grpc
 from tests.router.router_fakes import FakeWorker, LoopThread
 

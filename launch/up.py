@@ -2,9 +2,9 @@
 
 Starts a KV store (the given ``--redis-url``, else redis-server on a free port if installed, else
 LMCache's ``lm://`` server), one prefill worker, one decode worker and the router, each as its own
-OS process (``python -m common.cli <role>``) with its log in ``--log-dir``; waits until both
+OS process (``python -m launch.cli <role>``) with its log in ``--log-dir``; waits until both
 workers answer grpc.health.v1 SERVING and the router's /health reports them healthy; prints the
-URL and a curl example; then supervises (common/supervisor.py): a child that dies is logged
+URL and a curl example; then supervises (launch/supervisor.py): a child that dies is logged
 and restarted with back-off while the others keep serving; Redis comes back empty on its port.
 Only Ctrl-C / SIGTERM, or a child failing to start ``--max-failed-starts`` times in a row, stops
 everything, router first, and nothing is left running. With a Redis store the workers also register in it
@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from common.cli import WORKER_ENV as CLI_WORKER_ENV
-from common.launcher import (
+from common.worker_env import WORKER_ENV
+from common.worker_registry import SCHEMES as REGISTRY_SCHEMES
+from launch.launcher import (
     LaunchError,
     ManagedProcess,
     ProcessGroup,
@@ -42,12 +43,7 @@ from common.launcher import (
     tcp_open,
     wait_until,
 )
-from common.supervisor import GaveUp, RestartPolicy, Supervisor
-from common.worker_registry import SCHEMES as REGISTRY_SCHEMES
-
-# Set in every worker: LMCache keys must hash alike in both workers, and no usage reporting.
-WORKER_ENV = {**CLI_WORKER_ENV, "LMCACHE_LOG_LEVEL": "WARNING",
-              "TOKENIZERS_PARALLELISM": "false"}
+from launch.supervisor import GaveUp, RestartPolicy, Supervisor
 
 
 @dataclass(frozen=True)
@@ -142,7 +138,7 @@ def _has_router_section(path: str) -> bool:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "common.cli", *args]
+    return [sys.executable, "-m", "launch.cli", *args]
 
 
 def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a print-like callable

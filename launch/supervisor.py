@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from common.launcher import ManagedProcess, ProcessGroup, spawn
+from launch.launcher import ManagedProcess, ProcessGroup, spawn
 
 
 class GaveUp(RuntimeError):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from common.launcher import ProcessGroup, spawn
-from common.supervisor import GaveUp, RestartPolicy, Supervisor
+from launch.launcher import ProcessGroup, spawn
+from launch.supervisor import GaveUp, RestartPolicy, Supervisor
 
 pytestmark = pytest.mark.timeout(60)
 
