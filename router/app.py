@@ -87,7 +87,7 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
             CallDeadlines(settings.info_timeout_s, settings.prefill_timeout_s,
                           settings.first_token_timeout_s, settings.stream_idle_timeout_s),
             fingerprint)
-        metrics = RouterMetrics(reg.loads)
+        metrics = RouterMetrics(reg.loads, settings.model_name)
         background = BackgroundTasks()
         await reg.start()
         if not reg.loads():

@@ -123,6 +123,9 @@ class _Outcome:
 
 def _account(dispatch: Dispatch, metrics: RouterMetrics) -> None:
     for r in dispatch.runners:
+        metrics.prompt_tokens_seen.inc(len(r.spec.prompt_token_ids))
+        if r.stats.finish_reason:
+            metrics.finished.labels(r.stats.finish_reason).inc()
         metrics.kv_tokens.labels("loaded").inc(r.stats.num_loaded_tokens)
         metrics.kv_tokens.labels("cached").inc(r.stats.num_cached_tokens)
         metrics.kv_tokens.labels("recomputed").inc(r.stats.num_recomputed_tokens)

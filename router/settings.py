@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `bulkhead router` flags; every flag defaults to None so unset flags do not override."""
     parser = argparse.ArgumentParser(
         prog="bulkhead router", description="OpenAI-compatible router in front of Bulkhead workers.")
-    parser.add_argument("--config", default=None, help="YAML file of settings (env: BULKHEAD_CONFIG).")
+    parser.add_argument("--config", default=None, help="YAML file of settings (env: BULKHEAD_CONFIG; default: none).")
     for f in dataclasses.fields(RouterSettings):
         flag = "--" + f.name.replace("_", "-")
         env = ENV_PREFIX + f.name.upper()
