@@ -7,8 +7,11 @@ OS process (``python -m launch.cli <role>``) with its log in ``--log-dir`` (defa
 no trail of folders); while the workers load and warm up, prints their start-up steps
 (``common/startup_progress.py``) with the time so far; waits until both workers answer
 grpc.health.v1 SERVING and the router's /health reports them healthy; prints the URL, the time
-to healthy and a curl example; then watches. Ctrl-C / SIGTERM (or any child dying) stops everything,
-router first, and nothing is left running. With a Redis store the workers also register in it
+to healthy and a curl example; then supervises (launch/supervisor.py): a
+child that dies is logged and restarted with back-off while the others keep serving; Redis
+comes back empty on its port. Only Ctrl-C / SIGTERM, or a child failing to start
+``--max-failed-starts`` times in a row, stops everything, router first, and nothing is left
+running. With a Redis store the workers also register in it
 (heartbeat keys) and the router discovers them there; with ``lm://`` it is given their addresses.
 
 Worker and router settings not exposed here come from ``--config`` (a YAML file with ``router:``,
@@ -27,8 +30,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -43,8 +46,10 @@ from launch.launcher import (
     free_port,
     spawn,
     start_kv_server,
+    tcp_open,
     wait_until,
 )
+from launch.supervisor import GaveUp, RestartPolicy, Supervisor
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,8 @@ class Deployment:
     log_dir: Path
     model_name: str
     startup_s: float = 0.0  # start() called -> router healthy
+    # child name -> "it is serving" probe, for the supervisor to know a restart worked
+    ready: dict[str, Callable[[], bool]] = field(default_factory=dict)
 
     def stop(self) -> None:
         self.group.stop_all()
@@ -106,6 +113,17 @@ def router_ready(url: str, num_workers: int) -> bool:
         return False
     workers = body.get("workers", {})
     return sum(1 for w in workers.values() if w.get("healthy")) >= num_workers
+
+
+def http_answers(url: str) -> bool:
+    """True when the router answers /health at all (200, or 503 while it has no worker)."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2.0):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def served_model_name(url: str) -> str:
@@ -173,11 +191,14 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
             old.unlink(missing_ok=True)
     limits = _limit_flags(opts)
     group = ProcessGroup()
+    ready: dict[str, Callable[[], bool]] = {}
     try:
         kv_url = opts.redis_url
         if not kv_url:
             kv_proc, kv_url = start_kv_server(host="127.0.0.1", log_dir=log_dir)
             group.add(kv_proc)
+            kv = urlsplit(kv_url)
+            ready[kv_proc.name] = lambda h=kv.hostname, p=kv.port: tcp_open(str(h), int(p or 0))
             log(f"kv store  {kv_url} (log {kv_proc.log_path})")
         # A Redis store doubles as the worker registry: the workers register there and the
         # router discovers them (an lm:// store cannot, so the router then gets the addresses).
@@ -213,6 +234,7 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
             address = addresses[role]
             wait_until(proc, lambda a=address: serving_and_tell(a), opts.startup_timeout_s,
                        f"serving on {address}")
+            ready[role] = lambda a=address: grpc_serving(a)
             log(f"{role:8s}  {address} (log {proc.log_path})")
         url = f"http://{opts.host}:{opts.port}"
         workers_of_router = () if registry_url else ("--prefill", addresses["prefill"],
@@ -224,13 +246,14 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
         router = group.add(spawn("router", router_argv, env=router_env, log_dir=log_dir))
         wait_until(router, lambda: router_ready(url, 2), min(opts.startup_timeout_s, 120.0),
                    f"healthy at {url}/health")
+        ready["router"] = lambda: http_answers(url)
         log(f"router    {url} (log {router.log_path})")
         model_name = served_model_name(url)
     except BaseException:
         group.stop_all()
         raise
     return Deployment(group, url, kv_url, addresses["prefill"], addresses["decode"], log_dir,
-                      model_name, time.monotonic() - t0)
+                      model_name, time.monotonic() - t0, ready)
 
 
 def curl_example(url: str, model_name: str) -> str:
@@ -271,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "replaced by the next start on that port).")
     p.add_argument("--startup-timeout", type=float, default=600.0,
                    help="Seconds each process may take to become healthy.")
+    p.add_argument("--max-failed-starts", type=int, default=5,
+                   help="A child that dies is restarted with back-off; this many failed "
+                   "restarts in a row stop everything.")
     return p
 
 
@@ -312,15 +338,18 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"Try:\n  {curl_example(deployment.url, deployment.model_name)}\n"
           f"Logs: {deployment.log_dir}\nCtrl-C stops everything.", flush=True)
     code = 0
+    supervisor = Supervisor(
+        deployment.group, deployment.ready,
+        RestartPolicy(max_failed_starts=args.max_failed_starts,
+                      startup_timeout_s=args.startup_timeout),
+        lambda line: print(line, file=sys.stderr, flush=True), time.monotonic())
     try:
         while True:
-            dead = deployment.group.first_dead()
-            if dead is not None:
-                print(f"bulkhead up: {dead.name} exited with code {dead.popen.returncode}; "
-                      f"stopping everything. Log tail:\n{dead.log_tail()}", file=sys.stderr)
-                code = 1
-                break
+            supervisor.poll(time.monotonic())
             time.sleep(0.5)
+    except GaveUp as exc:
+        print(f"bulkhead up: {exc}; stopping everything", file=sys.stderr, flush=True)
+        code = 1
     except KeyboardInterrupt:
         print("\nbulkhead up: stopping", flush=True)
     finally:
