@@ -52,7 +52,7 @@ def _mxfp4_tile(w_rows, s_rows, k, mask):
 @triton.jit
 def _moe_gate_up_kernel(
     x_ptr, order_ptr, row_end_ptr, w_ptr, s_ptr, h_ptr,
-    E, H, I, TOP_K,
+    E, H, INTER, TOP_K,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
     limit,
     F32: tl.constexpr, E_P2: tl.constexpr,
@@ -65,7 +65,7 @@ def _moe_gate_up_kernel(
         r_ok = rows < row_end
         tok = tl.load(order_ptr + rows, mask=r_ok, other=0) // TOP_K
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = n < I
+        n_ok = n < INTER
         wg = w_ptr + e.to(tl.int64) * stride_we + n[:, None] * stride_wn
         sg = s_ptr + e.to(tl.int64) * stride_se + n[:, None] * stride_sn
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -77,7 +77,7 @@ def _moe_gate_up_kernel(
                         mask=r_ok[:, None] & k_ok[None, :], other=0.0)
             wmask = n_ok[:, None] & k_ok[None, :]
             acc_g += dot_nt(x, _mxfp4_tile(wg, sg, k, wmask), F32)
-            acc_u += dot_nt(x, _mxfp4_tile(wg + I * stride_wn, sg + I * stride_sn, k, wmask), F32)
+            acc_u += dot_nt(x, _mxfp4_tile(wg + INTER * stride_wn, sg + INTER * stride_sn, k, wmask), F32)
         g = tl.minimum(acc_g, limit)
         u = tl.minimum(tl.maximum(acc_u, -limit), limit)
         h = g * tl.sigmoid(g) * u
@@ -88,7 +88,7 @@ def _moe_gate_up_kernel(
 @triton.jit
 def _moe_down_kernel(
     h_ptr, order_ptr, row_end_ptr, tw_ptr, w_ptr, s_ptr, y_ptr,
-    E, H, I,
+    E, H, INTER,
     stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
     F32: tl.constexpr, E_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -105,9 +105,9 @@ def _moe_down_kernel(
         wd = w_ptr + e.to(tl.int64) * stride_we + n[:, None] * stride_wn
         sd = s_ptr + e.to(tl.int64) * stride_se + n[:, None] * stride_sn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
+        for k0 in range(0, INTER, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = k < I
+            k_ok = k < INTER
             a = tl.load(h_ptr + rows[:, None] * stride_hm + k[None, :],
                         mask=r_ok[:, None] & k_ok[None, :], other=0.0)
             acc += dot_nt(a, _mxfp4_tile(wd, sd, k, n_ok[:, None] & k_ok[None, :]), F32)

@@ -25,7 +25,7 @@ def fp8_linear_tiles(m: int, block_k: int) -> tuple[int, int, int, int]:
     can, so one scale per row multiplies each K-tile's partial product."""
     bm = 16 if m <= 16 else (32 if m <= 32 else 64)
     bk = next((c for c in (128, 64, 32, 16) if block_k % c == 0), 32)
-    return bm, 64 if m <= 32 else 128, bk, 4
+    return bm, 64 if m <= 32 else 128, bk, 4 if m <= 32 else 8
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
