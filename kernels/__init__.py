@@ -8,8 +8,8 @@ This package must never import anything else of ours.
 """
 
 from kernels.errors import KernelArgumentError, KernelUnavailableError
-from kernels.fp8_linear import fp8_linear
-from kernels.fp8_linear_ref import dequantize_fp8_block, fp8_linear_ref
+from kernels.fp8_linear import fp8_grouped_linear, fp8_linear
+from kernels.fp8_linear_ref import dequantize_fp8_block, fp8_grouped_linear_ref, fp8_linear_ref
 from kernels.fused import add_rms_norm, rope_and_cache, silu_and_mul
 from kernels.fused_ref import add_rms_norm_ref, rope_and_cache_ref, silu_and_mul_ref
 from kernels.indexer_topk import (
@@ -54,6 +54,8 @@ __all__ = [
     "default_decode_splits",
     "dequantize_fp8_block",
     "dequantize_mxfp4",
+    "fp8_grouped_linear",
+    "fp8_grouped_linear_ref",
     "fp8_linear",
     "fp8_linear_ref",
     "moe_experts",

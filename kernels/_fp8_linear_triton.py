@@ -39,7 +39,7 @@ def dot_nt(a, b, F32: tl.constexpr):
 def _fp8_linear_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr,
     M, N, K,
-    stride_xm, stride_wn, stride_sn, stride_ym,
+    stride_xm, stride_xg, stride_wn, stride_sn, stride_ym, stride_yg,
     SCALE_BN, SCALE_BK,
     TILE_SCALE: tl.constexpr,  # True: BLOCK_K divides SCALE_BK, one scale per row per K-tile
     F32: tl.constexpr,
@@ -47,12 +47,16 @@ def _fp8_linear_kernel(
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    g = tl.program_id(2)  # group of a block-diagonal weight: rows g*N.., x and y columns g*K..
+    x_ptr += g * stride_xg
+    y_ptr += g * stride_yg
+    w_ptr += g * N * stride_wn
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     n_ok = offs_n < N
-    s_row = s_ptr + (offs_n // SCALE_BN) * stride_sn
+    s_row = s_ptr + ((offs_n + g * N) // SCALE_BN) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
@@ -76,13 +80,14 @@ def _fp8_linear_kernel(
 
 def launch_fp8_linear(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
                       block: tuple[int, int], tiles: tuple[int, int, int, int]) -> None:
-    m, k = x.shape
-    n = w_u8.shape[0]
+    """x [M, G, K], w_u8 [G * N, K], out [M, G, N] (G = 1 for a plain linear)."""
+    m, groups, k = x.shape
+    n = w_u8.shape[0] // groups
     bm, bn, bk, warps = tiles
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), groups)
     _fp8_linear_kernel[grid](
         x, w_u8, scale, out, m, n, k,
-        x.stride(0), w_u8.stride(0), scale.stride(0), out.stride(0),
+        x.stride(0), x.stride(1), w_u8.stride(0), scale.stride(0), out.stride(0), out.stride(1),
         block[0], block[1],
         TILE_SCALE=block[1] % bk == 0, F32=x.dtype == torch.float32 or interpreting(),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,

@@ -32,17 +32,42 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out: 
                block: tuple[int, int] = (128, 128)) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32, rows strided, last dim contiguous); weight [N, K] e4m3 (or its
     uint8 bits); scale fp32 [ceil(N/bn), ceil(K/bk)]; out [M, N] -> out."""
-    name = "fp8_linear"
+    check_tensor("fp8_linear", "x", x, shape=(None, None), dtypes=_ACT_DTYPES, device=x.device)
+    check_tensor("fp8_linear", "out", out, shape=(x.shape[0], None), dtypes=_ACT_DTYPES,
+                 device=x.device)
+    _fp8_linear("fp8_linear", x.unsqueeze(1), weight, scale, out.unsqueeze(1), block)
+    return out
+
+
+def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                       out: torch.Tensor, block: tuple[int, int] = (128, 128)) -> torch.Tensor:
+    """Block-diagonal form (DeepSeek-V4's grouped output projection): x [M, G, K]; weight
+    [G * N, K] (group g owns rows g*N..(g+1)*N; one scale grid over all of them, so a scale
+    block may straddle two groups); out [M, G * N] -> out, ``out[:, g*N:(g+1)*N] = x[:, g] @
+    dequant(weight[g*N:(g+1)*N])^T``."""
+    name = "fp8_grouped_linear"
+    check_tensor(name, "x", x, shape=(None, None, None), dtypes=_ACT_DTYPES, device=x.device)
+    m, groups, _ = x.shape
+    if weight.dim() != 2 or weight.shape[0] % groups:
+        raise KernelArgumentError(name, "weight", f"must be [G * N, K] with G = {groups} "
+                                  f"groups, got {list(weight.shape)}")
+    check_tensor(name, "out", out, shape=(m, weight.shape[0]), dtypes=_ACT_DTYPES, device=x.device)
+    _fp8_linear(name, x, weight, scale, out.view(m, groups, -1), block)
+    return out
+
+
+def _fp8_linear(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                out: torch.Tensor, block: tuple[int, int]) -> None:
+    """x [M, G, K], out [M, G, N] (views checked by the caller)."""
     dev = x.device
-    check_tensor(name, "x", x, shape=(None, None), dtypes=_ACT_DTYPES, device=dev)
-    m, k = x.shape
+    m, groups, k = x.shape
     check_tensor(name, "weight", weight, shape=(None, k), dtypes=_W_DTYPES, device=dev)
-    n = weight.shape[0]
+    n = weight.shape[0] // groups
     if block[0] <= 0 or block[1] <= 0:
         raise KernelArgumentError(name, "block", f"must be positive, got {block}")
-    grid = (-(-n // block[0]), -(-k // block[1]))
+    grid = (-(-(groups * n) // block[0]), -(-k // block[1]))
     check_tensor(name, "scale", scale, shape=grid, dtypes=(torch.float32,), device=dev)
-    check_tensor(name, "out", out, shape=(m, n), dtypes=_ACT_DTYPES, device=dev)
+    check_tensor(name, "out", out, shape=(m, groups, n), dtypes=_ACT_DTYPES, device=dev)
     if weight.stride(0) != k:
         raise KernelArgumentError(name, "weight", f"must be contiguous, got strides {weight.stride()}")
     require_triton(name, dev)
@@ -51,4 +76,3 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out: 
     if m and n:
         launch_fp8_linear(x, weight.view(torch.uint8), scale, out, block,
                           fp8_linear_tiles(m, block[1]))
-    return out

@@ -33,3 +33,11 @@ def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                    block: tuple[int, int] = (128, 128)) -> torch.Tensor:
     """x [M, K] -> x @ dequant(weight)^T [M, N] in x's dtype (fp32 accumulation)."""
     return (x.to(torch.float32) @ dequantize_fp8_block(weight, scale, block).t()).to(x.dtype)
+
+
+def fp8_grouped_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                           block: tuple[int, int] = (128, 128)) -> torch.Tensor:
+    """x [M, G, K], weight [G * N, K] block-diagonal -> [M, G * N] in x's dtype."""
+    m, groups, k = x.shape
+    w = dequantize_fp8_block(weight, scale, block).view(groups, -1, k)
+    return torch.einsum("mgk,gnk->mgn", x.to(torch.float32), w).reshape(m, -1).to(x.dtype)

@@ -80,3 +80,17 @@ def test_fp8_linear_on_cuda(cuda) -> None:
         fp8_linear(x, q, s, out)
         ref = fp8_linear_ref(x.float(), q, s)
         assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.parametrize(("m", "groups", "n", "k"), [(3, 4, 24, 40), (1, 2, 136, 160)])
+def test_fp8_grouped_linear_matches_reference(interpret, m, groups, n, k) -> None:
+    """Group boundaries that cut through a 128-row scale block (24 rows a group)."""
+    from kernels.fp8_linear import fp8_grouped_linear
+    from kernels.fp8_linear_ref import fp8_grouped_linear_ref
+
+    g = torch.Generator().manual_seed(m + n)
+    q, s = quantize_fp8_block(torch.randn(groups * n, k, generator=g), (128, 128))
+    x = torch.randn(m, groups * k, generator=g).view(m, groups, k)
+    out = torch.full((m, groups * n), float("nan"))
+    fp8_grouped_linear(x, q, s, out)
+    torch.testing.assert_close(out, fp8_grouped_linear_ref(x, q, s), rtol=1e-4, atol=1e-4)
