@@ -199,6 +199,7 @@ def _deepseek_v4_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes:
     counts tokens for admission (zero layers, zero bytes)."""
     from engine.models.deepseek_v4.cache_state import deepseek_v4_cache_bytes
     from engine.models.deepseek_v4.config import DeepseekV4Config
+    from engine.models.deepseek_v4.quant_weights import has_mxfp4_experts
     from engine.models.deepseek_v4.sizing import (
         deepseek_v4_step_peak_bytes,
         deepseek_v4_step_scratch_bytes,
@@ -217,10 +218,13 @@ def _deepseek_v4_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes:
                               f"per slot x max_batch {ec.max_batch} at max_context {ec.max_context}"))
     scratch = deepseek_v4_step_scratch_bytes(cfg, ec.chunk_tokens, ec.max_context, ec.max_batch,
                                              dtype, "kernels" if kernels else "torch")
+    mxfp4 = ec.weight_format == "checkpoint" and has_mxfp4_experts(model.hf_config)
     if kernels:
         terms.append(PlanTerm("ws.indexer", _align(deepseek_v4_workspace_bytes(
-            cfg, max(ec.chunk_tokens, ec.max_batch), ec.max_context)),
-            "tiled indexer top-k scratch + [rows, topk] outputs (kernels' size function)", True))
+            cfg, max(ec.chunk_tokens, ec.max_batch), ec.max_context, mxfp4, dtype)),
+            "max(tiled indexer top-k scratch + [rows, topk] outputs, fused MXFP4 MoE scratch: "
+            "tokens x top_k x (16 + (hidden + intermediate) x dtype) B) (kernels' size functions)",
+            True))
     terms += [
         PlanTerm("ws.logits", _align(ec.max_batch * model.vocab_size * 4),
                  f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),

@@ -26,6 +26,14 @@ _EXPERT_LEAVES = ("gate_up_proj", "down_proj")
 _E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
 
 
+def has_mxfp4_experts(hf_config: Mapping[str, object]) -> bool:
+    """Whether config.json declares FP4 routed experts (``expert_dtype: fp4``, top level or, as
+    transformers moves it, inside ``quantization_config``)."""
+    qc = hf_config.get("quantization_config")
+    inner = qc.get("expert_dtype") if isinstance(qc, dict) else None
+    return (inner or hf_config.get("expert_dtype")) == "fp4"
+
+
 def is_fp8(t: torch.Tensor) -> bool:
     return t.dtype == torch.float8_e4m3fn
 

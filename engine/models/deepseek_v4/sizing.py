@@ -107,17 +107,28 @@ def deepseek_v4_step_peak_bytes(scratch: dict[str, int]) -> int:
     return scratch["mhc_streams"] + max(attention, scratch["moe"], scratch["final_norm"])
 
 
-def deepseek_v4_workspace_bytes(cfg: DeepseekV4Config | Any, chunk_tokens: int, max_context: int) -> int:
+def deepseek_v4_workspace_bytes(
+    cfg: DeepseekV4Config | Any, chunk_tokens: int, max_context: int,
+    mxfp4_experts: bool = False, dtype: torch.dtype = torch.bfloat16,
+) -> int:
     """Bytes the family takes from the engine's Workspace in one step (kernels backend): the
-    indexer's scratch and its two [rows, topk] outputs, plus alignment slack. The rest of a
-    step's transient memory is the ``deepseek_v4_step_scratch_bytes`` activations. Frames are
-    per sequence, so this does not grow with the number of sequences in a step."""
+    larger of the indexer's scratch with its two [rows, topk] outputs and (``mxfp4_experts``)
+    the fused MoE's scratch, plus alignment slack: each is taken in its own scope, the indexer
+    inside attention and the MoE after it, so they never coexist. The rest of a step's
+    transient memory is the ``deepseek_v4_step_scratch_bytes`` activations. Frames are per
+    sequence, so the indexer's part does not grow with the number of sequences in a step."""
     cfg = DeepseekV4Config.coerce(cfg)
+    moe = 0
+    if mxfp4_experts:
+        from kernels.mxfp4_moe import moe_experts_workspace_bytes
+
+        moe = moe_experts_workspace_bytes(chunk_tokens, cfg.num_experts_per_tok, cfg.hidden_size,
+                                          cfg.moe_intermediate_size, cfg.n_routed_experts, dtype) + 256
     if not cfg.uses_csa:
-        return 0
+        return moe
     from kernels.indexer_topk import indexer_topk_workspace_bytes
 
     need = indexer_topk_workspace_bytes(
         chunk_tokens, cfg.index_n_heads, cfg.index_head_dim, max_context // cfg.csa_rate, cfg.index_topk
     )
-    return need + 2 * chunk_tokens * cfg.index_topk * 4 + 3 * 256
+    return max(need + 2 * chunk_tokens * cfg.index_topk * 4 + 3 * 256, moe)
