@@ -16,7 +16,7 @@ import torch
 
 from engine.errors import CheckpointError
 from kernels.fp8_linear_ref import dequantize_fp8_block, fp8_block_scale_fp32
-from kernels.mxfp4_moe_ref import MXFP4_GROUP, dequantize_mxfp4
+from kernels.mxfp4_moe_ref import MXFP4_GROUP, as_bytes, dequantize_mxfp4
 
 WEIGHT_FORMATS = ("checkpoint", "dequantize")
 FP8_BLOCK = 128  # DeepSeek's block edge; the last block of a dimension may be partial
@@ -122,10 +122,13 @@ def dequantize_all(sd: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str,
         w, s = out.pop(wname), out.pop(sname)
         if kind == "fp8":
             out[wname] = dequantize_fp8_block(w, s, fp8_block_of(wname, w.shape, s.shape)).to(dtype)
-        else:
-            s8 = e8m0_bytes(sname, s)
-            check_mxfp4(wname, w, s8)
-            out[wname] = dequantize_mxfp4(w, s8).to(dtype)
+        elif s.dtype in (torch.uint8, _E8M0):
+            check_mxfp4(wname, w, s)
+            out[wname] = dequantize_mxfp4(w, s).to(dtype)
+        else:  # float scales need not be powers of two once dequantized
+            check_mxfp4(wname, w, s)
+            unit = torch.full(s.shape, 127, dtype=torch.uint8, device=s.device)
+            out[wname] = (dequantize_mxfp4(w, unit) * s.float().repeat_interleave(MXFP4_GROUP, -1)).to(dtype)
     return out
 
 
@@ -140,6 +143,7 @@ def keep_quantized(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             fp8_block_of(wname, w.shape, s.shape)
             out[sname] = fp8_block_scale_fp32(s)
         else:
+            out[wname] = as_bytes(w)  # int8 / float4_e2m1fn_x2 -> uint8, a view
             out[sname] = e8m0_bytes(sname, s)
             check_mxfp4(wname, w, out[sname])
     return out
