@@ -19,13 +19,20 @@ _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _W_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 
 
-def fp8_linear_tiles(m: int, block_k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) the wrapper launches for ``m`` rows: small M
-    (decode) streams the weight with narrow row tiles; BLOCK_K divides the scale block when it
-    can, so one scale per row multiplies each K-tile's partial product."""
-    bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+_MIN_PROGRAMS = 264  # two per SM of an H200 (132 SMs): below that a decode GEMM idles SMs
+
+
+def fp8_linear_tiles(m: int, n: int, block_k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) the wrapper launches for ``m`` x ``n`` outputs:
+    small M (decode) streams the weight, so BLOCK_N shrinks until the grid covers the SMs;
+    BLOCK_K divides the scale block when it can, so one scale per row multiplies each K-tile's
+    partial product."""
     bk = next((c for c in (128, 64, 32, 16) if block_k % c == 0), 32)
-    return bm, 64 if m <= 32 else 128, bk, 4 if m <= 32 else 8
+    if m > 32:
+        return 64, 128, bk, 8
+    bm = 16 if m <= 16 else 32
+    bn = next((c for c in (64, 32) if -(-n // c) * -(-m // bm) >= _MIN_PROGRAMS), 16)
+    return bm, bn, bk, 4
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
@@ -75,4 +82,4 @@ def _fp8_linear(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.T
 
     if m and n:
         launch_fp8_linear(x, weight.view(torch.uint8), scale, out, block,
-                          fp8_linear_tiles(m, block[1]))
+                          fp8_linear_tiles(m, groups * n, block[1]))

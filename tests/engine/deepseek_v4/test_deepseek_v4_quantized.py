@@ -171,3 +171,32 @@ def test_kernels_path_under_triton_interpreter(quantized) -> None:
     assert m, proc.stdout
     assert m.group(1) == m.group(2)
     assert 0 < int(m.group(3)) <= int(m.group(4))
+
+
+@pytest.mark.parametrize("weight_format", ["checkpoint", "dequantize"])
+def test_engine_serves_the_quantized_folder(quantized, weight_format) -> None:
+    """LLMEngine.from_config on the folder: plan weights = what the model holds (quantized or
+    explicitly dequantized), and the same greedy tokens as transformers."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    folder, model, qsd = quantized
+    ec = EngineConfig(model=str(folder), device="cpu", dtype="float32", max_context=64,
+                      chunk_tokens=16, max_batch=2, weight_format=weight_format)
+    engine = LLMEngine.from_config(ec)
+    ours = engine.runner.model.model  # ModelRunner -> DeepseekV4Runner -> DeepseekV4Model
+    held = sum(t.numel() * t.element_size() for n, t in ours.state_dict().items() if "rotary" not in n)
+    planned = engine.plan.term("weights")
+    assert abs(planned - held) <= 0.01 * held, (planned, held)  # fp32-kept norms aside
+    dense = sum(t.numel() * 4 for t in dequantized(qsd).values() if t.is_floating_point())
+    assert (planned < 0.5 * dense) == (weight_format == "checkpoint")
+    ids = torch.randint(2, 97, (PROMPT,), generator=torch.Generator().manual_seed(4)).tolist()
+    engine.add_request("q", ids, SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True))
+    got: list[int] = []
+    while engine.has_unfinished():
+        for o in engine.step():
+            got += o.new_token_ids
+    want = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                          pad_token_id=0, eos_token_id=None)[0, PROMPT:].tolist()
+    assert got == want
