@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from common.default_model import DefaultModelMissing, default_model_path
-from common.launcher import free_port, tcp_open
+from launch.launcher import free_port, tcp_open
 
 pytestmark = pytest.mark.slow  # two workers load and warm up SmolLM2: ~1 min on 2 cores
 
@@ -33,7 +33,7 @@ def test_up_answers_the_capital_of_france_and_stops_cleanly(tmp_path: Path) -> N
            "BULKHEAD_KV_STAGING_GB": "0.1", "BULKHEAD_NUM_THREADS": "1"}
     with out_path.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "common.cli", "up", "--port", str(port),
+            [sys.executable, "-m", "launch.cli", "up", "--port", str(port),
              "--log-dir", str(tmp_path / "logs")],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:

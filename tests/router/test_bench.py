@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from common.bench import main, percentiles
+from bench.load import main
+from bench.load_report import percentiles
 from tests.router.conftest import Cluster
 
 pytestmark = pytest.mark.timeout(120)   # a hang is a failure, never a stuck CI

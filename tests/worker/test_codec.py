@@ -14,8 +14,8 @@ from engine.errors import (
 )
 from engine.sampling_params import SamplingParams
 from proto import bulkhead_pb2 as pb
-from service.codec import sampling_from_proto, sampling_to_proto, status_of, usage_to_proto
-from service.engine_loop import EngineLoopFailed
+from worker.codec import sampling_from_proto, sampling_to_proto, status_of, usage_to_proto
+from worker.engine_loop import EngineLoopFailed
 
 
 def test_sampling_round_trip_and_defaults() -> None:

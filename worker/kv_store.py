@@ -1,7 +1,7 @@
 """KV handoff between a prefill and a decode worker through LMCache (Redis or ``lm://`` backend).
 
 One ``KVStore`` per worker process wraps one LMCache engine whose remote backend is the shared
-store, and our ``PagedKVConnector`` (service/lmcache_connector.py) that reads from / writes into
+store, and our ``PagedKVConnector`` (worker/lmcache_connector.py) that reads from / writes into
 the engine's paged KV tensor by block table. Both sides must build it with identical model name,
 layer/head shapes, dtype and chunk size (``layout_fingerprint`` is what the router compares) and
 pass identical token lists: LMCache keys are a prefix-hash chain over ``chunk_size``-token chunks.
@@ -27,12 +27,11 @@ another one; the TTL is the only safe bound. ``lm://`` stores have no TTL.
 
 This module never decides what to recompute and never frees engine blocks: that is the engine's
 and the workers' business. Processes using it must run with ``PYTHONHASHSEED=0`` and
-``LMCACHE_TRACK_USAGE=false`` (``worker_environment()`` gives both).
+``LMCACHE_TRACK_USAGE=false`` (``kv_store_config.worker_environment()`` gives both).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
@@ -40,14 +39,14 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import torch
 
 from common.redact import public_url, redact_text, redact_url
-from service.lmcache_redis import (
+from worker.kv_store_config import REDIS_SCHEMES, KVStoreConfig, KVStoreError
+from worker.lmcache_redis import (
     REDIS_KEY_SUFFIXES,
     avoid_redis_close_deadlock,
     expire_on_write,
@@ -55,72 +54,6 @@ from service.lmcache_redis import (
 )
 
 log = logging.getLogger(__name__)
-
-# Bumped whenever the bytes we hand LMCache change meaning (order of K/V, layers, heads).
-_LAYOUT_VERSION = "bulkhead-kv-2LTD-v1"
-_SCHEMES = ("redis", "rediss", "lm")
-_REDIS_SCHEMES = ("redis", "rediss")
-
-
-
-def layout_fingerprint(model_name: str, num_layers: int, num_kv_heads: int, head_dim: int,
-                       dtype: torch.dtype, chunk_size: int) -> str:
-    """Hash of everything that decides what the stored bytes mean and how they are keyed
-    (not where they live, and not the engine's block size: the connector re-pages)."""
-    desc = "|".join(str(x) for x in (_LAYOUT_VERSION, model_name, num_layers, num_kv_heads,
-                                     head_dim, str(dtype).removeprefix("torch."), chunk_size))
-    return hashlib.sha256(desc.encode()).hexdigest()[:16]
-
-
-class KVStoreError(Exception):
-    """The KV store could not be set up or used (bad URL, backend unreachable, bad shapes)."""
-
-
-def worker_environment() -> dict[str, str]:
-    """Environment every process that computes LMCache keys must start with."""
-    from common.cli import WORKER_ENV
-
-    return {**WORKER_ENV, "LMCACHE_LOG_LEVEL": "WARNING"}
-
-
-@dataclass(frozen=True)
-class KVStoreConfig:
-    """What both sides of a handoff must agree on, plus local knobs (staging, timeouts)."""
-
-    url: str = field(repr=False)  # redis[s]://[:password@]host:port[/db][?...] or lm://host:port
-    model_name: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    chunk_size: int = 256
-    staging_gb: float = 0.5  # LMCache's CPU staging pool (allocated and zero-filled at start)
-    blocking_timeout_s: int = 10  # LMCache's own timeout for a blocking remote get
-    ttl_s: int = 3600  # expiry of every chunk key in a Redis store; 0 = never
-
-    def __post_init__(self) -> None:
-        scheme = urlsplit(self.url).scheme
-        if scheme not in _SCHEMES:
-            raise KVStoreError(
-                f"kv store url {redact_url(self.url)!r}: scheme must be one of "
-                f"{', '.join(s + '://' for s in _SCHEMES)}"
-            )
-        parts = urlsplit(self.url)
-        if not parts.hostname or not parts.port:
-            raise KVStoreError(f"kv store url {redact_url(self.url)!r} needs host and port")
-        if self.ttl_s < 0:
-            raise KVStoreError(f"ttl_s must be >= 0 (0 = no expiry), got {self.ttl_s}")
-        for name in ("num_layers", "num_kv_heads", "head_dim", "chunk_size"):
-            if getattr(self, name) < 1:
-                raise KVStoreError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.staging_gb <= 0:
-            raise KVStoreError(f"staging_gb must be > 0 (LMCache's staging pool), got "
-                               f"{self.staging_gb}")
-
-    @property
-    def layout_fingerprint(self) -> str:
-        return layout_fingerprint(self.model_name, self.num_layers, self.num_kv_heads,
-                                  self.head_dim, self.dtype, self.chunk_size)
 
 
 class KVStore:
@@ -157,7 +90,7 @@ class KVStore:
             # for the same seed (int tuples hash alike anyway today; a key that mixed in a str
             # would not, and every handoff would silently become a recompute).
             log.warning("PYTHONHASHSEED is not 0 in this process: LMCache keys may not match "
-                        "a peer's; start workers with service.kv_store.worker_environment()")
+                        "a peer's; start workers with worker.kv_store_config.worker_environment()")
         os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
         _check_reachable(self.config.url)
         self._redis = _redis_client(self.config.url)  # None for lm://
@@ -231,7 +164,7 @@ class KVStore:
 
     def _make_connector(self):  # noqa: ANN202 - an LMCache GPUConnectorInterface
         """The connector LMCache moves chunks through (a subclass stores another layout)."""
-        from service.lmcache_connector import PagedKVConnector
+        from worker.lmcache_connector import PagedKVConnector
 
         cfg = self.config
         return PagedKVConnector(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
@@ -435,7 +368,7 @@ class KVStore:
 def _redis_client(url: str) -> Any:  # noqa: ANN401 - redis.Redis, imported lazily
     """A small synchronous client of a Redis store (TTL refreshes), after a PING that checks the
     password and TLS now rather than at the first handoff; None for other schemes."""
-    if urlsplit(url).scheme not in _REDIS_SCHEMES:
+    if urlsplit(url).scheme not in REDIS_SCHEMES:
         return None
     import redis
 

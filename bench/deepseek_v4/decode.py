@@ -1,10 +1,10 @@
 """Decode benchmark of a DeepSeek-V4 stack at V4-Flash's layer dimensions (synthetic weights),
 served through the real engine (LLMEngine: plan, warm-up, scheduler, batched decode, sampler).
 
-    python -m engine.models.deepseek_v4.bench_decode run --out decode.json   # on the GPU
-    python -m engine.models.deepseek_v4.bench_decode report decode.json      # anywhere
+    python -m bench.deepseek_v4.decode run --out decode.json   # on the GPU
+    python -m bench.deepseek_v4.decode report decode.json      # anywhere
 
-The model is built as in :mod:`.bench_context` (``flash_config`` + ``random_init_``); its state
+The model is built as in :mod:`.context` (``flash_config`` + ``random_init_``); its state
 dict goes to one ``LLMEngine`` with ``max_batch`` = the largest of ``--batches``, ``max_context``
 = ``--context``, strict device allocations on CUDA. The engine copies the tensors into its own
 module, so the bench's copy is freed once the engine is built (twice the weights are resident
@@ -29,17 +29,17 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import EngineError
-from engine.llm_engine import LLMEngine, RequestOutput
-from engine.model_config import ModelConfig
-from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.bench_context import (
+from bench.deepseek_v4.context import (
     _sync,
     flash_config,
     random_init_,
     write_marked_section,
 )
+from engine.config import EngineConfig
+from engine.errors import EngineError
+from engine.llm_engine import LLMEngine, RequestOutput
+from engine.model_config import ModelConfig
+from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import CSA, HCA, DeepseekV4Config, RopeParams
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.sampling_params import SamplingParams
@@ -330,7 +330,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.models.deepseek_v4.bench_decode")
+    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.decode")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="measure (GPU; --tiny on CPU)")
     r.add_argument("--out", default="bench_decode.json")

@@ -2,8 +2,8 @@
 chunked prefill from 0 to ``--context`` tokens, per chunk the planned and the measured peak,
 device allocations after warm-up and tokens/s; then the same with the naive indexer.
 
-    python -m engine.models.deepseek_v4.bench_context run --out results.json      # on the GPU
-    python -m engine.models.deepseek_v4.bench_context report results.json         # anywhere
+    python -m bench.deepseek_v4.context run --out results.json      # on the GPU
+    python -m bench.deepseek_v4.context report results.json         # anywhere
 
 ``report`` writes the table and plot into docs/ (deepseek_v4_context.png and a section of
 docs/deepseek_v4.md between markers). Never used by the engine itself.
@@ -300,7 +300,7 @@ def _section(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.models.deepseek_v4.bench_context")
+    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.context")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--out", default="bench_context.json")

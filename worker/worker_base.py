@@ -31,12 +31,13 @@ from engine.kv_cache import KVCache
 from engine.llm_engine import KVImport, LLMEngine
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
-from service.auth import AccessError, server_credentials, server_interceptors, warn_if_open
-from service.codec import status_of
-from service.engine_loop import EngineLoop
-from service.kv_store import KVStore, layout_fingerprint
-from service.registration import registration_publisher
-from service.state_rows_store import StateRowsStore, rows_layout_fingerprint
+from worker.auth import AccessError, server_credentials, server_interceptors, warn_if_open
+from worker.codec import status_of
+from worker.engine_loop import EngineLoop
+from worker.kv_store import KVStore
+from worker.kv_store_config import layout_fingerprint
+from worker.registration import registration_publisher
+from worker.state_rows_store import StateRowsStore, rows_layout_fingerprint
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "bulkhead.v1.Worker"
@@ -167,7 +168,7 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
                   time.monotonic() - started)
         if self.rt.engine.slot_state is not None:
             return _slot_state_import(loaded, staged)
-        from service.paged_kv import scatter_tokens
+        from worker.paged_kv import scatter_tokens
 
         def load(kv: KVCache, block_ids: list[int], num_prompt_tokens: int,
                  num_computed_tokens: int = 0) -> int:
@@ -263,7 +264,7 @@ async def start_server(rt: WorkerRuntime,
                        host: str, port: int) -> RunningServer:
     """Start the engine loop and a grpc.aio server (Worker + Health) on ``host:port`` (0 = any
     free port); health is SERVING once this returns. With ``internal_token`` set every Worker
-    call must carry it, with ``tls_cert_file``/``tls_key_file`` the port is TLS (service/auth.py;
+    call must carry it, with ``tls_cert_file``/``tls_key_file`` the port is TLS (worker/auth.py;
     an unreadable file raises AccessError before anything starts)."""
     settings = rt.settings
     credentials = server_credentials(settings.tls_cert_file, settings.tls_key_file)

@@ -1,6 +1,6 @@
-"""A separate OS process that stores or retrieves KV through service.kv_store (test helper).
+"""A separate OS process that stores or retrieves KV through worker.kv_store (test helper).
 
-Usage: python tests/service/kv_peer.py SPEC.json OUT.pt.  SPEC holds the store URL, the layout,
+Usage: python tests/worker/kv_peer.py SPEC.json OUT.pt.  SPEC holds the store URL, the layout,
 and a list of operations; OUT receives a dict of results (tensors and counts) for the test to
 check. Kept out of the pytest process because LMCache starts threads and changes the
 multiprocessing start method.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from service.kv_store import KVStore
+from worker.kv_store import KVStore
 
 
 def paged_from_tokens(kv_tokens: torch.Tensor, block_ids: list[int], num_blocks: int,

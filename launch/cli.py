@@ -1,11 +1,11 @@
 """The ``bulkhead`` command: one entry point, one subcommand per component.
 
-    bulkhead up       router + prefill + decode (+ KV store) on this host   (common.up)
+    bulkhead up       router + prefill + decode (+ KV store) on this host   (launch.up)
     bulkhead router   the OpenAI-compatible gateway                         (router.server)
     bulkhead prefill  a prefill worker                                      (prefill_worker.server)
     bulkhead decode   a decode worker                                       (decode_worker.server)
     bulkhead plan     print the memory plan for a model and limits          (engine.plan_cli)
-    bulkhead bench    load generator for any OpenAI endpoint                (common.bench)
+    bulkhead bench    load generator for any OpenAI endpoint                (bench.load)
 
 Each subcommand's module is imported only when that subcommand runs, so ``bulkhead router`` and
 ``bulkhead up`` never import torch. This module holds no state and parses nothing but the
@@ -19,20 +19,18 @@ import os
 import sys
 from collections.abc import Sequence
 
+from common.worker_env import WORKER_ENV
+
 # subcommand -> (module, one-line description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("common.up", "start router + prefill + decode workers (+ KV store) on this host"),
+    "up": ("launch.up", "start router + prefill + decode workers (+ KV store) on this host"),
     "router": ("router.server", "run the OpenAI-compatible router"),
     "prefill": ("prefill_worker.server", "run a prefill worker (gRPC)"),
     "decode": ("decode_worker.server", "run a decode worker (gRPC)"),
     "plan": ("engine.plan_cli", "print the memory plan for a model and limits"),
-    "bench": ("common.bench", "load-test an OpenAI-compatible endpoint"),
+    "bench": ("bench.load", "load-test an OpenAI-compatible endpoint"),
 }
 
-
-# Set in a worker before the interpreter starts: LMCache hashes token chunks with hash(), which
-# must agree between prefill and decode processes; and no LMCache usage reporting.
-WORKER_ENV = {"PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false"}
 
 
 def _reexec_with_worker_env(args: list[str]) -> None:
@@ -41,7 +39,7 @@ def _reexec_with_worker_env(args: list[str]) -> None:
     if "PYTHONHASHSEED" in os.environ:
         return
     env = {**os.environ, **{k: v for k, v in WORKER_ENV.items() if k not in os.environ}}
-    os.execve(sys.executable, [sys.executable, "-m", "common.cli", *args], env)
+    os.execve(sys.executable, [sys.executable, "-m", "launch.cli", *args], env)
 
 
 def usage() -> str:

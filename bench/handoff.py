@@ -7,7 +7,7 @@ prompt computed on the decode worker alone; and the inter-token gaps of a stream
 on the decode worker while each of the two lands (what disaggregation protects). Per-phase times of
 the prefill side come from its log line ``prefill <id>: ... KV put ... visible after ...``.
 
-    python -m service.bench_handoff --model PATH --prompt-tokens 2000 --trials 2
+    python -m bench.handoff --model PATH --prompt-tokens 2000 --trials 2
 
 A measuring tool, never imported by the workers.
 """
@@ -25,8 +25,9 @@ from pathlib import Path
 
 import grpc
 
-from common.launcher import ProcessGroup, free_port, spawn, start_redis, wait_until
-from common.up import WORKER_ENV, grpc_serving
+from common.worker_env import WORKER_ENV
+from launch.launcher import ProcessGroup, free_port, spawn, start_redis, wait_until
+from launch.up import grpc_serving
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> list[dict[str, float]]:
         for role in ("prefill", "decode"):
             port = free_port()
             addresses[role] = f"127.0.0.1:{port}"
-            argv = [sys.executable, "-m", "common.cli", role, "--model", args.model,
+            argv = [sys.executable, "-m", "launch.cli", role, "--model", args.model,
                     "--port", str(port), "--kv-store-url", url, *flags]
             group.add(spawn(role, argv, env=WORKER_ENV, log_dir=log_dir))
         for proc in group.processes[1:]:
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> list[dict[str, float]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m service.bench_handoff", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.handoff", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="checkpoint folder or .gguf file")
     ap.add_argument("--prompt-tokens", type=int, default=2000)

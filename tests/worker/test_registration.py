@@ -1,4 +1,4 @@
-"""The Redis worker registry, worker side (service/registration.py), against a real
+"""The Redis worker registry, worker side (worker/registration.py), against a real
 redis-server: the publisher keeps WorkerInfo under its key with a TTL, survives Redis being down,
 deletes the key on stop; and a real `bulkhead decode` process registers, publishes its progress
 counters, is discovered by the router's RedisRegistry, and deletes its key on SIGTERM."""
@@ -18,19 +18,20 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from common.launcher import free_port, redis_server_path, spawn, start_redis, wait_until
 from common.settings import WorkerSettings
-from common.up import WORKER_ENV, grpc_serving
+from common.worker_env import WORKER_ENV
 from common.worker_registry import worker_key
+from launch.launcher import free_port, redis_server_path, spawn, start_redis, wait_until
+from launch.up import grpc_serving
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from router.redis_registry import RedisRegistry
 from router.worker_client import CallDeadlines
-from service.registration import RegistrationPublisher, registration_publisher
+from worker.registration import RegistrationPublisher, registration_publisher
 
 pytestmark = pytest.mark.timeout(120)
 
-LOGGER = "service.registration"
+LOGGER = "worker.registration"
 
 
 def info(steps: int) -> pb.WorkerInfo:
@@ -112,7 +113,7 @@ async def test_a_real_worker_registers_reports_progress_and_deregisters(
     model = write_tiny_llama(tmp_path / "tiny")
     port = free_port()
     address = f"127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "common.cli", "decode", "--model", str(model), "--port",
+    argv = [sys.executable, "-m", "launch.cli", "decode", "--model", str(model), "--port",
             str(port), "--device", "cpu", "--max-context", "256", "--chunk-tokens", "32",
             "--max-batch", "2", "--block-size", "16", "--attn-tile-tokens", "64",
             "--num-threads", "1", "--worker-id", "decode-real", "--registry-url", redis_url,

@@ -1,6 +1,6 @@
 """The KV store variant for families with per-sequence state (DeepSeek-V4): the same LMCache
 engine, keys and remote backend as ``KVStore``, but chunks hold per-token state rows
-(service/state_rows_connector.py) instead of paged K/V, and the layout fingerprint includes the
+(worker/state_rows_connector.py) instead of paged K/V, and the layout fingerprint includes the
 family's state layout (``slot_state.fingerprint``), so a prefill and a decode worker whose state
 layouts differ never exchange bytes.
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from service.kv_store import KVStore
+from worker.kv_store import KVStore
 
 _ROWS_LAYOUT_VERSION = "bulkhead-state-rows-v1"
 
@@ -53,7 +53,7 @@ class StateRowsStore(KVStore):
                    slot_state.fingerprint, chunk_size, **kw)
 
     def _make_connector(self):  # noqa: ANN202 - an LMCache GPUConnectorInterface
-        from service.state_rows_connector import StateRowsConnector
+        from worker.state_rows_connector import StateRowsConnector
 
         return StateRowsConnector(self.row_width)
 

@@ -1,11 +1,11 @@
 """Resumed-conversation benchmark of a DeepSeek-V4 stack at V4-Flash's layer dimensions
 (synthetic weights), for the incident's three shapes (cached prefix + new tokens).
 
-    python -m engine.models.deepseek_v4.bench_resume resume --out resume.json   # on the GPU
-    python -m engine.models.deepseek_v4.bench_resume report resume.json         # anywhere
+    python -m bench.deepseek_v4.resume resume --out resume.json   # on the GPU
+    python -m bench.deepseek_v4.resume report resume.json         # anywhere
 
 One cache slot at ``--context`` (by default the largest cached+new rounded up to a chunk), a locked
-Workspace and the planned bytes as in :mod:`.bench_context`. Warm-up first: the plan's worst
+Workspace and the planned bytes as in :mod:`.context`. Warm-up first: the plan's worst
 steps against a slot pretend-filled to the longest context, as the engine's warm-up does; then
 the device-allocation baseline. Per shape: reset the slot, prefill the cached prefix from 0 (turn
 N; timed apart, not the resume), then prefill the new tokens in chunks that start at the cached
@@ -33,8 +33,7 @@ from typing import Any
 
 import torch
 
-from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.bench_context import (
+from bench.deepseek_v4.context import (
     _device_allocs,
     _planned,
     _sync,
@@ -42,6 +41,7 @@ from engine.models.deepseek_v4.bench_context import (
     random_init_,
     write_marked_section,
 )
+from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.cache_state import DeepseekV4CacheState, deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.model import DeepseekV4Model
@@ -347,7 +347,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.models.deepseek_v4.bench_resume")
+    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.resume")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("resume", aliases=["run"], help="measure (GPU; --tiny on CPU)")
     r.add_argument("--out", default="bench_resume.json")

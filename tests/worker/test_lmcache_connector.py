@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from service.lmcache_connector import PagedKVConnector
-from service.paged_kv import scatter_tokens, token_slots
+from worker.lmcache_connector import PagedKVConnector
+from worker.paged_kv import scatter_tokens, token_slots
 
 
 def reference_gather(paged: torch.Tensor, block_ids: list[int], start: int, end: int

@@ -20,11 +20,13 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from bench.load_report import RequestRecord, format_table, plot, summarize
 
 # Common English words: each is one token in most BPE vocabularies, so N words ~ N tokens.
 _WORDS = (
@@ -152,37 +154,6 @@ class BenchConfig:
             raise BenchError("long_prompt_every needs long_prompt_tokens > 0")
 
 
-@dataclass
-class RequestRecord:
-    index: int
-    prompt_words: int
-    start_s: float = 0.0  # since the start of the run
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)
-    prompt_tokens: int | None = None
-    output_tokens: int = 0
-    error: str | None = None
-
-
-def percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    """p50/p90/p99/max/mean by the nearest-rank method; None when there is no value."""
-    if not values:
-        return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
-    s = sorted(values)
-
-    def rank(p: float) -> float:
-        return s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))]
-
-    return {
-        "p50": rank(50),
-        "p90": rank(90),
-        "p99": rank(99),
-        "max": s[-1],
-        "mean": sum(s) / len(s),
-    }
-
-
 def _prompt(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(words))
 
@@ -306,77 +277,6 @@ async def run_bench(cfg: BenchConfig) -> tuple[list[RequestRecord], float]:
         return records, time.perf_counter() - t0
 
 
-def summarize(cfg: BenchConfig, records: Sequence[RequestRecord], wall_s: float) -> dict[str, Any]:
-    ok = [r for r in records if r.error is None]
-    out_tokens = sum(r.output_tokens for r in ok)
-    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
-    return {
-        "requests": len(records),
-        "completed": len(ok),
-        "failed": len(records) - len(ok),
-        "duration_s": wall_s,
-        "request_throughput": len(ok) / wall_s if wall_s > 0 else 0.0,
-        "output_token_throughput": out_tokens / wall_s if wall_s > 0 else 0.0,
-        "total_token_throughput": (out_tokens + in_tokens) / wall_s if wall_s > 0 else 0.0,
-        "output_tokens": out_tokens,
-        "prompt_tokens": in_tokens,
-        "ttft_s": percentiles([r.ttft_s for r in ok if r.ttft_s is not None]),
-        "itl_s": percentiles([x for r in ok for x in r.itl_s]),
-        "e2e_s": percentiles([r.e2e_s for r in ok if r.e2e_s is not None]),
-        "errors": sorted({r.error for r in records if r.error})[:10],
-    }
-
-
-def format_table(summary: dict[str, Any]) -> str:
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v * 1000:.1f}"
-
-    lines = [
-        f"requests {summary['completed']}/{summary['requests']} ok, {summary['failed']} failed, "
-        f"{summary['duration_s']:.2f} s",
-        f"throughput: {summary['request_throughput']:.2f} req/s, "
-        f"{summary['output_token_throughput']:.1f} output tok/s, "
-        f"{summary['total_token_throughput']:.1f} total tok/s",
-        f"{'metric (ms)':<14}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}{'mean':>10}",
-    ]
-    for key, label in (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
-        p = summary[key]
-        lines.append(
-            f"{label:<14}"
-            + "".join(f"{ms(p[k]):>10}" for k in ("p50", "p90", "p99", "max", "mean"))
-        )
-    for err in summary["errors"]:
-        lines.append(f"error: {err}")
-    return "\n".join(lines)
-
-
-def plot(records: Sequence[RequestRecord], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in records if r.error is None and r.e2e_s is not None]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, values, title in (
-        (axes[0], [r.ttft_s * 1000 for r in ok if r.ttft_s is not None], "TTFT (ms)"),
-        (axes[1], [x * 1000 for r in ok for x in r.itl_s], "inter-token latency (ms)"),
-    ):
-        s = sorted(values)
-        ax.plot(s, [(i + 1) / len(s) for i in range(len(s))] if s else [])
-        ax.set_title(f"{title}, CDF")
-        ax.set_xlabel("ms")
-        ax.grid(True, alpha=0.3)
-    axes[2].scatter([r.start_s for r in ok], [(r.e2e_s or 0.0) * 1000 for r in ok], s=8)
-    axes[2].set_title("end-to-end latency by start time")
-    axes[2].set_xlabel("request start (s)")
-    axes[2].set_ylabel("ms")
-    axes[2].grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bulkhead bench", description=__doc__.split("\n")[0])
     d = BenchConfig()
@@ -430,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except httpx.HTTPError as exc:
         print(f"bulkhead bench: cannot reach {cfg.base_url}: {exc}", file=sys.stderr)
         return 1
-    summary = summarize(cfg, records, wall_s)
+    summary = summarize(records, wall_s)
     print(format_table(summary))
     if cfg.out_json:
         out = {

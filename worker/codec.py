@@ -21,7 +21,7 @@ from engine.errors import (
 )
 from engine.sampling_params import SamplingParams
 from proto import bulkhead_pb2 as pb
-from service.engine_loop import EngineLoopFailed
+from worker.engine_loop import EngineLoopFailed
 
 
 def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:

@@ -2,7 +2,7 @@
 
 Starts a KV store (the given ``--redis-url``, else redis-server on a free port if installed, else
 LMCache's ``lm://`` server), one prefill worker, one decode worker and the router, each as its own
-OS process (``python -m common.cli <role>``) with its log in ``--log-dir``; waits until both
+OS process (``python -m launch.cli <role>``) with its log in ``--log-dir``; waits until both
 workers answer grpc.health.v1 SERVING and the router's /health reports them healthy; prints the
 URL and a curl example; then watches. Ctrl-C / SIGTERM (or any child dying) stops everything,
 router first, and nothing is left running. With a Redis store the workers also register in it
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from common.cli import WORKER_ENV as CLI_WORKER_ENV
-from common.launcher import (
+from common.worker_env import WORKER_ENV
+from common.worker_registry import SCHEMES as REGISTRY_SCHEMES
+from launch.launcher import (
     LaunchError,
     ManagedProcess,
     ProcessGroup,
@@ -39,11 +40,6 @@ from common.launcher import (
     start_kv_server,
     wait_until,
 )
-from common.worker_registry import SCHEMES as REGISTRY_SCHEMES
-
-# Set in every worker: LMCache keys must hash alike in both workers, and no usage reporting.
-WORKER_ENV = {**CLI_WORKER_ENV, "LMCACHE_LOG_LEVEL": "WARNING",
-              "TOKENIZERS_PARALLELISM": "false"}
 
 
 @dataclass(frozen=True)
@@ -125,7 +121,7 @@ def _has_router_section(path: str) -> bool:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "common.cli", *args]
+    return [sys.executable, "-m", "launch.cli", *args]
 
 
 def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a print-like callable

@@ -21,7 +21,7 @@ import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 from lmcache.v1.memory_management import MemoryObj
 
-from service.paged_kv import token_slots
+from worker.paged_kv import token_slots
 
 
 class PagedKVConnector(GPUConnectorInterface):

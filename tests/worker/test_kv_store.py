@@ -12,7 +12,8 @@ import pytest
 import redis
 import torch
 
-from service.kv_store import KVStoreConfig, KVStoreError, public_url, worker_environment
+from common.redact import public_url
+from worker.kv_store_config import KVStoreConfig, KVStoreError, worker_environment
 
 REPO = Path(__file__).resolve().parents[2]
 PEER = Path(__file__).with_name("kv_peer.py")
@@ -128,8 +129,8 @@ def test_bad_store_url_is_refused_with_the_url_named(url: str, needle: str) -> N
 
 
 def test_unreachable_store_fails_at_start_naming_it() -> None:
-    from common.launcher import free_port
-    from service.kv_store import KVStore
+    from launch.launcher import free_port
+    from worker.kv_store import KVStore
 
     url = f"redis://127.0.0.1:{free_port()}"
     with pytest.raises(KVStoreError, match=f"cannot reach the KV store at {url}"):
@@ -144,7 +145,7 @@ def test_public_url_strips_credentials() -> None:
 def test_lm_server_fallback_round_trip(tmp_path: Path) -> None:
     """LMCache's own lm:// server (used when no redis-server is installed) stores and serves
     the same bytes, partial last chunk included."""
-    from common.launcher import start_lm_server
+    from launch.launcher import start_lm_server
 
     proc, url = start_lm_server(log_dir=tmp_path)
     try:

@@ -1,4 +1,4 @@
-"""Access control of a real worker over real gRPC (service/auth.py + router/worker_client.py):
+"""Access control of a real worker over real gRPC (worker/auth.py + router/worker_client.py):
 with internal_token set, every Worker call without the token, or with a wrong one, gets
 UNAUTHENTICATED with the reason and never runs; the router's client with the token and the CA
 gets through over TLS; grpc.health.v1 stays open; no token reaches a log."""
@@ -19,11 +19,11 @@ from decode_worker.server import DecodeServicer
 from proto import bulkhead_pb2 as pb
 from router.errors import WorkerCallError
 from router.worker_client import CallDeadlines, WorkerAccess, WorkerClient
-from service.auth import AccessError, server_credentials, token_problem, warn_if_open
-from service.worker_base import RunningServer, WorkerRuntime, build_runtime, start_server
 from tests.helpers.loop_thread import LoopThread
 from tests.helpers.tiny_model import write_tiny_llama
 from tests.helpers.tls import TlsFiles, write_tls_files
+from worker.auth import AccessError, server_credentials, token_problem, warn_if_open
+from worker.worker_base import RunningServer, WorkerRuntime, build_runtime, start_server
 
 TOKEN = "tok-Hq93-internal"
 DEADLINES = CallDeadlines(5.0, 30.0, 30.0, 30.0)
@@ -130,7 +130,7 @@ def test_token_problem_reasons() -> None:
 ])
 def test_open_worker_warning(host: str, token: str, warned: bool,
                              caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="service.auth"):
+    with caplog.at_level(logging.INFO, logger="worker.auth"):
         warn_if_open(host, token, tls=True)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert bool(warnings) == warned

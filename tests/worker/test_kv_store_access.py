@@ -15,10 +15,11 @@ import pytest
 import redis
 import torch
 
-from service.kv_store import REDIS_KEY_SUFFIXES, worker_environment
 from tests.helpers.redis_server import running_redis
 from tests.helpers.tls import write_tls_files
-from tests.service.test_kv_store import LAYOUT, PEER, REPO, random_kv
+from tests.worker.test_kv_store import LAYOUT, PEER, REPO, random_kv
+from worker.kv_store_config import worker_environment
+from worker.lmcache_redis import REDIS_KEY_SUFFIXES
 
 PASSWORD = "pw-Zq81-secret"
 TTL_S = 90
