@@ -5,8 +5,8 @@ S=4096, H=64, D=128, top-512 over T = context/4 keys: peak memory above the inpu
 FLOP limit, indices vs the reference (bf16 and FP8), and the transformers-style naive version,
 (c) DeepSeek-V4 sparse attention, (d) dense paged attention (prefill, decode) and (e, with
 ``--only quant``) the FP8 linear and MXFP4 experts vs FLOP / bandwidth limits, each checked
-against its reference. ``--smoke`` runs every path at toy sizes (on CPU through the Triton interpreter when there is no GPU) so the script is known to work
-before GPU time is spent. For measurement only: the engine must never import it; it allocates
+against its reference. ``--smoke`` runs every path at toy sizes (on CPU through the Triton
+interpreter when there is no GPU) so the script is known to work before GPU time is spent. For measurement only: the engine must never import it; it allocates
 freely.
 """
 
