@@ -106,7 +106,10 @@ def e8m0_bytes(name: str, scale: torch.Tensor) -> torch.Tensor:
 
 def check_mxfp4(name: str, packed: torch.Tensor, scale: torch.Tensor) -> None:
     rows, half = packed.shape[-2:]
-    if tuple(scale.shape) != (*packed.shape[:-1], 2 * half // MXFP4_GROUP) or (2 * half) % MXFP4_GROUP:
+    if (2 * half) % MXFP4_GROUP:
+        raise CheckpointError(f"deepseek_v4: {name} packs {2 * half} values a row, not a multiple "
+                              f"of {MXFP4_GROUP} (one e8m0 scale per {MXFP4_GROUP} values)")
+    if tuple(scale.shape) != (*packed.shape[:-1], 2 * half // MXFP4_GROUP):
         raise CheckpointError(
             f"deepseek_v4: {name} packs {2 * half} values a row but its scales are "
             f"{list(scale.shape)}; MXFP4 needs one per {MXFP4_GROUP} ([..., {rows}, "
