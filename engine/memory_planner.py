@@ -218,10 +218,12 @@ def _deepseek_v4_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes:
                               f"per slot x max_batch {ec.max_batch} at max_context {ec.max_context}"))
     scratch = deepseek_v4_step_scratch_bytes(cfg, ec.chunk_tokens, ec.max_context, ec.max_batch,
                                              dtype, "kernels" if kernels else "torch")
-    mxfp4 = ec.weight_format == "checkpoint" and has_mxfp4_experts(model.hf_config)
-    if kernels:
+    # the fused MXFP4 MoE runs wherever the GEMM kernels do (CUDA), whatever attention runs
+    mxfp4 = (ec.weight_format == "checkpoint" and has_mxfp4_experts(model.hf_config)
+             and ec.torch_device.type == "cuda")
+    if kernels or mxfp4:
         terms.append(PlanTerm("ws.indexer", _align(deepseek_v4_workspace_bytes(
-            cfg, max(ec.chunk_tokens, ec.max_batch), ec.max_context, mxfp4, dtype)),
+            cfg, max(ec.chunk_tokens, ec.max_batch), ec.max_context, mxfp4, dtype, kernels)),
             "max(tiled indexer top-k scratch + [rows, topk] outputs, fused MXFP4 MoE scratch: "
             "tokens x top_k x (16 + (hidden + intermediate) x dtype) B) (kernels' size functions)",
             True))

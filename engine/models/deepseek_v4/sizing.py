@@ -109,14 +109,15 @@ def deepseek_v4_step_peak_bytes(scratch: dict[str, int]) -> int:
 
 def deepseek_v4_workspace_bytes(
     cfg: DeepseekV4Config | Any, chunk_tokens: int, max_context: int,
-    mxfp4_experts: bool = False, dtype: torch.dtype = torch.bfloat16,
+    mxfp4_experts: bool = False, dtype: torch.dtype = torch.bfloat16, indexer: bool = True,
 ) -> int:
     """Bytes the family takes from the engine's Workspace in one step (kernels backend): the
     larger of the indexer's scratch with its two [rows, topk] outputs and (``mxfp4_experts``)
     the fused MoE's scratch, plus alignment slack: each is taken in its own scope, the indexer
     inside attention and the MoE after it, so they never coexist. The rest of a step's
     transient memory is the ``deepseek_v4_step_scratch_bytes`` activations. Frames are per
-    sequence, so the indexer's part does not grow with the number of sequences in a step."""
+    sequence, so the indexer's part does not grow with the number of sequences in a step.
+    ``indexer=False``: the indexer runs in PyTorch and takes nothing from the Workspace."""
     cfg = DeepseekV4Config.coerce(cfg)
     moe = 0
     if mxfp4_experts:
@@ -124,7 +125,7 @@ def deepseek_v4_workspace_bytes(
 
         moe = moe_experts_workspace_bytes(chunk_tokens, cfg.num_experts_per_tok, cfg.hidden_size,
                                           cfg.moe_intermediate_size, cfg.n_routed_experts, dtype) + 256
-    if not cfg.uses_csa:
+    if not cfg.uses_csa or not indexer:
         return moe
     from kernels.indexer_topk import indexer_topk_workspace_bytes
 

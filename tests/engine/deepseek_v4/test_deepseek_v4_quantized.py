@@ -200,3 +200,23 @@ def test_engine_serves_the_quantized_folder(quantized, weight_format) -> None:
     want = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
                           pad_token_id=0, eos_token_id=None)[0, PROMPT:].tolist()
     assert got == want
+
+
+def test_plan_holds_the_fused_moe_scratch(quantized) -> None:
+    """On CUDA the fused MoE takes tokens x top_k scratch from the Workspace: the plan's
+    workspace term covers it whatever attention backend runs; not when dequantized."""
+    from engine.config import EngineConfig
+    from engine.memory_planner import make_plan
+    from engine.model_config import ModelConfig
+    from kernels.mxfp4_moe import moe_experts_workspace_bytes
+
+    ck = load_checkpoint(quantized[0], torch.float32, progress=False)
+    mc = ModelConfig.from_hf_dict(ck.config.hf_config)
+    need = moe_experts_workspace_bytes(512, 2, 160, 96, 7, torch.bfloat16)
+    for attention in ("triton", "torch"):
+        ec = EngineConfig(model="x", device="cuda", dtype="bfloat16", chunk_tokens=512, max_batch=4,
+                          attention_backend=attention)
+        assert make_plan(mc, ec, 1 << 40).term("ws.indexer") >= need, attention
+    ec = EngineConfig(model="x", device="cuda", dtype="bfloat16", chunk_tokens=512, max_batch=4,
+                      attention_backend="torch", weight_format="dequantize")
+    assert make_plan(mc, ec, 1 << 40).term("ws.indexer") == 0
