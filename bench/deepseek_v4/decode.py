@@ -206,7 +206,10 @@ def run_row(engine: LLMEngine, batch: int, prompt: int, args: argparse.Namespace
                 raise _DeadlinePassed
             _count(engine.step(), new)
             prefill_steps += 1
-        row.update(prefill_s=time.perf_counter() - t0, prefill_steps=prefill_steps)
+        _sync(cuda)
+        prefill_s = time.perf_counter() - t0
+        row.update(prefill_s=prefill_s, prefill_steps=prefill_steps,
+                   prefill_tokens_per_s=batch * prompt / prefill_s)
         for _ in range(args.warm_steps):
             _count(engine.step(), new)
         row["context_at_start"] = [prompt + min(new.values()), prompt + max(new.values())]
@@ -355,7 +358,7 @@ def report_table(res: dict[str, Any]) -> str:
         + (f"; stopped: {res['stopped']}" if res.get("stopped") else "") + ".",
         "",
         "| batch | prompt | context at start | ms/step | median ms/step | tokens/s | "
-        "weight-streaming limit tok/s | decode peak GiB | device allocs (row) | prefill s (steps) | error |",
+        "weight-streaming limit tok/s | decode peak GiB | device allocs (row) | prefill s (steps; tok/s) | error |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in res["rows"]:
@@ -368,7 +371,8 @@ def report_table(res: dict[str, Any]) -> str:
             f"| {r['batch']} | {r['prompt']:,} | {lo:,}-{hi:,} | {r['ms_per_step']:.2f} | "
             f"{r['ms_per_step_median']:.2f} | {r['tokens_per_s']:,.1f} | "
             f"{r.get('streaming_limit_tok_s') or float('nan'):,.0f} | {_gib(r['decode_peak_bytes'])} | "
-            f"{r['device_allocs_row']} | {r['prefill_s']:.2f} ({r['prefill_steps']}) | {r['error'] or ''} |"
+            f"{r['device_allocs_row']} | {r['prefill_s']:.2f} ({r['prefill_steps']}; "
+            f"{r.get('prefill_tokens_per_s', float('nan')):,.0f} tok/s) | {r['error'] or ''} |"
         )
     return "\n".join(lines) + "\n"
 
