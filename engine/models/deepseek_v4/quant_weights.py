@@ -158,14 +158,14 @@ def resident_weight_bytes(state_dict: Mapping[str, torch.Tensor], dtype: torch.d
     size (``checkpoint``) or at ``dtype`` (``dequantize``); fp32 block-scale grids. Works on the
     checkpoint's own names (either layout): a payload is quantized when a scale sits beside it."""
     elem = torch.empty((), dtype=dtype).element_size()
-    scales = {s for name in state_dict for s in _scale_names(name) if s in state_dict}
+    scale_of = {s: name for name in state_dict for s in _scale_names(name) if s in state_dict}
     total = 0
     for name, t in state_dict.items():
-        if name in scales:
-            if weight_format == "checkpoint":  # FP8 grids become fp32, e8m0 bytes stay bytes
-                total += t.numel() * (1 if t.dtype in (torch.uint8, _E8M0) else 4)
+        if name in scale_of:
+            if weight_format == "checkpoint":  # FP8 grids become fp32, MXFP4's e8m0 bytes stay
+                total += t.numel() * (4 if is_fp8(state_dict[scale_of[name]]) else t.element_size())
             continue
-        if weight_format == "dequantize" and any(s in scales for s in _scale_names(name)):
+        if weight_format == "dequantize" and any(s in scale_of for s in _scale_names(name)):
             total += t.numel() * (2 if t.dtype in _FP4_DTYPES else 1) * elem
             continue
         total += t.numel() * t.element_size()

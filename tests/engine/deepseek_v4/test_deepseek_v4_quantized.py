@@ -220,3 +220,18 @@ def test_plan_holds_the_fused_moe_scratch(quantized) -> None:
     ec = EngineConfig(model="x", device="cuda", dtype="bfloat16", chunk_tokens=512, max_batch=4,
                       attention_backend="torch", weight_format="dequantize")
     assert make_plan(mc, ec, 1 << 40).term("ws.indexer") == 0
+
+
+def test_consumed_state_dict_gives_up_its_experts(quantized) -> None:
+    """The engine's weights dict loses each per-expert tensor once it is stacked (so a real
+    checkpoint's experts are not held twice); the model is the same."""
+    _, _, qsd = quantized
+    given = dict(qsd)
+    cfg = DeepseekV4Config.from_hf_dict(RAW)
+    a = DeepseekV4Model.from_state_dict(cfg, given, dtype=torch.float32, consume=True)
+    assert not [k for k in given if ".experts." in k]
+    assert any(".shared_experts." in k for k in given)  # only the routed experts were given up
+    b = DeepseekV4Model.from_state_dict(cfg, qsd, dtype=torch.float32)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x,
+                           y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y), name
