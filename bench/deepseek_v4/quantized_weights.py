@@ -49,7 +49,7 @@ def synthetic_quantized_state_dict(cfg: DeepseekV4Config, device: torch.device |
         if FP8_LINEAR.search(name):
             n, k = shape
             out[name] = (torch.randn(shape, device=device, generator=gen, dtype=torch.bfloat16)
-                         * _FP8_SPREAD).to(torch.float8_e4m3fn)
+                         * _FP8_SPREAD).clamp(-448, 448).to(torch.float8_e4m3fn)
             out[name[: -len("weight")] + "scale"] = torch.full(
                 (-(-n // 128), -(-k // 128)), 0.02 / _FP8_SPREAD, device=device)
         elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
