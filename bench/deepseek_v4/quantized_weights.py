@@ -40,9 +40,9 @@ def synthetic_quantized_state_dict(cfg: DeepseekV4Config, device: torch.device |
     """Every tensor of the model (transformers names, scales as ``X.scale`` /
     ``experts.*_scale``), quantized ones in their shipped formats, on ``device``."""
     with torch.device("meta"):
-        shapes = {n: (tuple(t.shape), t.dtype)
-                  for n, t in list(DeepseekV4Model(cfg).named_parameters())
-                  + list(DeepseekV4Model(cfg).named_buffers()) if "rotary" not in n}
+        meta = DeepseekV4Model(cfg)
+    shapes = {n: (tuple(t.shape), t.dtype)
+              for n, t in list(meta.named_parameters()) + list(meta.named_buffers()) if "rotary" not in n}
     gen = torch.Generator(device=device).manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     for name, (shape, meta_dtype) in shapes.items():
