@@ -235,3 +235,31 @@ def test_consumed_state_dict_gives_up_its_experts(quantized) -> None:
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x,
                            y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y), name
+
+
+@pytest.mark.gpu
+def test_cuda_kernels_give_the_same_tokens(quantized) -> None:
+    """On the GPU: the checkpoint on CUDA with the FP8 / MXFP4 Triton GEMMs (fp32 activations,
+    so the comparison is about the kernels, not bf16) decodes transformers' greedy tokens."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from engine.models.deepseek_v4 import V4Backend
+
+    folder, model, _ = quantized
+    ids = torch.randint(2, 97, (PROMPT,), generator=torch.Generator().manual_seed(4))
+    want = model.generate(ids[None], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                          eos_token_id=None)[0, PROMPT:].tolist()
+    ck = load_checkpoint(folder, torch.float32, device="cuda", progress=False)
+    cfg = DeepseekV4Config.from_hf_dict(ck.config.hf_config)
+    ours = DeepseekV4Model.from_state_dict(cfg, ck.state_dict, torch.float32, "cuda",
+                                           V4Backend("torch", "torch", "kernels"))
+    assert ours.model.layers[1].mlp.experts.use_kernels
+    cache = DeepseekV4CacheState(cfg, 1, 64, torch.float32, "cuda")
+    dev_ids = ids.cuda()
+    h = ours(dev_ids, torch.arange(PROMPT, device="cuda"), [0, PROMPT], [0], cache)
+    tokens = [int(ours.compute_logits(h)[-1].argmax())]
+    for _ in range(NEW_TOKENS - 1):
+        pos = cache.num_tokens[0]
+        h = ours(torch.tensor([tokens[-1]], device="cuda"), torch.tensor([pos], device="cuda"), [0, 1], [0], cache)
+        tokens.append(int(ours.compute_logits(h)[0].argmax()))
+    assert tokens == want
