@@ -10,18 +10,14 @@ bf16 form would not. Benchmark-only: the engine never imports it.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
 
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.models.deepseek_v4.quant_weights import FP8_LINEAR
 
-# The projections V4-Flash ships in FP8 (compressor and indexer weights_proj stay bf16).
-FP8_LINEAR = re.compile(
-    r"(self_attn\.(q_a_proj|q_b_proj|kv_proj|o_a_proj|o_b_proj|compressor\.indexer\.q_b_proj)"
-    r"|mlp\.shared_experts\.(gate_proj|up_proj|down_proj))\.weight$")
 QUANTIZATION_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
                        "scale_fmt": "ue8m0", "activation_scheme": "dynamic", "expert_dtype": "fp4"}
 _FP8_SPREAD = 64.0  # stored e4m3 values ~N(0, 64): well inside +-448, scale 0.02 / 64

@@ -10,6 +10,7 @@ tensor (the explicit way to get a bf16 model). Pure functions of tensors; never 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import torch
@@ -19,6 +20,11 @@ from kernels.fp8_linear_ref import dequantize_fp8_block, fp8_block_scale_fp32
 from kernels.mxfp4_moe_ref import MXFP4_GROUP, as_bytes, dequantize_mxfp4
 
 WEIGHT_FORMATS = ("checkpoint", "dequantize")
+# The projections V4-Flash ships in FP8 (transformers names); its compressor / indexer
+# weights_proj, router, norms, embedding and head are bf16 / fp32.
+FP8_LINEAR = re.compile(
+    r"(self_attn\.(q_a_proj|q_b_proj|kv_proj|o_a_proj|o_b_proj|compressor\.indexer\.q_b_proj)"
+    r"|mlp\.shared_experts\.(gate_proj|up_proj|down_proj))\.weight$")
 FP8_BLOCK = 128  # DeepSeek's block edge; the last block of a dimension may be partial
 _FP4_DTYPES = (torch.int8, torch.uint8) + tuple(
     d for d in (getattr(torch, "float4_e2m1fn_x2", None),) if d is not None)
@@ -32,6 +38,12 @@ def has_mxfp4_experts(hf_config: Mapping[str, object]) -> bool:
     qc = hf_config.get("quantization_config")
     inner = qc.get("expert_dtype") if isinstance(qc, dict) else None
     return (inner or hf_config.get("expert_dtype")) == "fp4"
+
+
+def has_fp8_linears(hf_config: Mapping[str, object]) -> bool:
+    """Whether config.json declares FP8 block-quantized dense weights."""
+    qc = hf_config.get("quantization_config")
+    return isinstance(qc, dict) and qc.get("quant_method") == "fp8"
 
 
 def is_fp8(t: torch.Tensor) -> bool:

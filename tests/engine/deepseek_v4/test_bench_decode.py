@@ -137,3 +137,18 @@ def test_quantized_weights_run(tmp_path: Path) -> None:
     assert isinstance(model.model.layers[1].self_attn.q_b_proj, Fp8Linear)
     assert isinstance(model.model.layers[1].mlp.experts, Mxfp4Experts)
     assert isinstance(model.model.layers[1].self_attn.compressor.kv_proj, torch.nn.Linear)
+
+
+def test_config_estimate_equals_the_quantized_weights() -> None:
+    """bulkhead plan's weight estimate (config only) = the bytes of the quantized tensors the
+    bench makes (fp32 model, so every float tensor is 4 B either way); dequantized is larger."""
+    from bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
+    from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
+    from engine.models.deepseek_v4.sizing import deepseek_v4_weight_bytes
+
+    cfg = dataclasses.replace(flash_config("SCH", 8, 256, tiny=True), hidden_size=32, moe_intermediate_size=32)
+    sd = synthetic_quantized_state_dict(cfg, "cpu", torch.float32)
+    est = deepseek_v4_weight_bytes(cfg, torch.float32, True, True, "checkpoint")
+    assert est == resident_weight_bytes(sd, torch.float32, "checkpoint")
+    assert deepseek_v4_weight_bytes(cfg, torch.float32, True, True, "dequantize") == \
+        resident_weight_bytes(sd, torch.float32, "dequantize") > est
