@@ -75,9 +75,12 @@ def load_checkpoint(
             bar.update(1)
 
         if isinstance(source, SafetensorsCheckpoint):
-            # Families that dequantize themselves keep quantized payloads and scales as stored.
-            cast_all = family_class(config).cast_weights_on_load
-            state_dict = source.load(names, dtype, device, tick, cast_all=cast_all)
+            # Families that dequantize themselves keep quantized payloads and their scales as
+            # stored (the model decides, explicitly, whether to dequantize).
+            family = family_class(config)
+            keep = None if family.cast_weights_on_load else family.keeps_stored_dtype
+            state_dict = source.load(names, dtype, device, tick,
+                                     cast_all=family.cast_weights_on_load, keep_dtype=keep)
         else:
             state_dict = source.load(names, dtype, device, tick)
     return LoadedCheckpoint(

@@ -30,6 +30,7 @@ from engine.errors import (
 from engine.memory_planner import MemoryPlan, device_memory, library_workspaces, make_plan
 from engine.model_config import ModelConfig
 from engine.model_runner import KVImport, ModelRunner
+from engine.models import family_class
 from engine.models.family import KVLayout
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
@@ -71,7 +72,8 @@ class LLMEngine:
         self.config = ec
         self.model_config = model_config
         self.model_fingerprint = model_fingerprint
-        weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        # quantized payloads count as the model will hold them (stored, or dequantized)
+        weight_bytes = family_class(model_config).resident_weight_bytes(weights, ec)
         self.plan: MemoryPlan = make_plan(model_config, ec, device_memory(ec), weight_bytes,
                                           non_torch_bytes, library_workspaces(ec))
         self.plan.check()

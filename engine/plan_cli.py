@@ -42,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8"],
                     help="stored KV entries in the model dtype (auto) or FP8 with per-row scales")
     ap.add_argument("--weights-gib", type=float, default=None,
-                    help="weight bytes to plan with, for families whose weights the planner "
-                         "does not estimate from the config")
+                    help="weight bytes to plan with (default: estimated from the config)")
+    ap.add_argument("--weight-format", default="checkpoint", choices=["checkpoint", "dequantize"],
+                    help="quantized checkpoints: kept as stored, or dequantized to --dtype")
     ap.add_argument("--device-memory-gib", type=float, default=96.0,
                     help="device memory to plan against (a 96 GB card)")
     ap.add_argument("--memory-utilization", type=float, default=0.92,
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                           max_context=args.max_context, chunk_tokens=args.chunk_tokens,
                           max_batch=args.max_batch, block_size=args.block_size,
                           num_blocks=args.num_blocks, attn_tile_tokens=args.attn_tile_tokens,
-                          memory_utilization=args.memory_utilization, kv_dtype=args.kv_dtype)
+                          memory_utilization=args.memory_utilization, kv_dtype=args.kv_dtype,
+                          weight_format=args.weight_format)
         weights = None if args.weights_gib is None else int(args.weights_gib * GiB)
         plan = make_plan(mc, ec, int(args.device_memory_gib * GiB), weights,
                          device_label=f"planned {args.device_memory_gib:g} GiB device")

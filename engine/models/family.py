@@ -132,6 +132,17 @@ class ModelFamily(ABC):
     #: and their scales are kept as stored and the family dequantizes them)
     cast_weights_on_load: ClassVar[bool] = True
 
+    @staticmethod
+    def keeps_stored_dtype(name: str) -> bool:
+        """With ``cast_weights_on_load`` False: tensors kept in their stored dtype even when
+        floating point (quantization scales), the rest of the floating tensors cast."""
+        return False
+
+    @classmethod
+    def resident_weight_bytes(cls, weights: dict[str, torch.Tensor], ec: EngineConfig) -> int:
+        """Device bytes of ``weights`` once the family holds them (the plan's weights term)."""
+        return sum(t.numel() * t.element_size() for t in weights.values())
+
     @abstractmethod
     def forward(self, batch: StepBatch, kv: Any, ws: Workspace) -> torch.Tensor: ...
 

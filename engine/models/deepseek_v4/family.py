@@ -27,9 +27,15 @@ from engine.models.deepseek_v4.kv_pool import (
     v4_fingerprint,
 )
 from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.models.deepseek_v4.quant_weights import (
+    has_fp8_linears,
+    has_mxfp4_experts,
+    resident_weight_bytes,
+)
 from engine.models.deepseek_v4.sizing import (
     deepseek_v4_step_peak_bytes,
     deepseek_v4_step_scratch_bytes,
+    deepseek_v4_weight_bytes,
     deepseek_v4_workspace_bytes,
 )
 from engine.models.family import CacheKind, KVLayout, ModelFamily
@@ -74,11 +80,22 @@ class DeepseekV4Family(ModelFamily):
     uses_cuda_graphs: ClassVar[bool] = False  # the step checks slot positions on the host
     cast_weights_on_load: ClassVar[bool] = False  # FP8/FP4 payloads and scales kept as stored
 
+    @staticmethod
+    def keeps_stored_dtype(name: str) -> bool:
+        return name.endswith((".scale", "_scale_inv", "_proj_scale"))
+
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineConfig,
                  backend: V4Backend | None = None) -> None:
         self.cfg = DeepseekV4Config.from_hf_dict(dict(cfg.hf_config))
+        # the engine hands its weights dict over: experts leave it as they are stacked
         self.model = DeepseekV4Model.from_state_dict(self.cfg, weights, ec.torch_dtype,
-                                                     ec.torch_device, backend)
+                                                     ec.torch_device, backend, ec.weight_format,
+                                                     consume=True)
+
+    @classmethod
+    def resident_weight_bytes(cls, weights: dict[str, torch.Tensor], ec: EngineConfig) -> int:
+        """Quantized payloads as the model will hold them: stored, or dequantized to dtype."""
+        return resident_weight_bytes(weights, ec.torch_dtype, ec.weight_format)
 
     @classmethod
     def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> V4KVLayout:
@@ -88,10 +105,19 @@ class DeepseekV4Family(ModelFamily):
     def plan_terms(cls, cfg: ModelConfig, ec: EngineConfig,
                    weight_bytes: int | None) -> list[PlanTerm]:
         v4 = DeepseekV4Config.from_hf_dict(cfg.hf_config)
+        dtype = ec.torch_dtype
         kernels = ec.use_triton_attention
+        fp8, fp4 = has_fp8_linears(cfg.hf_config), has_mxfp4_experts(cfg.hf_config)
+        if weight_bytes is None:  # no weights read (bulkhead plan): from the config
+            weight_bytes = deepseek_v4_weight_bytes(v4, dtype, fp8, fp4, ec.weight_format)
+            kept = ec.weight_format == "checkpoint"
+            weights_note = (f"from the config: {dtype} tensors"
+                            + (", FP8 projections 1 B + fp32 per 128x128" if fp8 and kept else "")
+                            + (", MXFP4 experts 0.5 B + 1 B per 32" if fp4 and kept else ""))
+        else:
+            weights_note = f"as the model holds them (weight_format {ec.weight_format})"
         terms = [
-            PlanTerm("weights", weight_bytes or 0,
-                     "as loaded" if weight_bytes else "not estimated for this family"),
+            PlanTerm("weights", weight_bytes, weights_note),
             PlanTerm("slot_carry", slot_carry_bytes(v4, ec.max_batch, ec.torch_dtype),
                      f"max_batch {ec.max_batch} x layers x (window ring {v4.sliding_window} x "
                      f"head_dim {v4.head_dim} + open compressor window: 2 x rate x width) x dtype"),
@@ -99,11 +125,14 @@ class DeepseekV4Family(ModelFamily):
         scratch = deepseek_v4_step_scratch_bytes(v4, ec.chunk_tokens, ec.max_context,
                                                  ec.max_batch, ec.torch_dtype,
                                                  "kernels" if kernels else "torch")
-        if kernels:
+        # the fused MXFP4 MoE runs wherever the GEMM kernels do (CUDA), whatever attention runs
+        mxfp4 = ec.weight_format == "checkpoint" and fp4 and ec.torch_device.type == "cuda"
+        if kernels or mxfp4:
             terms.append(PlanTerm("ws.indexer", _align(deepseek_v4_workspace_bytes(
-                v4, max(ec.chunk_tokens, ec.max_batch), ec.max_context)),
-                "tiled indexer top-k scratch + [rows, topk] outputs (kernels' size function)",
-                True))
+                v4, max(ec.chunk_tokens, ec.max_batch), ec.max_context, mxfp4, dtype, kernels)),
+                "max(tiled indexer top-k scratch + [rows, topk] outputs, fused MXFP4 MoE "
+                "scratch: tokens x top_k x (16 + (hidden + intermediate) x dtype) B) (kernels' "
+                "size functions)", True))
         terms += [
             *common_step_terms(cfg, ec),
             PlanTerm("activations", deepseek_v4_step_peak_bytes(scratch),
