@@ -16,6 +16,13 @@ from engine.sampling_params import SamplingParams
 from proto import bulkhead_pb2 as pb
 from worker.codec import sampling_from_proto, sampling_to_proto, status_of, usage_to_proto
 from worker.engine_loop import EngineLoopFailed
+from worker.errors import (
+    DeadlinePassed,
+    KVStoreUnavailable,
+    NoTokenSampled,
+    RequestAborted,
+    WrongRole,
+)
 
 
 def test_sampling_round_trip_and_defaults() -> None:
@@ -46,6 +53,11 @@ def test_out_of_range_sampling_names_the_field(msg: pb.SamplingParams, field: st
     (DuplicateRequest("dup"), grpc.StatusCode.ALREADY_EXISTS),
     (PlanError("plan"), grpc.StatusCode.FAILED_PRECONDITION),
     (EngineLoopFailed("down"), grpc.StatusCode.UNAVAILABLE),
+    (KVStoreUnavailable("store down"), grpc.StatusCode.UNAVAILABLE),
+    (DeadlinePassed("late"), grpc.StatusCode.DEADLINE_EXCEEDED),
+    (RequestAborted("aborted"), grpc.StatusCode.ABORTED),
+    (WrongRole("wrong role"), grpc.StatusCode.UNIMPLEMENTED),
+    (NoTokenSampled("no token"), grpc.StatusCode.INTERNAL),
     (RuntimeError("boom"), grpc.StatusCode.INTERNAL),
 ])
 def test_status_mapping(exc: BaseException, code: grpc.StatusCode) -> None:

@@ -111,7 +111,7 @@ def test_tcp_open_on_a_closed_port() -> None:
 
 def test_kv_server_falls_back_to_lmcache_without_redis(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from common import launcher
+    from launch import launcher
 
     monkeypatch.setattr(launcher, "redis_server_path", lambda: None)
     proc, url = launcher.start_kv_server(log_dir=tmp_path)
