@@ -25,7 +25,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from common.settings import WorkerSettings
-from engine.config import EngineConfig
 from engine.llm_engine import KVImport, LLMEngine
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
@@ -38,6 +37,7 @@ from worker.kv_store import KVStore
 from worker.kv_store_config import layout_fingerprint
 from worker.registration import registration_publisher
 from worker.state_rows_store import StateRowsStore, rows_layout_fingerprint
+from worker.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "bulkhead.v1.Worker"
@@ -73,11 +73,9 @@ def _tokenizer_fingerprint(model: str) -> str:
 
 def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
     """Load the model, plan and lock memory, connect the KV store. Blocking (seconds)."""
-    if not settings.model:
-        from common.default_model import default_model_path
-
-        settings = _replace_model(settings, str(default_model_path()))
-    engine = LLMEngine.from_config(EngineConfig(**settings.engine_config_kwargs()))
+    config = WorkerConfig.from_settings(settings)
+    settings, store = config.settings, config.store
+    engine = LLMEngine.from_config(config.engine)
     mc = engine.model_config
     kv_dtype = engine.kv_cache.data.dtype
     # LMCache keys include the model name: both sides derive it from the weights they loaded.
@@ -90,19 +88,17 @@ def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
         kv_dtype = slot_state.dtype
         kv_layout = rows_layout_fingerprint(store_model_name, slot_state.row_width, kv_dtype,
                                             settings.lmcache_chunk_size, slot_state.fingerprint)
-        if settings.kv_store_url:
+        if store is not None:
             kv_store = StateRowsStore.for_slot_state(
-                settings.kv_store_url, store_model_name, slot_state,
-                chunk_size=settings.lmcache_chunk_size, staging_gb=settings.kv_staging_gb,
-                ttl_s=settings.kv_ttl_s)
+                store.url, store_model_name, slot_state, chunk_size=store.chunk_size,
+                staging_gb=store.staging_gb, ttl_s=store.ttl_s)
     else:
         kv_layout = layout_fingerprint(store_model_name, mc.num_layers, mc.num_kv_heads,
                                        mc.head_dim, kv_dtype, settings.lmcache_chunk_size)
-        if settings.kv_store_url:
-            kv_store = KVStore(settings.kv_store_url, store_model_name, mc.num_layers,
-                               mc.num_kv_heads, mc.head_dim, kv_dtype,
-                               chunk_size=settings.lmcache_chunk_size,
-                               staging_gb=settings.kv_staging_gb, ttl_s=settings.kv_ttl_s)
+        if store is not None:
+            kv_store = KVStore(store.url, store_model_name, mc.num_layers, mc.num_kv_heads,
+                               mc.head_dim, kv_dtype, chunk_size=store.chunk_size,
+                               staging_gb=store.staging_gb, ttl_s=store.ttl_s)
     assert kv_store is None or kv_store.layout_fingerprint == kv_layout
     compat = pb.Compatibility(
         model_fingerprint=engine.model_fingerprint,
@@ -113,12 +109,6 @@ def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
         kv_layout_fingerprint=kv_layout,
     )
     return WorkerRuntime(settings, engine, EngineLoop(engine), kv_store, compat, mc.name)
-
-
-def _replace_model(settings: WorkerSettings, model: str) -> WorkerSettings:
-    import dataclasses
-
-    return dataclasses.replace(settings, model=model)
 
 
 def remaining_s(deadline_unix_s: float) -> float | None:
