@@ -74,3 +74,14 @@ def test_usage_counts_recomputed_prompt_tokens() -> None:
                        num_imported_tokens=32)
     assert (u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.loaded_kv_tokens,
             u.recomputed_tokens) == (45, 10, 32, 32, 13)
+
+
+def test_the_router_and_worker_codecs_agree_on_sampling() -> None:
+    from router.worker_codec import Sampling
+    from router.worker_codec import sampling_to_proto as router_sampling
+
+    sent = Sampling(max_tokens=7, temperature=0.5, top_p=0.25, top_k=3, stop_token_ids=(4, 9),
+                    ignore_eos=True, seed=2**40)
+    got = sampling_from_proto(router_sampling(sent))
+    assert got == SamplingParams(max_tokens=7, temperature=0.5, top_p=0.25, top_k=3,
+                                 seed=2**40, stop_token_ids=(4, 9), ignore_eos=True)
