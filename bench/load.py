@@ -3,7 +3,8 @@
 Sends streamed chat or completion requests at a request rate (Poisson arrivals) or a fixed
 concurrency, with synthetic prompts of a given length (plus, optionally, a long prompt every
 k-th request), and measures per request the time to first token, the gaps between tokens and the
-end-to-end latency.  Prints a table of p50/p90/p99/max and throughput, writes JSON and a PNG plot.
+end-to-end latency.  Prints a table of p50/p90/p99/max and throughput, writes JSON and a PNG plot
+(bench/load_plot.py).
 
 Bounded by construction: a number of requests, an optional duration, a concurrency cap and a
 per-request timeout.  Must never import torch (it runs on any client machine); matplotlib is
@@ -26,91 +27,18 @@ from typing import Any
 
 import httpx
 
-from bench.load_report import RequestRecord, format_table, plot, summarize
+from bench.load_report import RequestRecord, format_table, summarize
+from common.help_format import DefaultsHelpFormatter
 
 # Common English words: each is one token in most BPE vocabularies, so N words ~ N tokens.
 _WORDS = (
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "was",
-    "for",
-    "on",
-    "that",
-    "with",
-    "as",
-    "by",
-    "at",
-    "from",
-    "his",
-    "it",
-    "an",
-    "were",
-    "are",
-    "which",
-    "this",
-    "be",
-    "or",
-    "has",
-    "had",
-    "first",
-    "one",
-    "their",
-    "its",
-    "new",
-    "after",
-    "who",
-    "they",
-    "two",
-    "her",
-    "she",
-    "been",
-    "other",
-    "when",
-    "there",
-    "all",
-    "also",
-    "into",
-    "during",
-    "time",
-    "only",
-    "may",
-    "over",
-    "about",
-    "more",
-    "most",
-    "some",
-    "city",
-    "world",
-    "state",
-    "year",
-    "school",
-    "through",
-    "where",
-    "many",
-    "these",
-    "then",
-    "them",
-    "both",
-    "such",
-    "up",
-    "out",
-    "between",
-    "under",
-    "while",
-    "however",
-    "would",
-    "could",
-    "people",
-    "known",
-    "part",
-    "later",
-    "each",
-    "well",
-    "before",
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at",
+    "from", "his", "it", "an", "were", "are", "which", "this", "be", "or", "has", "had", "first",
+    "one", "their", "its", "new", "after", "who", "they", "two", "her", "she", "been", "other",
+    "when", "there", "all", "also", "into", "during", "time", "only", "may", "over", "about",
+    "more", "most", "some", "city", "world", "state", "year", "school", "through", "where", "many",
+    "these", "then", "them", "both", "such", "up", "out", "between", "under", "while", "however",
+    "would", "could", "people", "known", "part", "later", "each", "well", "before",
 )
 
 
@@ -126,7 +54,9 @@ class BenchConfig:
     num_requests: int = 100
     duration_s: float = 0.0  # stop sending after this long; 0 = no time bound
     request_rate: float = math.inf  # requests per second (Poisson); inf = as fast as allowed
-    concurrency: int = 16  # most requests in flight
+    # Most requests in flight. The workers' default max_batch is 8: a default above it would
+    # measure the queue the bench itself builds, not the server.
+    concurrency: int = 8
     prompt_tokens: int = 128  # approximate, in words
     output_tokens: int = 64  # max_tokens of every request
     long_prompt_tokens: int = 0  # a long prompt of this length ...
@@ -240,8 +170,8 @@ async def _resolve_model(client: httpx.AsyncClient, cfg: BenchConfig) -> str:
     return str(resp.json()["data"][0]["id"])
 
 
-async def run_bench(cfg: BenchConfig) -> tuple[list[RequestRecord], float]:
-    """Run the load; return the records and the wall time of the run."""
+async def run_bench(cfg: BenchConfig) -> tuple[list[RequestRecord], float, str]:
+    """Run the load; return the records, the wall time of the run and the model id used."""
     rng = random.Random(cfg.seed)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     limits = httpx.Limits(max_connections=cfg.concurrency + 4)
@@ -274,11 +204,26 @@ async def run_bench(cfg: BenchConfig) -> tuple[list[RequestRecord], float]:
             # the semaphore bounds in-flight requests; tasks wait their turn
             tasks.append(asyncio.create_task(guarded(rec, _prompt(rng, words), t0)))
         await asyncio.gather(*tasks)
-        return records, time.perf_counter() - t0
+        return records, time.perf_counter() - t0, model
+
+
+def describe_run(cfg: BenchConfig, model: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """What the run was, for the JSON and the plot's title: model, endpoint, offered load."""
+    done = summary["completed"]
+    return {
+        "model": model or cfg.model,
+        "endpoint": cfg.endpoint,
+        "concurrency": cfg.concurrency,
+        "request_rate": cfg.request_rate if math.isfinite(cfg.request_rate) else None,
+        "prompt_tokens_per_request": (round(summary["prompt_tokens"] / done) if done
+                                      else cfg.prompt_tokens),
+        "output_tokens_per_request": cfg.output_tokens,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bulkhead bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="bulkhead bench", description=__doc__.split("\n")[0],
+                                formatter_class=DefaultsHelpFormatter)
     d = BenchConfig()
     p.add_argument("--base-url", default=d.base_url, help="server root (without /v1)")
     p.add_argument("--model", default=d.model, help="default: first model of /v1/models")
@@ -309,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-prompt-every", type=int, default=d.long_prompt_every,
                    help="every k-th request gets the long prompt (0 = never)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="let requests stop at EOS (default: exactly --output-tokens)")
+                   help="turn ignore_eos off: let requests stop at EOS instead of "
+                   "asking for exactly --output-tokens")
     p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="per-request timeout")
     p.add_argument("--seed", type=int, default=d.seed, help="prompts and arrival times")
     p.add_argument("--api-key", default=d.api_key, help="sent as a Bearer token")
@@ -326,11 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bulkhead bench: {exc}", file=sys.stderr)
         return 2
     try:
-        records, wall_s = asyncio.run(run_bench(cfg))
+        records, wall_s, model = asyncio.run(run_bench(cfg))
     except httpx.HTTPError as exc:
         print(f"bulkhead bench: cannot reach {cfg.base_url}: {exc}", file=sys.stderr)
         return 1
     summary = summarize(records, wall_s)
+    summary = {**describe_run(cfg, model, summary), **summary}
     print(format_table(summary))
     if cfg.out_json:
         out = {
@@ -344,7 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         Path(cfg.out_json).write_text(json.dumps(out, indent=1))
     if cfg.out_png:
-        plot(records, cfg.out_png)
+        from bench.load_plot import plot
+
+        plot(summary, records, cfg.out_png)
     return 0 if summary["completed"] else 1
 
 

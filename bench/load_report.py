@@ -1,8 +1,8 @@
 """What `bulkhead bench` makes of its measurements: per-request records, nearest-rank
-percentiles, the summary dict written as JSON, the printed table and the PNG plot.
+percentiles, the summary dict written as JSON and the printed table (the PNG is
+bench/load_plot.py).
 
-Pure functions of the records, so they are tested without a server. Must never import torch;
-matplotlib is imported only inside ``plot``.
+Pure functions of the records, so they are tested without a server. Must never import torch.
 """
 
 from __future__ import annotations
@@ -86,30 +86,3 @@ def format_table(summary: dict[str, Any]) -> str:
     for err in summary["errors"]:
         lines.append(f"error: {err}")
     return "\n".join(lines)
-
-
-def plot(records: Sequence[RequestRecord], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in records if r.error is None and r.e2e_s is not None]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, values, title in (
-        (axes[0], [r.ttft_s * 1000 for r in ok if r.ttft_s is not None], "TTFT (ms)"),
-        (axes[1], [x * 1000 for r in ok for x in r.itl_s], "inter-token latency (ms)"),
-    ):
-        s = sorted(values)
-        ax.plot(s, [(i + 1) / len(s) for i in range(len(s))] if s else [])
-        ax.set_title(f"{title}, CDF")
-        ax.set_xlabel("ms")
-        ax.grid(True, alpha=0.3)
-    axes[2].scatter([r.start_s for r in ok], [(r.e2e_s or 0.0) * 1000 for r in ok], s=8)
-    axes[2].set_title("end-to-end latency by start time")
-    axes[2].set_xlabel("request start (s)")
-    axes[2].set_ylabel("ms")
-    axes[2].grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -103,7 +103,7 @@ def build_parser(cls: type, prog: str, description: str, fixed: Sequence[str] = 
     flag overrides nothing. ``aliases``: field -> an extra flag name."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", default=None,
-                        help=f"YAML file of settings (env: {ENV_PREFIX}CONFIG).")
+                        help=f"YAML file of settings (env: {ENV_PREFIX}CONFIG; default: none).")
     kinds = field_kinds(cls)
     for f in dataclasses.fields(cls):
         if f.name in fixed:

@@ -104,8 +104,10 @@ def spawn(
     env: Mapping[str, str] | None = None,
     log_dir: Path | None = None,
     cwd: str | None = None,
+    append_log: bool = False,
 ) -> ManagedProcess:
-    """Start ``argv`` in a new session; stdout+stderr go to ``log_dir/name.log`` (or inherit)."""
+    """Start ``argv`` in a new session; stdout+stderr go to ``log_dir/name.log`` (or inherit);
+    ``append_log`` keeps what an earlier run of the same child wrote there (a restart)."""
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
@@ -114,7 +116,7 @@ def spawn(
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{name}.log"
-        out = log_path.open("wb")
+        out = log_path.open("ab" if append_log else "wb")
     try:
         popen = subprocess.Popen(
             list(argv),

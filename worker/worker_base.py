@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from common.settings import WorkerSettings
+from common.startup_progress import StartupProgress
 from engine.llm_engine import KVImport, LLMEngine
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
@@ -71,17 +72,22 @@ def _tokenizer_fingerprint(model: str) -> str:
         return ""
 
 
-def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
-    """Load the model, plan and lock memory, connect the KV store. Blocking (seconds)."""
+def build_runtime(settings: WorkerSettings,
+                  progress: Callable[[str], None] | None = None) -> WorkerRuntime:
+    """Load the model, plan and lock memory, connect the KV store. Blocking (seconds).
+    ``progress`` is told each step (``StartupProgress`` prints them for ``bulkhead up``)."""
     config = WorkerConfig.from_settings(settings)
     settings, store = config.settings, config.store
-    engine = LLMEngine.from_config(config.engine)
+    engine = LLMEngine.from_config(config.engine, progress)
     mc = engine.model_config
     kv_dtype = engine.kv_cache.data.dtype
     # LMCache keys include the model name: both sides derive it from the weights they loaded.
     store_model_name = f"{mc.name}-{engine.model_fingerprint[:16]}"
     kv_store: KVStore | None = None
     slot_state = engine.slot_state
+    if progress is not None:
+        progress("warm-up done" + (", connecting the KV store through LMCache"
+                                   if settings.kv_store_url else ""))
     if slot_state is not None:
         # Per-sequence state (DeepSeek-V4): the store holds per-token state rows, and the
         # layout fingerprint covers the family's state layout.
@@ -100,6 +106,8 @@ def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
                                mc.head_dim, kv_dtype, chunk_size=store.chunk_size,
                                staging_gb=store.staging_gb, ttl_s=store.ttl_s)
     assert kv_store is None or kv_store.layout_fingerprint == kv_layout
+    if progress is not None and kv_store is not None:
+        progress(f"KV store connected: {kv_store.public_url}")
     compat = pb.Compatibility(
         model_fingerprint=engine.model_fingerprint,
         tokenizer_fingerprint=_tokenizer_fingerprint(settings.model),
@@ -178,7 +186,8 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
             memory_planned_bytes=plan.total_bytes,
             memory_headroom_bytes=max(plan.headroom_bytes, 0),
             steps_completed=s.steps_completed, tokens_advanced=s.tokens_advanced,
-            address=self.rt.settings.address)
+            address=self.rt.settings.address,
+            total_kv_tokens=self.rt.engine.block_manager.num_usable_blocks * ec.block_size)
 
     async def Abort(self, request: pb.AbortRequest,
                     context: grpc.aio.ServicerContext) -> pb.AbortResponse:
@@ -247,7 +256,8 @@ async def serve_worker(settings: WorkerSettings,
                        make_servicer: Callable[[WorkerRuntime], WorkerServicerBase]) -> int:
     """Build the runtime, serve until SIGINT/SIGTERM (or the engine loop dies), stop gracefully.
     Returns the process exit code."""
-    rt = build_runtime(settings)  # blocking on purpose: nothing else runs yet
+    progress = StartupProgress()
+    rt = build_runtime(settings, progress)  # blocking on purpose: nothing else runs yet
     bind = f"{settings.host}:{settings.bind_port}"
     try:
         running = await start_server(rt, make_servicer, settings.host, settings.bind_port)
@@ -260,6 +270,7 @@ async def serve_worker(settings: WorkerSettings,
     for sig in (signal.SIGINT, signal.SIGTERM):
         aio_loop.add_signal_handler(sig, stopping.set)
     role = running.servicer.role
+    progress(f"serving on {settings.address}")
     log.info("%s worker %s serving on %s (model %s, kv store %s)", role, settings.name, bind,
              rt.model_name, rt.kv_store.public_url if rt.kv_store else "none")
     print(f"bulkhead {role} worker ready on {settings.address}", flush=True)
