@@ -18,7 +18,6 @@ It never runs a Prefill RPC and never waits on the store from the asyncio loop.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -63,12 +62,8 @@ class DecodeServicer(WorkerServicerBase):
             if request.has_prefill:
                 log.warning("request %s: %s", rid, decision.reason)
         first_token = int(request.first_token_id) if request.has_prefill else None
-        try:
-            stream = await self.loop.submit(rid, prompt, sampling, kv_import=kv_import,
-                                            first_token_id=first_token)
-        except asyncio.CancelledError:  # the add may still land: take it back
-            self.loop.post(lambda engine: engine.abort(rid))
-            raise
+        stream = await self.submit(rid, prompt, sampling, kv_import=kv_import,
+                                   first_token_id=first_token)
         try:
             while True:
                 try:

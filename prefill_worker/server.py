@@ -58,12 +58,8 @@ class PrefillServicer(WorkerServicerBase):
         engine_sampling = dataclasses.replace(sampling, max_tokens=1)
         started = time.monotonic()
         kv_import = await self.prepare_import(prompt)  # a prompt seen before loads, not computes
-        try:
-            stream = await self.loop.submit(rid, prompt, engine_sampling, keep_kv=True,
-                                            kv_import=kv_import)
-        except asyncio.CancelledError:  # the add may still land: take it back
-            self.loop.post(lambda engine: engine.abort(rid))
-            raise
+        stream = await self.submit(rid, prompt, engine_sampling, keep_kv=True,
+                                   kv_import=kv_import)
         kept = True
         try:
             try:

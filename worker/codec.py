@@ -56,44 +56,37 @@ def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
     )
 
 
-def sampling_to_proto(sp: SamplingParams) -> pb.SamplingParams:
-    msg = pb.SamplingParams(max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p,
-                            top_k=sp.top_k, stop_token_ids=list(sp.stop_token_ids),
-                            ignore_eos=sp.ignore_eos)
-    if sp.seed is not None:
-        msg.seed = sp.seed
-    return msg
-
-
 @dataclass(frozen=True)
 class Status:
     code: grpc.StatusCode
     message: str
 
 
+# Most specific first: ContextLengthExceeded is an InvalidRequest, every engine error an
+# EngineError. The first entry ``exc`` is an instance of gives its code.
+_STATUS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], grpc.StatusCode],
+               ...] = (
+    ((EngineLoopFailed, KVStoreUnavailable), grpc.StatusCode.UNAVAILABLE),  # try another worker
+    (ContextLengthExceeded, grpc.StatusCode.OUT_OF_RANGE),
+    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (DuplicateRequest, grpc.StatusCode.ALREADY_EXISTS),
+    (PlanError, grpc.StatusCode.FAILED_PRECONDITION),
+    (DeadlinePassed, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (RequestAborted, grpc.StatusCode.ABORTED),
+    (WrongRole, grpc.StatusCode.UNIMPLEMENTED),
+    (NoTokenSampled, grpc.StatusCode.INTERNAL),
+)
+
+
 def status_of(exc: BaseException) -> Status:
     """The single mapping of engine and worker errors to gRPC status codes."""
-    if isinstance(exc, EngineLoopFailed | KVStoreUnavailable):  # try another worker
-        return Status(grpc.StatusCode.UNAVAILABLE, str(exc))
-    if isinstance(exc, ContextLengthExceeded):
-        return Status(grpc.StatusCode.OUT_OF_RANGE, str(exc))
-    if isinstance(exc, InvalidRequest):
-        field = f" (field {exc.field})" if exc.field else ""
-        return Status(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}{field}")
-    if isinstance(exc, QueueFull):
-        return Status(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-    if isinstance(exc, DuplicateRequest):
-        return Status(grpc.StatusCode.ALREADY_EXISTS, str(exc))
-    if isinstance(exc, PlanError):
-        return Status(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    if isinstance(exc, DeadlinePassed):
-        return Status(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-    if isinstance(exc, RequestAborted):
-        return Status(grpc.StatusCode.ABORTED, str(exc))
-    if isinstance(exc, WrongRole):
-        return Status(grpc.StatusCode.UNIMPLEMENTED, str(exc))
-    if isinstance(exc, NoTokenSampled):
-        return Status(grpc.StatusCode.INTERNAL, str(exc))
+    for kinds, code in _STATUS:
+        if isinstance(exc, kinds):
+            if isinstance(exc, InvalidRequest) and code == grpc.StatusCode.INVALID_ARGUMENT:
+                field = f" (field {exc.field})" if exc.field else ""
+                return Status(code, f"{exc}{field}")
+            return Status(code, str(exc))
     return Status(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import torch
@@ -27,11 +28,12 @@ from grpc_health.v1.health import aio as health_aio
 from common.settings import WorkerSettings
 from common.startup_progress import StartupProgress
 from engine.llm_engine import KVImport, LLMEngine
+from engine.sampling_params import SamplingParams
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from worker.auth import AccessError, server_credentials, server_interceptors, warn_if_open
 from worker.codec import abort_with, unary_rpc
-from worker.engine_loop import EngineLoop
+from worker.engine_loop import EngineLoop, RequestStream
 from worker.errors import DeadlinePassed, KVStoreUnavailable, WrongRole
 from worker.kv_import import fetch_import
 from worker.kv_store import KVStore
@@ -151,6 +153,16 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
     @staticmethod
     async def fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
         await abort_with(context, exc)
+
+    async def submit(self, rid: str, prompt: list[int], sampling: SamplingParams,
+                     **kwargs: Any) -> RequestStream:
+        """Add the request on the engine thread (engine errors raise here); if the RPC is
+        cancelled meanwhile, the add may still land, so it is taken back."""
+        try:
+            return await self.loop.submit(rid, prompt, sampling, **kwargs)
+        except asyncio.CancelledError:
+            self.loop.post(lambda engine: engine.abort(rid))
+            raise
 
     async def prepare_import(self, prompt: Sequence[int]) -> KVImport | None:
         """The engine's import hook for the stored prefix of ``prompt`` (worker/kv_import.py)."""

@@ -14,7 +14,9 @@ from engine.errors import (
 )
 from engine.sampling_params import SamplingParams
 from proto import bulkhead_pb2 as pb
-from worker.codec import sampling_from_proto, sampling_to_proto, status_of, usage_to_proto
+from router.worker_codec import Sampling
+from router.worker_codec import sampling_to_proto as router_sampling
+from worker.codec import sampling_from_proto, status_of, usage_to_proto
 from worker.engine_loop import EngineLoopFailed
 from worker.errors import (
     DeadlinePassed,
@@ -28,7 +30,9 @@ from worker.errors import (
 def test_sampling_round_trip_and_defaults() -> None:
     sp = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.25, top_k=3, seed=2**40,
                         stop_token_ids=(4, 9), ignore_eos=True)
-    assert sampling_from_proto(sampling_to_proto(sp)) == sp
+    sent = Sampling(max_tokens=7, temperature=0.5, top_p=0.25, top_k=3, seed=2**40,
+                    stop_token_ids=(4, 9), ignore_eos=True)
+    assert sampling_from_proto(router_sampling(sent)) == sp
     unset = sampling_from_proto(pb.SamplingParams(max_tokens=2))
     assert (unset.temperature, unset.top_p, unset.top_k, unset.seed) == (0.0, 1.0, 0, None)
     assert sampling_from_proto(pb.SamplingParams(max_tokens=2, seed=0)).seed == 0
@@ -75,13 +79,3 @@ def test_usage_counts_recomputed_prompt_tokens() -> None:
     assert (u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.loaded_kv_tokens,
             u.recomputed_tokens) == (45, 10, 32, 32, 13)
 
-
-def test_the_router_and_worker_codecs_agree_on_sampling() -> None:
-    from router.worker_codec import Sampling
-    from router.worker_codec import sampling_to_proto as router_sampling
-
-    sent = Sampling(max_tokens=7, temperature=0.5, top_p=0.25, top_k=3, stop_token_ids=(4, 9),
-                    ignore_eos=True, seed=2**40)
-    got = sampling_from_proto(router_sampling(sent))
-    assert got == SamplingParams(max_tokens=7, temperature=0.5, top_p=0.25, top_k=3,
-                                 seed=2**40, stop_token_ids=(4, 9), ignore_eos=True)
