@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from common.settings import WorkerSettings
 from decode_worker.import_decision import decide_import
 from proto import bulkhead_pb2 as pb
 from worker.codec import sampling_from_proto, stream_rpc, usage_to_proto
@@ -33,7 +32,6 @@ from worker.worker_base import (
     WorkerServicerBase,
     remaining_s,
     run_worker,
-    serve_worker,
     time_left,
 )
 
@@ -83,11 +81,6 @@ class DecodeServicer(WorkerServicerBase):
         finally:
             if not stream.done:  # cancelled by the client, deadline, or a failed write
                 self.loop.post(lambda engine: engine.abort(rid))
-
-
-async def serve(settings: WorkerSettings) -> int:
-    """Serve a decode worker with ``settings`` until SIGINT/SIGTERM; returns the exit code."""
-    return await serve_worker(settings, DecodeServicer)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 
 import grpc
 
-from common.settings import WorkerSettings
 from engine.llm_engine import RequestOutput
 from prefill_worker.kv_export import export_kept_kv, wait_visible
 from proto import bulkhead_pb2 as pb
@@ -31,7 +30,6 @@ from worker.worker_base import (
     WorkerRuntime,
     WorkerServicerBase,
     run_worker,
-    serve_worker,
     time_left,
 )
 
@@ -118,11 +116,6 @@ class PrefillServicer(WorkerServicerBase):
         if final.finish_reason == "stop":
             return "stop"
         return "length" if max_tokens == 1 else ""
-
-
-async def serve(settings: WorkerSettings) -> int:
-    """Serve a prefill worker with ``settings`` until SIGINT/SIGTERM; returns the exit code."""
-    return await serve_worker(settings, PrefillServicer)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
