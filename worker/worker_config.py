@@ -29,7 +29,8 @@ class WorkerConfig:
             settings = dataclasses.replace(settings, model=str(default_model_path()))
         s = settings
         engine = EngineConfig(
-            model=s.model, device=s.device, dtype=s.dtype, max_context=s.max_context,
+            model=s.model, device=s.device, dtype=s.dtype, weight_format=s.weight_format,
+            max_context=s.max_context,
             chunk_tokens=s.chunk_tokens, max_batch=s.max_batch, block_size=s.block_size,
             num_blocks=s.num_blocks or None,  # 0 = sized for every sequence at max_context
             attn_tile_tokens=s.attn_tile_tokens, max_queue=s.max_queue,
