@@ -31,6 +31,7 @@ from engine.memory_planner import MemoryPlan, device_memory, library_workspaces,
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
 from engine.models import uses_paged_kv
+from engine.sampler import RowState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
@@ -61,6 +62,8 @@ class RequestOutput:
     num_cached_tokens: int
     num_imported_tokens: int
     num_output_tokens: int = 0
+    # one per new token, when the request asked for logprobs (engine.sampler.TokenLogprobs)
+    logprobs: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,10 @@ class LLMEngine:
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidRequest(f"token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
+        bad_bias = next((t for t, _ in sampling.logit_bias if t >= vocab), None)
+        if bad_bias is not None:
+            raise InvalidRequest(f"logit_bias: token id {bad_bias} is outside the vocabulary "
+                                 f"[0, {vocab})", "logit_bias")
         if len(prompt) + sampling.max_tokens > ec.max_context:
             raise ContextLengthExceeded(len(prompt), sampling.max_tokens, ec.max_context)
         if request_id in self._seqs or request_id in self._kept:
@@ -220,12 +227,19 @@ class LLMEngine:
         if sched.is_empty:
             return outputs
         params = {c.request_id: self._seqs[c.request_id].sampling for c in sched.chunks}
-        sampled = self.runner.execute(sched, params, self._generators)
+        rows = {c.request_id: RowState(c.cache_slot,
+                                       len(self._seqs[c.request_id].output_token_ids))
+                for c in sched.chunks if c.do_sample}
+        sampled = self.runner.execute(sched, params, self._generators, rows)
+        logprobs = self.runner.last_logprobs
         self._steps += 1
         self._tokens += sched.num_tokens
         for u in self.scheduler.update_from_output(sched, sampled):
             seq = self._seqs[u.request_id]
-            outputs.append(self._output(seq, list(u.new_token_ids), u.finished, u.finish_reason))
+            out = self._output(seq, list(u.new_token_ids), u.finished, u.finish_reason)
+            if seq.sampling.logprobs is not None and u.request_id in logprobs:
+                out.logprobs = [logprobs[u.request_id]]
+            outputs.append(out)
             if u.finished:
                 if seq.keep_kv:
                     self._kept[seq.request_id] = seq
@@ -256,6 +270,12 @@ class LLMEngine:
 
     # -- internals ------------------------------------------------------------------------------
     def _on_admit(self, seq: Sequence) -> None:
+        sp = seq.sampling
+        stops = list(sp.stop_token_ids)
+        if not sp.ignore_eos:
+            stops += [t for t in self.model_config.eos_token_ids if t not in stops]
+        self.runner.slot_sampling.admit(seq.cache_slot, sp, seq.prompt_token_ids,
+                                        seq.output_token_ids, stops, self.runner.ws)
         if not seq.sampling.is_greedy:
             gen = self.runner.generators[seq.cache_slot]
             if seq.rng_state is not None:  # resumed after preemption: continue the same stream
