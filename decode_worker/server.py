@@ -28,7 +28,7 @@ import grpc
 from common.settings import WorkerSettings
 from engine.errors import EngineError, InvalidRequest
 from proto import bulkhead_pb2 as pb
-from service.codec import sampling_from_proto, usage_to_proto
+from service.codec import logprobs_to_proto, sampling_from_proto, usage_to_proto
 from service.engine_loop import EngineLoopFailed
 from service.worker_base import WorkerServicerBase, remaining_s, run_worker, serve_worker
 
@@ -80,13 +80,14 @@ class DecodeServicer(WorkerServicerBase):
                                         f"request {rid} passed its deadline while decoding")
                 except EngineLoopFailed as exc:
                     await self.fail(context, exc)
+                logprobs = [logprobs_to_proto(lp) for lp in out.logprobs or ()]
                 if not out.finished:
                     if out.new_token_ids:
-                        yield pb.GenerateChunk(token_ids=out.new_token_ids)
+                        yield pb.GenerateChunk(token_ids=out.new_token_ids, logprobs=logprobs)
                     continue
                 usage = usage_to_proto(out.num_prompt_tokens, out.num_output_tokens,
                                        out.num_cached_tokens, out.num_imported_tokens)
-                yield pb.GenerateChunk(token_ids=out.new_token_ids,
+                yield pb.GenerateChunk(token_ids=out.new_token_ids, logprobs=logprobs,
                                        finish_reason=out.finish_reason or "stop", usage=usage)
                 return
         finally:

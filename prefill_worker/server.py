@@ -24,7 +24,7 @@ from common.settings import WorkerSettings
 from engine.errors import EngineError, InvalidRequest
 from engine.llm_engine import LLMEngine, RequestOutput
 from proto import bulkhead_pb2 as pb
-from service.codec import sampling_from_proto
+from service.codec import logprobs_to_proto, sampling_from_proto
 from service.engine_loop import EngineLoopFailed, RequestStream
 from service.worker_base import (
     WorkerRuntime,
@@ -59,7 +59,8 @@ class PrefillServicer(WorkerServicerBase):
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                 "the request's deadline passed before the prefill started")
         # The engine samples one token and keeps the blocks; the decode worker does the rest.
-        engine_sampling = dataclasses.replace(sampling, max_tokens=1)
+        engine_sampling = dataclasses.replace(sampling, max_tokens=1,
+                                              min_tokens=min(sampling.min_tokens, 1))
         started = time.monotonic()
         kv_import = await self.prepare_import(prompt)  # a prompt seen before loads, not computes
         try:
@@ -111,7 +112,9 @@ class PrefillServicer(WorkerServicerBase):
             if kept:  # cancelled or failed before the export: give the blocks back
                 self.loop.post(lambda engine: engine.abort(rid))
         first = final.new_token_ids[-1]
+        first_logprobs = (logprobs_to_proto(final.logprobs[-1]) if final.logprobs else None)
         return pb.PrefillResponse(
+            first_token_logprobs=first_logprobs,
             request_id=rid, first_token_id=first,
             kv=pb.KVHandle(num_tokens_stored=visible,
                            kv_layout_fingerprint=self.rt.compat.kv_layout_fingerprint,

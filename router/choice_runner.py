@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -25,6 +25,7 @@ import grpc
 from proto import bulkhead_pb2 as pb
 from router.background import BackgroundTasks
 from router.errors import WorkerCallError
+from router.logprobs_format import LogprobEntry, entries
 from router.metrics import RouterMetrics
 from router.policy import Route
 from router.quarantine import (
@@ -47,6 +48,7 @@ class ChoiceDelta:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[LogprobEntry] = field(default_factory=list)  # one per token, when asked
 
 
 @dataclass
@@ -59,6 +61,8 @@ class ChoiceStats:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    logprobs: list[LogprobEntry] = field(default_factory=list)
+    echo_len: int = 0                # leading characters of `text` that echo the prompt
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class ChoiceSpec:
     stop: tuple[str, ...]
     route: Route
     deadline_unix_s: float
+    echo: bool = False               # completions: the prompt's text opens the choice
 
 
 # Prefill failures a retry elsewhere can fix: the worker died, hung, broke or was aborted.
@@ -99,9 +104,11 @@ class ChoiceRunner:
         self._quarantine = quarantine
         self._num_generated_chunks = 0
         self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop)
+        self._tokenizer = tokenizer
         self._last_token_at: float | None = None
 
-    def _delta(self, token_ids: list[int], finish_reason: str | None = None) -> ChoiceDelta:
+    def _delta(self, token_ids: list[int], finish_reason: str | None = None,
+               logprobs: Sequence[pb.TokenLogprobs] = ()) -> ChoiceDelta:
         now = time.monotonic()
         if token_ids:
             if self._last_token_at is not None:
@@ -116,7 +123,9 @@ class ChoiceRunner:
         self.stats.token_ids.extend(token_ids)
         self.stats.text += text
         self.stats.finish_reason = finish_reason
-        return ChoiceDelta(self.spec.index, text, token_ids, finish_reason)
+        lps = entries(self._tokenizer, logprobs)
+        self.stats.logprobs.extend(lps)
+        return ChoiceDelta(self.spec.index, text, token_ids, finish_reason, lps)
 
     def _abort_later(self, address: str) -> None:
         client = self._clients(address)
@@ -183,13 +192,19 @@ class ChoiceRunner:
         s = self.spec
         gen = pb.GenerateRequest(request_id=s.request_id, prompt_token_ids=s.prompt_token_ids,
                                  sampling=s.sampling, deadline_unix_s=s.deadline_unix_s)
+        if s.echo:
+            prompt_text = self._tokenizer.decode(s.prompt_token_ids)
+            self.stats.text = prompt_text
+            self.stats.echo_len = len(prompt_text)
+            yield ChoiceDelta(s.index, prompt_text, [])
         resp = None
         if s.route.kind == "split":
             assert s.route.prefill_address is not None
             resp = await self._prefill_with_retry(s.route.prefill_address)
         if resp is not None:
             finish = resp.finish_reason or None
-            delta = self._delta([int(resp.first_token_id)], finish)
+            first_lp = [resp.first_token_logprobs] if resp.HasField("first_token_logprobs") else []
+            delta = self._delta([int(resp.first_token_id)], finish, first_lp)
             yield delta
             if delta.finish_reason is not None:
                 return
@@ -229,7 +244,7 @@ class ChoiceRunner:
                                           "the worker aborted the request")
                 if chunk.HasField("usage"):
                     self._take_usage(chunk.usage, req.has_prefill)
-                delta = self._delta(list(chunk.token_ids), reason)
+                delta = self._delta(list(chunk.token_ids), reason, chunk.logprobs)
                 if delta.finish_reason is not None:
                     # a stop string ends the choice while the worker still runs: abort it below
                     finished = reason is not None

@@ -121,7 +121,13 @@ class Dispatcher:
             stop_ids += [t for t in self._tokenizer.eos_token_ids if t not in stop_ids]
         sp = pb.SamplingParams(max_tokens=max_tokens, temperature=job.temperature,
                                top_p=job.top_p, top_k=job.top_k, stop_token_ids=stop_ids,
-                               ignore_eos=job.ignore_eos)
+                               ignore_eos=job.ignore_eos, presence_penalty=job.presence_penalty,
+                               frequency_penalty=job.frequency_penalty,
+                               repetition_penalty=job.repetition_penalty,
+                               logit_bias=dict(job.logit_bias), min_p=job.min_p,
+                               min_tokens=min(job.min_tokens, max_tokens))
+        if job.logprobs is not None:
+            sp.logprobs = job.logprobs
         if job.seed is not None:
             # n independent decodes: choice i draws from seed + i, so choices differ but the
             # request as a whole is reproducible
@@ -225,7 +231,8 @@ class Dispatcher:
                     spec = ChoiceSpec(index=index, request_id=f"{request_id}-{index}",
                                       prompt_token_ids=list(prompt),
                                       sampling=self._sampling(job, max_tokens, i),
-                                      stop=job.stop, route=route, deadline_unix_s=deadline)
+                                      stop=job.stop, route=route, deadline_unix_s=deadline,
+                                      echo=job.echo)
                     runners.append(ChoiceRunner(
                         spec, self._registry.client, self._tokenizer, self._metrics,
                         self._background, self._registry.mark_unavailable,

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from router.chat_prompt import render_chat
 from router.errors import ApiError, invalid_request, model_not_found
+from router.refused_fields import refuse_unimplemented
 from router.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from router.settings import RouterSettings
 from router.tokenizer_port import RouterTokenizer
@@ -34,6 +36,14 @@ class GenerationJob:
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logprobs: int | None = None   # None: none; k: each token's logprob and the top k
+    echo: bool = False            # completions: the prompt's text before the completion
 
     @property
     def num_choices(self) -> int:
@@ -62,10 +72,7 @@ def _common(req: _SamplingFields, settings: RouterSettings) -> dict[str, object]
                               f"{settings.max_stop_strings}", "stop")
     if any(s == "" for s in stop):
         raise invalid_request("stop: empty stop strings are not allowed", "stop")
-    if req.presence_penalty != 0.0:
-        raise _unsupported("presence_penalty", "a non-zero presence_penalty")
-    if req.frequency_penalty != 0.0:
-        raise _unsupported("frequency_penalty", "a non-zero frequency_penalty")
+    refuse_unimplemented(req, req.n)
     if req.stream_options is not None and not req.stream:
         raise invalid_request("stream_options: only allowed when stream is true",
                               "stream_options")
@@ -78,33 +85,69 @@ def _common(req: _SamplingFields, settings: RouterSettings) -> dict[str, object]
         stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
         stream=req.stream,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        return_token_ids=req.return_token_ids)
+        return_token_ids=req.return_token_ids,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+        logit_bias=_logit_bias(req.logit_bias, settings),
+        min_p=req.min_p, min_tokens=req.min_tokens)
+
+
+MAX_LOGIT_BIAS = 300   # the engine's per-slot buffer holds this many entries
+
+
+def _logit_bias(given: dict[str, float] | None, settings: RouterSettings
+                ) -> tuple[tuple[int, float], ...]:
+    if not given:
+        return ()
+    if len(given) > MAX_LOGIT_BIAS:
+        raise invalid_request(f"logit_bias: {len(given)} entries, the limit is {MAX_LOGIT_BIAS}",
+                              "logit_bias")
+    out = []
+    for key, bias in given.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise invalid_request(f"logit_bias: key {key!r} is not a token id",
+                                  "logit_bias") from None
+        if not 0 <= token < 2**31:
+            raise invalid_request(f"logit_bias: token id {token} is outside [0, 2**31)",
+                                  "logit_bias")
+        out.append((token, float(bias)))
+    return tuple(sorted(out))
+
+
+def _check_min_tokens(min_tokens: int, max_tokens: int | None) -> None:
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise invalid_request(f"min_tokens: {min_tokens} is more than max_tokens {max_tokens}",
+                              "min_tokens")
 
 
 def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
              tokenizer: RouterTokenizer) -> GenerationJob:
     common = _common(req, settings)
-    if req.logprobs or req.top_logprobs:
-        raise _unsupported("logprobs", "logprobs")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid_request("top_logprobs: set logprobs to true to use it", "top_logprobs")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
     if req.tools:
         raise _unsupported("tools", "tool calling")
+    if req.tool_choice is not None and req.tool_choice != "none":
+        raise _unsupported("tool_choice", "tool_choice without tools")
+    if req.parallel_tool_calls is not None:
+        raise _unsupported("parallel_tool_calls", "parallel_tool_calls without tools")
     if req.response_format and req.response_format.get("type", "text") != "text":
         raise _unsupported("response_format", "a response_format other than text")
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
         raise invalid_request("max_tokens and max_completion_tokens disagree; send one",
                               "max_completion_tokens")
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except Exception as exc:  # a template may raise on an order of roles it does not accept
-        raise invalid_request(f"messages: the chat template refused them: {exc}",
-                              "messages") from None
+    text = render_chat(req, tokenizer)
     ids = tuple(tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise invalid_request("messages: they render to an empty prompt", "messages")
     max_tokens = req.max_completion_tokens or req.max_tokens
-    return GenerationJob(kind="chat", prompts=(ids,), max_tokens=max_tokens, **common)  # type: ignore[arg-type]
+    _check_min_tokens(req.min_tokens, max_tokens)
+    return GenerationJob(kind="chat", prompts=(ids,), max_tokens=max_tokens,  # type: ignore[arg-type]
+                         logprobs=logprobs, **common)
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[int, ...]:
@@ -120,14 +163,8 @@ def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[
 def completion_job(req: CompletionRequest, settings: RouterSettings,
                    tokenizer: RouterTokenizer) -> GenerationJob:
     common = _common(req, settings)
-    if req.logprobs is not None:
-        raise _unsupported("logprobs", "logprobs")
-    if req.echo:
-        raise _unsupported("echo", "echo")
-    if req.suffix:
-        raise _unsupported("suffix", "suffix")
-    if req.best_of is not None and req.best_of != req.n:
-        raise _unsupported("best_of", "best_of other than n")
+    if req.echo and req.logprobs is not None:
+        raise _unsupported("echo", "echo together with logprobs (prompt logprobs)")
     vocab_size = getattr(tokenizer, "vocab_size", None)
     p = req.prompt
     raw: list[str | list[int]]
@@ -154,5 +191,6 @@ def completion_job(req: CompletionRequest, settings: RouterSettings,
         else:
             prompts.append(_check_ids(item, vocab_size, param))
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
+    _check_min_tokens(req.min_tokens, max_tokens)
     return GenerationJob(kind="completion", prompts=tuple(prompts), max_tokens=max_tokens,
-                         **common)  # type: ignore[arg-type]
+                         logprobs=req.logprobs, echo=req.echo, **common)  # type: ignore[arg-type]

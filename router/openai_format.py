@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.choice_runner import ChoiceDelta, ChoiceRunner
 from router.job import GenerationJob
+from router.logprobs_format import chat_logprobs, completion_logprobs
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -41,6 +42,9 @@ def full_response(job: GenerationJob, request_id: str, created: int,
     for r in sorted(runners, key=lambda r: r.spec.index):
         choice: dict[str, Any] = {"index": r.spec.index, "logprobs": None,
                                   "finish_reason": r.stats.finish_reason}
+        if job.logprobs is not None:
+            choice["logprobs"] = (chat_logprobs(r.stats.logprobs) if job.kind == "chat" else
+                                  completion_logprobs(r.stats.logprobs, r.stats.echo_len))
         if job.kind == "chat":
             choice["message"] = {"role": "assistant", "content": r.stats.text}
         else:
@@ -66,6 +70,8 @@ class ChunkWriter:
     job: GenerationJob
     request_id: str
     created: int
+    # completions logprobs: each choice's text offset so far
+    _offsets: dict[int, int] = field(default_factory=dict)
 
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         chunk: dict[str, Any] = {
@@ -94,6 +100,15 @@ class ChunkWriter:
             return None
         choice: dict[str, Any] = {"index": d.index, "logprobs": None,
                                   "finish_reason": d.finish_reason}
+        if self.job.logprobs is not None and d.logprobs:
+            if self.job.kind == "chat":
+                choice["logprobs"] = chat_logprobs(d.logprobs)
+            else:
+                choice["logprobs"] = completion_logprobs(d.logprobs,
+                                                         self._offsets.get(d.index, 0))
+        if self.job.kind != "chat":
+            grown = len(d.text) if not d.token_ids else sum(len(e.token) for e in d.logprobs)
+            self._offsets[d.index] = self._offsets.get(d.index, 0) + grown
         if self.job.kind == "chat":
             choice["delta"] = {"content": d.text} if d.text else {}
         else:
