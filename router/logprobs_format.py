@@ -48,6 +48,15 @@ def chat_logprobs(items: Sequence[LogprobEntry]) -> dict[str, Any]:
             "refusal": None}
 
 
+def _by_text(top: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """Completions key alternatives by text; tokens that decode alike (byte pieces of one
+    character) keep the most likely one's logprob."""
+    out: dict[str, float] = {}
+    for token, logprob in top:
+        out.setdefault(token, logprob)
+    return out
+
+
 def completion_logprobs(items: Sequence[LogprobEntry], text_offset: int) -> dict[str, Any]:
     """``text_offset``: where the first token's text starts in the choice's text."""
     offsets = []
@@ -56,5 +65,5 @@ def completion_logprobs(items: Sequence[LogprobEntry], text_offset: int) -> dict
         text_offset += len(e.token)
     return {"tokens": [e.token for e in items],
             "token_logprobs": [e.logprob for e in items],
-            "top_logprobs": [dict(e.top) for e in items],
+            "top_logprobs": [_by_text(e.top) for e in items],
             "text_offset": offsets}
