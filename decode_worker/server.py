@@ -45,6 +45,7 @@ class DecodeServicer(WorkerServicerBase):
         prompt = [int(t) for t in request.prompt_token_ids]
         try:
             sampling = sampling_from_proto(request.sampling)
+            grammar = await self.grammar(request.sampling)
         except InvalidRequest as exc:
             await self.fail(context, exc)
         deadline = request.deadline_unix_s
@@ -65,7 +66,7 @@ class DecodeServicer(WorkerServicerBase):
         first_token = int(request.first_token_id) if request.has_prefill else None
         try:
             stream = await self.loop.submit(rid, prompt, sampling, kv_import=kv_import,
-                                            first_token_id=first_token)
+                                            first_token_id=first_token, grammar=grammar)
         except (EngineError, EngineLoopFailed) as exc:
             await self.fail(context, exc)
         except asyncio.CancelledError:  # the add may still land: take it back

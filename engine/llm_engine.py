@@ -26,6 +26,7 @@ from engine.errors import (
     PlanError,
     QueueFull,
 )
+from engine.grammar import new_matcher
 from engine.kv_cache import KVCache
 from engine.memory_planner import MemoryPlan, device_memory, library_workspaces, make_plan
 from engine.model_config import ModelConfig
@@ -138,8 +139,9 @@ class LLMEngine:
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling: SamplingParams,
                     *, kv_import: KVImport | None = None, keep_kv: bool = False,
-                    first_token_id: int | None = None) -> None:
-        """Queue a request, or raise before any compute if the plan cannot hold it."""
+                    first_token_id: int | None = None, grammar: Any = None) -> None:
+        """Queue a request, or raise before any compute if the plan cannot hold it.
+        ``grammar``: a compiled xgrammar grammar its output must follow."""
         ec = self.config
         prompt = [int(t) for t in prompt_token_ids]
         if not prompt:
@@ -159,7 +161,7 @@ class LLMEngine:
         if len(self.scheduler.waiting) >= ec.max_queue:
             raise QueueFull(f"the waiting queue is full ({ec.max_queue} requests); retry later")
         seq = Sequence(request_id, prompt, sampling, self._arrivals, keep_kv=keep_kv,
-                       has_kv_import=kv_import is not None)
+                       has_kv_import=kv_import is not None, grammar=grammar)
         self._arrivals += 1
         self._seqs[request_id] = seq
         # The seed is fixed now; the generator is one of the per-slot ones, bound at admission
@@ -230,8 +232,13 @@ class LLMEngine:
         rows = {c.request_id: RowState(c.cache_slot,
                                        len(self._seqs[c.request_id].output_token_ids))
                 for c in sched.chunks if c.do_sample}
-        sampled = self.runner.execute(sched, params, self._generators, rows)
+        matchers = {rid: self._seqs[rid].matcher for rid in rows
+                    if self._seqs[rid].matcher is not None}
+        sampled = self.runner.execute(sched, params, self._generators, rows, matchers or None)
         logprobs = self.runner.last_logprobs
+        for rid, m in matchers.items():
+            if not m.accept_token(sampled[rid]):  # the mask allowed it: should never happen
+                log.error("%s: the grammar refused token %d it allowed", rid, sampled[rid])
         self._steps += 1
         self._tokens += sched.num_tokens
         for u in self.scheduler.update_from_output(sched, sampled):
@@ -276,6 +283,8 @@ class LLMEngine:
             stops += [t for t in self.model_config.eos_token_ids if t not in stops]
         self.runner.slot_sampling.admit(seq.cache_slot, sp, seq.prompt_token_ids,
                                         seq.output_token_ids, stops, self.runner.ws)
+        if seq.grammar is not None:
+            seq.matcher = new_matcher(seq.grammar, seq.output_token_ids)
         if not seq.sampling.is_greedy:
             gen = self.runner.generators[seq.cache_slot]
             if seq.rng_state is not None:  # resumed after preemption: continue the same stream

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -15,6 +16,7 @@ from engine.block_manager import NULL_BLOCK
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.errors import DeviceAllocationAfterLock, PlanError
+from engine.grammar import TokenBitmask
 from engine.kv_cache import KVCache
 from engine.memory_planner import MemoryPlan, reserve_allocator_slack
 from engine.model_config import ModelConfig
@@ -66,6 +68,7 @@ class ModelRunner:
         self.slot_sampling = SlotSampling(ec.max_batch, model_cfg.vocab_size, self.device,
                                           stage_tokens=ec.chunk_tokens)
         self.last_logprobs: dict[str, TokenLogprobs] = {}  # the last step's, by request id
+        self.bitmask = TokenBitmask(ec.max_batch, model_cfg.vocab_size, self.device)
         self.graphs: DecodeGraphs | None = None
         self.num_graph_steps = 0
         self.capture_logits: set[str] = set()  # request ids whose next logits row is kept
@@ -131,7 +134,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, params: dict[str, SamplingParams],
                 generators: dict[str, torch.Generator | None],
-                rows: dict[str, RowState] | None = None) -> dict[str, int]:
+                rows: dict[str, RowState] | None = None,
+                matchers: dict[str, Any] | None = None) -> dict[str, int]:
         """Run one step; -> the sampled token of each sampling request. ``rows`` gives each
         sampled request's slot state (penalties, min_tokens); logprobs asked for land in
         ``last_logprobs``."""
@@ -158,7 +162,8 @@ class ModelRunner:
                 result = sample(logits, [params[r] for r in sampled_ids],
                                 [generators.get(r) for r in sampled_ids], self.ws,
                                 None if rows is None else [rows[r] for r in sampled_ids],
-                                self.slot_sampling)
+                                self.slot_sampling, self.bitmask,
+                                [matchers.get(r) for r in sampled_ids] if matchers else None)
                 tokens = result.tokens
                 self.last_logprobs = {r: lp for r, lp in zip(sampled_ids, result.logprobs,
                                                              strict=True) if lp is not None}
@@ -260,7 +265,8 @@ class ModelRunner:
                                   caller="model_runner.logits")
             self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
             sample(logits, [params[r] for r in sampled_ids], [gens[r] for r in sampled_ids],
-                   self.ws, [rows[r] for r in sampled_ids], self.slot_sampling)
+                   self.ws, [rows[r] for r in sampled_ids], self.slot_sampling, self.bitmask,
+                   [None] * len(sampled_ids))  # an all-ones mask: the copy and the kernel run
 
     def _check_device_allocations(self) -> None:
         if self._device_allocs is None:

@@ -1,7 +1,7 @@
 """Turns logits into tokens: penalties, logit bias, min_tokens, then greedy or temperature /
 top-k / top-p / min-p sampling with a generator per request, and the logprobs a request asked for.
 
-Order, per step: the per-slot processors (``SlotSampling.apply``: repetition, frequency and
+Order, per step: a grammar's token bitmask (constrained rows only); the per-slot processors (``SlotSampling.apply``: repetition, frequency and
 presence penalties, logit bias, min_tokens) run batched over all rows; logprobs are the
 log-softmax of those processed logits (before temperature, top-k, top-p and min-p, which shape
 how a token is drawn, not the model's distribution); then the greedy rows take one argmax and the
@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from engine.grammar import TokenBitmask, bitmask_workspace_bytes
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.slot_sampling import SlotSampling, apply_workspace_bytes
 from engine.workspace import Workspace, _align
@@ -50,7 +52,8 @@ def sampler_workspace_bytes(vocab_size: int, max_batch: int = 1) -> int:
     per_row_draw = 3 * 256 + v * (4 + 8 + 4 + 1)  # sorted values, order, probs, min-p mask
     logprobs = _align(n * v * 4) + 2 * _align(n * MAX_LOGPROBS * 8) + _align(n * 4)
     row_inputs = 3 * _align(n * 8) + _align(n)  # tokens, slots, chosen index; hold mask
-    return per_row_draw + logprobs + row_inputs + apply_workspace_bytes(n, v)
+    return (per_row_draw + logprobs + row_inputs + apply_workspace_bytes(n, v)
+            + _align(bitmask_workspace_bytes(n, v)))
 
 
 def _stage(ws: Workspace, values: list, dtype: torch.dtype, caller: str) -> torch.Tensor:
@@ -62,11 +65,17 @@ def _stage(ws: Workspace, values: list, dtype: torch.dtype, caller: str) -> torc
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None], ws: Workspace,
            rows: Sequence[RowState] | None = None,
-           state: SlotSampling | None = None) -> SampleResult:
+           state: SlotSampling | None = None, bitmask: TokenBitmask | None = None,
+           matchers: Sequence[Any | None] | None = None) -> SampleResult:
     """logits: [n, vocab] fp32 (modified in place) -> one token per row (and logprobs).
-    ``rows``/``state`` carry the per-slot processors; without them only plain sampling runs."""
+    ``rows``/``state`` carry the per-slot processors; without them only plain sampling runs.
+    ``matchers`` (one per row, None for an unconstrained row) mask the logits first, through
+    ``bitmask``: a grammar decides what may be sampled, the processors and the draw which."""
     n, vocab = logits.shape
     with ws.scope():
+        if matchers is not None:
+            assert bitmask is not None
+            bitmask.apply(logits, matchers, ws)
         slots = None
         use_counts = False
         if state is not None and rows is not None and any(p.uses_processors for p in params):

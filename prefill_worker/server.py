@@ -52,6 +52,7 @@ class PrefillServicer(WorkerServicerBase):
         prompt = [int(t) for t in request.prompt_token_ids]
         try:
             sampling = sampling_from_proto(request.sampling)
+            grammar = await self.grammar(request.sampling)
         except InvalidRequest as exc:
             await self.fail(context, exc)
         timeout = remaining_s(request.deadline_unix_s)
@@ -65,7 +66,7 @@ class PrefillServicer(WorkerServicerBase):
         kv_import = await self.prepare_import(prompt)  # a prompt seen before loads, not computes
         try:
             stream = await self.loop.submit(rid, prompt, engine_sampling, keep_kv=True,
-                                            kv_import=kv_import)
+                                            kv_import=kv_import, grammar=grammar)
         except (EngineError, EngineLoopFailed) as exc:
             await self.fail(context, exc)
         except asyncio.CancelledError:  # the add may still land: take it back

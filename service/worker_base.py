@@ -27,6 +27,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from common.settings import WorkerSettings
 from engine.config import EngineConfig
+from engine.errors import InvalidRequest
 from engine.kv_cache import KVCache
 from engine.llm_engine import KVImport, LLMEngine
 from proto import bulkhead_pb2 as pb
@@ -34,6 +35,7 @@ from proto import bulkhead_pb2_grpc as pb_grpc
 from service.auth import AccessError, server_credentials, server_interceptors, warn_if_open
 from service.codec import status_of
 from service.engine_loop import EngineLoop
+from service.grammar_cache import GrammarCache
 from service.kv_store import KVStore, layout_fingerprint
 from service.registration import registration_publisher
 from service.state_rows_store import StateRowsStore, rows_layout_fingerprint
@@ -53,6 +55,7 @@ class WorkerRuntime:
     kv_store: KVStore | None
     compat: pb.Compatibility
     model_name: str
+    grammars: GrammarCache | None = None  # constrained decoding (built lazily, on first use)
 
     def close(self) -> None:
         self.loop.stop()
@@ -111,7 +114,9 @@ def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
         lmcache_chunk_size=settings.lmcache_chunk_size,
         kv_layout_fingerprint=kv_layout,
     )
-    return WorkerRuntime(settings, engine, EngineLoop(engine), kv_store, compat, mc.name)
+    grammars = GrammarCache(settings.model, mc.vocab_size, tuple(mc.eos_token_ids))
+    return WorkerRuntime(settings, engine, EngineLoop(engine), kv_store, compat, mc.name,
+                         grammars)
 
 
 def _replace_model(settings: WorkerSettings, model: str) -> WorkerSettings:
@@ -145,6 +150,16 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
     async def fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
         status = status_of(exc)
         await context.abort(status.code, status.message)
+
+    async def grammar(self, sampling: pb.SamplingParams) -> Any:
+        """The compiled grammar a request's sampling names (None: unconstrained), compiled on
+        a worker thread (cached): the engine thread never compiles. Raises InvalidRequest."""
+        if not sampling.grammar_kind:
+            return None
+        if self.rt.grammars is None:
+            raise InvalidRequest("this worker has no grammar engine", "response_format")
+        return await asyncio.to_thread(self.rt.grammars.compile, sampling.grammar_kind,
+                                       sampling.grammar_spec)
 
     async def prepare_import(self, prompt: Sequence[int]) -> KVImport | None:
         """Fetch the longest stored prefix of ``prompt`` from the KV store into host memory
