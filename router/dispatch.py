@@ -128,6 +128,8 @@ class Dispatcher:
                                min_tokens=min(job.min_tokens, max_tokens))
         if job.logprobs is not None:
             sp.logprobs = job.logprobs
+        if job.grammar_kind:
+            sp.grammar_kind, sp.grammar_spec = job.grammar_kind, job.grammar_spec
         if job.seed is not None:
             # n independent decodes: choice i draws from seed + i, so choices differ but the
             # request as a whole is reproducible

@@ -7,9 +7,10 @@ the field.  This module must never reach a worker and never import torch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from router.chat_prompt import render_chat
 from router.errors import ApiError, invalid_request, model_not_found
@@ -17,6 +18,7 @@ from router.refused_fields import refuse_unimplemented
 from router.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from router.settings import RouterSettings
 from router.tokenizer_port import RouterTokenizer
+from router.tool_calls import plan_tools
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class GenerationJob:
     min_tokens: int = 0
     logprobs: int | None = None   # None: none; k: each token's logprob and the top k
     echo: bool = False            # completions: the prompt's text before the completion
+    grammar_kind: str = ""        # constrained decoding (service/grammar_cache.py), "" = none
+    grammar_spec: str = ""
+    tool_format: str | None = None  # chat: parse the output as this tool-call syntax
 
     @property
     def num_choices(self) -> int:
@@ -128,26 +133,45 @@ def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
     if req.top_logprobs is not None and not req.logprobs:
         raise invalid_request("top_logprobs: set logprobs to true to use it", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    if req.tools:
-        raise _unsupported("tools", "tool calling")
-    if req.tool_choice is not None and req.tool_choice != "none":
-        raise _unsupported("tool_choice", "tool_choice without tools")
-    if req.parallel_tool_calls is not None:
-        raise _unsupported("parallel_tool_calls", "parallel_tool_calls without tools")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise _unsupported("response_format", "a response_format other than text")
+    tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
+                       getattr(tokenizer, "chat_template_source", None))
+    grammar_kind, grammar_spec = response_grammar(req.response_format)
+    if tools is not None and tools.grammar_spec:
+        if grammar_kind:
+            raise invalid_request("response_format: not together with tools (a tool call is "
+                                  "already constrained); send one", "response_format")
+        grammar_kind, grammar_spec = "tool_calls", tools.grammar_spec
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
         raise invalid_request("max_tokens and max_completion_tokens disagree; send one",
                               "max_completion_tokens")
-    text = render_chat(req, tokenizer)
+    text = render_chat(req, tokenizer, tools.tools if tools is not None else None)
     ids = tuple(tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise invalid_request("messages: they render to an empty prompt", "messages")
     max_tokens = req.max_completion_tokens or req.max_tokens
     _check_min_tokens(req.min_tokens, max_tokens)
     return GenerationJob(kind="chat", prompts=(ids,), max_tokens=max_tokens,  # type: ignore[arg-type]
-                         logprobs=logprobs, **common)
+                         logprobs=logprobs, grammar_kind=grammar_kind, grammar_spec=grammar_spec,
+                         tool_format=tools.format if tools is not None else None, **common)
+
+
+def response_grammar(fmt: dict[str, Any] | None) -> tuple[str, str]:
+    """(grammar kind, spec) of a response_format; ("", "") for text."""
+    kind = (fmt or {}).get("type", "text")
+    if kind == "text":
+        return "", ""
+    if kind == "json_object":
+        return "json_object", ""
+    if kind == "json_schema":
+        js = fmt.get("json_schema") if fmt else None
+        schema = js.get("schema") if isinstance(js, dict) else None
+        if not isinstance(schema, dict):
+            raise invalid_request("response_format.json_schema.schema: a JSON schema object is "
+                                  "required", "response_format.json_schema.schema")
+        return "json_schema", json.dumps(schema, separators=(",", ":"), sort_keys=True)
+    raise invalid_request(f"response_format.type: {kind!r} is not text, json_object or "
+                          "json_schema", "response_format.type")
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[int, ...]:
