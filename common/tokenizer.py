@@ -245,11 +245,6 @@ class Tokenizer:
         return self._chat_template.render(messages, add_generation_prompt, tools, **kwargs)
 
     @property
-    def chat_template_source(self) -> str | None:
-        """The jinja source of the chat template (the router reads its tool-call syntax)."""
-        return None if self._chat_template is None else self._chat_template.source
-
-    @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 

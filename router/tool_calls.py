@@ -133,7 +133,7 @@ def _parse_hermes(body: str) -> list[ParsedToolCall]:
     out = []
     for m in re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", body, re.DOTALL):
         try:
-            obj = json.loads(m.group(1))
+            obj = json.loads(m.group(1), strict=False)
         except json.JSONDecodeError:
             return []
         call = _call(obj.get("name"), obj.get("arguments", {})) if isinstance(obj, dict) else None
@@ -145,7 +145,7 @@ def _parse_hermes(body: str) -> list[ParsedToolCall]:
 
 def _parse_llama(body: str) -> list[ParsedToolCall]:
     out = []
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(strict=False)  # control characters inside strings pass
     at = 0
     while at < len(body):
         while at < len(body) and body[at] in " \n\t;":
@@ -179,7 +179,7 @@ def _parse_dsml(body: str) -> list[ParsedToolCall]:
                 args[p.group(1)] = p.group(3)
             else:
                 try:
-                    args[p.group(1)] = json.loads(p.group(3))
+                    args[p.group(1)] = json.loads(p.group(3), strict=False)
                 except json.JSONDecodeError:
                     return []
         call = _call(m.group(1), args)

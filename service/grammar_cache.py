@@ -94,7 +94,23 @@ def _compile(compiler: Any, kind: str, spec: str) -> Any:
     if kind == "structural_tag":
         return compiler.compile_structural_tag(spec)
     req = json.loads(spec)
+    choice = req.get("tool_choice", "auto")
+    parallel = bool(req.get("parallel_tool_calls", True))
     tag = xgr.get_model_structural_tag(
-        req["format"], tools=req["tools"], tool_choice=req.get("tool_choice", "auto"),
-        reasoning="disabled", parallel_tool_calls=bool(req.get("parallel_tool_calls", True)))
-    return compiler.compile_structural_tag(tag)
+        req["format"], tools=req["tools"], tool_choice=choice, reasoning="disabled",
+        parallel_tool_calls=parallel,
+        max_whitespace_cnt=2)  # a small model cannot loop on blanks inside the arguments
+    return compiler.compile_structural_tag(json.dumps(_calls_only(
+        json.loads(tag.model_dump_json()), choice, parallel)))
+
+
+def _calls_only(tag: dict[str, Any], choice: Any, parallel: bool) -> dict[str, Any]:
+    """Under "required" or a named function the answer is the calls and nothing after them:
+    xgrammar's triggered tags let free text follow the calls, so they become a run of the same
+    tags that ends the output (the grammar then only allows EOS)."""
+    fmt = tag.get("format", {})
+    if choice == "auto" or fmt.get("type") != "triggered_tags":
+        return tag
+    return {**tag, "format": {"type": "tags_with_separator", "tags": fmt["tags"],
+                              "separator": "\n", "at_least_one": True,
+                              "stop_after_first": not parallel}}
