@@ -3,7 +3,7 @@ step's token bitmask (one bit per vocabulary entry, 32 to an int32 word) masks i
 
 The host side of the bitmask is one buffer of ``max_batch`` rows made at start-up (pinned on
 CUDA); its device side is a workspace view taken per step (a ``ws.sampler`` share in the plan).
-Grammars are compiled elsewhere, off the engine thread (``service/grammar_cache.py``): this module
+Grammars are compiled elsewhere, off the engine thread (``worker/grammar_cache.py``): this module
 never compiles and never blocks on anything but the matcher's own bitmask fill.
 """
 

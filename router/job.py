@@ -12,8 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from common.token_bound import min_tokens
 from router.chat_prompt import render_chat
-from router.errors import ApiError, invalid_request, model_not_found
+from router.errors import (
+    ApiError,
+    context_length_certainly_exceeded,
+    invalid_request,
+    model_not_found,
+)
 from router.refused_fields import refuse_unimplemented
 from router.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from router.settings import RouterSettings
@@ -46,7 +52,7 @@ class GenerationJob:
     min_tokens: int = 0
     logprobs: int | None = None   # None: none; k: each token's logprob and the top k
     echo: bool = False            # completions: the prompt's text before the completion
-    grammar_kind: str = ""        # constrained decoding (service/grammar_cache.py), "" = none
+    grammar_kind: str = ""        # constrained decoding (worker/grammar_cache.py), "" = none
     grammar_spec: str = ""
     tool_format: str | None = None  # chat: parse the output as this tool-call syntax
 
@@ -121,14 +127,26 @@ def _logit_bias(given: dict[str, float] | None, settings: RouterSettings
     return tuple(sorted(out))
 
 
-def _check_min_tokens(min_tokens: int, max_tokens: int | None) -> None:
-    if max_tokens is not None and min_tokens > max_tokens:
-        raise invalid_request(f"min_tokens: {min_tokens} is more than max_tokens {max_tokens}",
+def _check_min_tokens(count: int, max_tokens: int | None) -> None:
+    if max_tokens is not None and count > max_tokens:
+        raise invalid_request(f"min_tokens: {count} is more than max_tokens {max_tokens}",
                               "min_tokens")
 
 
+def _refuse_if_certainly_over(text: str, tokenizer: RouterTokenizer, num_new: int | None,
+                              max_context: int | None, param: str) -> None:
+    """Refuse a text whose length alone proves it over the context, before tokenizing it."""
+    if max_context is None:
+        return
+    at_least = min_tokens(text, getattr(tokenizer, "max_token_bytes", None))
+    new = num_new if num_new is not None else 1
+    if at_least + new > max_context:
+        raise context_length_certainly_exceeded(at_least, new, max_context, param)
+
+
 def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
-             tokenizer: RouterTokenizer) -> GenerationJob:
+             tokenizer: RouterTokenizer, max_context: int | None = None) -> GenerationJob:
+    """`max_context`: the largest context a worker serves, for the pre-tokenization bound."""
     common = _common(req, settings)
     if req.top_logprobs is not None and not req.logprobs:
         raise invalid_request("top_logprobs: set logprobs to true to use it", "top_logprobs")
@@ -146,10 +164,11 @@ def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
         raise invalid_request("max_tokens and max_completion_tokens disagree; send one",
                               "max_completion_tokens")
     text = render_chat(req, tokenizer, tools.tools if tools is not None else None)
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    _refuse_if_certainly_over(text, tokenizer, max_tokens, max_context, "messages")
     ids = tuple(tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise invalid_request("messages: they render to an empty prompt", "messages")
-    max_tokens = req.max_completion_tokens or req.max_tokens
     _check_min_tokens(req.min_tokens, max_tokens)
     return GenerationJob(kind="chat", prompts=(ids,), max_tokens=max_tokens,  # type: ignore[arg-type]
                          logprobs=logprobs, grammar_kind=grammar_kind, grammar_spec=grammar_spec,
@@ -185,7 +204,7 @@ def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[
 
 
 def completion_job(req: CompletionRequest, settings: RouterSettings,
-                   tokenizer: RouterTokenizer) -> GenerationJob:
+                   tokenizer: RouterTokenizer, max_context: int | None = None) -> GenerationJob:
     common = _common(req, settings)
     if req.echo and req.logprobs is not None:
         raise _unsupported("echo", "echo together with logprobs (prompt logprobs)")
@@ -206,15 +225,16 @@ def completion_job(req: CompletionRequest, settings: RouterSettings,
     if len(raw) * req.n > settings.max_prompts:
         raise invalid_request(f"n: {len(raw)} prompts x n={req.n} is more than "
                               f"{settings.max_prompts} choices", "n")
+    max_tokens = 16 if req.max_tokens is None else req.max_tokens
     prompts = []
     for i, item in enumerate(raw):
         param = "prompt" if len(raw) == 1 else f"prompt[{i}]"
         if isinstance(item, str):
+            _refuse_if_certainly_over(item, tokenizer, max_tokens, max_context, param)
             ids = tokenizer.encode(item, add_special_tokens=True)
             prompts.append(_check_ids(ids, None, param))
         else:
             prompts.append(_check_ids(item, vocab_size, param))
-    max_tokens = 16 if req.max_tokens is None else req.max_tokens
     _check_min_tokens(req.min_tokens, max_tokens)
     return GenerationJob(kind="completion", prompts=tuple(prompts), max_tokens=max_tokens,
                          logprobs=req.logprobs, echo=req.echo, **common)  # type: ignore[arg-type]

@@ -3,7 +3,7 @@ the request's tools and tool_choice checked, the grammar that enforces the synta
 model's text parsed back into OpenAI ``tool_calls``.
 
 Three syntaxes, named as xgrammar names their structural tags (the grammar the workers compile
-for them, ``service/grammar_cache.py``):
+for them, ``worker/grammar_cache.py``):
 - ``qwen_3`` (Hermes / Qwen): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``
 - ``llama`` (Llama 3.x): ``{"name": ..., "parameters": {...}}``
 - ``deepseek_v4`` (DSML): ``<｜DSML｜tool_calls>`` around ``<｜DSML｜invoke name="...">`` blocks of
