@@ -155,3 +155,33 @@ def test_bad_schema_is_a_400(e2e: E2E) -> None:
             model=e2e.model, messages=ASK, max_tokens=8,
             response_format={"type": "json_schema", "json_schema": {"name": "x",
                                                                     "schema": {"type": 5}}})
+
+
+def _chat_model(e2e: E2E):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    return langchain_openai.ChatOpenAI(base_url=e2e.deployment.url + "/v1", api_key="none",
+                                       model=e2e.model, temperature=0, max_tokens=120,
+                                       max_retries=0, timeout=60)
+
+
+def test_langchain_bind_tools(e2e: E2E) -> None:
+    llm = _chat_model(e2e).bind_tools(TOOLS, tool_choice="required", parallel_tool_calls=False)
+    msg = llm.invoke("What is the weather in Paris?")
+    assert msg.tool_calls and msg.tool_calls[0]["name"] in SCHEMAS
+    call = msg.tool_calls[0]
+    jsonschema.validate(call["args"], SCHEMAS[call["name"]])
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_structured_output(e2e: E2E, method: str) -> None:
+    from pydantic import BaseModel, Field
+
+    class Weather(BaseModel):
+        """A forecast request."""
+
+        city: str = Field(pattern="^[A-Za-z ]{1,10}$")
+        days: int = Field(ge=1, le=7)
+
+    out = _chat_model(e2e).with_structured_output(Weather, method=method).invoke(
+        "Weather in Paris for 3 days?")
+    assert isinstance(out, Weather) and 1 <= out.days <= 7
