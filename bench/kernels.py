@@ -3,10 +3,10 @@
 Measures (a) the device's own ceilings (copy bandwidth, bf16 matmul rate), (b) the indexer at
 S=4096, H=64, D=128, top-512 over T = context/4 keys: peak memory above the inputs, time vs the
 FLOP limit, indices vs the reference (bf16 and FP8), and the transformers-style naive version,
-(c) DeepSeek-V4 sparse attention and (d) dense paged attention (prefill, decode) vs FLOP /
-bandwidth limits, each checked against its reference. ``--smoke`` runs every path at toy sizes
-(on CPU through the Triton interpreter when there is no GPU) so the script is known to work
-before GPU time is spent. For measurement only: the engine must never import it; it allocates
+(c) DeepSeek-V4 sparse attention, (d) dense paged attention (prefill, decode) and (e, with
+``--only quant``) the FP8 linear and MXFP4 experts vs FLOP / bandwidth limits, each checked
+against its reference. ``--smoke`` runs every path at toy sizes (on CPU through the Triton
+interpreter when there is no GPU) so the script is known to work before GPU time is spent. For measurement only: the engine must never import it; it allocates
 freely.
 """
 
@@ -85,7 +85,7 @@ def print_table(title: str, rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--only", choices=["indexer", "sparse", "paged", "sweep"], action="append")
+    ap.add_argument("--only", choices=["indexer", "sparse", "paged", "sweep", "quant"], action="append")
     ap.add_argument("--contexts", type=int, nargs="*", default=None)
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-naive", action="store_true")
@@ -132,9 +132,13 @@ def main(argv: list[str] | None = None) -> dict:
         report["sparse"] = bench_sparse(shapes, bench_ms, check, ceil.copy_tb_s)
     if "paged" in only:
         report["paged"] = bench_paged(shapes, bench_ms, check, ceil.copy_tb_s)
+    if "quant" in only:
+        from bench.kernel_quant_cases import bench_quant
+
+        report["quant"] = bench_quant(bench_ms, ceil.copy_tb_s, args.smoke, check)
     print(f"\n{report['device']}, torch {report['torch']}, triton {report['triton']}; "
           f"copy {ceil.copy_tb_s:.2f} TB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s")
-    for key in ("sweep", "indexer", "sparse", "paged"):
+    for key in ("sweep", "indexer", "sparse", "paged", "quant"):
         print_table(key, report.get(key, []))
     if args.json:
         with open(args.json, "w") as f:

@@ -119,6 +119,11 @@ class WorkerSettings:
         default="auto",
         metadata=_doc("auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16."),
     )
+    weight_format: str = field(
+        default="checkpoint",
+        metadata=_doc("Quantized checkpoints (DeepSeek-V4 FP8 / MXFP4): checkpoint (kept as "
+                      "stored) | dequantize (explicitly converted to dtype)."),
+    )
     max_context: int = field(
         default=4096,
         metadata=_doc("Longest prompt + output of one sequence (fixes the KV extent)."),
@@ -187,6 +192,8 @@ class WorkerSettings:
             raise SettingsError(f"port: {self.port} is not in 0..65535")
         if self.dtype not in _DTYPES:
             raise SettingsError(f"dtype: {self.dtype!r} is not one of {', '.join(_DTYPES)}")
+        if self.weight_format not in ("checkpoint", "dequantize"):
+            raise SettingsError(f"weight_format: {self.weight_format!r} is not one of checkpoint, dequantize")
         for name in (
             "lmcache_chunk_size",
             "max_context",
@@ -248,6 +255,7 @@ class WorkerSettings:
             "model": self.model,
             "device": self.device,
             "dtype": self.dtype,
+            "weight_format": self.weight_format,
             "max_context": self.max_context,
             "chunk_tokens": self.chunk_tokens,
             "max_batch": self.max_batch,

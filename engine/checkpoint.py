@@ -74,9 +74,11 @@ def load_checkpoint(
             bar.update(1)
 
         if isinstance(source, SafetensorsCheckpoint):
-            # DeepSeek-V4 ships fp8 weights with separate scales: keep those payloads as stored.
-            cast_all = config.family != "deepseek_v4"
-            state_dict = source.load(names, dtype, device, tick, cast_all=cast_all)
+            # DeepSeek-V4 ships fp8 / fp4 weights with separate scales: keep those payloads and
+            # their scales as stored (the model decides, explicitly, whether to dequantize).
+            is_v4 = config.family == "deepseek_v4"
+            state_dict = source.load(names, dtype, device, tick, cast_all=not is_v4,
+                                     keep_dtype=_is_scale_name if is_v4 else None)
         else:
             state_dict = source.load(names, dtype, device, tick)
     return LoadedCheckpoint(
@@ -85,6 +87,10 @@ def load_checkpoint(
         source=resolved,
         model_fingerprint=model_fingerprint(config, {n: source.shapes[n] for n in names}),
     )
+
+
+def _is_scale_name(name: str) -> bool:
+    return name.endswith((".scale", "_scale_inv", "_proj_scale"))
 
 
 def expected_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -20,6 +20,9 @@ class EngineConfig:
     model: str  # HF checkpoint folder, config.json, or .gguf file
     device: str = "auto"  # "auto" -> cuda if available else cpu
     dtype: str = "auto"  # "auto" -> float32 on CPU, bfloat16 on CUDA
+    # Quantized checkpoints (DeepSeek-V4's FP8 / MXFP4): "checkpoint" keeps them as stored,
+    # "dequantize" is the explicit way to a ``dtype`` model. Never upcast silently.
+    weight_format: str = "checkpoint"
     max_context: int = 4096  # longest prompt + output of one sequence
     chunk_tokens: int = 512  # most tokens computed in one step (the prefill chunk)
     max_batch: int = 8  # most sequences running at once
@@ -41,6 +44,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *_DTYPES):
             raise PlanError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
+        if self.weight_format not in ("checkpoint", "dequantize"):
+            raise PlanError(f"weight_format must be checkpoint or dequantize; got {self.weight_format!r}")
         for name in ("max_context", "chunk_tokens", "max_batch", "block_size", "attn_tile_tokens",
                      "max_queue"):
             if getattr(self, name) < 1:

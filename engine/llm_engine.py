@@ -89,7 +89,13 @@ class LLMEngine:
         self.config = ec
         self.model_config = model_config
         self.model_fingerprint = model_fingerprint
-        weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        if model_config.family == "deepseek_v4":
+            # quantized payloads count as the model will hold them (stored, or dequantized)
+            from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
+
+            weight_bytes = resident_weight_bytes(weights, ec.torch_dtype, ec.weight_format)
+        else:
+            weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         self.plan: MemoryPlan = make_plan(model_config, ec, device_memory(ec), weight_bytes,
                                           non_torch_bytes, library_workspaces(ec))
         self.plan.check()

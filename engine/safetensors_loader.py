@@ -49,10 +49,13 @@ class SafetensorsCheckpoint:
         device: str | torch.device,
         on_tensor: Callable[[str], None] | None = None,
         cast_all: bool = True,
+        keep_dtype: Callable[[str], bool] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Reads ``names``, casts floats to ``dtype`` and moves them to ``device``.
 
-        ``cast_all=False`` leaves non-float payloads (fp8, ints) in their stored dtype.
+        ``cast_all=False`` leaves non-float payloads (fp8, ints) in their stored dtype;
+        ``keep_dtype(name)`` True leaves that tensor as stored too (fp32 block scales, which a
+        bf16 cast would round).
         """
         wanted = set(names)
         out: dict[str, torch.Tensor] = {}
@@ -65,6 +68,8 @@ class SafetensorsCheckpoint:
                     for name in selected:
                         tensor = f.get_tensor(name)
                         target = dtype if cast_all or tensor.dtype in _CASTABLE else tensor.dtype
+                        if keep_dtype is not None and keep_dtype(name):
+                            target = tensor.dtype
                         # copy=True: never keep a view of the memory-mapped file; the weights
                         # must be resident memory the plan counted, not page cache.
                         out[name] = tensor.to(device=device, dtype=target, copy=True)

@@ -1,5 +1,6 @@
 """Bulkhead kernels: lightning indexer with running top-k, DeepSeek-V4 sparse attention, dense
-paged attention, and the dense layer's fused elementwise steps (norm, rope + KV write, SiLU). Each is a Triton kernel behind one checked wrapper that writes into caller
+paged attention, the dense layer's fused elementwise steps (norm, rope + KV write, SiLU), the
+block-scaled FP8 linear and the fused MXFP4 routed experts. Each is a Triton kernel behind one checked wrapper that writes into caller
 buffers, a ``*_workspace_bytes`` size function for the memory planner, and a PyTorch reference
 (``*_ref``) that is its specification. Importing this package never imports triton (the CPU
 engine uses the references); the Triton modules load on the first wrapper call.
@@ -7,6 +8,8 @@ This package must never import anything else of ours.
 """
 
 from kernels.errors import KernelArgumentError, KernelUnavailableError
+from kernels.fp8_linear import fp8_grouped_linear, fp8_linear
+from kernels.fp8_linear_ref import dequantize_fp8_block, fp8_grouped_linear_ref, fp8_linear_ref
 from kernels.fused import add_rms_norm, rope_and_cache, silu_and_mul
 from kernels.fused_ref import add_rms_norm_ref, rope_and_cache_ref, silu_and_mul_ref
 from kernels.indexer_topk import (
@@ -16,6 +19,8 @@ from kernels.indexer_topk import (
     indexer_topk_workspace_bytes,
 )
 from kernels.indexer_topk_ref import indexer_scores_ref, indexer_topk_naive, indexer_topk_ref
+from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes
+from kernels.mxfp4_moe_ref import dequantize_mxfp4, moe_experts_ref, quantize_mxfp4
 from kernels.paged_attention import (
     DEFAULT_PAGED_TILES,
     PagedTiles,
@@ -47,6 +52,16 @@ __all__ = [
     "add_rms_norm_ref",
     "default_sparse_tiles",
     "default_decode_splits",
+    "dequantize_fp8_block",
+    "dequantize_mxfp4",
+    "fp8_grouped_linear",
+    "fp8_grouped_linear_ref",
+    "fp8_linear",
+    "fp8_linear_ref",
+    "moe_experts",
+    "moe_experts_ref",
+    "moe_experts_workspace_bytes",
+    "quantize_mxfp4",
     "indexer_scores_ref",
     "indexer_topk",
     "indexer_topk_naive",

@@ -22,8 +22,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from kernels import _fp8_linear_triton as fp8
 from kernels import _fused_triton as fused
 from kernels import _indexer_triton as idx
+from kernels import _mxfp4_moe_triton as moe
 from kernels import _paged_attention_triton as paged
 from kernels import _sinkhorn_triton as sk
 from kernels import _sparse_attention_triton as sparse
@@ -130,6 +132,32 @@ def default_specs() -> list[KernelSpec]:
         KernelSpec("fused silu * up", fused._silu_and_mul_kernel,
                    {"g_ptr": _ptr("bf16"), "u_ptr": _ptr("bf16"), "out_ptr": _ptr("bf16")},
                    {"BLOCK": 1024}),
+        *_quantized_specs(),
+    ]
+
+
+def _quantized_specs() -> list[KernelSpec]:
+    """FP8 block-scaled linear and the MXFP4 MoE kernels at their decode and prefill tiles."""
+    lin = {"x_ptr": _ptr("bf16"), "w_ptr": _ptr("u8"), "s_ptr": _ptr("fp32"), "y_ptr": _ptr("bf16")}
+    flags = {"TILE_SCALE": True, "F32": False}
+    moe_ptrs = {"order_ptr": _ptr("i64"), "row_end_ptr": _ptr("i32"), "w_ptr": _ptr("u8"),
+                "s_ptr": _ptr("u8"), "limit": "fp32"}
+    gate_up = moe_ptrs | {"x_ptr": _ptr("bf16"), "h_ptr": _ptr("bf16")}
+    down = moe_ptrs | {"h_ptr": _ptr("bf16"), "tw_ptr": _ptr("fp32"), "y_ptr": _ptr("bf16")}
+    return [
+        KernelSpec("fp8 linear decode (16x64x128)", fp8._fp8_linear_kernel, lin,
+                   flags | {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}),
+        KernelSpec("fp8 linear decode narrow (16x16x128)", fp8._fp8_linear_kernel, lin,
+                   flags | {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128}),
+        KernelSpec("fp8 linear prefill (64x128x128)", fp8._fp8_linear_kernel, lin,
+                   flags | {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8),
+        KernelSpec("mxfp4 moe gate-up + swiglu (256 experts)", moe._moe_gate_up_kernel, gate_up,
+                   {"F32": False, "E_P2": 256, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),
+        KernelSpec("mxfp4 moe down (256 experts)", moe._moe_down_kernel, down,
+                   {"F32": False, "E_P2": 256, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),
+        KernelSpec("moe combine (4096)", moe._moe_combine_kernel,
+                   {"y_ptr": _ptr("bf16"), "out_ptr": _ptr("bf16")},
+                   {"ACCUMULATE": True, "BLOCK": 1024}),
     ]
 
 
@@ -172,19 +200,22 @@ def compile_one(spec: KernelSpec, target: GPUTarget) -> CompileResult:
     result = CompileResult(spec.name, ok=True, shared_bytes=int(kernel.metadata.shared),
                            uses_wgmma="wgmma" in kernel.asm["ptx"])
     ptxas = _ptxas()
-    if ptxas:
+    if ptxas and target.arch == 90:
         result.registers, result.spill_bytes = _ptx_resources(kernel.asm["ptx"], ptxas)
     return result
 
 
-def check_all(specs: list[KernelSpec] | None = None) -> list[CompileResult]:
-    target = GPUTarget("cuda", 90, 32)
+def check_all(specs: list[KernelSpec] | None = None, arch: int = 90) -> list[CompileResult]:
+    """``arch`` 90 (H100/H200) or 120 (RTX PRO 6000 / RTX 50xx): the portable kernels must
+    compile for both; registers are read by ptxas for sm_90a only."""
+    target = GPUTarget("cuda", arch, 32)
     return [compile_one(s, target) for s in (specs or default_specs())]
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0]).parse_args(argv)
-    results = check_all()
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, choices=(90, 120))
+    results = check_all(arch=parser.parse_args(argv).arch)
     print("| kernel | compiles | shared KiB | registers | spill bytes | wgmma |")
     print("|---|---|---|---|---|---|")
     for r in results:

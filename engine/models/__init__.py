@@ -38,7 +38,8 @@ def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineCo
         from engine.models.deepseek_v4.runner import DeepseekV4Runner
 
         return DeepseekV4Runner(cfg.hf_config, weights, max_batch=ec.max_batch,
-                                max_context=ec.max_context, dtype=dtype, device=device)
+                                max_context=ec.max_context, dtype=dtype, device=device,
+                                weight_format=ec.weight_format)
     raise CheckpointError(f"model family {cfg.family!r} is not served yet")
 
 

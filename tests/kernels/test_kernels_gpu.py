@@ -163,3 +163,39 @@ def test_sparse_attention_split_decode(cuda) -> None:
                                                  num_splits=4, workspace=ws, **kw)) == 0
     ref = sparse_attention_ref(q, win, start, start + window, **kw)
     assert _rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 32768, 1024), (7, 4096, 4000), (4096, 1024, 4096)])
+def test_fp8_linear_at_v4_shapes_allocation_free(cuda, m, n, k) -> None:
+    from kernels.fp8_linear import fp8_linear
+    from kernels.fp8_linear_ref import fp8_linear_ref
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    q = (torch.randn(n, k, device="cuda", generator=g) * 50).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(-(-n // 128), -(-k // 128), device="cuda", generator=g) * 1e-2
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    assert _allocations(lambda: fp8_linear(x, q, s, out)) == 0
+    assert _rel(out, fp8_linear_ref(x.float(), q, s)) < 1e-2
+
+
+@pytest.mark.parametrize("tokens", [1, 32, 2048])
+def test_mxfp4_moe_at_v4_shapes_allocation_free(cuda, tokens) -> None:
+    from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes
+    from kernels.mxfp4_moe_ref import moe_experts_ref
+
+    e, hid, inter, k = 64, 4096, 2048, 6
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    u8 = dict(device="cuda", generator=g, dtype=torch.uint8)
+    gu, dn = torch.randint(0, 256, (e, 2 * inter, hid // 2), **u8), torch.randint(0, 256, (e, hid, inter // 2), **u8)
+    gus, dns = torch.randint(118, 122, (e, 2 * inter, hid // 32), **u8), torch.randint(118, 122, (e, hid, inter // 32), **u8)
+    x = torch.randn(tokens, hid, device="cuda", generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, e, (tokens, k), device="cuda", generator=g)
+    w = torch.rand(tokens, k, device="cuda", generator=g)
+    out = torch.empty(tokens, hid, device="cuda", dtype=torch.bfloat16)
+    ws = torch.empty(moe_experts_workspace_bytes(tokens, k, hid, inter, e), dtype=torch.uint8, device="cuda")
+    # torch.sort may take cub scratch from the caching allocator: cached after the first call
+    assert _allocations(lambda: moe_experts(x, w, ids, gu, gus, dn, dns, 10.0, out, workspace=ws)) == 0
+    n = min(tokens, 64)
+    ref = moe_experts_ref(x[:n].float(), w[:n], ids[:n], gu, gus, dn, dns, 10.0)
+    assert _rel(out[:n], ref) < 2e-2

@@ -8,6 +8,10 @@ sparse attention core.
 * ``naive`` (indexer only): transformers' formulation, one ``[S, H, T]`` fp32 score tensor; it
   exists to show the memory growth the tiled versions remove and must never be the default.
 
+``gemm`` picks how FP8 / MXFP4 weights kept in checkpoint format are multiplied: ``kernels``
+(the kernels package's Triton GEMMs and fused MoE; CUDA default) or ``torch`` (their PyTorch
+references, which dequantize per call; CPU default).
+
 The attention choice also decides the mHC Sinkhorn normalisation (``kernels``: one Triton kernel,
 ``kernels.sinkhorn``; otherwise its PyTorch reference), the largest count of small kernels a step.
 
@@ -24,18 +28,22 @@ from engine.models.deepseek_v4.indexer import indexer_topk_torch
 
 _INDEXERS = ("auto", "torch", "kernels", "kernels_ref", "naive")
 _ATTENTIONS = ("auto", "torch", "kernels", "kernels_ref")
+_GEMMS = ("auto", "torch", "kernels")
 
 
 @dataclass(frozen=True)
 class V4Backend:
     indexer: str = "auto"
     attention: str = "auto"
+    gemm: str = "auto"
 
     def __post_init__(self) -> None:
         if self.indexer not in _INDEXERS:
             raise ValueError(f"V4Backend.indexer={self.indexer!r} not in {_INDEXERS}")
         if self.attention not in _ATTENTIONS:
             raise ValueError(f"V4Backend.attention={self.attention!r} not in {_ATTENTIONS}")
+        if self.gemm not in _GEMMS:
+            raise ValueError(f"V4Backend.gemm={self.gemm!r} not in {_GEMMS}")
 
     def resolved(self, device: torch.device) -> V4Backend:
         """'auto' -> 'kernels' on CUDA, 'torch' elsewhere."""
@@ -43,6 +51,7 @@ class V4Backend:
         return V4Backend(
             indexer=default if self.indexer == "auto" else self.indexer,
             attention=default if self.attention == "auto" else self.attention,
+            gemm=default if self.gemm == "auto" else self.gemm,
         )
 
 

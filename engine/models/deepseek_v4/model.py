@@ -21,8 +21,17 @@ from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, hc_merge
 from engine.models.deepseek_v4.moe import V4MoE
 from engine.models.deepseek_v4.norms import RMSNorm
+from engine.models.deepseek_v4.quant_modules import Fp8Linear, Mxfp4Experts, swap_quantized_modules
+from engine.models.deepseek_v4.quant_weights import (
+    WEIGHT_FORMATS,
+    dequantize_all,
+    fp8_block_of,
+    keep_quantized,
+    quantized_weights,
+    scale_name,
+)
 from engine.models.deepseek_v4.rope import rotaries
-from engine.models.deepseek_v4.weights import dequantize_hf, is_deepseek_layout, to_hf_names
+from engine.models.deepseek_v4.weights import hf_quantized_names, is_deepseek_layout, to_hf_names
 
 # Parameters transformers keeps in fp32 whatever the checkpoint dtype (by name fragment).
 _FP32_FRAGMENTS = (
@@ -89,21 +98,33 @@ class DeepseekV4Model(nn.Module):
     def from_state_dict(
         cls, cfg: DeepseekV4Config, state_dict: Mapping[str, torch.Tensor],
         dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
-        backend: V4Backend | None = None,
+        backend: V4Backend | None = None, weight_format: str = "checkpoint",
+        consume: bool = False,
     ) -> DeepseekV4Model:
-        """Build with :meth:`empty` and load the tensors: transformers names, or DeepSeek's own
-        layout (renamed, experts merged, FP8/FP4 dequantized by :mod:`.weights`). Raises
-        CheckpointError naming missing, unexpected or mis-shaped tensors."""
-        model = cls.empty(cfg, dtype, device, backend)
+        """The model holding ``state_dict``'s tensors (transformers names, or DeepSeek's own
+        layout, renamed and experts merged by :mod:`.weights`). ``weight_format``:
+        ``checkpoint`` keeps FP8 / MXFP4 payloads as stored (the quantized layers of
+        :mod:`.quant_modules`), ``dequantize`` turns them into ``dtype``. Tensors already in
+        their final dtype on ``device`` are adopted, not copied, so loading never holds two
+        copies of a weight. Raises CheckpointError naming missing, unexpected or mis-shaped
+        tensors. ``consume``: ``state_dict`` is given up (the engine's), and per-expert tensors
+        leave it as soon as they are stacked."""
+        if weight_format not in WEIGHT_FORMATS:
+            raise CheckpointError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
         if is_deepseek_layout(state_dict):
-            sd = to_hf_names(state_dict, dtype)
+            sd = to_hf_names(state_dict, dtype, keep_quantized=True, consume=consume)
         else:
-            sd = dequantize_hf(dict(state_dict), dtype)
+            sd = hf_quantized_names(state_dict)
+        sd = dequantize_all(sd, dtype) if weight_format == "dequantize" else keep_quantized(sd)
+        sd = {k: v for k, v in sd.items() if not k.startswith("mtp.") and ".mtp." not in k}
         if cfg.tie_word_embeddings and "lm_head.weight" not in sd:
             sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+        kinds = quantized_weights(sd)
+        with torch.device("meta"):
+            model = cls(cfg, backend)
+        swap_quantized_modules(model, kinds)
         own = dict(model.named_parameters()) | dict(model.named_buffers())
         own = {k: v for k, v in own.items() if "rotary" not in k}
-        sd = {k: v for k, v in sd.items() if not k.startswith("mtp.") and ".mtp." not in k}
         missing = sorted(set(own) - set(sd))
         unexpected = sorted(set(sd) - set(own))
         if missing or unexpected:
@@ -111,16 +132,29 @@ class DeepseekV4Model(nn.Module):
                 f"deepseek_v4 state dict mismatch: missing {missing[:8]} ({len(missing)}), "
                 f"unexpected {unexpected[:8]} ({len(unexpected)})"
             )
-        with torch.no_grad():
-            for name, dst in own.items():
-                src = sd[name]
-                if tuple(src.shape) != tuple(dst.shape):
-                    raise CheckpointError(
-                        f"deepseek_v4 tensor {name}: checkpoint shape {tuple(src.shape)}, "
-                        f"expected {tuple(dst.shape)}"
-                    )
-                dst.copy_(src)
-        return model
+        quantized = set(kinds) | {scale_name(w) for w in kinds}
+        for name, meta in own.items():
+            src = sd[name]
+            if name in quantized:
+                want = src.dtype  # payloads as stored, scales as keep_quantized made them
+            elif meta.is_floating_point():
+                want = torch.float32 if any(f in name for f in _FP32_FRAGMENTS) else dtype
+            else:
+                want = meta.dtype
+            if tuple(src.shape) != tuple(meta.shape) and not name.endswith(".scale"):
+                raise CheckpointError(
+                    f"deepseek_v4 tensor {name}: checkpoint shape {tuple(src.shape)}, "
+                    f"expected {tuple(meta.shape)}"
+                )
+            _replace(model, name, src.to(device=device, dtype=want))
+        gemm_kernels = (backend or V4Backend()).resolved(torch.device(device)).gemm == "kernels"
+        for name, mod in model.named_modules():
+            if isinstance(mod, Fp8Linear):
+                mod.block = fp8_block_of(name, mod.weight.shape, mod.scale.shape)
+            if isinstance(mod, Fp8Linear | Mxfp4Experts):
+                mod.use_kernels = gemm_kernels
+        model.main_rotary, model.compress_rotary = (r.to(device) for r in rotaries(cfg))
+        return model.eval()
 
     # --- step --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -164,7 +198,7 @@ class DeepseekV4Model(nn.Module):
             )
             streams = hc_merge(post, comb, a, streams)
             post, comb, collapsed = layer.ffn_hc(streams, kernels)
-            m = layer.mlp(layer.post_attention_layernorm(collapsed), input_ids)
+            m = layer.mlp(layer.post_attention_layernorm(collapsed), input_ids, ws)
             streams = hc_merge(post, comb, m, streams)
         for sp in spans:
             cache.num_tokens[sp.slot] = sp.start_pos + (sp.end - sp.begin)

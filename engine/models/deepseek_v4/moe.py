@@ -3,6 +3,8 @@ correction bias) experts with clamped SwiGLU, plus one shared expert.
 
 Parameter names follow transformers (``gate``, ``experts.gate_up_proj``, ``experts.down_proj``,
 ``shared_experts``). Scratch is bounded by tokens x top-k; never by vocabulary or context.
+MXFP4 experts (:class:`.quant_modules.Mxfp4Experts`) run fused through the kernels package;
+bf16/fp32 experts run the per-expert loop below (a host sync per step: the eager path).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.deepseek_v4.config import DeepseekV4Config
+from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
 
 
 def _score(logits: torch.Tensor, func: str) -> torch.Tensor:
@@ -82,9 +85,13 @@ class V4MoE(nn.Module):
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
         return w * self.cfg.routed_scaling_factor, indices
 
-    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor, ws: object | None = None) -> torch.Tensor:
         # x: [N, hidden] -> [N, hidden]
         weights, indices = self.route(x, input_ids)
+        if isinstance(self.experts, Mxfp4Experts):
+            # fused: sorted on the device, one launch per GEMM for all experts, no host sync
+            return self.experts.add_into(x, weights.float(), indices, self.shared_experts(x),
+                                         self.cfg.swiglu_limit, ws)
         k = indices.shape[1]
         flat_e = indices.reshape(-1)
         order = torch.argsort(flat_e, stable=True)

@@ -6,7 +6,10 @@ weights with a scale per 32 columns) is what the V4-Flash files hold and also wh
 ``save_pretrained`` writes back for this model (with a ``model.`` prefix). This module renames
 and merges those tensors the way transformers' conversion mapping does, and dequantizes FP8/FP4
 payloads the way its ``Fp8Dequantize`` does. Pure functions of a state dict: never builds a
-model, never touches a device the tensors are not already on.
+model, never touches a device the tensors are not already on. With ``keep_quantized`` the FP8 /
+FP4 payloads keep their stored form and their scales travel under the model's names
+(``X.scale``, ``experts.gate_up_proj_scale``); :mod:`.quant_weights` decides what the model does
+with them.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ _TOP_RENAMES = {
     "hc_head.hc_scale": "model.hc_head.hc_scale",
 }
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
-_EXPERT = re.compile(r"^ffn\.experts\.(\d+)\.(w[123])\.weight$")
+_EXPERT = re.compile(r"^ffn\.experts\.(\d+)\.(w[123])\.(weight|scale)$")
 
 
 def is_deepseek_layout(state_dict: Mapping[str, torch.Tensor]) -> bool:
@@ -134,14 +137,39 @@ def _rename_layer_rest(rest: str) -> str:
     return rest
 
 
-def to_hf_names(state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """A DeepSeek-layout state dict (``model.`` prefix optional; FP8/FP4 payloads allowed) as the
-    transformers-named dict :class:`DeepseekV4Model` loads. MTP layers are dropped."""
-    sd = {k.removeprefix("model."): v for k, v in state_dict.items() if not k.startswith(("mtp.", "model.mtp."))}
-    sd = dequantize_hf(sd, dtype)
+def hf_quantized_names(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformers-named state dict with its scales under the model's names: ``X.scale``
+    for ``X.weight_scale_inv`` and ``experts.gate_up_proj_scale`` for ``..._scale_inv``."""
     out: dict[str, torch.Tensor] = {}
-    experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
     for key, t in sd.items():
+        if key.endswith(".weight_scale_inv"):
+            key = key[: -len("weight_scale_inv")] + "scale"
+        elif key.endswith("_scale_inv") and key[: -len("_scale_inv")] in sd:
+            key = key[: -len("_inv")]
+        out[key] = t
+    return out
+
+
+def to_hf_names(
+    state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16,
+    keep_quantized: bool = False, consume: bool = False,
+) -> dict[str, torch.Tensor]:
+    """A DeepSeek-layout state dict (``model.`` prefix optional; FP8/FP4 payloads allowed) as the
+    transformers-named dict :class:`DeepseekV4Model` loads. MTP layers are dropped. Without
+    ``keep_quantized`` every scaled payload is dequantized to ``dtype`` here. ``consume``
+    (``state_dict`` a dict the caller gives up): per-expert tensors are removed from it as they
+    are stacked, so a layer's experts exist twice only while that layer is stacked, not the
+    whole model's."""
+    sd = {k.removeprefix("model."): v for k, v in state_dict.items() if not k.startswith(("mtp.", "model.mtp."))}
+    if not keep_quantized:
+        sd = dequantize_hf(sd, dtype)
+    if consume and isinstance(state_dict, dict):
+        for k in [k for k in state_dict if ".experts." in k]:
+            del state_dict[k]  # the references in ``sd`` / ``experts`` below are the last ones
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[tuple[int, str, str], dict[int, torch.Tensor]] = {}
+    for key in list(sd):
+        t = sd.pop(key)
         if key in _TOP_RENAMES:
             out[_TOP_RENAMES[key]] = t
             continue
@@ -151,17 +179,19 @@ def to_hf_names(state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype = tor
         layer, rest = int(m.group(1)), m.group(2)
         e = _EXPERT.match(rest)
         if e is not None:
-            experts.setdefault((layer, e.group(2)), {})[int(e.group(1))] = t
+            experts.setdefault((layer, e.group(2), e.group(3)), {})[int(e.group(1))] = t
             continue
         out[f"model.layers.{layer}.{_rename_layer_rest(rest)}"] = t
-    for layer in sorted({lay for lay, _ in experts}):
+    for layer, leaf in sorted({(lay, leaf) for lay, _, leaf in experts}):
         stacks = {}
         for w in ("w1", "w2", "w3"):
-            per = experts.get((layer, w), {})
+            per = experts.get((layer, w, leaf), {})
             if sorted(per) != list(range(len(per))) or not per:
-                raise CheckpointError(f"deepseek_v4: layer {layer} experts' {w} are missing or not 0..E-1")
+                raise CheckpointError(f"deepseek_v4: layer {layer} experts' {w}.{leaf} are missing or not 0..E-1")
             stacks[w] = torch.stack([per[i] for i in range(len(per))])
+            per.clear()  # drop the per-expert tensors as soon as they are stacked
         p = f"model.layers.{layer}.mlp.experts."
-        out[p + "gate_up_proj"] = torch.cat([stacks["w1"], stacks["w3"]], dim=1)
-        out[p + "down_proj"] = stacks["w2"]
+        suffix = "" if leaf == "weight" else "_scale"
+        out[p + "gate_up_proj" + suffix] = torch.cat([stacks["w1"], stacks["w3"]], dim=1)
+        out[p + "down_proj" + suffix] = stacks["w2"]
     return out

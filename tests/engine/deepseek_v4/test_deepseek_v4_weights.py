@@ -106,14 +106,18 @@ def test_fp8_and_fp4_dequantize_like_transformers(scale_kind: str) -> None:
 
 
 def test_quantized_deepseek_layout_loads(v4_builder: Callable[..., Any], tmp_path: Path) -> None:
-    """FP8 linears with a ``.scale`` sibling (V4-Flash naming) load as their dequantized values."""
+    """FP8 linears with a ``.scale`` sibling (V4-Flash naming): kept as stored by default (never
+    silently upcast), their dequantized values with ``weight_format=dequantize``."""
     model, raw = v4_builder("s-csa-hca_yarn_hc2")
     sd = _saved(model, tmp_path)
     key = "model.layers.1.attn.wq_b.weight"
     q, scale = _fp8_block_quantize(sd[key], (16, 8))
     sd[key], sd[key.replace(".weight", ".scale")] = q, scale
     cfg = DeepseekV4Config.from_hf_dict(raw)
-    ours = DeepseekV4Model.from_state_dict(cfg, sd, dtype=torch.float32)
+    kept = DeepseekV4Model.from_state_dict(cfg, sd, dtype=torch.float32).model.layers[1].self_attn.q_b_proj
+    assert kept.weight.dtype == torch.float8_e4m3fn and torch.equal(kept.weight.view(torch.uint8), q.view(torch.uint8))
+    assert kept.block == (16, 8) and torch.equal(kept.scale, scale)
+    ours = DeepseekV4Model.from_state_dict(cfg, sd, dtype=torch.float32, weight_format="dequantize")
     want = dequantize_block(q, scale, torch.float32)
     assert torch.equal(ours.model.layers[1].self_attn.q_b_proj.weight, want)
     del sd["model.layers.0.ffn.experts.1.w2.weight"]

@@ -1,0 +1,84 @@
+"""Measurement cases for the quantized GEMMs behind ``python -m bench.kernels --only quant``:
+the block-scaled FP8 linear and the fused MXFP4 experts at DeepSeek-V4-Flash shapes, each
+against the time to stream its weight bytes once (decode is bandwidth-bound) and checked
+against its reference. Measurement code only: the engine must never import it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import torch
+
+from kernels.fp8_linear import fp8_linear
+from kernels.fp8_linear_ref import fp8_linear_ref
+from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes
+from kernels.mxfp4_moe_ref import moe_experts_ref
+
+Timer = Callable[[Callable[[], object], int], float]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def _random_fp8(n: int, k: int, dev: str, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    q = (torch.randn(n, k, device=dev, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(-(-n // 128), -(-k // 128), device=dev, generator=g) * 1e-3
+    return q, s
+
+
+def _random_mxfp4(e: int, n: int, k: int, dev: str, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    packed = torch.randint(0, 256, (e, n, k // 2), device=dev, generator=g, dtype=torch.uint8)
+    scale = torch.randint(118, 122, (e, n, k // 32), device=dev, generator=g, dtype=torch.uint8)
+    return packed, scale
+
+
+def bench_quant(timer: Timer, copy_tb_s: float, smoke: bool, check: bool) -> list[dict]:
+    """Rows: fp8 linear (V4-Flash's q_b 1024 -> 32768 and a 4096 x 4096 projection) at 1, 32
+    and 4096 rows; MXFP4 experts (128 experts, hidden 4096, intermediate 2048, top-6) at 1, 8,
+    32 and 4096 tokens."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dt = torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+    out: list[dict] = []
+    lin_shapes = ((96, 40),) if smoke else ((32768, 1024), (4096, 4096))
+    rows_list = (1, 5) if smoke else (1, 32, 4096)
+    for n, k in lin_shapes:
+        q, s = _random_fp8(n, k, dev, g)
+        for m in rows_list:
+            x = torch.randn(m, k, device=dev, generator=g).to(dt)
+            y = torch.empty(m, n, device=dev, dtype=dt)
+            ms = timer(lambda x=x, y=y, q=q, s=s: fp8_linear(x, q, s, y), 100)
+            wbytes = q.numel() + s.numel() * 4
+            row = {"case": "fp8_linear", "m": m, "n": n, "k": k, "ms": ms,
+                   "tflops": 2 * m * n * k / (ms * 1e9),
+                   "weight_stream_ms": wbytes / (copy_tb_s * 1e9)}
+            if check:
+                row["rel_err_vs_ref"] = _rel(y, fp8_linear_ref(x.float(), q, s))
+            out.append(row)
+            print(json.dumps(row), flush=True)
+    e, hid, inter, top_k = (6, 64, 32, 2) if smoke else (128, 4096, 2048, 6)
+    gu, gus = _random_mxfp4(e, 2 * inter, hid, dev, g)
+    dn, dns = _random_mxfp4(e, hid, inter, dev, g)
+    expert_bytes = (gu[0].numel() + gus[0].numel() + dn[0].numel() + dns[0].numel())
+    for t in ((1, 3) if smoke else (1, 8, 32, 4096)):
+        x = torch.randn(t, hid, device=dev, generator=g).to(dt)
+        ids = torch.stack([torch.randperm(e, device=dev, generator=g)[:top_k] for _ in range(t)])
+        w = torch.rand(t, top_k, device=dev, generator=g)
+        y = torch.empty(t, hid, device=dev, dtype=dt)
+        ws = torch.empty(moe_experts_workspace_bytes(t, top_k, hid, inter, e, dt),
+                         dtype=torch.uint8, device=dev)
+        ms = timer(lambda x=x, ids=ids, w=w, y=y, ws=ws: moe_experts(
+            x, w, ids, gu, gus, dn, dns, 10.0, y, workspace=ws), 100)
+        touched = int(ids.unique().numel())
+        row = {"case": "mxfp4_moe", "tokens": t, "experts": e, "top_k": top_k,
+               "experts_touched": touched, "ms": ms,
+               "tflops": 2 * t * top_k * 3 * hid * inter / (ms * 1e9),
+               "weight_stream_ms": touched * expert_bytes / (copy_tb_s * 1e9)}
+        if check and t <= 32:
+            row["rel_err_vs_ref"] = _rel(y, moe_experts_ref(x.float(), w, ids, gu, gus, dn, dns, 10.0))
+        out.append(row)
+        print(json.dumps(row), flush=True)
+    return out

@@ -1,0 +1,103 @@
+"""DeepSeek-V4 layers that hold their weights in checkpoint format: block-scaled FP8 linears
+(plain and block-diagonal) and MXFP4 routed experts.
+
+They replace ``nn.Linear`` / ``GroupedLinear`` / the bf16 experts where the checkpoint's payload
+is quantized (:func:`swap_quantized_modules`, on the meta device, before anything is
+allocated). ``use_kernels`` picks the kernels package's Triton GEMMs (CUDA, or the interpreter)
+or their PyTorch references (the CPU tier). Output buffers are activations of the step, like
+``F.linear``'s; the experts' scratch comes from the engine's Workspace when one is given.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.errors import CheckpointError
+from kernels.fp8_linear import fp8_grouped_linear, fp8_linear
+from kernels.fp8_linear_ref import fp8_grouped_linear_ref, fp8_linear_ref
+from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes
+from kernels.mxfp4_moe_ref import moe_experts_ref
+
+
+class Fp8Linear(nn.Module):
+    """``y = x @ dequant(weight)^T``: weight e4m3 ``[out, in]`` (``groups`` > 1: block-diagonal,
+    ``[groups * out/groups, in/groups]``, x ``[N, groups, in/groups]``), scale fp32 grid."""
+
+    def __init__(self, weight_shape: tuple[int, int], groups: int = 1) -> None:
+        super().__init__()
+        self.groups = groups
+        self.block = (128, 128)
+        self.use_kernels = False
+        self.register_buffer("weight", torch.empty(weight_shape, dtype=torch.float8_e4m3fn))
+        self.register_buffer("scale", torch.empty(0, 0, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.groups > 1:
+            # x: [N, G, in/G] -> [N, out]
+            if not self.use_kernels:
+                return fp8_grouped_linear_ref(x, self.weight, self.scale, self.block)
+            out = torch.empty(x.shape[0], self.weight.shape[0], dtype=x.dtype, device=x.device)
+            return fp8_grouped_linear(x, self.weight, self.scale, out, self.block)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])  # [N, in]
+        if not self.use_kernels:
+            return fp8_linear_ref(x2, self.weight, self.scale, self.block).view(*lead, -1)
+        out = torch.empty(x2.shape[0], self.weight.shape[0], dtype=x.dtype, device=x.device)
+        return fp8_linear(x2, self.weight, self.scale, out, self.block).view(*lead, -1)
+
+
+class Mxfp4Experts(nn.Module):
+    """Routed experts as shipped: ``gate_up_proj [E, 2I, H/2]`` / ``down_proj [E, H, I/2]``
+    packed e2m1 bytes with e8m0 byte scales ``[E, 2I, H/32]`` / ``[E, H, I/32]``."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.use_kernels = False
+        self.shape = (num_experts, hidden, inter)
+        for name, rows, cols in (("gate_up_proj", 2 * inter, hidden), ("down_proj", hidden, inter)):
+            self.register_buffer(name, torch.empty(num_experts, rows, cols // 2, dtype=torch.uint8))
+            self.register_buffer(name + "_scale", torch.empty(num_experts, rows, cols // 32, dtype=torch.uint8))
+
+    def add_into(self, x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
+                 out: torch.Tensor, swiglu_limit: float, ws: object | None) -> torch.Tensor:
+        """out [N, hidden] += sum_j weights[:, j] * expert_{indices[:, j]}(x) (x: [N, hidden])."""
+        w = (self.gate_up_proj, self.gate_up_proj_scale, self.down_proj, self.down_proj_scale)
+        if not self.use_kernels:
+            out += moe_experts_ref(x, weights, indices, *w, swiglu_limit)
+            return out
+        if ws is None:
+            return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True)
+        e, hid, inter = self.shape
+        need = moe_experts_workspace_bytes(x.shape[0], indices.shape[1], hid, inter, e, x.dtype)
+        with ws.scope():  # type: ignore[attr-defined]
+            scratch = ws.take((need,), torch.uint8, caller="deepseek_v4.moe_experts")  # type: ignore[attr-defined]
+            return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True,
+                               workspace=scratch)
+
+
+def swap_quantized_modules(model: nn.Module, kinds: dict[str, str]) -> None:
+    """Replace, in place, the module owning each quantized weight (``kinds``: weight name ->
+    "fp8" | "mxfp4", from :func:`.quant_weights.quantized_weights`) by its quantized form."""
+    from engine.models.deepseek_v4.attention import GroupedLinear
+    from engine.models.deepseek_v4.moe import _Experts
+
+    for wname, kind in kinds.items():
+        mod_name = wname.rsplit(".", 1)[0]
+        parent_name, _, attr = mod_name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        old = getattr(parent, attr, None)
+        if kind == "mxfp4":
+            if isinstance(old, Mxfp4Experts):
+                continue
+            if not isinstance(old, _Experts):
+                raise CheckpointError(f"deepseek_v4: {wname} is MXFP4 but belongs to a {type(old).__name__}")
+            e, two_i, hid = old.gate_up_proj.shape
+            setattr(parent, attr, Mxfp4Experts(e, hid, two_i // 2))
+        elif isinstance(old, GroupedLinear):
+            setattr(parent, attr, Fp8Linear(tuple(old.weight.shape), groups=old.groups))
+        elif isinstance(old, nn.Linear):
+            setattr(parent, attr, Fp8Linear(tuple(old.weight.shape)))
+        else:
+            raise CheckpointError(f"deepseek_v4: {wname} is FP8, which a {type(old).__name__} cannot "
+                                  "keep: load with weight_format=dequantize")

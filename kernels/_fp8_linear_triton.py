@@ -1,0 +1,94 @@
+"""Triton kernel of the block-scaled FP8 linear (see ``kernels.fp8_linear``).
+
+Portable on purpose: the weight arrives as raw e4m3 bytes and is decoded with integer ops and a
+bitcast to fp16 (exact: e4m3's exponent and mantissa fit fp16's, off by a factor 2**8), so no
+fp8 dtype, no wgmma/TMA and no SM90-only instruction is needed; it runs on SM90, SM120 and under
+TRITON_INTERPRET=1. Activations stay in their own dtype (bf16 on the GPU) and the dot
+accumulates in fp32; the block scale multiplies each K-tile's partial product.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._triton_support import interpreting
+
+E4M3_TO_F16_FACTOR = 256.0  # e4m3 bits placed in an fp16 read 2**-8 of their value
+
+
+@triton.jit
+def e4m3_bits_to_f16(b):
+    """uint8 e4m3 bits -> fp16 holding value / 256 (exact for every finite e4m3)."""
+    b16 = b.to(tl.uint16)
+    bits = ((b16 & 0x80) << 8) | ((b16 & 0x7F) << 7)
+    return bits.to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def dot_nt(a, b, F32: tl.constexpr):
+    """a [M, K] @ b[N, K]^T in fp32. F32: both operands as fp32 with an IEEE dot (fp32
+    activations, and the interpreter, whose bf16 dot is wrong); else b in a's dtype."""
+    if F32:
+        return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+    return tl.dot(a, tl.trans(b.to(tl.float32).to(a.dtype)))
+
+
+@triton.jit
+def _fp8_linear_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    M, N, K,
+    stride_xm, stride_xg, stride_wn, stride_sn, stride_ym, stride_yg,
+    SCALE_BN, SCALE_BK,
+    TILE_SCALE: tl.constexpr,  # True: BLOCK_K divides SCALE_BK, one scale per row per K-tile
+    F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    g = tl.program_id(2)  # group of a block-diagonal weight: rows g*N.., x and y columns g*K..
+    x_ptr += g * stride_xg
+    y_ptr += g * stride_yg
+    w_ptr += g * N * stride_wn
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    s_row = s_ptr + ((offs_n + g * N) // SCALE_BN) * stride_sn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        k_ok = k < K
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        wb = tl.load(w_ptr + offs_n[:, None] * stride_wn + k[None, :],
+                     mask=n_ok[:, None] & k_ok[None, :], other=0)
+        w = e4m3_bits_to_f16(wb)
+        if TILE_SCALE:
+            s = tl.load(s_row + k0 // SCALE_BK, mask=n_ok, other=0.0)  # [BLOCK_N]
+            acc += dot_nt(x, w, F32) * s[None, :]
+        else:
+            s = tl.load(s_row[:, None] + (k // SCALE_BK)[None, :],
+                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
+            acc += dot_nt(x, w.to(tl.float32) * s, F32)
+    acc = acc * 256.0
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+def launch_fp8_linear(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
+                      block: tuple[int, int], tiles: tuple[int, int, int, int]) -> None:
+    """x [M, G, K], w_u8 [G * N, K], out [M, G, N] (G = 1 for a plain linear)."""
+    m, groups, k = x.shape
+    n = w_u8.shape[0] // groups
+    bm, bn, bk, warps = tiles
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), groups)
+    _fp8_linear_kernel[grid](
+        x, w_u8, scale, out, m, n, k,
+        x.stride(0), x.stride(1), w_u8.stride(0), scale.stride(0), out.stride(0), out.stride(1),
+        block[0], block[1],
+        TILE_SCALE=block[1] % bk == 0, F32=x.dtype == torch.float32 or interpreting(),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+    )

@@ -1,0 +1,118 @@
+"""The routed experts of an MoE layer with MXFP4 weights, fused: tokens sorted by expert on the
+device, one launch for every expert's gate-up GEMM with the clamped SwiGLU in its epilogue, one
+launch for every expert's down GEMM with the routing weight in its epilogue, one combine.
+
+No host sync and no ``.tolist()``: the sort is ``torch.sort`` + ``torch.searchsorted`` into
+caller buffers, and the kernels find their expert from the device-side counts, so a step is the
+same launches whatever the routing (and can be captured in a CUDA graph). Scratch is sized by
+tokens x top-k (``moe_experts_workspace_bytes``) and carved from the caller's workspace.
+``kernels.mxfp4_moe_ref`` is the specification (layout described there).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._checks import check_tensor
+from kernels._triton_support import require_triton
+from kernels.errors import KernelArgumentError
+from kernels.mxfp4_moe_ref import MXFP4_GROUP, as_bytes
+
+_ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_PACKED_DTYPES = (torch.uint8, torch.int8) + tuple(
+    d for d in (getattr(torch, "float4_e2m1fn_x2", None),) if d is not None)
+_SCALE_DTYPES = (torch.uint8,) + tuple(
+    d for d in (getattr(torch, "float8_e8m0fnu", None),) if d is not None)
+_ALIGN = 256
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _parts(num_tokens: int, top_k: int, hidden: int, intermediate: int, num_experts: int,
+           dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    m = num_tokens * top_k
+    return [("sorted_ids", (m,), torch.int64), ("order", (m,), torch.int64),
+            ("experts", (num_experts,), torch.int64), ("row_end", (num_experts,), torch.int32),
+            ("h", (m, intermediate), dtype), ("y", (m, hidden), dtype)]
+
+
+def moe_experts_workspace_bytes(num_tokens: int, top_k: int, hidden: int, intermediate: int,
+                                num_experts: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Scratch of :func:`moe_experts` at ``num_tokens`` tokens: the sort (2 x pairs x 8 B), the
+    expert boundaries (experts x 12 B), the SwiGLU output (pairs x intermediate) and the
+    weighted expert outputs (pairs x hidden) in the activation dtype; 256-B aligned each."""
+    return sum(_aligned(torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size())
+               for _, shape, dt in _parts(num_tokens, top_k, hidden, intermediate, num_experts, dtype))
+
+
+def _carve(workspace: torch.Tensor | None, parts: list[tuple[str, tuple[int, ...], torch.dtype]],
+           device: torch.device) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    offset = 0
+    for name, shape, dt in parts:
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
+        if workspace is None:
+            out[name] = torch.empty(shape, dtype=dt, device=device)
+            continue
+        out[name] = workspace[offset:offset + nbytes].view(dt).view(shape)
+        offset += _aligned(nbytes)
+    return out
+
+
+def moe_experts(
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
+    down_scale: torch.Tensor, swiglu_limit: float, out: torch.Tensor, *,
+    accumulate: bool = False, workspace: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [T, H] (H a multiple of 32); topk_weights [T, k] fp32; topk_ids [T, k] int64 in
+    [0, E); gate_up [E, 2I, H/2] packed e2m1 with gate_up_scale [E, 2I, H/32] e8m0; down
+    [E, H, I/2] with down_scale [E, H, I/32]; out [T, H] (``accumulate``: added to what it
+    holds, e.g. the shared expert's output). ``workspace``: uint8 of at least
+    ``moe_experts_workspace_bytes`` bytes (allocated here when None)."""
+    name = "moe_experts"
+    dev = x.device
+    check_tensor(name, "x", x, shape=(None, None), dtypes=_ACT_DTYPES, device=dev)
+    t, hid = x.shape
+    check_tensor(name, "topk_ids", topk_ids, shape=(t, None), dtypes=(torch.int64,), device=dev)
+    k = topk_ids.shape[1]
+    check_tensor(name, "topk_weights", topk_weights, shape=(t, k), dtypes=(torch.float32,), device=dev)
+    check_tensor(name, "gate_up", gate_up, shape=(None, None, None), dtypes=_PACKED_DTYPES, device=dev)
+    e, two_i, _ = gate_up.shape
+    if hid % MXFP4_GROUP or two_i % 2 or (two_i // 2) % MXFP4_GROUP:
+        raise KernelArgumentError(name, "gate_up", f"hidden {hid} and intermediate {two_i // 2} "
+                                  f"must be multiples of {MXFP4_GROUP} (one e8m0 scale per 32)")
+    inter = two_i // 2
+    check_tensor(name, "gate_up", gate_up, shape=(e, two_i, hid // 2), dtypes=_PACKED_DTYPES, device=dev)
+    check_tensor(name, "gate_up_scale", gate_up_scale, shape=(e, two_i, hid // MXFP4_GROUP),
+                 dtypes=_SCALE_DTYPES, device=dev)
+    check_tensor(name, "down", down, shape=(e, hid, inter // 2), dtypes=_PACKED_DTYPES, device=dev)
+    check_tensor(name, "down_scale", down_scale, shape=(e, hid, inter // MXFP4_GROUP),
+                 dtypes=_SCALE_DTYPES, device=dev)
+    check_tensor(name, "out", out, shape=(t, hid), dtypes=_ACT_DTYPES, device=dev)
+    for arg, ten in (("gate_up", gate_up), ("down", down), ("topk_ids", topk_ids),
+                     ("topk_weights", topk_weights)):
+        if not ten.is_contiguous():
+            raise KernelArgumentError(name, arg, f"must be contiguous, got strides {ten.stride()}")
+    parts = _parts(t, k, hid, inter, e, x.dtype)
+    if workspace is not None:
+        need = moe_experts_workspace_bytes(t, k, hid, inter, e, x.dtype)
+        if workspace.dtype != torch.uint8 or workspace.numel() < need or workspace.device != dev:
+            raise KernelArgumentError(name, "workspace", f"must be uint8 on {dev} with >= {need} "
+                                      f"bytes, got {workspace.dtype} x {workspace.numel()}")
+    require_triton(name, dev)
+    if t == 0:
+        return out
+    from kernels._mxfp4_moe_triton import launch_moe
+
+    buf = _carve(workspace, parts, dev)
+    torch.sort(topk_ids.view(-1), stable=True, out=(buf["sorted_ids"], buf["order"]))
+    torch.arange(e, out=buf["experts"])
+    torch.searchsorted(buf["sorted_ids"], buf["experts"], right=True, out_int32=True,
+                       out=buf["row_end"])
+    launch_moe(x, buf["order"], buf["row_end"], topk_weights.view(-1), as_bytes(gate_up),
+               as_bytes(gate_up_scale), as_bytes(down), as_bytes(down_scale), swiglu_limit,
+               buf["h"], buf["y"], out, k, accumulate)
+    return out

@@ -1,0 +1,42 @@
+"""Run under TRITON_INTERPRET=1 by test_deepseek_v4_quantized.py: the quantized checkpoint in
+argv[1] decoded greedily with the FP8 / MXFP4 Triton kernels (scratch from a locked engine
+Workspace sized by the family's size function) and with their torch references."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+assert os.environ.get("TRITON_INTERPRET") == "1"
+
+from engine.checkpoint import load_checkpoint  # noqa: E402
+from engine.models.deepseek_v4 import (  # noqa: E402
+    DeepseekV4CacheState,
+    DeepseekV4Config,
+    DeepseekV4Model,
+    V4Backend,
+)
+from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes  # noqa: E402
+from engine.workspace import Workspace  # noqa: E402
+
+ck = load_checkpoint(sys.argv[1], torch.float32, progress=False)
+cfg = DeepseekV4Config.from_hf_dict(ck.config.hf_config)
+ids = torch.randint(2, 97, (13,), generator=torch.Generator().manual_seed(4))
+result = {}
+ws = Workspace(deepseek_v4_workspace_bytes(cfg, 13, 32, mxfp4_experts=True, dtype=torch.float32), "cpu")
+ws.lock()
+for gemm in ("kernels", "torch"):
+    ours = DeepseekV4Model.from_state_dict(cfg, ck.state_dict, dtype=torch.float32,
+                                           backend=V4Backend("torch", "torch", gemm))
+    cache = DeepseekV4CacheState(cfg, 1, 32, torch.float32, "cpu")
+    with ws.scope():
+        h = ours(ids, torch.arange(13), [0, 13], [0], cache, ws=ws)
+    tokens = [int(ours.compute_logits(h)[-1].argmax())]
+    for _ in range(4):
+        with ws.scope():
+            h = ours(torch.tensor([tokens[-1]]), torch.tensor([cache.num_tokens[0]]), [0, 1], [0], cache, ws=ws)
+        tokens.append(int(ours.compute_logits(h)[0].argmax()))
+    result[gemm] = ",".join(map(str, tokens))
+print(f"kernels={result['kernels']} torch={result['torch']} ws_peak={ws.peak_bytes} ws_cap={ws.capacity}")

@@ -1,0 +1,96 @@
+"""kernels.fp8_linear against kernels.fp8_linear_ref: awkward N and K (not multiples of the
+128 block, partial last scale block), one row, scale blocks narrower than a K-tile, every e4m3
+bit pattern. CPU tier through the Triton interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.errors import KernelArgumentError
+from kernels.fp8_linear import fp8_linear
+from kernels.fp8_linear_ref import dequantize_fp8_block, fp8_linear_ref
+
+
+def quantize_fp8_block(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 [N, K] -> (e4m3 [N, K], fp32 scale [ceil(N/bn), ceil(K/bk)]) by per-block amax."""
+    n, k = w.shape
+    gn, gk = -(-n // block[0]), -(-k // block[1])
+    pad = torch.zeros(gn * block[0], gk * block[1])
+    pad[:n, :k] = w
+    blocks = pad.view(gn, block[0], gk, block[1])
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-8) / 448.0
+    q = (blocks / scale[:, None, :, None]).view_as(pad)[:n, :k].to(torch.float8_e4m3fn)
+    return q.contiguous(), scale.float()
+
+
+@pytest.mark.parametrize(("m", "n", "k", "block"), [
+    (1, 200, 160, (128, 128)),   # one token, N and K not multiples of 128
+    (5, 72, 40, (128, 128)),     # everything inside one partial block
+    (37, 130, 257, (128, 128)),  # a 1-wide last block row, K odd
+    (20, 48, 40, (16, 8)),       # scale blocks narrower than a K-tile
+])
+def test_fp8_linear_matches_reference(interpret, m, n, k, block) -> None:
+    g = torch.Generator().manual_seed(m * n + k)
+    w, x = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g)
+    q, s = quantize_fp8_block(w, block)
+    out = torch.full((m, n), float("nan"))
+    fp8_linear(x, q, s, out, block)
+    torch.testing.assert_close(out, fp8_linear_ref(x, q, s, block), rtol=1e-4, atol=1e-4)
+    assert (dequantize_fp8_block(q, s, block) - w).abs().max() < 0.07 * w.abs().max()
+
+
+def test_every_e4m3_pattern_decodes(interpret) -> None:
+    bits = torch.arange(256, dtype=torch.uint8)
+    bits = bits[~bits.view(torch.float8_e4m3fn).float().isnan()]  # 0x7f / 0xff are NaN
+    w = bits.view(-1, 1)  # [254, 1]: y = x * value
+    out = torch.empty(1, bits.numel())
+    fp8_linear(torch.ones(1, 1), w, torch.ones(2, 1), out)
+    torch.testing.assert_close(out[0], bits.view(torch.float8_e4m3fn).float(), rtol=0, atol=0)
+
+
+def test_strided_rows_and_bf16(interpret) -> None:
+    g = torch.Generator().manual_seed(3)
+    q, s = quantize_fp8_block(torch.randn(96, 136, generator=g), (128, 128))
+    big = torch.randn(7, 300, generator=g).to(torch.bfloat16)
+    x = big[:, 10:146]  # row stride 300
+    out = torch.empty(7, 96, dtype=torch.bfloat16)
+    fp8_linear(x, q, s, out)
+    torch.testing.assert_close(out, fp8_linear_ref(x, q, s), rtol=2e-2, atol=2e-2)
+
+
+def test_fp8_linear_names_the_bad_argument(interpret) -> None:
+    q, s = quantize_fp8_block(torch.randn(8, 16), (128, 128))
+    with pytest.raises(KernelArgumentError, match="'weight'"):
+        fp8_linear(torch.zeros(2, 12), q, s, torch.zeros(2, 8))
+    with pytest.raises(KernelArgumentError, match="'scale'"):
+        fp8_linear(torch.zeros(2, 16), q, torch.ones(2, 2), torch.zeros(2, 8))
+    with pytest.raises(KernelArgumentError, match="'out'"):
+        fp8_linear(torch.zeros(2, 16), q, s, torch.zeros(3, 8))
+
+
+@pytest.mark.gpu
+def test_fp8_linear_on_cuda(cuda) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for m, n, k in ((1, 4096, 4096), (33, 1024, 4000), (512, 2048, 4096)):
+        q, s = quantize_fp8_block(torch.randn(n, k, device="cpu"), (128, 128))
+        q, s = q.cuda(), s.cuda()
+        x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        fp8_linear(x, q, s, out)
+        ref = fp8_linear_ref(x.float(), q, s)
+        assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.parametrize(("m", "groups", "n", "k"), [(3, 4, 24, 40), (1, 2, 136, 160)])
+def test_fp8_grouped_linear_matches_reference(interpret, m, groups, n, k) -> None:
+    """Group boundaries that cut through a 128-row scale block (24 rows a group)."""
+    from kernels.fp8_linear import fp8_grouped_linear
+    from kernels.fp8_linear_ref import fp8_grouped_linear_ref
+
+    g = torch.Generator().manual_seed(m + n)
+    q, s = quantize_fp8_block(torch.randn(groups * n, k, generator=g), (128, 128))
+    x = torch.randn(m, groups * k, generator=g).view(m, groups, k)
+    out = torch.full((m, groups * n), float("nan"))
+    fp8_grouped_linear(x, q, s, out)
+    torch.testing.assert_close(out, fp8_grouped_linear_ref(x, q, s), rtol=1e-4, atol=1e-4)

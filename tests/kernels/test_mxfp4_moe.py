@@ -1,0 +1,116 @@
+"""kernels.moe_experts (sort + grouped MXFP4 GEMMs + SwiGLU + combine) against
+kernels.mxfp4_moe_ref: one token, experts with no tokens, a token choosing one expert twice
+(hash routing), ties, hidden/intermediate multiples of 32 but not of 128, odd expert counts.
+CPU tier through the Triton interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.errors import KernelArgumentError
+from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes
+from kernels.mxfp4_moe_ref import E2M1_VALUES, dequantize_mxfp4, moe_experts_ref, quantize_mxfp4
+
+
+def _experts(e: int, hid: int, inter: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    gu = quantize_mxfp4(torch.randn(e, 2 * inter, hid, generator=g) * 0.1)
+    dn = quantize_mxfp4(torch.randn(e, hid, inter, generator=g) * 0.1)
+    return (*gu, *dn)
+
+
+def test_quantize_round_trip_and_every_code() -> None:
+    codes = torch.arange(16, dtype=torch.uint8)
+    packed = (codes[0::2] | (codes[1::2] << 4)).view(1, 8).repeat(1, 2)  # 32 values, one group
+    w = dequantize_mxfp4(packed, torch.tensor([[127]], dtype=torch.uint8))
+    assert w[0].tolist() == list(E2M1_VALUES) * 2
+    x = torch.randn(6, 64)
+    q, s = quantize_mxfp4(x)
+    again = quantize_mxfp4(dequantize_mxfp4(q, s))
+    assert torch.equal(dequantize_mxfp4(*again), dequantize_mxfp4(q, s))  # exact values round-trip
+    assert (dequantize_mxfp4(q, s) - x).abs().max() <= x.abs().max() / 4
+
+
+@pytest.mark.parametrize(("t", "k", "e", "hid", "inter", "ids"), [
+    (1, 2, 5, 160, 96, None),                        # one token (decode)
+    (9, 3, 7, 96, 32, "skewed"),                     # most experts get no token
+    (6, 2, 4, 64, 64, "repeat"),                     # a token picks one expert twice
+    (40, 6, 16, 32, 160, None),                      # many rows per expert, I not a 128 multiple
+])
+def test_moe_experts_matches_reference(interpret, t, k, e, hid, inter, ids) -> None:
+    g = torch.Generator().manual_seed(t * 31 + e)
+    weights = _experts(e, hid, inter, t + e)
+    x = torch.randn(t, hid, generator=g)
+    if ids == "skewed":
+        topk_ids = torch.tensor([[1, 5, 6]] * t)
+    elif ids == "repeat":
+        topk_ids = torch.randint(0, e, (t, k), generator=g)
+        topk_ids[0] = 3
+    else:
+        topk_ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    topk_w = torch.rand(t, k, generator=g)
+    shared = torch.randn(t, hid, generator=g)
+    out = shared.clone()
+    ws = torch.empty(moe_experts_workspace_bytes(t, k, hid, inter, e, x.dtype), dtype=torch.uint8)
+    moe_experts(x, topk_w, topk_ids, *weights, 7.0, out, accumulate=True, workspace=ws)
+    want = shared + moe_experts_ref(x, topk_w, topk_ids, *weights, 7.0)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_swiglu_limit_clamps(interpret) -> None:
+    """Large activations: the clamp must act (limit 0.5 changes the answer)."""
+    weights = _experts(3, 64, 32, 0)
+    x = 20 * torch.randn(4, 64, generator=torch.Generator().manual_seed(1))
+    ids, w = torch.tensor([[0, 2]] * 4), torch.ones(4, 2)
+    out = torch.empty(4, 64)
+    moe_experts(x, w, ids, *weights, 0.5, out)
+    torch.testing.assert_close(out, moe_experts_ref(x, w, ids, *weights, 0.5), rtol=1e-4, atol=1e-4)
+    assert (out - moe_experts_ref(x, w, ids, *weights, 100.0)).abs().max() > 1e-2
+
+
+def test_bf16_activations(interpret) -> None:
+    weights = _experts(4, 96, 64, 2)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 96, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(5)])
+    w = torch.rand(5, 2, generator=g)
+    out = torch.empty(5, 96, dtype=torch.bfloat16)
+    moe_experts(x, w, ids, *weights, 7.0, out)
+    ref = moe_experts_ref(x.float(), w, ids, *weights, 7.0)
+    assert float((out.float() - ref).norm() / ref.norm()) < 2e-2
+
+
+def test_moe_experts_names_the_bad_argument(interpret) -> None:
+    weights = _experts(2, 64, 32, 0)
+    x, w, ids = torch.zeros(3, 64), torch.ones(3, 2), torch.zeros(3, 2, dtype=torch.long)
+    with pytest.raises(KernelArgumentError, match="'topk_ids'"):
+        moe_experts(x, w, ids.int(), *weights, 7.0, torch.zeros(3, 64))
+    with pytest.raises(KernelArgumentError, match="'down_scale'"):
+        moe_experts(x, w, ids, *weights[:3], weights[3][:, :, :0], 7.0, torch.zeros(3, 64))
+    with pytest.raises(KernelArgumentError, match="'workspace'"):
+        moe_experts(x, w, ids, *weights, 7.0, torch.zeros(3, 64), workspace=torch.empty(8, dtype=torch.uint8))
+
+
+@pytest.mark.gpu
+def test_moe_experts_on_cuda_without_host_sync(cuda) -> None:
+    t, k, e, hid, inter = 300, 6, 128, 4096, 2048
+    g = torch.Generator(device="cuda").manual_seed(0)
+    u8 = dict(device="cuda", generator=g, dtype=torch.uint8)  # random codes: quantizing is slow
+    weights = [torch.randint(0, 256, (e, 2 * inter, hid // 2), **u8),
+               torch.randint(118, 122, (e, 2 * inter, hid // 32), **u8),
+               torch.randint(0, 256, (e, hid, inter // 2), **u8),
+               torch.randint(118, 122, (e, hid, inter // 32), **u8)]
+    x = torch.randn(t, hid, device="cuda", generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, e, (t, k), device="cuda", generator=g)
+    w = torch.rand(t, k, device="cuda", generator=g)
+    out = torch.empty(t, hid, device="cuda", dtype=torch.bfloat16)
+    ws = torch.empty(moe_experts_workspace_bytes(t, k, hid, inter, e), dtype=torch.uint8, device="cuda")
+    moe_experts(x, w, ids, *weights, 7.0, out, workspace=ws)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        moe_experts(x, w, ids, *weights, 7.0, out, workspace=ws)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ref = moe_experts_ref(x.float(), w, ids, *weights, 7.0)
+    assert float((out.float() - ref).norm() / ref.norm()) < 2e-2
