@@ -26,7 +26,7 @@ import grpc
 
 from decode_worker.import_decision import decide_import
 from proto import bulkhead_pb2 as pb
-from worker.codec import sampling_from_proto, stream_rpc, usage_to_proto
+from worker.codec import logprobs_to_proto, sampling_from_proto, stream_rpc, usage_to_proto
 from worker.errors import DeadlinePassed
 from worker.worker_base import (
     WorkerServicerBase,
@@ -48,6 +48,7 @@ class DecodeServicer(WorkerServicerBase):
         rid = self.request_id(request.request_id)
         prompt = [int(t) for t in request.prompt_token_ids]
         sampling = sampling_from_proto(request.sampling)
+        grammar = await self.grammar(request.sampling)
         deadline = request.deadline_unix_s
         time_left(deadline, "decoding")
         decision = decide_import(len(prompt), request.has_prefill,
@@ -61,7 +62,7 @@ class DecodeServicer(WorkerServicerBase):
                 log.warning("request %s: %s", rid, decision.reason)
         first_token = int(request.first_token_id) if request.has_prefill else None
         stream = await self.submit(rid, prompt, sampling, kv_import=kv_import,
-                                   first_token_id=first_token)
+                                   first_token_id=first_token, grammar=grammar)
         try:
             while True:
                 try:
@@ -69,13 +70,14 @@ class DecodeServicer(WorkerServicerBase):
                 except TimeoutError:
                     raise DeadlinePassed(f"request {rid} passed its deadline while "
                                          f"decoding") from None
+                logprobs = [logprobs_to_proto(lp) for lp in out.logprobs or ()]
                 if not out.finished:
                     if out.new_token_ids:
-                        yield pb.GenerateChunk(token_ids=out.new_token_ids)
+                        yield pb.GenerateChunk(token_ids=out.new_token_ids, logprobs=logprobs)
                     continue
                 usage = usage_to_proto(out.num_prompt_tokens, out.num_output_tokens,
                                        out.num_cached_tokens, out.num_imported_tokens)
-                yield pb.GenerateChunk(token_ids=out.new_token_ids,
+                yield pb.GenerateChunk(token_ids=out.new_token_ids, logprobs=logprobs,
                                        finish_reason=out.finish_reason or "stop", usage=usage)
                 return
         finally:

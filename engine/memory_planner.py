@@ -17,6 +17,7 @@ from engine.errors import PlanError
 from engine.kv_cache import KVCacheSpec
 from engine.model_config import ModelConfig
 from engine.sampler import sampler_workspace_bytes
+from engine.slot_sampling import slot_sampling_bytes
 from engine.workspace import _align
 
 GiB = 1 << 30
@@ -123,6 +124,22 @@ def step_inputs_term(ec: EngineConfig) -> PlanTerm:
                     f"{ec.blocks_per_seq} x 4 + 8) B", True)
 
 
+def sampler_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
+    """The sampler's scratch for a full batch: processors (penalty counts and masks, bias and
+    stop lists), logprobs with the top alternatives, and one row's sort buffers at a time."""
+    return PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size, ec.max_batch)),
+                    f"max_batch {ec.max_batch} x vocab {model.vocab_size} x (4 + 4 + 1 + 1 + 4) B"
+                    " + vocab x (4 + 8 + 4 + 1) B + bias/stop/top-logprob lists", True)
+
+
+def slot_sampling_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
+    """Per-slot sampling state: token counts and prompt masks for penalties, logit bias and
+    min_tokens stop ids (engine/slot_sampling.py)."""
+    return PlanTerm("slot_sampling", slot_sampling_bytes(ec.max_batch, model.vocab_size),
+                    f"max_batch {ec.max_batch} x (vocab {model.vocab_size} x (4 + 1) B + 300 "
+                    "bias x 12 B + 64 stop ids x 8 B + 20 B)")
+
+
 def dense_weight_bytes(cfg: ModelConfig, elem: int) -> int:
     h, q, kv, i, v = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.vocab_size
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
@@ -172,8 +189,8 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
                  f"{ec.attn_tile_tokens} (fp32 scores, K/V tiles, accumulators)", True),
         PlanTerm("ws.logits", _align(ec.max_batch * model.vocab_size * 4),
                  f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),
-        PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size)),
-                 "vocab x (4 + 8 + 4) B", True),
+        sampler_term(model, ec),
+        slot_sampling_term(model, ec),
         step_inputs_term(ec),
         PlanTerm("rope_tables", 2 * ec.max_context * model.head_dim * elem,
                  f"2 x max_context {ec.max_context} x head_dim x {elem} B"),
@@ -237,8 +254,8 @@ def _deepseek_v4_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes:
     terms += [
         PlanTerm("ws.logits", _align(ec.max_batch * model.vocab_size * 4),
                  f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),
-        PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size)),
-                 "vocab x (4 + 8 + 4) B", True),
+        sampler_term(model, ec),
+        slot_sampling_term(model, ec),
         step_inputs_term(ec),
         PlanTerm("activations", deepseek_v4_step_peak_bytes(scratch),
                  "mHC streams + max(attention parts, MoE, final norm) at chunk "

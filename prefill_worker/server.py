@@ -23,7 +23,7 @@ import grpc
 from engine.llm_engine import RequestOutput
 from prefill_worker.kv_export import export_kept_kv, wait_visible
 from proto import bulkhead_pb2 as pb
-from worker.codec import sampling_from_proto, unary_rpc
+from worker.codec import logprobs_to_proto, sampling_from_proto, unary_rpc
 from worker.engine_loop import RequestStream
 from worker.errors import DeadlinePassed, NoTokenSampled, RequestAborted
 from worker.worker_base import (
@@ -51,13 +51,15 @@ class PrefillServicer(WorkerServicerBase):
         rid = self.request_id(request.request_id)
         prompt = [int(t) for t in request.prompt_token_ids]
         sampling = sampling_from_proto(request.sampling)
+        grammar = await self.grammar(request.sampling)
         timeout = time_left(request.deadline_unix_s, "the prefill")
         # The engine samples one token and keeps the blocks; the decode worker does the rest.
-        engine_sampling = dataclasses.replace(sampling, max_tokens=1)
+        engine_sampling = dataclasses.replace(sampling, max_tokens=1,
+                                              min_tokens=min(sampling.min_tokens, 1))
         started = time.monotonic()
         kv_import = await self.prepare_import(prompt)  # a prompt seen before loads, not computes
         stream = await self.submit(rid, prompt, engine_sampling, keep_kv=True,
-                                   kv_import=kv_import)
+                                   kv_import=kv_import, grammar=grammar)
         kept = True
         try:
             try:
@@ -92,7 +94,9 @@ class PrefillServicer(WorkerServicerBase):
             if kept:  # cancelled or failed before the export: give the blocks back
                 self.loop.post(lambda engine: engine.abort(rid))
         first = final.new_token_ids[-1]
+        first_logprobs = (logprobs_to_proto(final.logprobs[-1]) if final.logprobs else None)
         return pb.PrefillResponse(
+            first_token_logprobs=first_logprobs,
             request_id=rid, first_token_id=first,
             kv=pb.KVHandle(num_tokens_stored=visible,
                            kv_layout_fingerprint=self.rt.compat.kv_layout_fingerprint,

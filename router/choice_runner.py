@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
 from router.background import BackgroundTasks
 from router.errors import WorkerCallError
+from router.logprobs_format import LogprobEntry, entries
 from router.metrics import RouterMetrics
 from router.policy import Route
 from router.quarantine import (
@@ -36,7 +37,7 @@ from router.shared_quarantine import SharedQuarantine
 from router.stall_watch import StallWatch
 from router.text_stream import Decoder, TextStream
 from router.worker_client import WorkerClient
-from router.worker_codec import Prefilled, Sampling, Usage, WorkItem
+from router.worker_codec import Prefilled, Sampling, TokenLogprobs, Usage, WorkItem
 
 log = logging.getLogger("bulkhead.router.choice")
 
@@ -49,6 +50,7 @@ class ChoiceDelta:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[LogprobEntry] = field(default_factory=list)  # one per token, when asked
 
 
 @dataclass
@@ -61,6 +63,8 @@ class ChoiceStats:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    logprobs: list[LogprobEntry] = field(default_factory=list)
+    echo_len: int = 0                # leading characters of `text` that echo the prompt
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class ChoiceSpec:
     stop: tuple[str, ...]
     route: Route
     deadline_unix_s: float
+    echo: bool = False               # completions: the prompt's text opens the choice
 
     @property
     def work(self) -> WorkItem:
@@ -109,9 +114,11 @@ class ChoiceRunner:
         self._stall_watch = stall_watch
         self._num_generated_chunks = 0
         self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop)
+        self._tokenizer = tokenizer
         self._last_token_at: float | None = None
 
-    def _delta(self, token_ids: list[int], finish_reason: str | None = None) -> ChoiceDelta:
+    def _delta(self, token_ids: list[int], finish_reason: str | None = None,
+               logprobs: Sequence[TokenLogprobs] = ()) -> ChoiceDelta:
         now = time.monotonic()
         if token_ids:
             if self._last_token_at is not None:
@@ -126,7 +133,9 @@ class ChoiceRunner:
         self.stats.token_ids.extend(token_ids)
         self.stats.text += text
         self.stats.finish_reason = finish_reason
-        return ChoiceDelta(self.spec.index, text, token_ids, finish_reason)
+        lps = entries(self._tokenizer, logprobs)
+        self.stats.logprobs.extend(lps)
+        return ChoiceDelta(self.spec.index, text, token_ids, finish_reason, lps)
 
     def _abort_later(self, address: str) -> None:
         client = self._clients(address)
@@ -209,12 +218,19 @@ class ChoiceRunner:
 
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:
         s = self.spec
+        if s.echo:
+            prompt_text = self._tokenizer.decode(s.prompt_token_ids)
+            self.stats.text = prompt_text
+            self.stats.echo_len = len(prompt_text)
+            yield ChoiceDelta(s.index, prompt_text, [])
         prefilled = None
         if s.route.kind == "split":
             assert s.route.prefill_address is not None
             prefilled = await self._prefill_with_retry(s.route.prefill_address)
         if prefilled is not None:
-            delta = self._delta([prefilled.first_token_id], prefilled.finish_reason)
+            first_lp = ([prefilled.first_token_logprobs]
+                        if prefilled.first_token_logprobs is not None else [])
+            delta = self._delta([prefilled.first_token_id], prefilled.finish_reason, first_lp)
             yield delta
             if delta.finish_reason is not None:
                 return
@@ -252,7 +268,7 @@ class ChoiceRunner:
                                           "the worker aborted the request")
                 if chunk.usage is not None:
                     self._take_usage(chunk.usage, after is not None)
-                delta = self._delta(list(chunk.token_ids), reason)
+                delta = self._delta(list(chunk.token_ids), reason, chunk.logprobs)
                 if delta.finish_reason is not None:
                     # a stop string ends the choice while the worker still runs: abort it below
                     finished = reason is not None

@@ -136,7 +136,13 @@ class Dispatcher:
         seed = (job.seed + choice) % 2**64 if job.seed is not None else None
         return Sampling(max_tokens=max_tokens, temperature=job.temperature, top_p=job.top_p,
                         top_k=job.top_k, stop_token_ids=tuple(stop_ids),
-                        ignore_eos=job.ignore_eos, seed=seed)
+                        ignore_eos=job.ignore_eos, seed=seed,
+                        presence_penalty=job.presence_penalty,
+                        frequency_penalty=job.frequency_penalty,
+                        repetition_penalty=job.repetition_penalty,
+                        logit_bias=tuple(dict(job.logit_bias).items()), min_p=job.min_p,
+                        min_tokens=min(job.min_tokens, max_tokens), logprobs=job.logprobs,
+                        grammar_kind=job.grammar_kind, grammar_spec=job.grammar_spec)
 
     def context_limit(self) -> int:
         """The largest context a healthy decode worker plans for; 503 when there is none."""
@@ -236,7 +242,8 @@ class Dispatcher:
                     spec = ChoiceSpec(index=index, request_id=f"{request_id}-{index}",
                                       prompt_token_ids=list(prompt),
                                       sampling=self._sampling(job, max_tokens, i),
-                                      stop=job.stop, route=route, deadline_unix_s=deadline)
+                                      stop=job.stop, route=route, deadline_unix_s=deadline,
+                                      echo=job.echo)
                     runners.append(ChoiceRunner(
                         spec, self._registry.client, self._tokenizer, self._metrics,
                         self._background, self._registry.mark_unavailable,

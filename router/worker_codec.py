@@ -23,6 +23,25 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None  # None: the worker's own seed
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logprobs: int | None = None  # None: none; k: each token's logprob and the top k
+    grammar_kind: str = ""       # constrained decoding (worker/grammar_cache.py), "" = none
+    grammar_spec: str = ""
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One sampled token's logprob and the top alternatives (router/logprobs_format.py)."""
+
+    token_id: int
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,6 +72,7 @@ class Prefilled:
     num_cached_tokens: int
     num_computed_tokens: int
     kv: KVHandle
+    first_token_logprobs: TokenLogprobs | None = None
 
 
 @dataclass(frozen=True)
@@ -71,15 +91,29 @@ class Chunk:
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
     usage: Usage | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 def sampling_to_proto(s: Sampling) -> pb.SamplingParams:
     msg = pb.SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                             top_k=s.top_k, stop_token_ids=list(s.stop_token_ids),
-                            ignore_eos=s.ignore_eos)
+                            ignore_eos=s.ignore_eos, presence_penalty=s.presence_penalty,
+                            frequency_penalty=s.frequency_penalty,
+                            repetition_penalty=s.repetition_penalty,
+                            logit_bias=dict(s.logit_bias), min_p=s.min_p,
+                            min_tokens=s.min_tokens)
     if s.seed is not None:
         msg.seed = s.seed
+    if s.logprobs is not None:
+        msg.logprobs = s.logprobs
+    if s.grammar_kind:
+        msg.grammar_kind, msg.grammar_spec = s.grammar_kind, s.grammar_spec
     return msg
+
+
+def logprobs_from_proto(msg: pb.TokenLogprobs) -> TokenLogprobs:
+    return TokenLogprobs(int(msg.token_id), float(msg.logprob), tuple(int(t) for t in msg.top_ids),
+                         tuple(float(v) for v in msg.top_logprobs))
 
 
 def prefill_request(item: WorkItem) -> pb.PrefillRequest:
@@ -107,8 +141,10 @@ def generate_request(item: WorkItem, after: Prefilled | None = None) -> pb.Gener
 
 def prefilled_from_proto(msg: pb.PrefillResponse) -> Prefilled:
     kv = KVHandle(int(msg.kv.num_tokens_stored), msg.kv.kv_layout_fingerprint, msg.kv.store_url)
+    first_lp = (logprobs_from_proto(msg.first_token_logprobs)
+                if msg.HasField("first_token_logprobs") else None)
     return Prefilled(int(msg.first_token_id), msg.finish_reason or None,
-                     int(msg.num_cached_tokens), int(msg.num_computed_tokens), kv)
+                     int(msg.num_cached_tokens), int(msg.num_computed_tokens), kv, first_lp)
 
 
 def chunk_from_proto(msg: pb.GenerateChunk) -> Chunk:
@@ -116,4 +152,5 @@ def chunk_from_proto(msg: pb.GenerateChunk) -> Chunk:
     if msg.HasField("usage"):
         usage = Usage(int(msg.usage.cached_tokens), int(msg.usage.loaded_kv_tokens),
                       int(msg.usage.recomputed_tokens))
-    return Chunk(tuple(int(t) for t in msg.token_ids), msg.finish_reason or None, usage)
+    return Chunk(tuple(int(t) for t in msg.token_ids), msg.finish_reason or None, usage,
+                 tuple(logprobs_from_proto(lp) for lp in msg.logprobs))

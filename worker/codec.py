@@ -23,6 +23,7 @@ from engine.errors import (
     PlanError,
     QueueFull,
 )
+from engine.sampler import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from proto import bulkhead_pb2 as pb
 from worker.engine_loop import EngineLoopFailed
@@ -53,7 +54,19 @@ def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
         seed=int(msg.seed) if msg.HasField("seed") else None,
         stop_token_ids=tuple(int(t) for t in msg.stop_token_ids),
         ignore_eos=bool(msg.ignore_eos),
+        presence_penalty=float(msg.presence_penalty),
+        frequency_penalty=float(msg.frequency_penalty),
+        repetition_penalty=float(msg.repetition_penalty) if msg.repetition_penalty != 0 else 1.0,
+        logit_bias=tuple(sorted((int(t), float(b)) for t, b in msg.logit_bias.items())),
+        min_p=float(msg.min_p),
+        min_tokens=int(msg.min_tokens),
+        logprobs=int(msg.logprobs) if msg.HasField("logprobs") else None,
     )
+
+
+def logprobs_to_proto(lp: TokenLogprobs) -> pb.TokenLogprobs:
+    return pb.TokenLogprobs(token_id=lp.token_id, logprob=lp.logprob,
+                            top_ids=[t for t, _ in lp.top], top_logprobs=[v for _, v in lp.top])
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from common.settings import WorkerSettings
 from common.startup_progress import StartupProgress
+from engine.errors import InvalidRequest
 from engine.llm_engine import KVImport, LLMEngine
 from engine.sampling_params import SamplingParams
 from proto import bulkhead_pb2 as pb
@@ -35,6 +36,7 @@ from worker.auth import AccessError, server_credentials, server_interceptors, wa
 from worker.codec import abort_with, unary_rpc
 from worker.engine_loop import EngineLoop, RequestStream
 from worker.errors import DeadlinePassed, KVStoreUnavailable, WrongRole
+from worker.grammar_cache import GrammarCache
 from worker.kv_import import fetch_import
 from worker.kv_store import KVStore
 from worker.kv_store_config import layout_fingerprint
@@ -57,6 +59,7 @@ class WorkerRuntime:
     kv_store: KVStore | None
     compat: pb.Compatibility
     model_name: str
+    grammars: GrammarCache | None = None  # constrained decoding (built lazily, on first use)
 
     def close(self) -> None:
         self.loop.stop()
@@ -118,7 +121,9 @@ def build_runtime(settings: WorkerSettings,
         lmcache_chunk_size=settings.lmcache_chunk_size,
         kv_layout_fingerprint=kv_layout,
     )
-    return WorkerRuntime(settings, engine, EngineLoop(engine), kv_store, compat, mc.name)
+    grammars = GrammarCache(settings.model, mc.vocab_size, tuple(mc.eos_token_ids))
+    return WorkerRuntime(settings, engine, EngineLoop(engine), kv_store, compat, mc.name,
+                         grammars)
 
 
 def remaining_s(deadline_unix_s: float) -> float | None:
@@ -163,6 +168,16 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
         except asyncio.CancelledError:
             self.loop.post(lambda engine: engine.abort(rid))
             raise
+
+    async def grammar(self, sampling: pb.SamplingParams) -> Any:
+        """The compiled grammar a request's sampling names (None: unconstrained), compiled on
+        a worker thread (cached): the engine thread never compiles. Raises InvalidRequest."""
+        if not sampling.grammar_kind:
+            return None
+        if self.rt.grammars is None:
+            raise InvalidRequest("this worker has no grammar engine", "response_format")
+        return await asyncio.to_thread(self.rt.grammars.compile, sampling.grammar_kind,
+                                       sampling.grammar_spec)
 
     async def prepare_import(self, prompt: Sequence[int]) -> KVImport | None:
         """The engine's import hook for the stored prefix of ``prompt`` (worker/kv_import.py)."""

@@ -75,7 +75,8 @@ def test_cli_dispatch(capsys: pytest.CaptureFixture[str]) -> None:
     assert "up" in capsys.readouterr().out
     assert cli_main(["nope"]) == 2
     assert cli_main([]) == 2
-    assert set(SUBCOMMANDS) == {"up", "router", "prefill", "decode", "plan", "bench"}
+    assert set(SUBCOMMANDS) == {"up", "router", "prefill", "decode", "plan", "bench",
+                                "export-tokenizer"}
 
 
 def test_launcher_modules_stay_torch_free() -> None:
