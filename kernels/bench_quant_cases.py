@@ -24,7 +24,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _random_fp8(n: int, k: int, dev: str, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    q = (torch.randn(n, k, device=dev, generator=g) * 100).to(torch.float8_e4m3fn)
+    """Finite e4m3 only: a cast of anything past +-448 gives the NaN code, which would make
+    the error column NaN (the kernel keeps NaN codes NaN, as the reference does)."""
+    q = (torch.randn(n, k, device=dev, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
     s = torch.rand(-(-n // 128), -(-k // 128), device=dev, generator=g) * 1e-3
     return q, s
 
@@ -82,3 +84,58 @@ def bench_quant(timer: Timer, copy_tb_s: float, smoke: bool, check: bool) -> lis
         out.append(row)
         print(json.dumps(row), flush=True)
     return out
+
+
+def sweep_quant_tiles(timer: Timer) -> list[dict]:
+    """Tile choices of the decode FP8 kernel and of the MoE GEMMs at the bench shapes, each
+    timed: how the defaults in ``fp8_gemv_tiles`` and ``moe_tiles`` were picked (GPU only)."""
+    from kernels._fp8_linear_triton import launch_fp8_gemv
+    from kernels._mxfp4_moe_triton import launch_moe, launch_moe_sort
+
+    dev, dt = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+    rows: list[dict] = []
+    for n, k in ((4096, 4096), (32768, 1024)):
+        q, s = _random_fp8(n, k, dev, g)
+        for m in (1, 32):
+            x = torch.randn(m, 1, k, device=dev, generator=g).to(dt)
+            y = torch.empty(m, 1, n, device=dev, dtype=dt)
+            for bn in (16, 32, 64):
+                for unroll in (1, 2, 4):
+                    for stages in (1, 3):
+                        tiles = (16 if m <= 16 else 32, bn, 128, unroll, 4, stages)
+                        ms = timer(lambda x=x, y=y, q=q, s=s, t=tiles: launch_fp8_gemv(
+                            x, q.view(torch.uint8), s, y, (128, 128), t), 20)
+                        rows.append({"case": "fp8_gemv", "m": m, "n": n, "k": k,
+                                     "tiles": tiles, "ms": ms})
+                        print(json.dumps(rows[-1]), flush=True)
+    e, hid, inter, top_k = 128, 4096, 2048, 6
+    gu, gus = _random_mxfp4(e, 2 * inter, hid, dev, g)
+    dn, dns = _random_mxfp4(e, hid, inter, dev, g)
+    decode = [(16, 64, 128, 4, 3), (16, 32, 128, 4, 3), (16, 128, 128, 4, 3),
+              (16, 64, 256, 4, 3), (16, 32, 256, 4, 4), (16, 64, 128, 4, 1), (16, 64, 64, 4, 4)]
+    prefill = [(128, 128, 64, 8, 3), (64, 128, 64, 4, 3), (128, 64, 64, 4, 3),
+               (128, 128, 128, 8, 2), (64, 64, 64, 4, 3)]
+    for t, choices in ((1, decode), (8, decode), (32, decode), (4096, prefill)):
+        x = torch.randn(t, hid, device=dev, generator=g).to(dt)
+        ids = torch.stack([torch.randperm(e, device=dev, generator=g)[:top_k] for _ in range(t)])
+        w = torch.rand(t, top_k, device=dev, generator=g)
+        m = t * top_k
+        order = torch.empty(m, dtype=torch.int64, device=dev)
+        row_end = torch.empty(e, dtype=torch.int32, device=dev)
+        h = torch.empty(m, inter, dtype=dt, device=dev)
+        yy = torch.empty(m, hid, dtype=dt, device=dev)
+        out = torch.empty(t, hid, dtype=dt, device=dev)
+        sort_ms = timer(lambda ids=ids, order=order, row_end=row_end: launch_moe_sort(
+            ids.view(-1), order, row_end, e), 20)
+        rows.append({"case": "moe_sort", "tokens": t, "ms": sort_ms})
+        print(json.dumps(rows[-1]), flush=True)
+        for tiles in choices:
+            ms = timer(lambda x=x, ids=ids, w=w, tiles=tiles, order=order, row_end=row_end,
+                       h=h, yy=yy, out=out: launch_moe(
+                x, ids.view(-1), order, row_end, w.view(-1), gu, gus, dn, dns, 10.0, h, yy, out,
+                top_k, False, tiles), 20)
+            rows.append({"case": "mxfp4_moe", "tokens": t, "tiles": tiles, "ms": ms,
+                         "tflops": 2 * m * 3 * hid * inter / (ms * 1e9)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
