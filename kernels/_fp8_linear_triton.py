@@ -1,9 +1,9 @@
 """Triton kernel of the block-scaled FP8 linear (see ``kernels.fp8_linear``).
 
-Portable on purpose: the weight arrives as raw e4m3 bytes and is decoded with integer ops and a
-bitcast to fp16 (exact: e4m3's exponent and mantissa fit fp16's, off by a factor 2**8), so no
-fp8 dtype, no wgmma/TMA and no SM90-only instruction is needed; it runs on SM90, SM120 and under
-TRITON_INTERPRET=1. Activations stay in their own dtype (bf16 on the GPU) and the dot
+The weight arrives as raw e4m3 bytes. On the GPU (bf16/fp16 activations) it is decoded by the
+hardware's e4m3 -> fp16 conversion (SM89+: SM90, SM120); with fp32 activations and under
+TRITON_INTERPRET=1 by integer ops and a bitcast to fp16 (exact: e4m3's exponent and mantissa
+fit fp16's, off by a factor 2**8). Both keep NaN codes NaN. No wgmma/TMA-only code path. Activations stay in their own dtype (bf16 on the GPU) and the dot
 accumulates in fp32; the block scale multiplies each K-tile's partial product.
 """
 
@@ -19,13 +19,19 @@ E4M3_TO_F16_FACTOR = 256.0  # e4m3 bits placed in an fp16 read 2**-8 of their va
 
 
 @triton.jit
-def e4m3_bits_to_f16(b):
+def e4m3_bits_to_f16(b, HW: tl.constexpr = False):
     """uint8 e4m3 bits -> fp16 holding value / 256 (exact for every finite e4m3); the NaN
-    codes 0x7F / 0xFF stay NaN, as in torch's float8_e4m3fn (the reference)."""
-    b16 = b.to(tl.uint16)
-    bits = ((b16 & 0x80) << 8) | ((b16 & 0x7F) << 7)
-    bits = tl.where((b16 & 0x7F) == 0x7F, 0x7E00, bits)
-    return bits.to(tl.float16, bitcast=True)
+    codes 0x7F / 0xFF stay NaN, as in torch's float8_e4m3fn (the reference). HW: the GPU's own
+    e4m3 -> fp16 conversion (SM89+, two values an instruction); else integer ops and a bitcast
+    (the interpreter, whose fp8 conversion is not exact)."""
+    if HW:
+        v = b.to(tl.float8e4nv, bitcast=True).to(tl.float16) * 0.00390625
+    else:
+        b16 = b.to(tl.uint16)
+        bits = ((b16 & 0x80) << 8) | ((b16 & 0x7F) << 7)
+        bits = tl.where((b16 & 0x7F) == 0x7F, 0x7E00, bits)
+        v = bits.to(tl.float16, bitcast=True)
+    return v
 
 
 @triton.jit
@@ -67,7 +73,7 @@ def _fp8_linear_kernel(
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         wb = tl.load(w_ptr + offs_n[:, None] * stride_wn + k[None, :],
                      mask=n_ok[:, None] & k_ok[None, :], other=0)
-        w = e4m3_bits_to_f16(wb)
+        w = e4m3_bits_to_f16(wb, not F32)
         if TILE_SCALE:
             s = tl.load(s_row + k0 // SCALE_BK, mask=n_ok, other=0.0)  # [BLOCK_N]
             acc += dot_nt(x, w, F32) * s[None, :]
@@ -117,7 +123,7 @@ def _fp8_gemv_kernel(
             # a K-tile past the end is all masked: read any in-bounds scale for it
             s = tl.load(s_row + tl.minimum(k0 + u * BLOCK_K, K - 1) // SCALE_BK, mask=n_ok,
                         other=0.0)
-            w = e4m3_bits_to_f16(wb)
+            w = e4m3_bits_to_f16(wb, not F32)
             if F32:
                 part = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
             else:
