@@ -25,6 +25,7 @@ import triton.language as tl
 from kernels._triton_support import interpreting, next_pow2
 
 _SORT_BLOCK = 128
+_ORDER_BLOCK = 32
 
 
 @triton.jit
@@ -40,16 +41,18 @@ def _moe_row_end_kernel(ids_ptr, row_end_ptr, M, E, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _moe_order_kernel(ids_ptr, row_end_ptr, order_ptr, M, E, BLOCK: tl.constexpr):
+def _moe_order_kernel(ids_ptr, row_end_ptr, order_ptr, M, E, BLOCK: tl.constexpr,
+                      BLOCK_J: tl.constexpr = 128):
     """order[start of expert id_i + #{j < i with id_j == id_i}] = i: a stable sort by expert.
     An id outside [0, E) (a caller bug the wrapper cannot see without a sync) is dropped rather
-    than written out of bounds."""
+    than written out of bounds. A narrow ``BLOCK`` of i keeps the [BLOCK, BLOCK_J] compare tile
+    small (occupancy) and the programs many (prefill has 24k pairs)."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     id_i = tl.load(ids_ptr + i, mask=i < M, other=0).to(tl.int32)
     i_ok = (i < M) & (id_i >= 0) & (id_i < E)
     rank = tl.load(row_end_ptr + id_i - 1, mask=i_ok & (id_i > 0), other=0)
-    for j0 in range(0, tl.program_id(0) * BLOCK + BLOCK, BLOCK):  # only j < i can count
-        j = j0 + tl.arange(0, BLOCK)
+    for j0 in range(0, tl.program_id(0) * BLOCK + BLOCK, BLOCK_J):  # only j < i can count
+        j = j0 + tl.arange(0, BLOCK_J)
         id_j = tl.load(ids_ptr + j, mask=j < M, other=-1).to(tl.int32)
         same = (id_j[None, :] == id_i[:, None]) & (j[None, :] < i[:, None])
         rank += tl.sum(same.to(tl.int32), 1)
@@ -243,8 +246,8 @@ def launch_moe_sort(ids: torch.Tensor, order: torch.Tensor, row_end: torch.Tenso
     m = ids.numel()
     _moe_row_end_kernel[(triton.cdiv(num_experts, _SORT_BLOCK),)](
         ids, row_end, m, num_experts, BLOCK=_SORT_BLOCK)
-    _moe_order_kernel[(triton.cdiv(m, _SORT_BLOCK),)](
-        ids, row_end, order, m, num_experts, BLOCK=_SORT_BLOCK)
+    _moe_order_kernel[(triton.cdiv(m, _ORDER_BLOCK),)](
+        ids, row_end, order, m, num_experts, BLOCK=_ORDER_BLOCK, BLOCK_J=_SORT_BLOCK)
 
 
 def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end: torch.Tensor,

@@ -28,15 +28,19 @@ def fp8_linear_tiles(m: int, block_k: int) -> tuple[int, int, int, int]:
     return bm, 64 if m <= 32 else 128, bk, 4 if m <= 32 else 8
 
 
-def fp8_gemv_tiles(m: int, block_k: int) -> tuple[int, int, int, int, int, int] | None:
+def fp8_gemv_tiles(m: int, n: int, block_k: int) -> tuple[int, int, int, int, int, int] | None:
     """(BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, num_warps, num_stages) of the decode kernel for
     ``m`` <= 32 rows, or None (more rows, or a scale block no power-of-two K-tile divides).
-    Decode is weight-streaming: narrow N tiles give 128+ programs even at N = 4096, and two
-    K-tiles per trip keep more bytes in flight."""
+    Decode streams the weight: 64-row N tiles when that still gives two waves of programs on
+    an H200's 132 SMs, else 32-row tiles with two K-tiles a trip (H200 sweep,
+    ``kernels.bench_quant_cases.sweep_quant_tiles``: N = 32768 -> 64/1, N = 4096 -> 32/2)."""
     bk = next((c for c in (128, 64, 32, 16) if block_k % c == 0), None)
     if m > 32 or bk is None:
         return None
-    return 16 if m <= 16 else 32, 32, bk, 2, 4, 3
+    bm = 16 if m <= 16 else 32
+    if -(-n // 64) >= 264:
+        return bm, 64, bk, 1, 4, 3
+    return bm, 32, bk, 2, 4, 3
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
@@ -86,7 +90,7 @@ def _fp8_linear(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.T
 
     if not (m and n):
         return
-    gemv = fp8_gemv_tiles(m, block[1])
+    gemv = fp8_gemv_tiles(m, groups * n, block[1])
     if gemv is not None:
         launch_fp8_gemv(x, weight.view(torch.uint8), scale, out, block, gemv)
     else:
