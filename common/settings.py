@@ -329,7 +329,8 @@ def build_parser(role: str) -> argparse.ArgumentParser:
         description=f"Bulkhead {role} worker: gRPC bulkhead.v1.Worker + grpc.health.v1.",
     )
     parser.add_argument(
-        "--config", default=None, help="YAML file of settings (env: BULKHEAD_CONFIG)."
+        "--config", default=None,
+        help="YAML file of settings (env: BULKHEAD_CONFIG; default: none)."
     )
     kinds = _field_types()
     for f in dataclasses.fields(WorkerSettings):

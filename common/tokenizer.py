@@ -22,6 +22,7 @@ from tokenizers import Tokenizer as Backend
 from common.chat_template import ChatTemplate
 from common.detokenizer import IncrementalDetokenizer, StopMatch, find_stop
 from common.gguf_metadata import GGUFFormatError, read_gguf_header
+from common.token_bound import max_token_bytes
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 # llama.cpp's tokenizer.ggml.pre -> the split regex its merges were learned with (as transformers'
@@ -227,7 +228,10 @@ class Tokenizer:
     # --- text <-> ids -------------------------------------------------------------------------
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        # encode_batch releases the GIL while it works (encode does not): a long prompt
+        # tokenized in a thread then leaves the router's event loop free. Same ids.
+        (enc,) = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)
+        return list(enc.ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         text = self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -247,6 +251,11 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def max_token_bytes(self) -> int | None:
+        """Most input bytes one token stands for (None: no sound bound), see token_bound."""
+        return max_token_bytes(self.backend)
 
     @cached_property
     def fingerprint(self) -> str:

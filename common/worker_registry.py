@@ -1,5 +1,5 @@
 """The Redis key scheme of the worker registry, shared by the worker that publishes its
-WorkerInfo (service/registration.py) and the router that discovers it (router/redis_registry.py).
+WorkerInfo (worker/registration.py) and the router that discovers it (router/redis_registry.py).
 
 A worker keeps one key, ``bulkhead:worker:<role>:<worker_id>``, whose value is its serialized
 ``bulkhead.v1.WorkerInfo`` and whose TTL is its heartbeat. This module must never talk to the

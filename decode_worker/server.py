@@ -28,9 +28,9 @@ import grpc
 from common.settings import WorkerSettings
 from engine.errors import EngineError, InvalidRequest
 from proto import bulkhead_pb2 as pb
-from service.codec import sampling_from_proto, usage_to_proto
-from service.engine_loop import EngineLoopFailed
-from service.worker_base import WorkerServicerBase, remaining_s, run_worker, serve_worker
+from worker.codec import sampling_from_proto, usage_to_proto
+from worker.engine_loop import EngineLoopFailed
+from worker.worker_base import WorkerServicerBase, remaining_s, run_worker, serve_worker
 
 log = logging.getLogger(__name__)
 

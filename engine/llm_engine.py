@@ -11,6 +11,7 @@ Single-threaded: one thread owns the engine and the device.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -77,7 +78,10 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, ec: EngineConfig, model_config: ModelConfig,
                  weights: dict[str, torch.Tensor], model_fingerprint: str = "",
-                 non_torch_bytes: int = 0) -> None:
+                 non_torch_bytes: int = 0,
+                 progress: Callable[[str], None] | None = None) -> None:
+        """``progress``, when given, is told each start-up step in words (the worker prints
+        them: on a small machine the warm-up alone takes tens of seconds)."""
         self.config = ec
         self.model_config = model_config
         self.model_fingerprint = model_fingerprint
@@ -91,6 +95,9 @@ class LLMEngine:
         self.plan: MemoryPlan = make_plan(model_config, ec, device_memory(ec), weight_bytes,
                                           non_torch_bytes, library_workspaces(ec))
         self.plan.check()
+        if progress is not None:
+            progress(f"memory plan: {self.plan.total_bytes / 2**20:,.0f} MiB, KV extent "
+                     f"{self.plan.kv_spec.num_blocks} blocks of {ec.block_size} tokens")
         self.runner = ModelRunner(model_config, ec, weights, self.plan)
         # Prefix sharing by block hash needs the state to live in those blocks: not so for
         # families with per-slot state (DeepSeek-V4), which always compute from their start.
@@ -104,7 +111,7 @@ class LLMEngine:
             SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos),
                             keep_slot_with_kv=self.slot_state is not None),
             self.block_manager, on_admit=self._on_admit)
-        self.warmup_report = self.runner.warmup()
+        self.warmup_report = self.runner.warmup(progress)
         rep = self.warmup_report
         if rep.activation_peak_bytes is not None and rep.activation_peak_bytes > rep.activation_planned_bytes:
             # The plan under-counted what the worst step really takes: refuse to serve on it.
@@ -124,15 +131,23 @@ class LLMEngine:
         self._rng = torch.Generator().manual_seed(ec.seed)
 
     @classmethod
-    def from_config(cls, ec: EngineConfig) -> LLMEngine:
+    def from_config(cls, ec: EngineConfig,
+                    progress: Callable[[str], None] | None = None) -> LLMEngine:
         from engine.checkpoint import load_checkpoint
 
         non_torch = 0
         if ec.torch_device.type == "cuda":
             free, total = torch.cuda.mem_get_info(ec.torch_device)
             non_torch = total - free - torch.cuda.memory_reserved(ec.torch_device)
+        if progress is not None:
+            progress(f"loading weights from {ec.model}")
         ckpt = load_checkpoint(ec.model, dtype=ec.torch_dtype, device=ec.torch_device)
-        return cls(ec, ckpt.config, ckpt.state_dict, ckpt.model_fingerprint, non_torch)
+        if progress is not None:
+            num_bytes = sum(t.numel() * t.element_size() for t in ckpt.state_dict.values())
+            progress(f"loaded {len(ckpt.state_dict)} tensors ({num_bytes / 2**20:,.0f} MiB, "
+                     f"{ckpt.config.name})")
+        return cls(ec, ckpt.config, ckpt.state_dict, ckpt.model_fingerprint, non_torch,
+                   progress)
 
     @property
     def kv_cache(self) -> KVCache:

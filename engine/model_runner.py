@@ -7,6 +7,7 @@ turns the plan's arithmetic into a measured peak. Never sizes anything by what a
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -147,9 +148,10 @@ class ModelRunner:
         return dict(zip(sampled_ids, tokens, strict=True))
 
     # -- warm-up --------------------------------------------------------------------------------
-    def warmup(self) -> WarmupReport:
+    def warmup(self, progress: Callable[[str], None] | None = None) -> WarmupReport:
         """Run the worst-case steps of the plan: the longest chunk against the longest context,
-        and a full batch of decodes at the longest context. KV writes go to the null block."""
+        and a full batch of decodes at the longest context. KV writes go to the null block.
+        ``progress`` (optional) is told each step before it runs."""
         ec = self.ec
         usable = self.plan.kv_spec.num_blocks - 1
         table = tuple(1 + (i % usable) for i in range(ec.blocks_per_seq))
@@ -172,18 +174,23 @@ class ModelRunner:
              for i in range(ec.max_batch)],
             mixed,
         ]
-        self._run_warmup_steps(steps)
+        names = [f"prefill chunk of {chunk} tokens at context {ec.max_context - 1}",
+                 f"decode batch of {ec.max_batch} at context {ec.max_context - 1}",
+                 f"mixed step of {total} tokens over {len(mixed)} sequences"]
+        self._run_warmup_steps(steps, progress, names)
         act_peak = None
         if cuda:
             torch.cuda.synchronize(self.device)
             act_peak = torch.cuda.max_memory_allocated(self.device) - base
         self.ws.lock()
         if self.use_graphs:
+            if progress is not None:
+                progress("capturing CUDA graphs")
             self._capture_graphs()
         if cuda:
             # torch.cuda.graph() empties the allocator's cache before capturing: run the worst
             # steps again so the cache holds what serving needs, then take the baseline.
-            self._run_warmup_steps(steps)
+            self._run_warmup_steps(steps, progress, names)
             reserve_allocator_slack(self.device, self.plan.term("allocator_slack"))
             torch.cuda.synchronize(self.device)
             self._device_allocs = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
@@ -193,10 +200,14 @@ class ModelRunner:
                                           self.plan.term("activations"), self._device_allocs)
         return self.warmup_report
 
-    def _run_warmup_steps(self, steps: list[list[ScheduledChunk]]) -> None:
+    def _run_warmup_steps(self, steps: list[list[ScheduledChunk]],
+                          progress: Callable[[str], None] | None = None,
+                          names: Sequence[str] = ()) -> None:
         greedy = SamplingParams(max_tokens=1, temperature=0.0)
         random = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.9, top_k=50, seed=0)
-        for chunks in steps:
+        for k, chunks in enumerate(steps):
+            if progress is not None:
+                progress(f"warm-up {k + 1}/{len(steps)}: {names[k] if k < len(names) else ''}")
             for c in chunks:
                 prepare_warmup_slot(self.model, c.cache_slot, c.start)
             params = {c.request_id: (random if i % 2 else greedy) for i, c in enumerate(chunks)}

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from common.help_format import DefaultsHelpFormatter
 from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.memory_planner import GiB, make_plan
@@ -23,25 +24,33 @@ def _model_config(path: str) -> ModelConfig:
     return load_model_config(p)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bulkhead plan", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="bulkhead plan", description=__doc__,
+                                 formatter_class=DefaultsHelpFormatter)
     ap.add_argument("--model", required=True,
                     help="config.json, a checkpoint folder, or a .gguf file (weights not read)")
     ap.add_argument("--max-context", type=int, required=True, help="longest prompt + output")
     ap.add_argument("--chunk-tokens", type=int, default=2048, help="largest prefill chunk")
     ap.add_argument("--max-batch", type=int, default=8, help="most sequences running at once")
-    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--block-size", type=int, default=16, help="paged KV block size in tokens")
     ap.add_argument("--num-blocks", type=int, default=None,
-                    help="KV extent in blocks (default: every sequence can reach max-context)")
-    ap.add_argument("--attn-tile-tokens", type=int, default=256)
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+                    help="KV extent in blocks (None: every sequence can reach max-context)")
+    ap.add_argument("--attn-tile-tokens", type=int, default=256,
+                    help="keys per attention tile (multiple of block-size)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+                    help="weights and KV dtype")
     ap.add_argument("--device-memory-gib", type=float, default=96.0,
-                    help="device memory to plan against (default: a 96 GB card)")
-    ap.add_argument("--memory-utilization", type=float, default=0.92)
+                    help="device memory to plan against (a 96 GB card)")
+    ap.add_argument("--memory-utilization", type=float, default=0.92,
+                    help="share of device memory the plan may take")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="plan for a CUDA device (Triton attention, decode graphs) or the CPU path")
     ap.add_argument("--json", action="store_true", help="print JSON, one entry per term")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         mc = _model_config(args.model)
         ec = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,

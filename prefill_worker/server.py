@@ -24,9 +24,9 @@ from common.settings import WorkerSettings
 from engine.errors import EngineError, InvalidRequest
 from engine.llm_engine import LLMEngine, RequestOutput
 from proto import bulkhead_pb2 as pb
-from service.codec import sampling_from_proto
-from service.engine_loop import EngineLoopFailed, RequestStream
-from service.worker_base import (
+from worker.codec import sampling_from_proto
+from worker.engine_loop import EngineLoopFailed, RequestStream
+from worker.worker_base import (
     WorkerRuntime,
     WorkerServicerBase,
     remaining_s,

@@ -23,13 +23,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.admission import Admission
 from router.background import BackgroundTasks
+from router.body_limit import BodyLimitMiddleware
 from router.dispatch import Dispatcher
 from router.errors import ApiError, no_worker
 from router.job import chat_job, completion_job
 from router.metrics import RouterMetrics
 from router.redis_registry import build_registry
 from router.registry import WorkerRegistry
-from router.schemas import ChatCompletionRequest, CompletionRequest
+from router.schemas import ChatCompletionRequest, CompletionRequest, InvalidText
 from router.serving import RouterContext, as_api_error, error_response, serve_generation
 from router.settings import RouterSettings
 from router.tokenizer_port import RouterTokenizer, load_tokenizer
@@ -54,6 +55,9 @@ def _param_of(loc: tuple[Any, ...]) -> str:
 def _validation_error(exc: RequestValidationError) -> ApiError:
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid body", "type": ""}
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, InvalidText):
+        return ApiError(400, str(cause), "invalid_request_error", cause.param, "invalid_unicode")
     if first.get("type") == "json_invalid":
         return ApiError(400, f"Malformed JSON body: {first.get('msg')}", "invalid_request_error",
                         "body", "invalid_json")
@@ -83,7 +87,7 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
             CallDeadlines(settings.info_timeout_s, settings.prefill_timeout_s,
                           settings.first_token_timeout_s, settings.stream_idle_timeout_s),
             fingerprint)
-        metrics = RouterMetrics(reg.loads)
+        metrics = RouterMetrics(reg.loads, settings.model_name)
         background = BackgroundTasks()
         await reg.start()
         if not reg.loads():
@@ -91,7 +95,8 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
         app.state.ctx = RouterContext(
             settings, tok, reg, metrics, background,
             Dispatcher(settings, tok, reg, metrics, background),
-            Admission(settings.max_inflight_requests, settings.retry_after_s))
+            Admission(settings.max_inflight_requests, settings.retry_after_s),
+            asyncio.Semaphore(settings.max_concurrent_tokenizations))
         log.info("serving model %r", settings.model_name)
         try:
             yield
@@ -133,8 +138,13 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:   # FastAPI could not read the body (bytes, depth, digits)
+            return error_response(ApiError(
+                400, f"Request body: {exc.detail}; it must be one JSON object in UTF-8.",
+                "invalid_request_error", "body", "invalid_body"))
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return error_response(ApiError(exc.status_code, str(exc.detail),
-                                       "invalid_request_error", None, None))
+                                       "invalid_request_error", None, code))
 
     @app.exception_handler(Exception)
     async def _on_any(request: Request, exc: Exception) -> JSONResponse:
@@ -144,13 +154,15 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         ctx = ctx_of(request)
         return await serve_generation(ctx, request,
-                                      lambda: chat_job(body, ctx.settings, ctx.tokenizer))
+                                      lambda limit: chat_job(body, ctx.settings, ctx.tokenizer,
+                                                             limit))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         ctx = ctx_of(request)
         return await serve_generation(ctx, request,
-                                      lambda: completion_job(body, ctx.settings, ctx.tokenizer))
+                                      lambda limit: completion_job(body, ctx.settings,
+                                                                   ctx.tokenizer, limit))
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
@@ -179,4 +191,6 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
     async def metrics(request: Request) -> Response:
         return Response(ctx_of(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    # outermost of our middleware: nothing, not even the API-key check, reads an oversized body
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     return app

@@ -15,6 +15,7 @@ first_token_id; it carries the tokens after it.  This module never formats HTTP 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +34,7 @@ from router.quarantine import (
     prompt_fingerprint,
 )
 from router.shared_quarantine import SharedQuarantine
+from router.stall_watch import StallWatch
 from router.text_stream import Decoder, TextStream
 from router.worker_client import WorkerClient
 
@@ -87,7 +89,8 @@ class ChoiceRunner:
                  on_unavailable: Callable[[str, str], None],
                  reroute: Callable[[str], str | None] = lambda failed: None,
                  reroute_prefill: Callable[[str], str | None] = lambda failed: None,
-                 quarantine: SharedQuarantine | None = None) -> None:
+                 quarantine: SharedQuarantine | None = None,
+                 stall_watch: StallWatch | None = None) -> None:
         self.spec = spec
         self.stats = ChoiceStats()
         self._clients = clients
@@ -97,6 +100,7 @@ class ChoiceRunner:
         self._reroute = reroute
         self._reroute_prefill = reroute_prefill
         self._quarantine = quarantine
+        self._stall_watch = stall_watch
         self._num_generated_chunks = 0
         self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop)
         self._last_token_at: float | None = None
@@ -135,7 +139,7 @@ class ChoiceRunner:
         started = time.monotonic()
         done = False
         try:
-            resp = await self._clients(address).prefill(req)
+            resp = await self._prefill_unless_stalled(address, req)
             done = True
         except WorkerCallError as err:
             done = err.code == grpc.StatusCode.UNAVAILABLE   # it never reached the worker
@@ -147,6 +151,28 @@ class ChoiceRunner:
         self.stats.num_cached_tokens = int(resp.num_cached_tokens)
         self.stats.num_recomputed_tokens = int(resp.num_computed_tokens)
         return resp
+
+    async def _prefill_unless_stalled(self, address: str,
+                                      req: pb.PrefillRequest) -> pb.PrefillResponse:
+        """The Prefill RPC, given up (DEADLINE_EXCEEDED, which is retried elsewhere) as soon as
+        the worker stops advancing, instead of at the end of `prefill_timeout_s`."""
+        call = asyncio.ensure_future(self._clients(address).prefill(req))
+        if self._stall_watch is None:
+            return await call
+        watch = asyncio.ensure_future(self._stall_watch.wait(address))
+        try:
+            await asyncio.wait({call, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (call, watch):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(call, watch, return_exceptions=True)
+        if call.cancelled():
+            problem = watch.result()
+            self._on_unavailable(address, f"prefill: {problem}")
+            raise WorkerCallError(address, "prefill", grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  f"the worker stopped advancing: {problem}")
+        return call.result()
 
     async def _prefill_with_retry(self, address: str) -> pb.PrefillResponse | None:
         """Prefill on ``address``; if that worker died, timed out or broke, once more on another

@@ -47,6 +47,7 @@ from router.quarantine import (
 from router.registry import WorkerRegistry
 from router.settings import RouterSettings
 from router.shared_quarantine import SharedQuarantine
+from router.stall_watch import StallWatch
 from router.tokenizer_port import RouterTokenizer
 
 log = logging.getLogger("bulkhead.router.dispatch")
@@ -110,6 +111,17 @@ class Dispatcher:
         # shared with the other routers on the worker registry's Redis, when there is one
         self.quarantine = SharedQuarantine(Quarantine(ttl_s=settings.quarantine_ttl_s),
                                            settings.registry_url)
+        # a prefill on a worker that stops advancing is given up after stall_timeout_s
+        self._stall_watch = StallWatch(self._worker_problem, registry.info,
+                                       settings.stall_timeout_s,
+                                       min(settings.poll_interval_s, 1.0))
+
+    def _worker_problem(self, address: str) -> str:
+        """'' while the registry routes to `address`, else why not."""
+        for w in self._registry.loads():
+            if w.address == address:
+                return "" if w.healthy else self._registry.problems().get(address, "unhealthy")
+        return "no longer in the worker registry"
 
     async def aclose(self) -> None:
         """Finish pending quarantine writes and close the quarantine's Redis connection."""
@@ -128,7 +140,8 @@ class Dispatcher:
             sp.seed = (job.seed + choice) % 2**64
         return sp
 
-    def _context_limit(self) -> int:
+    def context_limit(self) -> int:
+        """The largest context a healthy decode worker plans for; 503 when there is none."""
         decode = [w for w in self._registry.loads() if w.role == "decode" and w.healthy]
         if not decode:
             raise no_worker("decode", self._settings.retry_after_s,
@@ -192,7 +205,7 @@ class Dispatcher:
 
     async def start(self, job: GenerationJob) -> Dispatch:
         """Route every choice; raise ApiError if any cannot run."""
-        limit = self._context_limit()
+        limit = self.context_limit()
         request_id = f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         deadline = (time.time() + self._settings.request_timeout_s
                     if self._settings.request_timeout_s > 0 else 0.0)
@@ -231,7 +244,7 @@ class Dispatcher:
                         self._background, self._registry.mark_unavailable,
                         functools.partial(self._reroute, req, route, leases),
                         functools.partial(self._reroute_prefill, req, route, leases),
-                        self.quarantine))
+                        self.quarantine, self._stall_watch))
         except BaseException:
             leases.close()
             raise

@@ -51,6 +51,17 @@ def context_length_exceeded(num_prompt: int, num_new: int, limit: int,
         "invalid_request_error", param, "context_length_exceeded")
 
 
+def context_length_certainly_exceeded(min_prompt: int, num_new: int, limit: int,
+                                      param: str) -> ApiError:
+    """The prompt is over the context by its length alone (refused before tokenizing it)."""
+    return ApiError(
+        400,
+        f"This model's maximum context length is {limit} tokens. However, your prompt alone is "
+        f"at least {min_prompt} tokens long (from its length), with {num_new} for the "
+        "completion. Please reduce the prompt or max_tokens.",
+        "invalid_request_error", param, "context_length_exceeded")
+
+
 def model_not_found(name: str, served: str) -> ApiError:
     return ApiError(404, f"The model '{name}' does not exist; this server serves '{served}'.",
                     "invalid_request_error", "model", "model_not_found")

@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from router.errors import ApiError, invalid_request, model_not_found
+from common.token_bound import min_tokens
+from router.errors import (
+    ApiError,
+    context_length_certainly_exceeded,
+    invalid_request,
+    model_not_found,
+)
 from router.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from router.settings import RouterSettings
 from router.tokenizer_port import RouterTokenizer
@@ -81,8 +87,20 @@ def _common(req: _SamplingFields, settings: RouterSettings) -> dict[str, object]
         return_token_ids=req.return_token_ids)
 
 
+def _refuse_if_certainly_over(text: str, tokenizer: RouterTokenizer, num_new: int | None,
+                              max_context: int | None, param: str) -> None:
+    """Refuse a text whose length alone proves it over the context, before tokenizing it."""
+    if max_context is None:
+        return
+    at_least = min_tokens(text, getattr(tokenizer, "max_token_bytes", None))
+    new = num_new if num_new is not None else 1
+    if at_least + new > max_context:
+        raise context_length_certainly_exceeded(at_least, new, max_context, param)
+
+
 def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
-             tokenizer: RouterTokenizer) -> GenerationJob:
+             tokenizer: RouterTokenizer, max_context: int | None = None) -> GenerationJob:
+    """`max_context`: the largest context a worker serves, for the pre-tokenization bound."""
     common = _common(req, settings)
     if req.logprobs or req.top_logprobs:
         raise _unsupported("logprobs", "logprobs")
@@ -100,10 +118,11 @@ def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
     except Exception as exc:  # a template may raise on an order of roles it does not accept
         raise invalid_request(f"messages: the chat template refused them: {exc}",
                               "messages") from None
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    _refuse_if_certainly_over(text, tokenizer, max_tokens, max_context, "messages")
     ids = tuple(tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise invalid_request("messages: they render to an empty prompt", "messages")
-    max_tokens = req.max_completion_tokens or req.max_tokens
     return GenerationJob(kind="chat", prompts=(ids,), max_tokens=max_tokens, **common)  # type: ignore[arg-type]
 
 
@@ -118,7 +137,7 @@ def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[
 
 
 def completion_job(req: CompletionRequest, settings: RouterSettings,
-                   tokenizer: RouterTokenizer) -> GenerationJob:
+                   tokenizer: RouterTokenizer, max_context: int | None = None) -> GenerationJob:
     common = _common(req, settings)
     if req.logprobs is not None:
         raise _unsupported("logprobs", "logprobs")
@@ -145,14 +164,15 @@ def completion_job(req: CompletionRequest, settings: RouterSettings,
     if len(raw) * req.n > settings.max_prompts:
         raise invalid_request(f"n: {len(raw)} prompts x n={req.n} is more than "
                               f"{settings.max_prompts} choices", "n")
+    max_tokens = 16 if req.max_tokens is None else req.max_tokens
     prompts = []
     for i, item in enumerate(raw):
         param = "prompt" if len(raw) == 1 else f"prompt[{i}]"
         if isinstance(item, str):
+            _refuse_if_certainly_over(item, tokenizer, max_tokens, max_context, param)
             ids = tokenizer.encode(item, add_special_tokens=True)
             prompts.append(_check_ids(ids, None, param))
         else:
             prompts.append(_check_ids(item, vocab_size, param))
-    max_tokens = 16 if req.max_tokens is None else req.max_tokens
     return GenerationJob(kind="completion", prompts=tuple(prompts), max_tokens=max_tokens,
                          **common)  # type: ignore[arg-type]

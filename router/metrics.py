@@ -2,8 +2,10 @@
 
 Latencies (TTFT, inter-token, end-to-end, time per phase) are histograms; requests are counted by
 outcome; KV tokens by how the prompt was served (loaded from the store vs recomputed); worker
-queue depth and load are read from the worker registry at scrape time.  This module must never
-block and never label by request content.
+queue depth and load are read from the worker registry at scrape time. The same values are
+exported again under vLLM's names with a ``model_name`` label (router/vllm_metrics.py);
+docs/metrics.md documents every series. This module must never block and never label by
+request content.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from router.policy import WorkerLoad
+from router.vllm_metrics import VllmNamesCollector
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     120.0, 300.0)
@@ -22,7 +25,7 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0
 
 
 class _WorkerCollector(Collector):
-    def __init__(self, loads: Callable[[], list[WorkerLoad]]) -> None:
+    def __init__(self, loads: Callable[[], list[WorkerLoad]], model_name: str = "") -> None:
         self._loads = loads
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -57,7 +60,7 @@ class _WorkerCollector(Collector):
 class RouterMetrics:
     """The router's metrics; one instance per app."""
 
-    def __init__(self, loads: Callable[[], list[WorkerLoad]]) -> None:
+    def __init__(self, loads: Callable[[], list[WorkerLoad]], model_name: str = "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ttft = Histogram("bulkhead_time_to_first_token_seconds",
@@ -85,9 +88,16 @@ class RouterMetrics:
                                  ["source"], registry=r)
         self.generated_tokens = Counter("bulkhead_generation_tokens", "Tokens generated.",
                                         registry=r)
+        self.prompt_tokens_seen = Counter("bulkhead_choice_prompt_tokens",
+                                          "Prompt tokens of every choice that reached a worker.",
+                                          registry=r)
+        self.finished = Counter("bulkhead_finished_choices",
+                                "Choices that finished, by finish reason (stop, length).",
+                                ["finish_reason"], registry=r)
         self.in_flight = Gauge("bulkhead_router_requests_in_flight",
                                "Requests the router is serving now.", registry=r)
         r.register(_WorkerCollector(loads))
+        r.register(VllmNamesCollector(self, model_name, loads))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

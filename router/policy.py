@@ -32,6 +32,7 @@ class WorkerLoad:
     free_kv_tokens: int
     compat_key: CompatKey
     healthy: bool = True
+    total_kv_tokens: int = 0     # the worker's KV extent (0 = not reported)
 
     @property
     def is_queue_full(self) -> bool:

@@ -9,7 +9,9 @@ the routers on that Redis share their entries through `SharedQuarantine`
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -17,9 +19,12 @@ KILLS_TO_QUARANTINE = 2  # prefill workers lost while running one request
 
 
 def prompt_fingerprint(prompt_token_ids: Sequence[int]) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    h.update(b",".join(str(int(t)).encode() for t in prompt_token_ids))
-    return h.hexdigest()
+    # packed as little-endian int64 in C: a million-token prompt hashes in milliseconds, where
+    # formatting each id as text held the event loop for a quarter of a second
+    packed = array("q", prompt_token_ids)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return hashlib.blake2b(packed.tobytes(), digest_size=16).hexdigest()
 
 
 class QuarantinedRequest(Exception):

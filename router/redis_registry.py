@@ -1,5 +1,5 @@
 """Workers discovered in Redis: each worker keeps its WorkerInfo under a key with a TTL
-(service/registration.py), and the router scans the key prefix every `poll_interval_s`.
+(worker/registration.py), and the router scans the key prefix every `poll_interval_s`.
 
 `RedisRegistry` is a `StaticRegistry` whose worker set also follows Redis: a new key is a
 registration, a key that expired (or that the worker deleted on a graceful stop) drops the worker.

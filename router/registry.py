@@ -235,7 +235,8 @@ class StaticRegistry:
                 max_batch=int(info.max_batch), max_queue=int(info.max_queue),
                 num_running=int(info.num_running), num_waiting=int(info.num_waiting),
                 num_inflight=w.num_inflight, free_kv_tokens=int(info.free_kv_tokens),
-                compat_key=compat_key(info.compat), healthy=w.healthy))
+                compat_key=compat_key(info.compat), healthy=w.healthy,
+                total_kv_tokens=int(info.total_kv_tokens)))
         return out
 
     def info(self, address: str) -> pb.WorkerInfo | None:

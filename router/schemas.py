@@ -2,32 +2,94 @@
 
 Range checks that do not depend on settings live here (pydantic reports the field); the
 settings-dependent ones (n, number of stop strings, context length) live in the handler.
-Unknown fields are ignored, as vLLM does.  This module must never import torch or reach a worker.
+Unknown fields are ignored, as vLLM does.  Every model derives from `StrictModel`: a JSON
+``"10"`` is not an int, ``true`` is not 1 and ``"yes"`` is not a bool, for fields added later
+too.  Request bodies derive from `RequestBody`, which refuses text that is not valid Unicode (a
+lone surrogate such as ``"\\ud800"`` decodes from JSON but cannot be encoded, tokenized or
+logged) anywhere in the body, naming the field.  This module must never import torch or reach
+a worker.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _MAX_SEED = 2**63 - 1
 _MAX_INT32 = 2**31 - 1   # proto int32 fields (top_k, token ids)
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class InvalidText(ValueError):
+    """A string in the body is not valid Unicode; `param` names where (``messages[0].content``)."""
+
+    def __init__(self, param: str, detail: str) -> None:
+        super().__init__(f"{param}: {detail}")
+        self.param = param
+
+
+def _bad_unicode(text: str) -> str | None:
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        return (f"invalid Unicode: lone surrogate \\u{code:04x} at character {exc.start} "
+                "(not valid UTF-8 text)")
+    return None
+
+
+def find_invalid_text(body: Any) -> InvalidText | None:
+    """The first string (value or key) in a decoded JSON body that is not valid Unicode.
+
+    Iterative, so a deeply nested body cannot exhaust the stack here."""
+    todo: list[tuple[str, Any]] = [("", body)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, str):
+            problem = _bad_unicode(value)
+            if problem:
+                return InvalidText(path or "body", problem)
+        elif isinstance(value, dict):
+            for key, item in reversed(list(value.items())):
+                key_problem = _bad_unicode(key) if isinstance(key, str) else None
+                if key_problem:
+                    return InvalidText(path or "body", f"a key has {key_problem}")
+                todo.append((f"{path}.{key}" if path else str(key), item))
+        elif isinstance(value, list):
+            todo.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(value))))
+    return None
+
+
+class StrictModel(BaseModel):
+    """No coercion: the JSON type must be the field's type (an int is still a valid float)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class RequestBody(StrictModel):
+    """A whole request body: refuses invalid Unicode anywhere in it before fields are read."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        problem = find_invalid_text(data)
+        if problem is not None:
+            raise problem
+        return data
+
+
+class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class TextPart(StrictModel):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -40,10 +102,9 @@ class ChatMessage(BaseModel):
         return "".join(p.text for p in self.content)
 
 
-class _SamplingFields(BaseModel):
+class _SamplingFields(RequestBody):
     """Fields shared by chat and completions."""
 
-    model_config = ConfigDict(extra="ignore")
     model: str | None = None          # None: the served model (as vLLM)
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None

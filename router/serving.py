@@ -9,10 +9,12 @@ outside the `RouterContext` it is given.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -45,10 +47,29 @@ class RouterContext:
     background: BackgroundTasks
     dispatcher: Dispatcher
     admission: Admission
+    # bounds the prompts tokenized at once (each in a thread, without the GIL)
+    tokenize_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(2))
+
+
+class AsciiJSONResponse(JSONResponse):
+    """JSON escaped to ASCII: a message quoting client text (a lone surrogate, say) always
+    encodes, where Starlette's UTF-8 rendering would raise while answering the error."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False,
+                          separators=(",", ":")).encode("ascii")
+
+
+KEEPALIVE = ": keep-alive\n\n"
+
+
+async def _ready_within(task: asyncio.Future[ChoiceDelta], timeout_s: float) -> bool:
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    return bool(done)
 
 
 def error_response(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+    return AsciiJSONResponse(err.body(), status_code=err.status, headers=err.headers())
 
 
 def as_api_error(exc: BaseException, ctx: RouterContext) -> ApiError:
@@ -102,22 +123,30 @@ class _Outcome:
 
 def _account(dispatch: Dispatch, metrics: RouterMetrics) -> None:
     for r in dispatch.runners:
+        metrics.prompt_tokens_seen.inc(len(r.spec.prompt_token_ids))
+        if r.stats.finish_reason:
+            metrics.finished.labels(r.stats.finish_reason).inc()
         metrics.kv_tokens.labels("loaded").inc(r.stats.num_loaded_tokens)
         metrics.kv_tokens.labels("cached").inc(r.stats.num_cached_tokens)
         metrics.kv_tokens.labels("recomputed").inc(r.stats.num_recomputed_tokens)
 
 
 async def _stream_body(ctx: RouterContext, job: GenerationJob, dispatch: Dispatch,
-                       first: ChoiceDelta, events: AsyncIterator[ChoiceDelta],
+                       first: asyncio.Future[ChoiceDelta], events: AsyncIterator[ChoiceDelta],
                        outcome: _Outcome) -> AsyncIterator[str]:
     writer = ChunkWriter(job, dispatch.request_id, int(time.time()))
     route = dispatch.runners[0].spec.route.kind
     seen: set[int] = set()
     result = "cancelled"
     try:
+        while not first.done():
+            # a long prefill sends nothing for minutes: SSE comments keep proxies from cutting
+            # the idle connection, and tell the client the request is alive
+            yield KEEPALIVE
+            await asyncio.wait({first}, timeout=ctx.settings.sse_keepalive_s)
+        delta: ChoiceDelta | None = first.result()
         for line in writer.opening():
             yield line
-        delta: ChoiceDelta | None = first
         while delta is not None:
             outcome.saw(delta, route)
             chunk = writer.delta(delta, delta.index not in seen)
@@ -129,20 +158,43 @@ async def _stream_body(ctx: RouterContext, job: GenerationJob, dispatch: Dispatc
             yield writer.usage_chunk(dispatch.runners)
         result = "ok"
         yield sse("[DONE]")
-    except (ApiError, WorkerCallError) as exc:
+    except Exception as exc:   # noqa: BLE001 - whatever cut the stream, the client gets a word
+        # (a worker that died, a bug): an OpenAI error event and [DONE], never a bare reset
         err = as_api_error(exc, ctx)
         result = err.code or str(err.status)
         yield sse(err.body())
         yield sse("[DONE]")
     finally:
+        await _settle(first)
         await events.aclose()
         dispatch.close()
         _account(dispatch, ctx.metrics)
         outcome.finish(result)
 
 
+async def _settle(task: asyncio.Future[ChoiceDelta]) -> None:
+    """Cancel a pending first-delta read and wait for it, so the generator it reads from is
+    not running when it is closed."""
+    if not task.done():
+        task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def _build_job(ctx: RouterContext, build: Callable[[int], GenerationJob]) -> GenerationJob:
+    """Validate and tokenize off the event loop, a bounded number at once.
+
+    The context limit is read first, so a prompt whose length alone proves it too long is
+    refused before it is tokenized (router/job.py)."""
+    max_context = ctx.dispatcher.context_limit()
+    async with ctx.tokenize_slots:
+        started = time.monotonic()
+        job = await asyncio.to_thread(build, max_context)
+        ctx.metrics.phase.labels("tokenize").observe(time.monotonic() - started)
+    return job
+
+
 async def serve_generation(ctx: RouterContext, request: Request,
-                 build: Callable[[], GenerationJob]) -> Response:
+                 build: Callable[[int], GenerationJob]) -> Response:
     try:
         outcome = _Outcome(ctx.metrics, ctx.admission)
     except ApiError as err:
@@ -151,15 +203,18 @@ async def serve_generation(ctx: RouterContext, request: Request,
     handed_over = False
     result = "error"
     try:
-        started = time.monotonic()
-        job = await asyncio.to_thread(build)
-        ctx.metrics.phase.labels("tokenize").observe(time.monotonic() - started)
+        job = await _build_job(ctx, build)
         dispatch = await ctx.dispatcher.start(job)
         outcome.dispatch = dispatch
         events = dispatch.deltas()
+        first: asyncio.Future[ChoiceDelta] | None = None
         try:
             if job.stream:
-                first = await run_until_disconnect(anext(events), request.receive)
+                first = asyncio.ensure_future(anext(events))
+                if await run_until_disconnect(_ready_within(first, ctx.settings.sse_keepalive_s),
+                                              request.receive):
+                    first.result()   # failed before any byte went out: an HTTP error status
+                # else: a slow first token; the stream opens now and keeps itself alive
                 handed_over = True
                 return EventStreamResponse(
                     _stream_body(ctx, job, dispatch, first, events, outcome),
@@ -178,6 +233,8 @@ async def serve_generation(ctx: RouterContext, request: Request,
                                 headers={"x-request-id": dispatch.request_id})
         finally:
             if not handed_over:
+                if first is not None:
+                    await _settle(first)
                 await events.aclose()
                 dispatch.close()   # also when the generator never started
     except ClientGone:

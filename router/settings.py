@@ -66,12 +66,23 @@ class RouterSettings:
         "Longest wait for the first token of a Generate stream."))
     stream_idle_timeout_s: float = field(default=60.0, metadata=_doc(
         "Longest wait between two chunks of a Generate stream."))
+    sse_keepalive_s: float = field(default=5.0, metadata=_doc(
+        "A stream whose first token takes longer opens anyway and sends an SSE comment "
+        "(`: keep-alive`) this often until it comes, so proxies do not cut a long prefill."))
     request_timeout_s: float = field(default=0.0, metadata=_doc(
         "Whole-request deadline sent to the workers (deadline_unix_s); 0 = none."))
     retry_after_s: int = field(default=1, metadata=_doc(
         "Value of the Retry-After header on 429 and 503 answers."))
     max_inflight_requests: int = field(default=0, metadata=_doc(
         "Requests the router serves at once; past it new ones get 429 (0 = no bound)."))
+    max_body_bytes: int = field(default=8 * 1024 * 1024, metadata=_doc(
+        "Largest request body accepted, in bytes; a larger one is answered 413 before it is "
+        "read or parsed (Content-Length, or counted as it arrives when chunked)."))
+    max_header_bytes: int = field(default=64 * 1024, metadata=_doc(
+        "Largest request head (request line and headers) accepted, in bytes; past it the "
+        "HTTP server answers 431 without buffering more."))
+    max_concurrent_tokenizations: int = field(default=2, metadata=_doc(
+        "Prompts tokenized at once (each off the event loop, without the GIL); more wait."))
     max_n: int = field(default=16, metadata=_doc("Largest `n` (choices per request) accepted."))
     max_stop_strings: int = field(default=16, metadata=_doc("Most `stop` strings per request."))
     max_prompts: int = field(default=64, metadata=_doc(
@@ -96,7 +107,7 @@ class RouterSettings:
         if self.split_threshold_tokens < 1:
             raise SettingsError(f"split_threshold_tokens: {self.split_threshold_tokens} must be >= 1")
         for name in ("poll_interval_s", "stall_timeout_s", "info_timeout_s", "prefill_timeout_s",
-                     "first_token_timeout_s", "stream_idle_timeout_s"):
+                     "first_token_timeout_s", "stream_idle_timeout_s", "sse_keepalive_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
         if self.request_timeout_s < 0:
@@ -105,7 +116,8 @@ class RouterSettings:
             raise SettingsError(f"max_inflight_requests: {self.max_inflight_requests} must be >= 0")
         if self.retry_after_s < 0:
             raise SettingsError(f"retry_after_s: {self.retry_after_s} must be >= 0")
-        for name in ("max_n", "max_stop_strings", "max_prompts"):
+        for name in ("max_n", "max_stop_strings", "max_prompts", "max_body_bytes",
+                     "max_header_bytes", "max_concurrent_tokenizations"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")
         if self.registry_url and url_problem(self.registry_url):
@@ -162,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `bulkhead router` flags; every flag defaults to None so unset flags do not override."""
     parser = argparse.ArgumentParser(
         prog="bulkhead router", description="OpenAI-compatible router in front of Bulkhead workers.")
-    parser.add_argument("--config", default=None, help="YAML file of settings (env: BULKHEAD_CONFIG).")
+    parser.add_argument("--config", default=None, help="YAML file of settings (env: BULKHEAD_CONFIG; default: none).")
     for f in dataclasses.fields(RouterSettings):
         flag = "--" + f.name.replace("_", "-")
         env = ENV_PREFIX + f.name.upper()

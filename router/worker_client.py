@@ -4,7 +4,7 @@ A `Generate` stream is read through `GenerateStream`, which applies the first-to
 stream-idle deadlines and cancels the call (the worker then aborts the request) when they pass
 or when the caller stops early.  `WorkerAccess` is what the router presents to workers: the
 shared internal token (sent as `authorization: Bearer <token>` metadata on every call; checked
-by service/auth.py) and, when set, the CA that makes the channel TLS.  This module must never
+by worker/auth.py) and, when set, the CA that makes the channel TLS.  This module must never
 block forever, never log the token and never import torch.
 """
 

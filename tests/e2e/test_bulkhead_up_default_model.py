@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from common.default_model import DefaultModelMissing, default_model_path
-from common.launcher import free_port, tcp_open
+from launch.launcher import free_port, tcp_open
 
 pytestmark = pytest.mark.slow  # two workers load and warm up SmolLM2: ~1 min on 2 cores
 
@@ -28,12 +28,14 @@ def test_up_answers_the_capital_of_france_and_stops_cleanly(tmp_path: Path) -> N
         pytest.skip(str(exc))
     port = free_port()
     out_path = tmp_path / "up.out"
-    # Smaller limits than the defaults keep the test light; the command line has no --model.
-    env = {**os.environ, "BULKHEAD_MAX_CONTEXT": "1024", "BULKHEAD_MAX_BATCH": "2",
-           "BULKHEAD_KV_STAGING_GB": "0.1", "BULKHEAD_NUM_THREADS": "1"}
+    # Smaller limits than the defaults keep the test light (and check `up`'s limit flags reach
+    # the workers); the command line has no --model.
+    env = {**os.environ, "BULKHEAD_KV_STAGING_GB": "0.1", "BULKHEAD_NUM_THREADS": "1"}
+    env.pop("BULKHEAD_MAX_CONTEXT", None)
     with out_path.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "common.cli", "up", "--port", str(port),
+            [sys.executable, "-m", "launch.cli", "up", "--port", str(port),
+             "--max-context", "1024", "--max-batch", "2", "--chunk-tokens", "256",
              "--log-dir", str(tmp_path / "logs")],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
@@ -44,12 +46,15 @@ def test_up_answers_the_capital_of_france_and_stops_cleanly(tmp_path: Path) -> N
             time.sleep(1)
         text = out_path.read_text()
         assert f"http://127.0.0.1:{port}/v1" in text and "curl " in text
-        addresses = re.findall(r"(?:redis://|^prefill\s+|^decode\s+)(127\.0\.0\.1:\d+)", text,
+        addresses = re.findall(r"^(?:kv store\s+redis://|prefill\s+|decode\s+)(127\.0\.0\.1:\d+)", text,
                                re.MULTILINE)
         assert len(addresses) == 3, text
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
                                max_retries=0, timeout=120)
-        model = client.models.list().data[0].id
+        card = client.models.list().data[0]
+        model = card.id
+        assert model == "SmolLM2-135M-Instruct.Q4_1"  # the README names this id
+        assert (card.model_extra or {}).get("max_model_len") == 1024
         resp = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "What is the capital of France?"}],
             max_tokens=24, temperature=0)

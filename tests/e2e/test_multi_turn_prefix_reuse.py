@@ -58,7 +58,7 @@ def test_each_turn_computes_only_its_new_tokens(cold_workers: E2E) -> None:
     turn3 = turn2 + token_prompt(2 * CHUNK + 5, seed=13)
     ckpt = load_checkpoint(e2e.folder, torch.float32, progress=False)
     mc = ckpt.config
-    from service.kv_store import KVStore
+    from worker.kv_store import KVStore
 
     store = KVStore(e2e.deployment.kv_store_url, f"{mc.name}-{ckpt.model_fingerprint[:16]}",
                     mc.num_layers, mc.num_kv_heads, mc.head_dim, torch.float32,

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from common.launcher import spawn, tcp_open, wait_until
+from launch.launcher import spawn, tcp_open, wait_until
 from tests.e2e.conftest import E2E, deploy
 from tests.e2e.test_tiny_deployment import complete_ids, token_prompt
 from tests.helpers.tiny_model import hf_greedy

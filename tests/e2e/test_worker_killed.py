@@ -17,7 +17,8 @@ import openai
 import pytest
 
 from common.default_model import default_model_path
-from common.launcher import (
+from common.worker_env import WORKER_ENV
+from launch.launcher import (
     ManagedProcess,
     ProcessGroup,
     free_port,
@@ -26,7 +27,7 @@ from common.launcher import (
     start_kv_server,
     wait_until,
 )
-from common.up import WORKER_ENV, grpc_serving, router_ready
+from launch.up import grpc_serving, router_ready
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 
@@ -40,7 +41,7 @@ FLAGS = ("--device", "cpu", "--max-context", "1200", "--chunk-tokens", "16", "--
 def _cli(*args: str) -> list[str]:
     import sys
 
-    return [sys.executable, "-m", "common.cli", *args]
+    return [sys.executable, "-m", "launch.cli", *args]
 
 
 def _info(address: str) -> pb.WorkerInfo | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from common.launcher import free_port, redis_server_path, spawn, start_redis, tcp_open, wait_until
+from launch.launcher import free_port, redis_server_path, spawn, start_redis, tcp_open, wait_until
 from tests.helpers.tls import TlsFiles
 
 

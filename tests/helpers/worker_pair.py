@@ -10,8 +10,9 @@ from pathlib import Path
 
 import grpc
 
-from common.launcher import ProcessGroup, free_port, spawn, wait_until
-from common.up import WORKER_ENV, grpc_serving
+from common.worker_env import WORKER_ENV
+from launch.launcher import ProcessGroup, free_port, spawn, wait_until
+from launch.up import grpc_serving
 from proto import bulkhead_pb2_grpc as pb_grpc
 
 
@@ -25,7 +26,7 @@ def worker_pair(model: Path, kv_store_url: str, flags: Sequence[str], log_dir: P
         for role in ("prefill", "decode"):
             port = free_port()
             addresses[role] = f"127.0.0.1:{port}"
-            argv = [sys.executable, "-m", "common.cli", role, "--model", str(model),
+            argv = [sys.executable, "-m", "launch.cli", role, "--model", str(model),
                     "--port", str(port), "--kv-store-url", kv_store_url, *flags]
             group.add(spawn(role, argv, env=WORKER_ENV, log_dir=log_dir))
         for proc in group.processes:

@@ -1,4 +1,4 @@
-"""`python -m kernels.bench --smoke` runs every benchmark path at toy sizes (CPU interpreter),
+"""`python -m bench.kernels --smoke` runs every benchmark path at toy sizes (CPU interpreter),
 so the GPU run is not the first time the script executes."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kernels import bench
+from bench import kernels as bench
 
 
 @pytest.mark.slow

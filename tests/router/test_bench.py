@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from common.bench import main, percentiles
+from bench.load import main
+from bench.load_report import percentiles
 from tests.router.conftest import Cluster
 
 pytestmark = pytest.mark.timeout(120)   # a hang is a failure, never a stuck CI
@@ -38,6 +39,21 @@ def test_bench_concurrency_with_long_prompts(reset: Cluster, tmp_path: Path) -> 
     # the long prompts took the split path, the short ones did not
     assert len(reset.prefill[0].prefills) == 3 and len(reset.decode[0].generates) == 12
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The picture says what was measured: model, concurrency, requests, throughput in the
+    # title; p50/p99 marked on the latency panels; a requests-over-time panel.
+    from bench.load_plot import build_figure
+    from bench.load_report import RequestRecord
+
+    records = [RequestRecord(**r) for r in data["requests"]]
+    fig = build_figure(s, records)
+    title = fig._suptitle.get_text()
+    assert s["model"] and s["model"] in title
+    assert "concurrency 4" in title and "12/12 requests" in title
+    assert f"{s['output_token_throughput']:.1f} output tok/s" in title
+    legends = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    for pct in ("p50", "p99"):
+        assert sum(t.startswith(pct) for t in legends) == 3, legends
+    assert any(ax.get_title() == "requests over time" for ax in fig.axes)
 
 
 def test_bench_rate_and_duration_bound(reset: Cluster, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The Redis worker registry, router side (router/redis_registry.py), against a real redis-server
-and real gRPC servers: WorkerInfo is published into Redis directly, as service/registration.py
+and real gRPC servers: WorkerInfo is published into Redis directly, as worker/registration.py
 does, so each test controls the heartbeat exactly."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 import redis.asyncio as aioredis
 from fastapi.testclient import TestClient
 
-from common.launcher import redis_server_path, start_redis
 from common.worker_registry import worker_key
+from launch.launcher import redis_server_path, start_redis
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from router.app import create_app

@@ -51,7 +51,7 @@ def test_every_setting_is_documented() -> None:
 
 
 def test_router_never_imports_torch() -> None:
-    code = ("import router.app, router.server, common.bench, sys; "
+    code = ("import router.app, router.server, bench.load, sys; "
             "assert 'torch' not in sys.modules and 'engine' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2],
                    timeout=60)

@@ -1,7 +1,7 @@
 """What the router presents to workers (router/worker_client.WorkerAccess): the token comes from
 settings, never shows in a repr, and reaches every worker call (the real router app in front of
 fake workers behind the workers' real token check); without it the router reports why no worker
-is usable. A real worker with a token and TLS: tests/service/test_auth.py."""
+is usable. A real worker with a token and TLS: tests/worker/test_auth.py."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from proto import bulkhead_pb2_grpc as pb_grpc
 from router.app import create_app
 from router.settings import RouterSettings, load_settings
 from router.worker_client import WorkerAccess
-from service.auth import InternalTokenInterceptor
 from tests.router.router_fakes import SCRIPT, FakeWorker, LoopThread, TinyTokenizer
+from worker.auth import InternalTokenInterceptor
 
 TOKEN = "tok-secret-1"
 

@@ -17,9 +17,9 @@ from common.settings import WorkerSettings
 from decode_worker.server import DecodeServicer
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
-from service.worker_base import RunningServer, WorkerRuntime, build_runtime, start_server
 from tests.helpers.loop_thread import LoopThread
 from tests.helpers.tiny_model import hf_greedy
+from worker.worker_base import RunningServer, WorkerRuntime, build_runtime, start_server
 
 MAX_CONTEXT = 300
 

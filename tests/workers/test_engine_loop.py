@@ -13,7 +13,7 @@ import pytest
 from engine.errors import QueueFull
 from engine.llm_engine import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
-from service.engine_loop import EngineLoop, EngineLoopFailed
+from worker.engine_loop import EngineLoop, EngineLoopFailed
 
 
 class FakeEngine:

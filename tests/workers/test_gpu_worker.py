@@ -14,9 +14,9 @@ from common.settings import WorkerSettings
 from decode_worker.server import DecodeServicer
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
-from service.paged_kv import scatter_tokens, token_slots
-from service.worker_base import build_runtime, start_server
 from tests.helpers.loop_thread import LoopThread
+from worker.paged_kv import scatter_tokens, token_slots
+from worker.worker_base import build_runtime, start_server
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from common.cli import SUBCOMMANDS
-from common.cli import main as cli_main
-from common.launcher import ProcessGroup, spawn, tcp_open
 from common.settings import SettingsError, WorkerSettings, load_worker_settings, settings_table
+from launch.cli import SUBCOMMANDS
+from launch.cli import main as cli_main
+from launch.launcher import ProcessGroup, spawn, tcp_open
 
 
 def test_sources_override_in_order(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_cli_dispatch(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_launcher_modules_stay_torch_free() -> None:
-    code = ("import sys, common.cli, common.up, common.launcher, common.settings; "
+    code = ("import sys, launch.cli, launch.up, launch.launcher, common.settings; "
             "assert 'torch' not in sys.modules and 'lmcache' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -104,14 +104,14 @@ def _running(pid: int) -> bool:
 
 
 def test_tcp_open_on_a_closed_port() -> None:
-    from common.launcher import free_port
+    from launch.launcher import free_port
 
     assert not tcp_open("127.0.0.1", free_port())
 
 
 def test_kv_server_falls_back_to_lmcache_without_redis(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from common import launcher
+    from launch import launcher
 
     monkeypatch.setattr(launcher, "redis_server_path", lambda: None)
     proc, url = launcher.start_kv_server(log_dir=tmp_path)
@@ -127,11 +127,12 @@ def test_kv_server_falls_back_to_lmcache_without_redis(tmp_path: Path,
 def test_worker_process_stops_gracefully_on_sigterm(tiny_llama: Path, tmp_path: Path) -> None:
     import signal
 
-    from common.launcher import free_port, wait_until
-    from common.up import WORKER_ENV, grpc_serving
+    from common.worker_env import WORKER_ENV
+    from launch.launcher import free_port, wait_until
+    from launch.up import grpc_serving
 
     port = free_port()
-    argv = [sys.executable, "-m", "common.cli", "decode", "--model", str(tiny_llama),
+    argv = [sys.executable, "-m", "launch.cli", "decode", "--model", str(tiny_llama),
             "--port", str(port), "--device", "cpu", "--max-context", "128", "--max-batch", "2",
             "--num-threads", "1", "--grace-s", "5"]
     proc = spawn("decode", argv, env=WORKER_ENV, log_dir=tmp_path)
@@ -147,7 +148,7 @@ def test_worker_process_stops_gracefully_on_sigterm(tiny_llama: Path, tmp_path: 
 
 def test_worker_with_an_impossible_plan_exits_with_the_reason(tiny_llama: Path,
                                                               tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "common.cli", "decode", "--model", str(tiny_llama),
+    argv = [sys.executable, "-m", "launch.cli", "decode", "--model", str(tiny_llama),
             "--device", "cpu", "--max-context", "4096", "--device-memory-gb", "0.001"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONHASHSEED": "0"})
@@ -162,7 +163,7 @@ def test_worker_with_an_impossible_plan_exits_with_the_reason(tiny_llama: Path,
 ])
 def test_up_passes_a_deployment_yaml_to_the_router_only_if_it_is_for_it(
         tmp_path: Path, text: str, router_gets_it: bool) -> None:
-    from common.up import _has_router_section
+    from launch.up import _has_router_section
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(text)

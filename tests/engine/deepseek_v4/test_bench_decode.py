@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import torch
 
+from bench.deepseek_v4.context import flash_config
+from bench.deepseek_v4.decode import HEADING, hf_dict, main, max_tokens_for
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
-from engine.models.deepseek_v4.bench_context import flash_config
-from engine.models.deepseek_v4.bench_decode import HEADING, hf_dict, main, max_tokens_for
 from engine.models.deepseek_v4.config import DeepseekV4Config
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "deepseek_v4.md"

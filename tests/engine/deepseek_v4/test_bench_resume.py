@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.models.deepseek_v4 import bench_resume
-from engine.models.deepseek_v4.bench_context import flash_config
-from engine.models.deepseek_v4.bench_resume import (
+from bench.deepseek_v4 import resume as bench_resume
+from bench.deepseek_v4.context import flash_config
+from bench.deepseek_v4.resume import (
     ResumeBench,
     Shape,
     default_context,

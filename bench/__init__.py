@@ -1,0 +1,1 @@
+"""Benchmarks and the `bulkhead bench` load generator. No runtime package imports this."""

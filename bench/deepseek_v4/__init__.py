@@ -1,0 +1,1 @@
+"""DeepSeek-V4 benchmarks: the context sweep, decode rates, and resuming long conversations."""

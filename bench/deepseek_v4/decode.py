@@ -1,0 +1,358 @@
+"""Decode benchmark of a DeepSeek-V4 stack at V4-Flash's layer dimensions (synthetic weights),
+served through the real engine (LLMEngine: plan, warm-up, scheduler, batched decode, sampler).
+
+    python -m bench.deepseek_v4.decode run --out decode.json   # on the GPU
+    python -m bench.deepseek_v4.decode report decode.json      # anywhere
+
+The model is built as in :mod:`.context` (``flash_config`` + ``random_init_``); its state
+dict goes to one ``LLMEngine`` with ``max_batch`` = the largest of ``--batches``, ``max_context``
+= ``--context``, strict device allocations on CUDA. The engine copies the tensors into its own
+module, so the bench's copy is freed once the engine is built (twice the weights are resident
+only while it is built). Per batch size and prompt length: B greedy requests with random
+prompts; steps run untimed until each has its first token (prefill; early requests decode
+meanwhile, so ``max_tokens`` leaves room for those steps), ``--warm-steps`` more untimed, then
+``--steps`` decode steps timed, each one token for all B requests. Then the rest are aborted.
+``report`` writes a section of docs/deepseek_v4.md between markers. Never used by the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.deepseek_v4.context import (
+    _sync,
+    flash_config,
+    random_init_,
+    write_marked_section,
+)
+from engine.config import EngineConfig
+from engine.errors import EngineError
+from engine.llm_engine import LLMEngine, RequestOutput
+from engine.model_config import ModelConfig
+from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.config import CSA, HCA, DeepseekV4Config, RopeParams
+from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.sampling_params import SamplingParams
+
+_MARK_BEGIN = "<!-- bench_decode:begin -->"
+_MARK_END = "<!-- bench_decode:end -->"
+HEADING = "## Decode through the engine"
+# --tiny: toy dimensions on CPU (each value applies where its option is not given)
+TINY = {"context": 256, "prompts": "20", "steps": 3, "batches": "1,2", "chunk": 16}
+FULL = {"context": 16384, "prompts": "1024", "steps": 32, "batches": "1,8,32", "chunk": 4096}
+_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+class _DeadlinePassed(Exception):
+    pass
+
+
+def _rope_dict(p: RopeParams) -> dict[str, Any]:
+    d = {k: v for k, v in dataclasses.asdict(p).items() if v is not None}
+    d["rope_theta"] = d.pop("theta")
+    return d
+
+
+def hf_dict(cfg: DeepseekV4Config) -> dict[str, Any]:
+    """A config.json dict that parses back to ``cfg`` (what the engine's ModelConfig carries)."""
+    d: dict[str, Any] = {
+        "model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"],
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "moe_intermediate_size": cfg.moe_intermediate_size, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads, "head_dim": cfg.head_dim,
+        "q_lora_rank": cfg.q_lora_rank, "qk_rope_head_dim": cfg.rope_head_dim,
+        "num_experts_per_tok": cfg.num_experts_per_tok, "n_routed_experts": cfg.n_routed_experts,
+        "scoring_func": cfg.scoring_func, "routed_scaling_factor": cfg.routed_scaling_factor,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "layer_types": list(cfg.layer_types), "mlp_layer_types": list(cfg.mlp_layer_types),
+        "compress_rates": {CSA: cfg.csa_rate, HCA: cfg.hca_rate},
+        "hc_mult": cfg.hc_mult, "hc_sinkhorn_iters": cfg.hc_sinkhorn_iters, "hc_eps": cfg.hc_eps,
+        "swiglu_limit": cfg.swiglu_limit, "sliding_window": cfg.sliding_window,
+        "o_groups": cfg.o_groups, "o_lora_rank": cfg.o_lora_rank,
+        "index_n_heads": cfg.index_n_heads, "index_head_dim": cfg.index_head_dim,
+        "index_topk": cfg.index_topk, "rms_norm_eps": cfg.rms_norm_eps,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "rope_parameters": {"main": _rope_dict(cfg.main_rope), "compress": _rope_dict(cfg.compress_rope)},
+        "eos_token_id": list(cfg.eos_token_ids),
+    }
+    assert DeepseekV4Config.from_hf_dict(d) == cfg, "hf_dict does not round-trip"
+    return d
+
+
+def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
+    """The V4-Flash-shaped model with synthetic weights, handed to an LLMEngine (which plans,
+    allocates and warms up); the bench's own copy of the weights is freed afterwards."""
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    dtype = args.dtype or ("bf16" if cuda else "fp32")
+    cfg = flash_config(args.layers, args.experts, args.context, tiny=args.tiny)
+    ec = EngineConfig(
+        model=f"synthetic-v4-flash-{args.layers}-{args.experts}e", device=args.device,
+        dtype=_DTYPES[dtype], max_context=args.context, chunk_tokens=args.chunk,
+        max_batch=max(args.batch_list), strict_allocations=cuda, seed=0,
+    )
+    t0 = time.perf_counter()
+    model = DeepseekV4Model.empty(cfg, ec.torch_dtype, dev, V4Backend())
+    random_init_(model, seed=0)
+    weights = dict(model.state_dict())  # shares the module's storage
+    del model
+    weights_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+    engine = LLMEngine(ec, ModelConfig.from_hf_dict(hf_dict(cfg), name=ec.model), weights)
+    weights.clear()  # the engine loaded them into its own module: drop ours
+    _sync(cuda)
+    kind = engine.runner.model.model.backend.resolved(dev)
+    info = {
+        "device": torch.cuda.get_device_name(dev) if cuda else "cpu", "torch": torch.__version__,
+        "dtype": dtype, "layers": args.layers, "experts": args.experts, "context": args.context,
+        "chunk": args.chunk, "max_batch": ec.max_batch, "indexer": kind.indexer,
+        "attention": kind.attention, "strict_allocations": ec.strict_allocations,
+        "weights_bytes": weights_bytes, "plan_total_bytes": engine.plan.total_bytes,
+        "plan_activations_bytes": engine.plan.term("activations"),
+        "warmup": dataclasses.asdict(engine.warmup_report),
+        "build_s": time.perf_counter() - t0,
+        "weights_copy": "freed after the engine was built (2x weights resident while building)",
+    }
+    return engine, info
+
+
+def _count(outs: list[RequestOutput], new: dict[str, int]) -> tuple[int, int]:
+    """Add each output's new tokens to ``new``; (tokens, finished requests) of this step."""
+    tokens = finished = 0
+    for o in outs:
+        if o.request_id in new:
+            new[o.request_id] += len(o.new_token_ids)
+            tokens += len(o.new_token_ids)
+            finished += o.finished
+    return tokens, finished
+
+
+def max_tokens_for(batch: int, prompt: int, chunk: int, steps: int, warm_steps: int) -> int:
+    """Enough output that no request finishes before the timed steps end: the timed and warm
+    steps, 8 spare, and a bound on the prefill steps (in which early requests already decode)."""
+    prefill_steps = math.ceil(batch * prompt / max(1, chunk - batch)) + 1
+    return steps + warm_steps + 8 + prefill_steps
+
+
+def run_row(engine: LLMEngine, batch: int, prompt: int, args: argparse.Namespace,
+            stop_at: float) -> dict[str, Any]:
+    """B requests of ``prompt`` random tokens: untimed prefill, then ``args.steps`` timed decode
+    steps; every request is aborted before returning."""
+    ec = engine.config
+    cuda = ec.torch_device.type == "cuda"
+    row: dict[str, Any] = {"batch": batch, "prompt": prompt, "steps": args.steps, "error": None}
+    max_tokens = max_tokens_for(batch, prompt, ec.chunk_tokens, args.steps, args.warm_steps)
+    if prompt + max_tokens > ec.max_context:
+        row["error"] = f"prompt {prompt} + {max_tokens} output tokens > context {ec.max_context}"
+        return row
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    gen = torch.Generator().manual_seed(1000 * batch + prompt)
+    rids = [f"b{batch}-p{prompt}-{i}" for i in range(batch)]
+    new = dict.fromkeys(rids, 0)
+    allocs0 = engine.stats().device_allocs_since_warmup
+    try:
+        for rid in rids:
+            engine.add_request(rid, torch.randint(0, engine.model_config.vocab_size, (prompt,),
+                                                  generator=gen).tolist(), sp)
+        t0 = time.perf_counter()
+        prefill_steps = 0
+        while min(new.values()) == 0:
+            if time.time() > stop_at:
+                raise _DeadlinePassed
+            _count(engine.step(), new)
+            prefill_steps += 1
+        row.update(prefill_s=time.perf_counter() - t0, prefill_steps=prefill_steps)
+        for _ in range(args.warm_steps):
+            _count(engine.step(), new)
+        row["context_at_start"] = [prompt + min(new.values()), prompt + max(new.values())]
+        _sync(cuda)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(ec.torch_device)
+        per_step: list[float] = []
+        tokens = finished = 0
+        t_start = time.perf_counter()
+        for _ in range(args.steps):
+            t = time.perf_counter()
+            n, f = _count(engine.step(), new)
+            per_step.append(time.perf_counter() - t)
+            tokens, finished = tokens + n, finished + f
+        _sync(cuda)
+        seconds = time.perf_counter() - t_start
+        if tokens != batch * args.steps or finished:
+            row["error"] = (f"timed steps made {tokens} tokens (expected {batch * args.steps}), "
+                            f"{finished} request(s) finished")
+        row.update(
+            seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
+            ms_per_step=seconds / args.steps * 1e3,
+            ms_per_step_median=statistics.median(per_step) * 1e3,
+            ms_per_step_max=max(per_step) * 1e3,
+            decode_peak_bytes=torch.cuda.max_memory_allocated(ec.torch_device) if cuda else None,
+        )
+    except torch.OutOfMemoryError as e:
+        row["error"] = f"out of memory: {str(e).splitlines()[0]}"
+    except EngineError as e:
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    except _DeadlinePassed:
+        row["error"] = "deadline passed during the prefill"
+    finally:
+        for rid in rids:
+            engine.abort(rid)
+        while engine.has_unfinished():
+            engine.step()
+    allocs = engine.stats().device_allocs_since_warmup
+    row["device_allocs_since_warmup"] = allocs
+    row["device_allocs_row"] = None if allocs is None else allocs - (allocs0 or 0)
+    return row
+
+
+def _line(row: dict[str, Any]) -> str:
+    head = f"[decode] B={row['batch']:>3} prompt={row['prompt']:>6}"
+    if "tokens_per_s" not in row:
+        return f"{head} {row['error']}"
+    return (f"{head} {row['ms_per_step']:8.2f} ms/step {row['tokens_per_s']:9.1f} tok/s "
+            f"(median {row['ms_per_step_median']:.2f} ms) prefill {row['prefill_s']:.2f} s "
+            f"allocs since warm-up {row['device_allocs_since_warmup']}"
+            + (f" ERROR {row['error']}" if row["error"] else ""))
+
+
+def run_decode(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the engine, then one row per (batch, prompt); JSON written after each row."""
+    t_begin = time.time()
+    stop_at = t_begin + args.deadline
+    out = Path(args.out) if args.out else None
+    result: dict[str, Any] = {"rows": [], "stopped": None, "error": None, "steps": args.steps,
+                              "warm_steps": args.warm_steps, "deadline_s": args.deadline}
+    try:
+        engine, info = build_engine(args)
+    except (torch.OutOfMemoryError, EngineError) as e:
+        result["error"] = f"engine build failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+        print(f"[decode] {result['error']}", flush=True)
+        return result
+    result.update(info)
+    w = info["warmup"]
+    peak = w["activation_peak_bytes"]
+    print(f"[decode] {info['device']} {info['dtype']} indexer={info['indexer']} "
+          f"attention={info['attention']} context={args.context} chunk={args.chunk} "
+          f"max_batch={info['max_batch']}; built in {info['build_s']:.1f} s; plan "
+          f"{info['plan_total_bytes'] / 2**30:.2f} GiB; warm-up activations measured "
+          f"{'n/a' if peak is None else f'{peak / 2**30:.2f} GiB'} / planned "
+          f"{w['activation_planned_bytes'] / 2**30:.2f} GiB", flush=True)
+    for batch in args.batch_list:
+        for prompt in args.prompt_list:
+            if time.time() > stop_at:
+                result["stopped"] = f"deadline ({args.deadline:.0f} s) before B={batch} prompt={prompt}"
+                break
+            row = run_row(engine, batch, prompt, args, stop_at)
+            print(_line(row), flush=True)
+            result["rows"].append(row)
+            if out:
+                out.write_text(json.dumps(result, indent=1))
+        if result["stopped"]:
+            print(f"[decode] stopped: {result['stopped']}", flush=True)
+            break
+    result["device_allocs_since_warmup"] = engine.stats().device_allocs_since_warmup
+    result["seconds"] = time.time() - t_begin
+    return result
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    defaults = TINY if args.tiny else FULL
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.batch_list, args.prompt_list = _ints(args.batches), _ints(args.prompts)
+    result = run_decode(args)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(report_table(result), flush=True)
+    bad = result["error"] or any(r["error"] for r in result["rows"])
+    return 1 if bad else 0
+
+
+def _gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.2f}"
+
+
+def report_table(res: dict[str, Any]) -> str:
+    """The markdown body for one run."""
+    if res.get("error"):
+        return f"Run failed: {res['error']}\n"
+    w = res["warmup"]
+    lines = [
+        f"indexer `{res['indexer']}`, attention `{res['attention']}`; layers {res['layers']}, "
+        f"{res['experts']} experts, {res['dtype']}, max_batch {res['max_batch']}, context "
+        f"{res['context']:,}, chunks of {res['chunk']:,} ({res['device']}, torch {res['torch']}). "
+        f"Weights {_gib(res['weights_bytes'])} GiB, plan {_gib(res['plan_total_bytes'])} GiB. "
+        f"Warm-up: activations measured {_gib(w['activation_peak_bytes'])} GiB / planned "
+        f"{_gib(w['activation_planned_bytes'])} GiB, workspace peak {_gib(w['workspace_peak_bytes'])} "
+        f"/ {_gib(w['workspace_capacity_bytes'])} GiB; strict allocations "
+        f"{'on' if res['strict_allocations'] else 'off'}; device allocations since warm-up at the "
+        f"end: **{res.get('device_allocs_since_warmup')}**. {res['steps']} timed decode steps per "
+        f"row after {res['warm_steps']} untimed ones"
+        + (f"; stopped: {res['stopped']}" if res.get("stopped") else "") + ".",
+        "",
+        "| batch | prompt | context at start | ms/step | median ms/step | tokens/s | decode peak GiB | "
+        "device allocs (row) | prefill s (steps) | error |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in res["rows"]:
+        if "tokens_per_s" not in r:
+            lines.append(f"| {r['batch']} | {r['prompt']:,} | | | | | | {r.get('device_allocs_row')} | "
+                         f"| {r['error']} |")
+            continue
+        lo, hi = r["context_at_start"]
+        lines.append(
+            f"| {r['batch']} | {r['prompt']:,} | {lo:,}-{hi:,} | {r['ms_per_step']:.2f} | "
+            f"{r['ms_per_step_median']:.2f} | {r['tokens_per_s']:,.1f} | {_gib(r['decode_peak_bytes'])} | "
+            f"{r['device_allocs_row']} | {r['prefill_s']:.2f} ({r['prefill_steps']}) | {r['error'] or ''} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    res = json.loads(Path(args.results).read_text())
+    write_marked_section(Path(args.docs) / "deepseek_v4.md", _MARK_BEGIN, _MARK_END,
+                         report_table(res), heading=HEADING)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.decode")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="measure (GPU; --tiny on CPU)")
+    r.add_argument("--out", default="bench_decode.json")
+    r.add_argument("--batches", default=None, help=f"batch sizes (default {FULL['batches']})")
+    r.add_argument("--prompts", "--prompt", default=None,
+                   help=f"prompt lengths, e.g. 1024,8192 (default {FULL['prompts']})")
+    r.add_argument("--steps", type=int, default=None, help=f"timed decode steps (default {FULL['steps']})")
+    r.add_argument("--warm-steps", type=int, default=2, help="untimed decode steps before timing")
+    r.add_argument("--context", type=int, default=None, help=f"engine max_context (default {FULL['context']})")
+    r.add_argument("--chunk", type=int, default=None, help=f"engine chunk_tokens (default {FULL['chunk']})")
+    r.add_argument("--layers", default="SCH")
+    r.add_argument("--experts", type=int, default=8)
+    r.add_argument("--dtype", default=None, choices=sorted(_DTYPES), help="default bf16 on CUDA, fp32 on CPU")
+    r.add_argument("--device", default="cuda")
+    r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
+    r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; {TINY})")
+    rep = sub.add_parser("report", help="write the section of docs/deepseek_v4.md")
+    rep.add_argument("results")
+    rep.add_argument("--docs", default="docs")
+    args = p.parse_args(argv)
+    return _cmd_report(args) if args.cmd == "report" else _cmd_run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

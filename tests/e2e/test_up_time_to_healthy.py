@@ -1,0 +1,70 @@
+"""How long `bulkhead up` takes to be healthy once installed, with the defaults a user gets
+(SmolLM2-135M-Instruct Q4_1 GGUF, max context 4096, batch 8, chunk 512), and that it tells
+what it is doing meanwhile: each worker's load and warm-up steps with the time so far, then the
+time to healthy. The README quotes the figure this test prints (`-s` shows it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.default_model import DefaultModelMissing, default_model_path
+from launch.launcher import free_port
+
+pytestmark = pytest.mark.slow  # two workers warm up the full default plan: ~1 min on 2 cores
+
+# Generous: CI shares its 2 cores; on a quiet machine this takes about a minute (README).
+BUDGET_S = float(os.environ.get("BULKHEAD_UP_HEALTHY_BUDGET_S", "240"))
+
+
+def test_up_reports_progress_and_time_to_healthy(tmp_path: Path) -> None:
+    try:
+        default_model_path()
+    except DefaultModelMissing as exc:
+        pytest.skip(str(exc))
+    port = free_port()
+    out_path = tmp_path / "up.out"
+    # What a user gets: no limits or thread counts from the environment of the test run.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BULKHEAD_")}
+    started = time.monotonic()
+    with out_path.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "launch.cli", "up", "--port", str(port),
+             "--log-dir", str(tmp_path / "logs")],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        while "Ctrl-C stops everything" not in out_path.read_text():
+            assert proc.poll() is None, out_path.read_text()
+            assert time.monotonic() - started < BUDGET_S, (
+                f"not healthy after {BUDGET_S:.0f} s:\n{out_path.read_text()}")
+            time.sleep(0.5)
+        measured_s = time.monotonic() - started
+        text = out_path.read_text()
+        reported = re.search(r"healthy after (\d+\.\d) s", text)
+        assert reported, text
+        # The figure printed covers start() only (not the interpreter's start): at most ours.
+        assert 0 < float(reported.group(1)) <= measured_s + 0.1, text
+        for role in ("prefill", "decode"):
+            steps = re.findall(rf"^\[\s*(\d+\.\d) s\] {role}\s+(.*)$", text, re.MULTILINE)
+            names = [s for _, s in steps]
+            assert any(s.startswith("loading weights") for s in names), text
+            warmups = [s for s in names if re.match(r"warm-up \d", s)]
+            assert [w.split(":")[0] for w in warmups] == [f"warm-up {k}/3" for k in (1, 2, 3)]
+            assert any(s.startswith("serving on ") for s in names), text
+            times = [float(t) for t, _ in steps]
+            assert times == sorted(times), text
+        print(f"\nbulkhead up: healthy after {reported.group(1)} s as reported, "
+              f"{measured_s:.1f} s from process start")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, out_path.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)

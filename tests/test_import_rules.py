@@ -1,0 +1,143 @@
+"""Which way imports run, checked on every module of the tree (docs/architecture.md).
+
+Each module is parsed, not imported, so a lazy import inside a function counts as much as one at
+the top: a rule broken only on a rare path is still broken. Relative imports are resolved
+against the module's package; ``importlib.import_module("x")`` with a literal name counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Our top-level packages; anything else imported is a third-party or standard module.
+OURS = ("bench", "common", "decode_worker", "engine", "kernels", "launch", "prefill_worker",
+        "proto", "router", "worker")
+RUNTIME = ("common", "decode_worker", "engine", "kernels", "prefill_worker", "proto", "router",
+           "worker")
+SERVICES = ("router", "prefill_worker", "decode_worker", "worker")
+
+# package -> top-level names it must never import, and why.
+FORBIDDEN: dict[str, dict[str, str]] = {
+    "kernels": {p: "kernels/ is a library: it imports nothing of ours" for p in OURS
+                if p != "kernels"},
+    "proto": {p: "proto/ is the wire contract alone" for p in OURS if p != "proto"},
+    "engine": {p: "the engine never imports a service, the launcher or a benchmark"
+               for p in (*SERVICES, "launch", "bench")},
+    "router": {
+        **{p: "the router never imports torch, the engine, kernels or the worker runtime"
+           for p in ("torch", "triton", "engine", "kernels", "worker")},
+        "prefill_worker": "the router talks to workers over gRPC only",
+        "decode_worker": "the router talks to workers over gRPC only",
+        "bench": "no runtime package imports bench/",
+    },
+    "prefill_worker": {"decode_worker": "the workers never import each other",
+                       "router": "a worker never imports the router",
+                       "bench": "no runtime package imports bench/"},
+    "decode_worker": {"prefill_worker": "the workers never import each other",
+                      "router": "a worker never imports the router",
+                      "bench": "no runtime package imports bench/"},
+    "worker": {p: "the worker runtime is below the role packages and the router"
+               for p in ("router", "prefill_worker", "decode_worker")}
+    | {"launch": "the worker runtime is started by launch/, never the other way",
+       "bench": "no runtime package imports bench/"},
+    "common": {p: "common/ is torch-free and below every package that uses it"
+               for p in ("torch", "triton", *SERVICES, "engine", "kernels", "launch", "bench")},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) for every import in the file, lazy ones included."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            found.append((node.lineno, mod))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def package_files(package: str) -> list[Path]:
+    return sorted(p for p in (REPO / package).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def violations(package: str) -> list[str]:
+    rules = FORBIDDEN[package]
+    out = []
+    for path in package_files(package):
+        for line, mod in imported_modules(path):
+            top = mod.split(".")[0]
+            if top in rules:
+                out.append(f"{path.relative_to(REPO)}:{line} imports {mod}: {rules[top]}")
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_keeps_its_import_rules(package: str) -> None:
+    assert package_files(package), f"{package}/ has no modules: the rule would check nothing"
+    assert violations(package) == []
+
+
+@pytest.mark.parametrize("package", RUNTIME)
+def test_no_runtime_package_imports_bench(package: str) -> None:
+    bad = [f"{p.relative_to(REPO)}:{line} imports {mod}"
+           for p in package_files(package) for line, mod in imported_modules(p)
+           if mod.split(".")[0] == "bench"]
+    assert bad == []
+
+
+def test_every_package_of_ours_is_known() -> None:
+    # A new top-level package must be placed in the rules above, not slip past them.
+    found = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}
+    assert found == set(OURS)
+
+
+def test_the_parser_sees_imports_the_rules_rely_on() -> None:
+    # The engine really imports kernels, and a worker really imports the runtime: if the parser
+    # missed imports, every rule above would pass vacuously.
+    engine = {m for p in package_files("engine") for _, m in imported_modules(p)}
+    decode = {m for p in package_files("decode_worker") for _, m in imported_modules(p)}
+    assert any(m.startswith("kernels") for m in engine)
+    assert any(m.startswith("worker.") for m in decode)
+
+
+def test_a_broken_rule_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same check on a throwaway tree that breaks three rules, a lazy and a relative import
+    # among them.
+    (tmp_path / "router").mkdir()
+    (tmp_path / "router" / "__init__.py").write_text("")
+    (tmp_path / "router" / "app.py").write_text(
+        "def f():\n    import torch\n    from engine.llm_engine import LLMEngine\n")
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("")
+    (tmp_path / "kernels" / "k.py").write_text("from ..engine import config\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    router = violations("router")
+    assert [v.split(":")[0] for v in router] == ["router/app.py", "router/app.py"]
+    assert "imports torch" in router[0] and "imports engine.llm_engine" in router[1]
+    kernels = violations("kernels")
+    assert len(kernels) == 1 and "imports engine" in kernels[0]

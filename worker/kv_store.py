@@ -1,0 +1,399 @@
+"""KV handoff between a prefill and a decode worker through LMCache (Redis or ``lm://`` backend).
+
+One ``KVStore`` per worker process wraps one LMCache engine whose remote backend is the shared
+store, and our ``PagedKVConnector`` (worker/lmcache_connector.py) that reads from / writes into
+the engine's paged KV tensor by block table. Both sides must build it with identical model name,
+layer/head shapes, dtype and chunk size (``layout_fingerprint`` is what the router compares) and
+pass identical token lists: LMCache keys are a prefix-hash chain over ``chunk_size``-token chunks.
+
+The prefill side calls ``put`` (gather + hand to LMCache; LMCache writes to Redis in the
+background) and then ``wait_visible`` (poll the remote backend until the prompt is covered or a
+deadline passes), so the router is only told "KV ready" once a decode worker can really read it.
+The decode side calls ``fetch`` off the engine thread (the longest stored prefix, whole chunks,
+the last one possibly partial, into host memory) and its engine import hook copies that into the
+sequence's blocks (``paged_kv.scatter_tokens``); ``retrieve`` does both in one call. Either
+says how many leading tokens it filled; the caller recomputes the rest.
+
+Access and expiry. The URL may carry a password (``redis://:pw@host:port``) and TLS
+(``rediss://``, ``?ssl_ca_certs=PATH`` for a private CA); both are checked with a PING at
+start-up, and the password never reaches a log: our messages use ``redact_url`` and LMCache's
+own loggers (which print the URL at INFO) get a ``RedactingFilter``. On a Redis store every
+chunk key is written with a TTL (``ttl_s``; LMCache's SETs go through ``ExpiringRedis``), and a
+``put`` that reuses stored chunks refreshes theirs, so KV left by a request that never finished
+(a cancelled or failed split, a prefill worker killed mid-store) expires instead of staying
+forever. Nothing deletes chunks when a request fails: chunks are content-addressed and shared
+by every prompt with the same prefix, so the chunks of a failed request may be the live prefix of
+another one; the TTL is the only safe bound. ``lm://`` stores have no TTL.
+
+This module never decides what to recompute and never frees engine blocks: that is the engine's
+and the workers' business. Processes using it must run with ``PYTHONHASHSEED=0`` and
+``LMCACHE_TRACK_USAGE=false`` (``kv_store_config.worker_environment()`` gives both).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import torch
+
+from common.redact import public_url, redact_text, redact_url
+from worker.kv_store_config import REDIS_SCHEMES, KVStoreConfig, KVStoreError
+from worker.lmcache_redis import (
+    REDIS_KEY_SUFFIXES,
+    avoid_redis_close_deadlock,
+    expire_on_write,
+    redact_lmcache_logs,
+)
+
+log = logging.getLogger(__name__)
+
+
+class KVStore:
+    """LMCache engine + paged connector for one worker process. Thread-safe."""
+
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        chunk_size: int = 256,
+        *,
+        staging_gb: float = 0.5,
+        blocking_timeout_s: int = 10,
+        ttl_s: int = 3600,
+    ) -> None:
+        self.config = KVStoreConfig(
+            url=url,
+            model_name=model_name,
+            num_layers=num_layers,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            chunk_size=chunk_size,
+            staging_gb=staging_gb,
+            blocking_timeout_s=blocking_timeout_s,
+            ttl_s=ttl_s,
+        )
+        if os.environ.get("PYTHONHASHSEED") != "0":
+            # LMCache keys chunks with Python's hash() over token tuples and asks every process
+            # for the same seed (int tuples hash alike anyway today; a key that mixed in a str
+            # would not, and every handoff would silently become a recompute).
+            log.warning("PYTHONHASHSEED is not 0 in this process: LMCache keys may not match "
+                        "a peer's; start workers with worker.kv_store_config.worker_environment()")
+        os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+        _check_reachable(self.config.url)
+        self._redis = _redis_client(self.config.url)  # None for lm://
+        self._lock = threading.Lock()
+        self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
+        redact_lmcache_logs()
+        try:
+            self._engine = self._build_engine()
+        except BaseException:
+            if self._redis is not None:
+                self._redis.close()
+            raise
+        redact_lmcache_logs()  # loggers of modules the build imported
+        self._closed = False
+        wants_ttl = self._redis is not None and self.config.ttl_s > 0
+        if wants_ttl and not expire_on_write(self._engine, self.config.ttl_s):
+            self.close()
+            raise KVStoreError("cannot give LMCache's Redis writes a TTL (its connector "
+                               "changed?); set kv_ttl_s=0 to run without expiry")
+
+    @classmethod
+    def from_config(cls, cfg: KVStoreConfig) -> KVStore:
+        return cls(
+            cfg.url, cfg.model_name, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype,
+            cfg.chunk_size, staging_gb=cfg.staging_gb, blocking_timeout_s=cfg.blocking_timeout_s,
+            ttl_s=cfg.ttl_s,
+        )
+
+    def _build_engine(self):  # noqa: ANN202 - LMCacheEngine type lives in a heavy import
+        from lmcache.utils import mock_up_broadcast_fn, mock_up_broadcast_object_fn
+        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+        from lmcache.v1.config import LMCacheEngineConfig
+        from lmcache.v1.metadata import LMCacheMetadata
+
+        cfg = self.config
+        lm_config = LMCacheEngineConfig.from_defaults(
+            chunk_size=cfg.chunk_size,
+            local_cpu=False,
+            max_local_cpu_size=cfg.staging_gb,
+            remote_url=cfg.url,
+            remote_serde="naive",
+            save_unfull_chunk=True,
+            blocking_timeout_secs=cfg.blocking_timeout_s,
+            lmcache_instance_id=self._instance_id,
+        )
+        metadata = LMCacheMetadata(
+            model_name=cfg.model_name,
+            world_size=1,
+            local_world_size=1,
+            worker_id=0,
+            local_worker_id=0,
+            kv_dtype=cfg.dtype,
+            kv_shape=(cfg.num_layers, 2, cfg.chunk_size, cfg.num_kv_heads, cfg.head_dim),
+            use_mla=False,
+            chunk_size=cfg.chunk_size,
+        )
+        connector = self._make_connector()
+        try:
+            engine = LMCacheEngineBuilder.get_or_create(
+                self._instance_id, lm_config, metadata, connector,
+                mock_up_broadcast_fn, mock_up_broadcast_object_fn,
+            )
+            engine.post_init()
+        except Exception as e:  # LMCache raises assorted types for a bad backend
+            LMCacheEngineBuilder.destroy(self._instance_id)
+            raise KVStoreError(
+                f"could not start LMCache with remote {redact_url(cfg.url)!r}: "
+                f"{redact_text(str(e))}"
+            ) from None  # the chained exception may quote the URL
+        return engine
+
+    def _make_connector(self):  # noqa: ANN202 - an LMCache GPUConnectorInterface
+        """The connector LMCache moves chunks through (a subclass stores another layout)."""
+        from worker.lmcache_connector import PagedKVConnector
+
+        cfg = self.config
+        return PagedKVConnector(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def layout_fingerprint(self) -> str:
+        return self.config.layout_fingerprint
+
+    @property
+    def chunk_size(self) -> int:
+        return self.config.chunk_size
+
+    @property
+    def public_url(self) -> str:
+        return public_url(self.config.url)
+
+    # ------------------------------------------------------------------ operations
+    def put(self, token_ids: Sequence[int], kv_data: torch.Tensor, block_ids: Sequence[int]) -> None:
+        """Copy the KV of ``token_ids`` (held in ``block_ids`` of ``kv_data``) into LMCache.
+
+        Returns once the bytes are copied out of ``kv_data`` (the blocks may be freed then); the
+        remote write continues in LMCache's background loop: use ``wait_visible``.
+        kv_data: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        """
+        tokens = self._tokens(token_ids)
+        if not tokens:
+            return
+        with self._lock:
+            self._check_open()
+            # Chunks a peer already stored (a shared system prompt) are not sent again.
+            present = int(self._engine.lookup(tokens, search_range=["RemoteBackend"]))
+            if present:  # reused chunks live on as long as prompts keep reusing them
+                self._refresh_ttl([k for _, e, k in self._chunk_keys(tokens) if e <= present])
+            if present >= len(tokens):
+                return
+            skip = present - present % self.config.chunk_size
+            mask = torch.ones(len(tokens), dtype=torch.bool)
+            mask[:skip] = False
+            self._engine.store(tokens, mask=mask, kv_data=kv_data, block_ids=list(block_ids))
+
+    def wait_visible(self, token_ids: Sequence[int], timeout_s: float) -> int:
+        """Poll the remote backend until it holds KV for all of ``token_ids`` or ``timeout_s``
+        passes; returns how many leading tokens are visible (the prefix a peer can load)."""
+        tokens = self._tokens(token_ids)
+        deadline = time.monotonic() + timeout_s
+        delay = 0.001
+        while True:
+            visible = self.lookup(tokens)
+            if visible < len(tokens) and not self.reachable():
+                # The store is down: nothing will become visible, so do not hold the request
+                # for the whole timeout; the decode side recomputes what is missing.
+                log.warning("KV store %s unreachable: %d of %d tokens visible, not waiting",
+                            self.public_url, visible, len(tokens))
+                return visible
+            if visible >= len(tokens) or time.monotonic() >= deadline:
+                if visible < len(tokens):
+                    log.warning("KV store: only %d of %d tokens visible after %.1f s",
+                                visible, len(tokens), timeout_s)
+                return visible
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+            delay = min(delay * 2, 0.02)
+
+    def reachable(self, timeout_s: float = 0.2) -> bool:
+        """A cheap TCP probe of the store (no LMCache call)."""
+        try:
+            _check_reachable(self.config.url, timeout_s)
+        except KVStoreError:
+            return False
+        return True
+
+    def store(
+        self,
+        token_ids: Sequence[int],
+        kv_data: torch.Tensor,
+        block_ids: Sequence[int],
+        timeout_s: float = 10.0,
+    ) -> int:
+        """``put`` then ``wait_visible``: returns the number of leading tokens a peer can load."""
+        self.put(token_ids, kv_data, block_ids)
+        return self.wait_visible(token_ids, timeout_s)
+
+    def lookup(self, token_ids: Sequence[int]) -> int:
+        """Number of leading tokens of ``token_ids`` whose KV the remote backend holds."""
+        tokens = self._tokens(token_ids)
+        if not tokens:
+            return 0
+        with self._lock:
+            self._check_open()
+            return int(self._engine.lookup(tokens, search_range=["RemoteBackend"]))
+
+    def retrieve(
+        self,
+        token_ids: Sequence[int],
+        kv_data: torch.Tensor,
+        block_ids: Sequence[int],
+        skip_tokens: int = 0,
+    ) -> int:
+        """Load the longest stored prefix of ``token_ids`` into ``block_ids`` of ``kv_data``.
+
+        Returns the number of leading tokens filled: possibly fewer than asked (a chunk missing
+        or evicted), never a gap. Tokens past the returned count are untouched or must be
+        recomputed by the caller. The first ``skip_tokens`` tokens are never written (the engine
+        already holds them, maybe in blocks shared with other sequences); whole chunks among
+        them are not even fetched.
+        """
+        tokens = self._tokens(token_ids)
+        if not tokens:
+            return 0
+        chunk = self.config.chunk_size
+        skip_fetch = min(skip_tokens, len(tokens)) // chunk * chunk
+        mask = None
+        if skip_fetch:
+            mask = torch.ones(len(tokens), dtype=torch.bool)
+            mask[:skip_fetch] = False
+        with self._lock:
+            self._check_open()
+            got = self._engine.retrieve(tokens, mask=mask, kv_data=kv_data,
+                                        block_ids=list(block_ids), skip_tokens=skip_tokens)
+        return skip_fetch + _leading_true(got[skip_fetch:])
+
+    def fetch(self, token_ids: Sequence[int]) -> tuple[int, torch.Tensor | None]:
+        """Load the longest stored prefix of ``token_ids`` into a new host tensor, off the
+        engine thread; ``scatter_into`` then copies it into the engine's blocks in one pass.
+
+        Returns ``(num_tokens, staged)`` with staged: [num_layers, 2, 1, n, num_kv_heads,
+        head_dim] on the CPU (n = len(token_ids)); ``(0, None)`` when nothing is stored.
+        Host memory only: the device plan is untouched."""
+        tokens = self._tokens(token_ids)
+        if not tokens or self.lookup(tokens) == 0:
+            return 0, None
+        cfg = self.config
+        staged = torch.empty(cfg.num_layers, 2, 1, len(tokens), cfg.num_kv_heads, cfg.head_dim,
+                             dtype=cfg.dtype)
+        loaded = self.retrieve(tokens, staged, [0])
+        return (loaded, staged) if loaded else (0, None)
+
+    def chunk_keys(self, token_ids: Sequence[int]) -> list[tuple[int, int, str]]:
+        """``(start, end, key)`` of each chunk of ``token_ids``; a Redis backend stores
+        ``key + "kv_bytes"`` and ``key + "metadata"`` for each (for eviction and diagnostics)."""
+        return self._chunk_keys(self._tokens(token_ids))
+
+    def _chunk_keys(self, tokens: list[int]) -> list[tuple[int, int, str]]:
+        db = self._engine.token_database
+        return [(s, e, k.to_string()) for s, e, k in db.process_tokens(tokens)]
+
+    def _refresh_ttl(self, chunk_keys: Sequence[str]) -> None:
+        """Reset the TTL of stored chunks (both Redis keys of each). Best effort: a store that
+        is down only means they expire on their first schedule."""
+        if self._redis is None or not self.config.ttl_s or not chunk_keys:
+            return
+        try:
+            with self._redis.pipeline(transaction=False) as pipe:
+                for key in chunk_keys:
+                    for suffix in REDIS_KEY_SUFFIXES:
+                        pipe.expire(key + suffix, self.config.ttl_s)
+                pipe.execute()
+        except Exception as exc:  # redis-py raises several types; never fail a store on it
+            log.warning("KV store %s: could not refresh the TTL of %d chunks: %s",
+                        self.public_url, len(chunk_keys), redact_text(str(exc)))
+
+    def close(self) -> None:
+        """Stop LMCache's threads and drop its connections. Idempotent."""
+        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            avoid_redis_close_deadlock(self._engine)
+            # LMCache's threads are not daemons: a close that hangs would keep the worker
+            # process alive forever, so it gets a bounded time and is then abandoned.
+            closer = threading.Thread(
+                target=LMCacheEngineBuilder.destroy, args=(self._instance_id,), daemon=True
+            )
+            closer.start()
+            closer.join(timeout=10.0)
+            if closer.is_alive():
+                log.error("LMCache did not close within 10 s; abandoning its threads")
+            if self._redis is not None:
+                self._redis.close()
+
+    def __enter__(self) -> KVStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KVStoreError("KV store is closed")
+
+    @staticmethod
+    def _tokens(token_ids: Sequence[int]) -> list[int]:
+        # Always a plain list of ints: LMCache hashes chunks of whatever it is given, and both
+        # sides must hash the same thing.
+        return [int(t) for t in token_ids]
+
+
+def _redis_client(url: str) -> Any:  # noqa: ANN401 - redis.Redis, imported lazily
+    """A small synchronous client of a Redis store (TTL refreshes), after a PING that checks the
+    password and TLS now rather than at the first handoff; None for other schemes."""
+    if urlsplit(url).scheme not in REDIS_SCHEMES:
+        return None
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=5.0)
+        client.ping()
+    except (redis.RedisError, ValueError, OSError) as e:
+        raise KVStoreError(f"KV store {redact_url(url)} refused the connection: "
+                           f"{type(e).__name__}: {redact_text(str(e))}") from None
+    return client
+
+
+def _check_reachable(url: str, timeout_s: float = 5.0) -> None:
+    """Fail at start-up, naming the store, rather than serve with a store LMCache cannot reach
+    (it would only log, and every handoff would silently fall back to recompute)."""
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise KVStoreError(f"cannot reach the KV store at {redact_url(url)}: {e}") from e
+
+
+def _leading_true(mask: torch.Tensor) -> int:
+    if mask.numel() == 0 or not bool(mask[0]):
+        return 0
+    falses = (~mask.bool()).nonzero()
+    return int(falses[0, 0]) if falses.numel() else int(mask.numel())

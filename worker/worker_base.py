@@ -1,0 +1,367 @@
+"""What the prefill and decode workers share: start-up (engine, KV store, compatibility
+fingerprints), the RPCs both serve (GetInfo, Abort, Lookup), the LMCache import hook, and
+``serve_worker``: a grpc.aio server with grpc.health.v1 that stops gracefully on SIGINT/SIGTERM
+or when the engine loop dies.
+
+Each role subclasses ``WorkerServicerBase`` and implements its own RPC (Prefill or Generate).
+Nothing here calls the engine outside the engine thread (``EngineLoop``), and nothing blocks the
+asyncio loop on the network or the device once the server is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from common.settings import WorkerSettings
+from common.startup_progress import StartupProgress
+from engine.config import EngineConfig
+from engine.kv_cache import KVCache
+from engine.llm_engine import KVImport, LLMEngine
+from proto import bulkhead_pb2 as pb
+from proto import bulkhead_pb2_grpc as pb_grpc
+from worker.auth import AccessError, server_credentials, server_interceptors, warn_if_open
+from worker.codec import status_of
+from worker.engine_loop import EngineLoop
+from worker.kv_store import KVStore
+from worker.kv_store_config import layout_fingerprint
+from worker.registration import registration_publisher
+from worker.state_rows_store import StateRowsStore, rows_layout_fingerprint
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "bulkhead.v1.Worker"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class WorkerRuntime:
+    """Everything a worker built at start-up; handed to its servicer."""
+
+    settings: WorkerSettings
+    engine: LLMEngine
+    loop: EngineLoop
+    kv_store: KVStore | None
+    compat: pb.Compatibility
+    model_name: str
+
+    def close(self) -> None:
+        self.loop.stop()
+        if self.kv_store is not None:
+            self.kv_store.close()
+
+
+def _tokenizer_fingerprint(model: str) -> str:
+    from common.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        return Tokenizer.from_path(model).fingerprint
+    except (TokenizerError, OSError) as exc:
+        log.warning("no tokenizer fingerprint for %s: %s", model, exc)
+        return ""
+
+
+def build_runtime(settings: WorkerSettings,
+                  progress: Callable[[str], None] | None = None) -> WorkerRuntime:
+    """Load the model, plan and lock memory, connect the KV store. Blocking (seconds).
+    ``progress`` is told each step (``StartupProgress`` prints them for ``bulkhead up``)."""
+    if not settings.model:
+        from common.default_model import default_model_path
+
+        settings = _replace_model(settings, str(default_model_path()))
+    engine = LLMEngine.from_config(EngineConfig(**settings.engine_config_kwargs()), progress)
+    mc = engine.model_config
+    kv_dtype = engine.kv_cache.data.dtype
+    # LMCache keys include the model name: both sides derive it from the weights they loaded.
+    store_model_name = f"{mc.name}-{engine.model_fingerprint[:16]}"
+    kv_store: KVStore | None = None
+    slot_state = engine.slot_state
+    if progress is not None:
+        progress("warm-up done" + (", connecting the KV store through LMCache"
+                                   if settings.kv_store_url else ""))
+    if slot_state is not None:
+        # Per-sequence state (DeepSeek-V4): the store holds per-token state rows, and the
+        # layout fingerprint covers the family's state layout.
+        kv_dtype = slot_state.dtype
+        kv_layout = rows_layout_fingerprint(store_model_name, slot_state.row_width, kv_dtype,
+                                            settings.lmcache_chunk_size, slot_state.fingerprint)
+        if settings.kv_store_url:
+            kv_store = StateRowsStore.for_slot_state(
+                settings.kv_store_url, store_model_name, slot_state,
+                chunk_size=settings.lmcache_chunk_size, staging_gb=settings.kv_staging_gb,
+                ttl_s=settings.kv_ttl_s)
+    else:
+        kv_layout = layout_fingerprint(store_model_name, mc.num_layers, mc.num_kv_heads,
+                                       mc.head_dim, kv_dtype, settings.lmcache_chunk_size)
+        if settings.kv_store_url:
+            kv_store = KVStore(settings.kv_store_url, store_model_name, mc.num_layers,
+                               mc.num_kv_heads, mc.head_dim, kv_dtype,
+                               chunk_size=settings.lmcache_chunk_size,
+                               staging_gb=settings.kv_staging_gb, ttl_s=settings.kv_ttl_s)
+    assert kv_store is None or kv_store.layout_fingerprint == kv_layout
+    if progress is not None and kv_store is not None:
+        progress(f"KV store connected: {kv_store.public_url}")
+    compat = pb.Compatibility(
+        model_fingerprint=engine.model_fingerprint,
+        tokenizer_fingerprint=_tokenizer_fingerprint(settings.model),
+        dtype=str(kv_dtype).removeprefix("torch."),
+        block_size=engine.config.block_size,
+        lmcache_chunk_size=settings.lmcache_chunk_size,
+        kv_layout_fingerprint=kv_layout,
+    )
+    return WorkerRuntime(settings, engine, EngineLoop(engine), kv_store, compat, mc.name)
+
+
+def _replace_model(settings: WorkerSettings, model: str) -> WorkerSettings:
+    import dataclasses
+
+    return dataclasses.replace(settings, model=model)
+
+
+def remaining_s(deadline_unix_s: float) -> float | None:
+    """Seconds left before a request's deadline (None = no deadline)."""
+    if deadline_unix_s <= 0:
+        return None
+    return deadline_unix_s - time.time()
+
+
+class WorkerServicerBase(pb_grpc.WorkerServicer):
+    """GetInfo, Abort and Lookup; the role's subclass adds Prefill or Generate."""
+
+    role = ""
+
+    def __init__(self, rt: WorkerRuntime) -> None:
+        self.rt = rt
+        self.loop = rt.loop
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def request_id(given: str) -> str:
+        return given or f"req-{uuid.uuid4().hex}"
+
+    @staticmethod
+    async def fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+        status = status_of(exc)
+        await context.abort(status.code, status.message)
+
+    async def prepare_import(self, prompt: Sequence[int]) -> KVImport | None:
+        """Fetch the longest stored prefix of ``prompt`` from the KV store into host memory
+        now, on a worker thread, and return the engine's import hook, which only copies it into
+        the sequence's blocks: the engine thread (and every other stream) never waits on the
+        network. A failed fetch loads nothing: the engine then computes those tokens, so the
+        answer is right either way. None when there is no store or nothing stored."""
+        store = self.rt.kv_store
+        if store is None or not prompt:
+            return None
+        started = time.monotonic()
+        try:
+            loaded, staged = await asyncio.to_thread(store.fetch, list(prompt))
+        except Exception as exc:  # the store is an optimisation; never fail the request
+            log.warning("KV fetch failed, recomputing: %s", exc)
+            return None
+        if staged is None:
+            return None
+        log.debug("KV fetch: %d of %d prompt tokens in %.3f s", loaded, len(prompt),
+                  time.monotonic() - started)
+        if self.rt.engine.slot_state is not None:
+            return _slot_state_import(loaded, staged)
+        from worker.paged_kv import scatter_tokens
+
+        def load(kv: KVCache, block_ids: list[int], num_prompt_tokens: int,
+                 num_computed_tokens: int = 0) -> int:
+            # num_computed_tokens: what the engine's own prefix cache already holds; those
+            # (possibly shared) blocks are left alone.
+            n = min(loaded, num_prompt_tokens)
+            try:
+                scatter_tokens(kv.data, block_ids, num_computed_tokens, n, staged)
+            except Exception as exc:  # never let an import take the engine thread down
+                log.error("KV import into blocks failed, recomputing: %s", exc)
+                return 0
+            return n
+
+        return load
+
+    # ------------------------------------------------------------------ RPCs
+    async def GetInfo(self, request: pb.WorkerInfoRequest,
+                      context: grpc.aio.ServicerContext) -> pb.WorkerInfo:
+        """Static description, compatibility fingerprints, live load and progress counters.
+        Reads the engine loop's last snapshot: never waits behind a running step."""
+        return self.info()
+
+    def info(self) -> pb.WorkerInfo:
+        """This worker's WorkerInfo now (GetInfo's answer and the registry heartbeat's value)."""
+        s, ec, plan = self.loop.stats, self.rt.engine.config, self.rt.engine.plan
+        return pb.WorkerInfo(
+            worker_id=self.rt.settings.name, role=self.role, model_name=self.rt.model_name,
+            compat=self.rt.compat, max_context=ec.max_context, chunk_tokens=ec.chunk_tokens,
+            max_batch=ec.max_batch, num_running=s.num_running, num_waiting=s.num_waiting,
+            max_queue=ec.max_queue, free_kv_tokens=s.free_kv_tokens,
+            memory_planned_bytes=plan.total_bytes,
+            memory_headroom_bytes=max(plan.headroom_bytes, 0),
+            steps_completed=s.steps_completed, tokens_advanced=s.tokens_advanced,
+            address=self.rt.settings.address,
+            total_kv_tokens=self.rt.engine.block_manager.num_usable_blocks * ec.block_size)
+
+    async def Abort(self, request: pb.AbortRequest,
+                    context: grpc.aio.ServicerContext) -> pb.AbortResponse:
+        """Abort a running request (frees its blocks); found=False if it is not here."""
+        rid = request.request_id
+        found = await self.loop.call(lambda engine: engine.abort(rid))
+        return pb.AbortResponse(found=bool(found))
+
+    async def Lookup(self, request: pb.LookupRequest,
+                     context: grpc.aio.ServicerContext) -> pb.LookupResponse:
+        """Leading prompt tokens whose KV this worker could load from the store."""
+        store = self.rt.kv_store
+        if store is None or not request.prompt_token_ids:
+            return pb.LookupResponse(num_cached_tokens=0)
+        try:
+            n = await asyncio.to_thread(store.lookup, list(request.prompt_token_ids))
+        except Exception as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"KV store lookup failed: {exc}")
+        return pb.LookupResponse(num_cached_tokens=n)
+
+
+def _slot_state_import(loaded: int, rows: torch.Tensor) -> KVImport:
+    """The engine's import hook for a per-slot family: rebuild the sequence's slot from the
+    fetched host rows (``StateRowsStore.fetch``)."""
+
+    def load(kv: KVCache, block_ids: list[int], num_prompt_tokens: int,
+             num_computed_tokens: int = 0, *, slot_state: Any = None, cache_slot: int = -1,
+             max_tokens: int | None = None) -> int:
+        del kv, block_ids, num_computed_tokens  # the state lives in the slot, not in blocks
+        if slot_state is None or cache_slot < 0:
+            log.error("state rows import without a slot; recomputing")
+            return 0
+        n = min(loaded, num_prompt_tokens if max_tokens is None else max_tokens)
+        try:
+            return int(slot_state.import_rows(cache_slot, rows, n))
+        except Exception as exc:  # never let an import take the engine thread down
+            log.error("state import into slot %d failed, recomputing: %s", cache_slot, exc)
+            return 0
+
+    return load
+
+
+@dataclass
+class RunningServer:
+    """A started gRPC server with its health service (``port`` is the bound port)."""
+
+    server: grpc.aio.Server
+    health: health_aio.HealthServicer
+    servicer: WorkerServicerBase
+    port: int
+
+    async def stop(self, grace_s: float | None) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+
+
+async def start_server(rt: WorkerRuntime,
+                       make_servicer: Callable[[WorkerRuntime], WorkerServicerBase],
+                       host: str, port: int) -> RunningServer:
+    """Start the engine loop and a grpc.aio server (Worker + Health) on ``host:port`` (0 = any
+    free port); health is SERVING once this returns. With ``internal_token`` set every Worker
+    call must carry it, with ``tls_cert_file``/``tls_key_file`` the port is TLS (worker/auth.py;
+    an unreadable file raises AccessError before anything starts)."""
+    settings = rt.settings
+    credentials = server_credentials(settings.tls_cert_file, settings.tls_key_file)
+    rt.loop.start()
+    server = grpc.aio.server(interceptors=server_interceptors(settings.internal_token),
+                             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                                      ("grpc.so_reuseport", 0)])
+    servicer = make_servicer(rt)
+    pb_grpc.add_WorkerServicer_to_server(servicer, server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    # both raise RuntimeError if they cannot bind
+    bound = (server.add_secure_port(f"{host}:{port}", credentials) if credentials is not None
+             else server.add_insecure_port(f"{host}:{port}"))
+    warn_if_open(host, settings.internal_token, credentials is not None)
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return RunningServer(server, health, servicer, bound)
+
+
+async def serve_worker(settings: WorkerSettings,
+                       make_servicer: Callable[[WorkerRuntime], WorkerServicerBase]) -> int:
+    """Build the runtime, serve until SIGINT/SIGTERM (or the engine loop dies), stop gracefully.
+    Returns the process exit code."""
+    progress = StartupProgress()
+    rt = build_runtime(settings, progress)  # blocking on purpose: nothing else runs yet
+    bind = f"{settings.host}:{settings.bind_port}"
+    try:
+        running = await start_server(rt, make_servicer, settings.host, settings.bind_port)
+    except (RuntimeError, AccessError) as exc:
+        rt.close()
+        log.error("cannot serve on %s: %s", bind, exc)
+        return 2
+    stopping = asyncio.Event()
+    aio_loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        aio_loop.add_signal_handler(sig, stopping.set)
+    role = running.servicer.role
+    progress(f"serving on {settings.address}")
+    log.info("%s worker %s serving on %s (model %s, kv store %s)", role, settings.name, bind,
+             rt.model_name, rt.kv_store.public_url if rt.kv_store else "none")
+    print(f"bulkhead {role} worker ready on {settings.address}", flush=True)
+    publisher = registration_publisher(settings, role, running.servicer.info)
+    if publisher is not None:
+        await publisher.start()  # Redis down only logs: the worker serves either way
+    assert rt.loop.failed is not None
+    waits = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(rt.loop.failed.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for w in waits:
+        w.cancel()
+    failed = rt.loop.failed.is_set()
+    if failed:
+        log.error("engine loop failed; shutting down: %s", rt.loop.failure)
+    else:
+        log.info("shutting down: running RPCs get %.0f s", settings.grace_s)
+    if publisher is not None:
+        await publisher.stop()  # routers stop sending new requests before the grace period
+    await running.stop(0 if failed else settings.grace_s)
+    rt.close()
+    with contextlib.suppress(Exception):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            aio_loop.remove_signal_handler(sig)
+    return 1 if failed else 0
+
+
+def run_worker(role: str, argv: Sequence[str] | None,
+               make_servicer: Callable[[WorkerRuntime], WorkerServicerBase]) -> int:
+    """Entry point shared by ``bulkhead prefill`` and ``bulkhead decode``."""
+    import sys
+
+    import uvloop
+
+    from common.settings import SettingsError, load_worker_settings
+
+    try:
+        settings = load_worker_settings(role, sys.argv[1:] if argv is None else argv)
+    except SettingsError as exc:
+        print(f"bulkhead {role}: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.num_threads:
+        torch.set_num_threads(settings.num_threads)
+    try:
+        return uvloop.run(serve_worker(settings, make_servicer))
+    except Exception as exc:  # start-up errors (plan does not fit, bad checkpoint, store down)
+        log.debug("start-up failed", exc_info=True)
+        print(f"bulkhead {role}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
