@@ -1,4 +1,4 @@
-"""Measurement cases for the quantized GEMMs behind ``python -m kernels.bench --only quant``:
+"""Measurement cases for the quantized GEMMs behind ``python -m bench.kernels --only quant``:
 the block-scaled FP8 linear and the fused MXFP4 experts at DeepSeek-V4-Flash shapes, each
 against the time to stream its weight bytes once (decode is bandwidth-bound) and checked
 against its reference. Measurement code only: the engine must never import it.
