@@ -4,9 +4,9 @@ Measures (a) the device's own ceilings (copy bandwidth, bf16 matmul rate), (b) t
 S=4096, H=64, D=128, top-512 over T = context/4 keys: peak memory above the inputs, time vs the
 FLOP limit, indices vs the reference (bf16 and FP8), and the transformers-style naive version,
 (c) DeepSeek-V4 sparse attention, (d) dense paged attention (prefill, decode) and (e, with
-``--only quant``) the FP8 linear and MXFP4 experts vs FLOP / bandwidth limits, each checked against its reference. ``--smoke`` runs every path at toy sizes
-(on CPU through the Triton interpreter when there is no GPU) so the script is known to work
-before GPU time is spent. For measurement only: the engine must never import it; it allocates
+``--only quant``) the FP8 linear and MXFP4 experts vs FLOP / bandwidth limits, each checked
+against its reference. ``--smoke`` runs every path at toy sizes (on CPU through the Triton
+interpreter when there is no GPU) so the script is known to work before GPU time is spent. For measurement only: the engine must never import it; it allocates
 freely.
 """
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "paged" in only:
         report["paged"] = bench_paged(shapes, bench_ms, check, ceil.copy_tb_s)
     if "quant" in only:
-        from kernels.bench_quant_cases import bench_quant
+        from bench.kernel_quant_cases import bench_quant
 
         report["quant"] = bench_quant(bench_ms, ceil.copy_tb_s, args.smoke, check)
     print(f"\n{report['device']}, torch {report['torch']}, triton {report['triton']}; "

@@ -199,10 +199,11 @@ def _deepseek_v4_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes:
     counts tokens for admission (zero layers, zero bytes)."""
     from engine.models.deepseek_v4.cache_state import deepseek_v4_cache_bytes
     from engine.models.deepseek_v4.config import DeepseekV4Config
-    from engine.models.deepseek_v4.quant_weights import has_mxfp4_experts
+    from engine.models.deepseek_v4.quant_weights import has_fp8_linears, has_mxfp4_experts
     from engine.models.deepseek_v4.sizing import (
         deepseek_v4_step_peak_bytes,
         deepseek_v4_step_scratch_bytes,
+        deepseek_v4_weight_bytes,
         deepseek_v4_workspace_bytes,
     )
 
@@ -210,18 +211,26 @@ def _deepseek_v4_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes:
     cfg = DeepseekV4Config.from_hf_dict(model.hf_config)
     kernels = ec.use_triton_attention
     kv_spec = KVCacheSpec(0, ec.resolved_num_blocks, ec.block_size, 1, 1, dtype)
-    terms = [PlanTerm("weights", weight_bytes or 0,
-                      "as loaded" if weight_bytes else "not estimated for deepseek_v4 "
-                      "(pass --weights-gib)")]
+    fp8, fp4 = has_fp8_linears(model.hf_config), has_mxfp4_experts(model.hf_config)
+    if weight_bytes is None:  # no weights read (bulkhead plan): from the config
+        weight_bytes = deepseek_v4_weight_bytes(cfg, dtype, fp8, fp4, ec.weight_format)
+        kept = ec.weight_format == "checkpoint"
+        weights_note = (f"from the config: {dtype} tensors"
+                        + (", FP8 projections 1 B + fp32 per 128x128" if fp8 and kept else "")
+                        + (", MXFP4 experts 0.5 B + 1 B per 32" if fp4 and kept else ""))
+    else:
+        weights_note = f"as the model holds them (weight_format {ec.weight_format})"
+    terms = [PlanTerm("weights", weight_bytes, weights_note)]
     for name, nbytes in deepseek_v4_cache_bytes(cfg, ec.max_batch, ec.max_context, dtype).items():
         terms.append(PlanTerm(f"state.{name}", nbytes,
                               f"per slot x max_batch {ec.max_batch} at max_context {ec.max_context}"))
     scratch = deepseek_v4_step_scratch_bytes(cfg, ec.chunk_tokens, ec.max_context, ec.max_batch,
                                              dtype, "kernels" if kernels else "torch")
-    mxfp4 = ec.weight_format == "checkpoint" and has_mxfp4_experts(model.hf_config)
-    if kernels:
+    # the fused MXFP4 MoE runs wherever the GEMM kernels do (CUDA), whatever attention runs
+    mxfp4 = ec.weight_format == "checkpoint" and fp4 and ec.torch_device.type == "cuda"
+    if kernels or mxfp4:
         terms.append(PlanTerm("ws.indexer", _align(deepseek_v4_workspace_bytes(
-            cfg, max(ec.chunk_tokens, ec.max_batch), ec.max_context, mxfp4, dtype)),
+            cfg, max(ec.chunk_tokens, ec.max_batch), ec.max_context, mxfp4, dtype, kernels)),
             "max(tiled indexer top-k scratch + [rows, topk] outputs, fused MXFP4 MoE scratch: "
             "tokens x top_k x (16 + (hidden + intermediate) x dtype) B) (kernels' size functions)",
             True))

@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keys per attention tile (multiple of block-size)")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                     help="weights and KV dtype")
+    ap.add_argument("--weight-format", default="checkpoint", choices=["checkpoint", "dequantize"],
+                    help="quantized checkpoints: kept as stored, or dequantized to --dtype")
     ap.add_argument("--device-memory-gib", type=float, default=96.0,
                     help="device memory to plan against (a 96 GB card)")
     ap.add_argument("--memory-utilization", type=float, default=0.92,
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                           max_context=args.max_context, chunk_tokens=args.chunk_tokens,
                           max_batch=args.max_batch, block_size=args.block_size,
                           num_blocks=args.num_blocks, attn_tile_tokens=args.attn_tile_tokens,
-                          memory_utilization=args.memory_utilization)
+                          memory_utilization=args.memory_utilization,
+                          weight_format=args.weight_format)
         plan = make_plan(mc, ec, int(args.device_memory_gib * GiB),
                          device_label=f"planned {args.device_memory_gib:g} GiB device")
     except EngineError as e:

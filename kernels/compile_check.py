@@ -147,6 +147,8 @@ def _quantized_specs() -> list[KernelSpec]:
     return [
         KernelSpec("fp8 linear decode (16x64x128)", fp8._fp8_linear_kernel, lin,
                    flags | {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}),
+        KernelSpec("fp8 linear decode narrow (16x16x128)", fp8._fp8_linear_kernel, lin,
+                   flags | {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128}),
         KernelSpec("fp8 linear prefill (64x128x128)", fp8._fp8_linear_kernel, lin,
                    flags | {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8),
         KernelSpec("mxfp4 moe gate-up + swiglu (256 experts)", moe._moe_gate_up_kernel, gate_up,

@@ -19,13 +19,20 @@ _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _W_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 
 
-def fp8_linear_tiles(m: int, block_k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) the wrapper launches for ``m`` rows: small M
-    (decode) streams the weight with narrow row tiles; BLOCK_K divides the scale block when it
-    can, so one scale per row multiplies each K-tile's partial product."""
-    bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+_MIN_PROGRAMS = 264  # two per SM of an H200 (132 SMs): below that a decode GEMM idles SMs
+
+
+def fp8_linear_tiles(m: int, n: int, block_k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) the wrapper launches for ``m`` x ``n`` outputs:
+    small M (decode) streams the weight, so BLOCK_N shrinks until the grid covers the SMs;
+    BLOCK_K divides the scale block when it can, so one scale per row multiplies each K-tile's
+    partial product."""
     bk = next((c for c in (128, 64, 32, 16) if block_k % c == 0), 32)
-    return bm, 64 if m <= 32 else 128, bk, 4 if m <= 32 else 8
+    if m > 32:
+        return 64, 128, bk, 8
+    bm = 16 if m <= 16 else 32
+    bn = next((c for c in (64, 32) if -(-n // c) * -(-m // bm) >= _MIN_PROGRAMS), 16)
+    return bm, bn, bk, 4
 
 
 def fp8_gemv_tiles(m: int, n: int, block_k: int) -> tuple[int, int, int, int, int, int] | None:
@@ -33,7 +40,7 @@ def fp8_gemv_tiles(m: int, n: int, block_k: int) -> tuple[int, int, int, int, in
     ``m`` <= 32 rows, or None (more rows, or a scale block no power-of-two K-tile divides).
     Decode streams the weight: 64-row N tiles when that still gives two waves of programs on
     an H200's 132 SMs, else 32-row tiles with two K-tiles a trip (H200 sweep,
-    ``kernels.bench_quant_cases.sweep_quant_tiles``: N = 32768 -> 64/1, N = 4096 -> 32/2)."""
+    ``bench.kernel_quant_cases.sweep_quant_tiles``: N = 32768 -> 64/1, N = 4096 -> 32/2)."""
     bk = next((c for c in (128, 64, 32, 16) if block_k % c == 0), None)
     if m > 32 or bk is None:
         return None
@@ -95,4 +102,4 @@ def _fp8_linear(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.T
         launch_fp8_gemv(x, weight.view(torch.uint8), scale, out, block, gemv)
     else:
         launch_fp8_linear(x, weight.view(torch.uint8), scale, out, block,
-                          fp8_linear_tiles(m, block[1]))
+                          fp8_linear_tiles(m, groups * n, block[1]))

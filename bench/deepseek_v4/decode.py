@@ -4,11 +4,11 @@ served through the real engine (LLMEngine: plan, warm-up, scheduler, batched dec
     python -m bench.deepseek_v4.decode run --out decode.json   # on the GPU
     python -m bench.deepseek_v4.decode report decode.json      # anywhere
 
-The model is built as in :mod:`.context` (``flash_config`` + ``random_init_``); its state
+The model is built as in :mod:`.context` (``flash_config`` + ``random_init_``), or with
+``--weights fp8-mxfp4`` in V4-Flash's shipped formats (:mod:`.quantized_weights`); its state
 dict goes to one ``LLMEngine`` with ``max_batch`` = the largest of ``--batches``, ``max_context``
-= ``--context``, strict device allocations on CUDA. The engine copies the tensors into its own
-module, so the bench's copy is freed once the engine is built (twice the weights are resident
-only while it is built). Per batch size and prompt length: B greedy requests with random
+= ``--context``, strict device allocations on CUDA. The engine's model adopts the tensors (no
+copy: they are already in their final dtype on the device). Per batch size and prompt length: B greedy requests with random
 prompts; steps run untimed until each has its first token (prefill; early requests decode
 meanwhile, so ``max_tokens`` leaves room for those steps), ``--warm-steps`` more untimed, then
 ``--steps`` decode steps timed, each one token for all B requests. Then the rest are aborted.
@@ -35,6 +35,11 @@ from bench.deepseek_v4.context import (
     random_init_,
     write_marked_section,
 )
+from bench.deepseek_v4.quantized_weights import (
+    active_weight_bytes,
+    quantized_hf_config,
+    synthetic_quantized_state_dict,
+)
 from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.llm_engine import LLMEngine, RequestOutput
@@ -42,6 +47,7 @@ from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import CSA, HCA, DeepseekV4Config, RopeParams
 from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
 from engine.sampling_params import SamplingParams
 
 _MARK_BEGIN = "<!-- bench_decode:begin -->"
@@ -102,27 +108,57 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
         max_batch=max(args.batch_list), strict_allocations=cuda, seed=0,
     )
     t0 = time.perf_counter()
-    model = DeepseekV4Model.empty(cfg, ec.torch_dtype, dev, V4Backend())
-    random_init_(model, seed=0)
-    weights = dict(model.state_dict())  # shares the module's storage
-    del model
-    weights_bytes = sum(t.numel() * t.element_size() for t in weights.values())
-    engine = LLMEngine(ec, ModelConfig.from_hf_dict(hf_dict(cfg), name=ec.model), weights)
+    hf = hf_dict(cfg)
+    if args.weights == "fp8-mxfp4":
+        # V4-Flash's shipped formats, made on the device and kept as they are by the model
+        if args.tiny:  # MXFP4 needs widths in multiples of 32
+            cfg = dataclasses.replace(cfg, hidden_size=32, moe_intermediate_size=32)
+            hf = hf_dict(cfg)
+        weights = synthetic_quantized_state_dict(cfg, dev, ec.torch_dtype)
+        hf = quantized_hf_config(hf)
+    else:
+        model = DeepseekV4Model.empty(cfg, ec.torch_dtype, dev, V4Backend())
+        random_init_(model, seed=0)
+        weights = dict(model.state_dict())  # shares the module's storage
+        del model
+    weights_bytes = resident_weight_bytes(weights, ec.torch_dtype, ec.weight_format)
+    engine = LLMEngine(ec, ModelConfig.from_hf_dict(hf, name=ec.model), weights)
     weights.clear()  # the engine loaded them into its own module: drop ours
     _sync(cuda)
     kind = engine.runner.model.model.backend.resolved(dev)
+    v4 = engine.runner.model.model
+    active = {b: active_weight_bytes(v4, cfg, b) for b in args.batch_list}
+    copy_tb_s = _copy_tb_s(dev) if cuda else None
     info = {
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu", "torch": torch.__version__,
-        "dtype": dtype, "layers": args.layers, "experts": args.experts, "context": args.context,
+        "dtype": dtype, "weights": args.weights, "layers": args.layers, "experts": args.experts, "context": args.context,
         "chunk": args.chunk, "max_batch": ec.max_batch, "indexer": kind.indexer,
         "attention": kind.attention, "strict_allocations": ec.strict_allocations,
         "weights_bytes": weights_bytes, "plan_total_bytes": engine.plan.total_bytes,
         "plan_activations_bytes": engine.plan.term("activations"),
+        "resident_weight_bytes": sum(t.numel() * t.element_size() for n, t in v4.state_dict().items()
+                                     if "rotary" not in n),
+        "active_weight_bytes": active, "copy_tb_s": copy_tb_s,
         "warmup": dataclasses.asdict(engine.warmup_report),
         "build_s": time.perf_counter() - t0,
-        "weights_copy": "freed after the engine was built (2x weights resident while building)",
+        "weights_copy": "adopted by the engine's model (no second copy)",
     }
     return engine, info
+
+
+def _copy_tb_s(dev: torch.device) -> float:
+    """Device copy bandwidth (read + write) in TB/s: the rate weights can stream at."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize(dev)
+    t = time.perf_counter()
+    for _ in range(5):
+        dst.copy_(src)
+    torch.cuda.synchronize(dev)
+    rate = 5 * 2 * src.numel() / (time.perf_counter() - t) / 1e12
+    del src, dst
+    return rate
 
 
 def _count(outs: list[RequestOutput], new: dict[str, int]) -> tuple[int, int]:
@@ -170,7 +206,10 @@ def run_row(engine: LLMEngine, batch: int, prompt: int, args: argparse.Namespace
                 raise _DeadlinePassed
             _count(engine.step(), new)
             prefill_steps += 1
-        row.update(prefill_s=time.perf_counter() - t0, prefill_steps=prefill_steps)
+        _sync(cuda)
+        prefill_s = time.perf_counter() - t0
+        row.update(prefill_s=prefill_s, prefill_steps=prefill_steps,
+                   prefill_tokens_per_s=batch * prompt / prefill_s)
         for _ in range(args.warm_steps):
             _count(engine.step(), new)
         row["context_at_start"] = [prompt + min(new.values()), prompt + max(new.values())]
@@ -252,6 +291,10 @@ def run_decode(args: argparse.Namespace) -> dict[str, Any]:
                 result["stopped"] = f"deadline ({args.deadline:.0f} s) before B={batch} prompt={prompt}"
                 break
             row = run_row(engine, batch, prompt, args, stop_at)
+            if info["copy_tb_s"]:
+                # every active weight byte read once per step at the copy rate
+                row["streaming_limit_tok_s"] = (batch * info["copy_tb_s"] * 1e12
+                                                / info["active_weight_bytes"][batch])
             print(_line(row), flush=True)
             result["rows"].append(row)
             if out:
@@ -286,6 +329,15 @@ def _gib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**30:.2f}"
 
 
+def _streaming(res: dict[str, Any]) -> str:
+    if not res.get("copy_tb_s"):
+        return ""
+    active = {int(b): n for b, n in res["active_weight_bytes"].items()}  # JSON keys are strings
+    per = ", ".join(f"B={b}: {_gib(n)}" for b, n in sorted(active.items()))
+    return (f"; weight bytes a decode step reads at least once, GiB: {per}; copy rate "
+            f"{res['copy_tb_s']:.2f} TB/s")
+
+
 def report_table(res: dict[str, Any]) -> str:
     """The markdown body for one run."""
     if res.get("error"):
@@ -293,9 +345,10 @@ def report_table(res: dict[str, Any]) -> str:
     w = res["warmup"]
     lines = [
         f"indexer `{res['indexer']}`, attention `{res['attention']}`; layers {res['layers']}, "
-        f"{res['experts']} experts, {res['dtype']}, max_batch {res['max_batch']}, context "
+        f"{res['experts']} experts, weights {res.get('weights', 'bf16')}, {res['dtype']}, max_batch {res['max_batch']}, context "
         f"{res['context']:,}, chunks of {res['chunk']:,} ({res['device']}, torch {res['torch']}). "
-        f"Weights {_gib(res['weights_bytes'])} GiB, plan {_gib(res['plan_total_bytes'])} GiB. "
+        f"Weights {_gib(res['weights_bytes'])} GiB (resident {_gib(res.get('resident_weight_bytes'))} GiB"
+        f"{_streaming(res)}), plan {_gib(res['plan_total_bytes'])} GiB. "
         f"Warm-up: activations measured {_gib(w['activation_peak_bytes'])} GiB / planned "
         f"{_gib(w['activation_planned_bytes'])} GiB, workspace peak {_gib(w['workspace_peak_bytes'])} "
         f"/ {_gib(w['workspace_capacity_bytes'])} GiB; strict allocations "
@@ -304,20 +357,22 @@ def report_table(res: dict[str, Any]) -> str:
         f"row after {res['warm_steps']} untimed ones"
         + (f"; stopped: {res['stopped']}" if res.get("stopped") else "") + ".",
         "",
-        "| batch | prompt | context at start | ms/step | median ms/step | tokens/s | decode peak GiB | "
-        "device allocs (row) | prefill s (steps) | error |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| batch | prompt | context at start | ms/step | median ms/step | tokens/s | "
+        "weight-streaming limit tok/s | decode peak GiB | device allocs (row) | prefill s (steps; tok/s) | error |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in res["rows"]:
         if "tokens_per_s" not in r:
-            lines.append(f"| {r['batch']} | {r['prompt']:,} | | | | | | {r.get('device_allocs_row')} | "
+            lines.append(f"| {r['batch']} | {r['prompt']:,} | | | | | | | {r.get('device_allocs_row')} | "
                          f"| {r['error']} |")
             continue
         lo, hi = r["context_at_start"]
         lines.append(
             f"| {r['batch']} | {r['prompt']:,} | {lo:,}-{hi:,} | {r['ms_per_step']:.2f} | "
-            f"{r['ms_per_step_median']:.2f} | {r['tokens_per_s']:,.1f} | {_gib(r['decode_peak_bytes'])} | "
-            f"{r['device_allocs_row']} | {r['prefill_s']:.2f} ({r['prefill_steps']}) | {r['error'] or ''} |"
+            f"{r['ms_per_step_median']:.2f} | {r['tokens_per_s']:,.1f} | "
+            f"{r.get('streaming_limit_tok_s') or float('nan'):,.0f} | {_gib(r['decode_peak_bytes'])} | "
+            f"{r['device_allocs_row']} | {r['prefill_s']:.2f} ({r['prefill_steps']}; "
+            f"{r.get('prefill_tokens_per_s', float('nan')):,.0f} tok/s) | {r['error'] or ''} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -344,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--layers", default="SCH")
     r.add_argument("--experts", type=int, default=8)
     r.add_argument("--dtype", default=None, choices=sorted(_DTYPES), help="default bf16 on CUDA, fp32 on CPU")
+    r.add_argument("--weights", default="bf16", choices=("bf16", "fp8-mxfp4"),
+                   help="bf16: every weight in --dtype, experts looped in Python (the eager path); "
+                        "fp8-mxfp4: V4-Flash's shipped formats kept on the device, fused MoE")
     r.add_argument("--device", default="cuda")
     r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
     r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; {TINY})")

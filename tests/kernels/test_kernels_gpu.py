@@ -171,7 +171,7 @@ def test_fp8_linear_at_v4_shapes_allocation_free(cuda, m, n, k) -> None:
     from kernels.fp8_linear_ref import fp8_linear_ref
 
     g = torch.Generator(device="cuda").manual_seed(m)
-    q = (torch.randn(n, k, device="cuda", generator=g) * 50).to(torch.float8_e4m3fn)
+    q = (torch.randn(n, k, device="cuda", generator=g) * 50).clamp(-448, 448).to(torch.float8_e4m3fn)
     s = torch.rand(-(-n // 128), -(-k // 128), device="cuda", generator=g) * 1e-2
     x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)

@@ -95,8 +95,12 @@ def test_moe_experts_names_the_bad_argument(interpret) -> None:
 @pytest.mark.gpu
 def test_moe_experts_on_cuda_without_host_sync(cuda) -> None:
     t, k, e, hid, inter = 300, 6, 128, 4096, 2048
-    weights = [w.cuda() for w in _experts(e, hid, inter, 0)]
     g = torch.Generator(device="cuda").manual_seed(0)
+    u8 = dict(device="cuda", generator=g, dtype=torch.uint8)  # random codes: quantizing is slow
+    weights = [torch.randint(0, 256, (e, 2 * inter, hid // 2), **u8),
+               torch.randint(118, 122, (e, 2 * inter, hid // 32), **u8),
+               torch.randint(0, 256, (e, hid, inter // 2), **u8),
+               torch.randint(118, 122, (e, hid, inter // 32), **u8)]
     x = torch.randn(t, hid, device="cuda", generator=g).to(torch.bfloat16)
     ids = torch.randint(0, e, (t, k), device="cuda", generator=g)
     w = torch.rand(t, k, device="cuda", generator=g)

@@ -99,6 +99,7 @@ class DeepseekV4Model(nn.Module):
         cls, cfg: DeepseekV4Config, state_dict: Mapping[str, torch.Tensor],
         dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
         backend: V4Backend | None = None, weight_format: str = "checkpoint",
+        consume: bool = False,
     ) -> DeepseekV4Model:
         """The model holding ``state_dict``'s tensors (transformers names, or DeepSeek's own
         layout, renamed and experts merged by :mod:`.weights`). ``weight_format``:
@@ -106,11 +107,12 @@ class DeepseekV4Model(nn.Module):
         :mod:`.quant_modules`), ``dequantize`` turns them into ``dtype``. Tensors already in
         their final dtype on ``device`` are adopted, not copied, so loading never holds two
         copies of a weight. Raises CheckpointError naming missing, unexpected or mis-shaped
-        tensors."""
+        tensors. ``consume``: ``state_dict`` is given up (the engine's), and per-expert tensors
+        leave it as soon as they are stacked."""
         if weight_format not in WEIGHT_FORMATS:
             raise CheckpointError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
         if is_deepseek_layout(state_dict):
-            sd = to_hf_names(state_dict, dtype, keep_quantized=True)
+            sd = to_hf_names(state_dict, dtype, keep_quantized=True, consume=consume)
         else:
             sd = hf_quantized_names(state_dict)
         sd = dequantize_all(sd, dtype) if weight_format == "dequantize" else keep_quantized(sd)

@@ -10,6 +10,7 @@ tensor (the explicit way to get a bf16 model). Pure functions of tensors; never 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import torch
@@ -19,6 +20,11 @@ from kernels.fp8_linear_ref import dequantize_fp8_block, fp8_block_scale_fp32
 from kernels.mxfp4_moe_ref import MXFP4_GROUP, as_bytes, dequantize_mxfp4
 
 WEIGHT_FORMATS = ("checkpoint", "dequantize")
+# The projections V4-Flash ships in FP8 (transformers names); its compressor / indexer
+# weights_proj, router, norms, embedding and head are bf16 / fp32.
+FP8_LINEAR = re.compile(
+    r"(self_attn\.(q_a_proj|q_b_proj|kv_proj|o_a_proj|o_b_proj|compressor\.indexer\.q_b_proj)"
+    r"|mlp\.shared_experts\.(gate_proj|up_proj|down_proj))\.weight$")
 FP8_BLOCK = 128  # DeepSeek's block edge; the last block of a dimension may be partial
 _FP4_DTYPES = (torch.int8, torch.uint8) + tuple(
     d for d in (getattr(torch, "float4_e2m1fn_x2", None),) if d is not None)
@@ -32,6 +38,12 @@ def has_mxfp4_experts(hf_config: Mapping[str, object]) -> bool:
     qc = hf_config.get("quantization_config")
     inner = qc.get("expert_dtype") if isinstance(qc, dict) else None
     return (inner or hf_config.get("expert_dtype")) == "fp4"
+
+
+def has_fp8_linears(hf_config: Mapping[str, object]) -> bool:
+    """Whether config.json declares FP8 block-quantized dense weights."""
+    qc = hf_config.get("quantization_config")
+    return isinstance(qc, dict) and qc.get("quant_method") == "fp8"
 
 
 def is_fp8(t: torch.Tensor) -> bool:
@@ -106,7 +118,10 @@ def e8m0_bytes(name: str, scale: torch.Tensor) -> torch.Tensor:
 
 def check_mxfp4(name: str, packed: torch.Tensor, scale: torch.Tensor) -> None:
     rows, half = packed.shape[-2:]
-    if tuple(scale.shape) != (*packed.shape[:-1], 2 * half // MXFP4_GROUP) or (2 * half) % MXFP4_GROUP:
+    if (2 * half) % MXFP4_GROUP:
+        raise CheckpointError(f"deepseek_v4: {name} packs {2 * half} values a row, not a multiple "
+                              f"of {MXFP4_GROUP} (one e8m0 scale per {MXFP4_GROUP} values)")
+    if tuple(scale.shape) != (*packed.shape[:-1], 2 * half // MXFP4_GROUP):
         raise CheckpointError(
             f"deepseek_v4: {name} packs {2 * half} values a row but its scales are "
             f"{list(scale.shape)}; MXFP4 needs one per {MXFP4_GROUP} ([..., {rows}, "
@@ -155,14 +170,14 @@ def resident_weight_bytes(state_dict: Mapping[str, torch.Tensor], dtype: torch.d
     size (``checkpoint``) or at ``dtype`` (``dequantize``); fp32 block-scale grids. Works on the
     checkpoint's own names (either layout): a payload is quantized when a scale sits beside it."""
     elem = torch.empty((), dtype=dtype).element_size()
-    scales = {s for name in state_dict for s in _scale_names(name) if s in state_dict}
+    scale_of = {s: name for name in state_dict for s in _scale_names(name) if s in state_dict}
     total = 0
     for name, t in state_dict.items():
-        if name in scales:
-            if weight_format == "checkpoint":  # FP8 grids become fp32, e8m0 bytes stay bytes
-                total += t.numel() * (1 if t.dtype in (torch.uint8, _E8M0) else 4)
+        if name in scale_of:
+            if weight_format == "checkpoint":  # FP8 grids become fp32, MXFP4's e8m0 bytes stay
+                total += t.numel() * (4 if is_fp8(state_dict[scale_of[name]]) else t.element_size())
             continue
-        if weight_format == "dequantize" and any(s in scales for s in _scale_names(name)):
+        if weight_format == "dequantize" and any(s in scale_of for s in _scale_names(name)):
             total += t.numel() * (2 if t.dtype in _FP4_DTYPES else 1) * elem
             continue
         total += t.numel() * t.element_size()

@@ -29,8 +29,9 @@ class DeepseekV4Runner:
         weight_format: str = "checkpoint",
     ) -> None:
         self.cfg = DeepseekV4Config.from_hf_dict(dict(hf_config))
+        # the engine hands its weights dict over: experts leave it as they are stacked
         self.model = DeepseekV4Model.from_state_dict(self.cfg, state_dict, dtype, device, backend,
-                                                     weight_format)
+                                                     weight_format, consume=True)
         self.cache = DeepseekV4CacheState(self.cfg, max_batch, max_context, dtype, device)
         # per-slot state export/import as per-token rows (the engine's ``slot_state`` hook)
         self.slot_state = DeepseekV4StateRows.for_model(self.cache, self.model)

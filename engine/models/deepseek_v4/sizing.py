@@ -109,14 +109,15 @@ def deepseek_v4_step_peak_bytes(scratch: dict[str, int]) -> int:
 
 def deepseek_v4_workspace_bytes(
     cfg: DeepseekV4Config | Any, chunk_tokens: int, max_context: int,
-    mxfp4_experts: bool = False, dtype: torch.dtype = torch.bfloat16,
+    mxfp4_experts: bool = False, dtype: torch.dtype = torch.bfloat16, indexer: bool = True,
 ) -> int:
     """Bytes the family takes from the engine's Workspace in one step (kernels backend): the
     larger of the indexer's scratch with its two [rows, topk] outputs and (``mxfp4_experts``)
     the fused MoE's scratch, plus alignment slack: each is taken in its own scope, the indexer
     inside attention and the MoE after it, so they never coexist. The rest of a step's
     transient memory is the ``deepseek_v4_step_scratch_bytes`` activations. Frames are per
-    sequence, so the indexer's part does not grow with the number of sequences in a step."""
+    sequence, so the indexer's part does not grow with the number of sequences in a step.
+    ``indexer=False``: the indexer runs in PyTorch and takes nothing from the Workspace."""
     cfg = DeepseekV4Config.coerce(cfg)
     moe = 0
     if mxfp4_experts:
@@ -124,7 +125,7 @@ def deepseek_v4_workspace_bytes(
 
         moe = moe_experts_workspace_bytes(chunk_tokens, cfg.num_experts_per_tok, cfg.hidden_size,
                                           cfg.moe_intermediate_size, cfg.n_routed_experts, dtype) + 256
-    if not cfg.uses_csa:
+    if not cfg.uses_csa or not indexer:
         return moe
     from kernels.indexer_topk import indexer_topk_workspace_bytes
 
@@ -132,3 +133,36 @@ def deepseek_v4_workspace_bytes(
         chunk_tokens, cfg.index_n_heads, cfg.index_head_dim, max_context // cfg.csa_rate, cfg.index_topk
     )
     return max(need + 2 * chunk_tokens * cfg.index_topk * 4 + 3 * 256, moe)
+
+
+def deepseek_v4_weight_bytes(
+    cfg: DeepseekV4Config | Any, dtype: torch.dtype = torch.bfloat16, fp8_linears: bool = False,
+    mxfp4_experts: bool = False, weight_format: str = "checkpoint",
+) -> int:
+    """Resident weight bytes from the config alone (``bulkhead plan``, no weights read): every
+    tensor of the model at ``dtype`` (fp32 where the model keeps fp32: norms, mHC, sinks,
+    biases), except, with ``weight_format="checkpoint"``, V4-Flash's FP8 projections (1 B a
+    value + an fp32 scale per 128 x 128 block) and MXFP4 experts (0.5 B a value + 1 B per 32)."""
+    from engine.models.deepseek_v4.model import _FP32_FRAGMENTS, DeepseekV4Model
+    from engine.models.deepseek_v4.quant_weights import FP8_LINEAR
+
+    cfg = DeepseekV4Config.coerce(cfg)
+    with torch.device("meta"):
+        model = DeepseekV4Model(cfg)
+    elem = torch.empty((), dtype=dtype).element_size()
+    keep = weight_format == "checkpoint"
+    total = 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        n = t.numel()
+        if "rotary" in name:
+            continue
+        if keep and fp8_linears and FP8_LINEAR.search(name):
+            rows, cols = t.shape
+            total += n + 4 * -(-rows // 128) * -(-cols // 128)
+        elif keep and mxfp4_experts and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            total += n // 2 + n // 32
+        elif not t.is_floating_point():
+            total += n * t.element_size()
+        else:
+            total += n * (4 if any(f in name for f in _FP32_FRAGMENTS) else elem)
+    return total

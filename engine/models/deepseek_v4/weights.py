@@ -152,17 +152,24 @@ def hf_quantized_names(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 def to_hf_names(
     state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16,
-    keep_quantized: bool = False,
+    keep_quantized: bool = False, consume: bool = False,
 ) -> dict[str, torch.Tensor]:
     """A DeepSeek-layout state dict (``model.`` prefix optional; FP8/FP4 payloads allowed) as the
     transformers-named dict :class:`DeepseekV4Model` loads. MTP layers are dropped. Without
-    ``keep_quantized`` every scaled payload is dequantized to ``dtype`` here."""
+    ``keep_quantized`` every scaled payload is dequantized to ``dtype`` here. ``consume``
+    (``state_dict`` a dict the caller gives up): per-expert tensors are removed from it as they
+    are stacked, so a layer's experts exist twice only while that layer is stacked, not the
+    whole model's."""
     sd = {k.removeprefix("model."): v for k, v in state_dict.items() if not k.startswith(("mtp.", "model.mtp."))}
     if not keep_quantized:
         sd = dequantize_hf(sd, dtype)
+    if consume and isinstance(state_dict, dict):
+        for k in [k for k in state_dict if ".experts." in k]:
+            del state_dict[k]  # the references in ``sd`` / ``experts`` below are the last ones
     out: dict[str, torch.Tensor] = {}
     experts: dict[tuple[int, str, str], dict[int, torch.Tensor]] = {}
-    for key, t in sd.items():
+    for key in list(sd):
+        t = sd.pop(key)
         if key in _TOP_RENAMES:
             out[_TOP_RENAMES[key]] = t
             continue

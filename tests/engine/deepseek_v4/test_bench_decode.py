@@ -5,6 +5,7 @@ deadline, and the docs section written once between its markers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -117,3 +118,37 @@ def test_report_writes_the_section_once(tiny_run: tuple[int, Path], tmp_path: Pa
     assert main(["report", str(out), "--docs", str(docs)]) == 0
     text = md.read_text()
     assert text.startswith("# V4\n") and text.count(HEADING) == 1 and text.index(HEADING) < text.index(BEGIN)
+
+
+def test_quantized_weights_run(tmp_path: Path) -> None:
+    """--weights fp8-mxfp4: the model holds FP8 projections and MXFP4 experts made on the device
+    (through from_state_dict, as a checkpoint would be), and decodes."""
+    from bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
+    from engine.models.deepseek_v4.model import DeepseekV4Model
+    from engine.models.deepseek_v4.quant_modules import Fp8Linear, Mxfp4Experts
+
+    rc, res = _run(tmp_path / "q.json", "--weights", "fp8-mxfp4", "--prompts", "20", "--batches", "1")
+    assert rc == 0 and res["weights"] == "fp8-mxfp4" and res["rows"][0]["error"] is None
+    assert res["resident_weight_bytes"] == res["weights_bytes"]
+    cfg = flash_config("SCH", 8, 256, tiny=True)
+    cfg = dataclasses.replace(cfg, hidden_size=32, moe_intermediate_size=32)
+    model = DeepseekV4Model.from_state_dict(cfg, synthetic_quantized_state_dict(cfg, "cpu", torch.float32),
+                                            torch.float32)
+    assert isinstance(model.model.layers[1].self_attn.q_b_proj, Fp8Linear)
+    assert isinstance(model.model.layers[1].mlp.experts, Mxfp4Experts)
+    assert isinstance(model.model.layers[1].self_attn.compressor.kv_proj, torch.nn.Linear)
+
+
+def test_config_estimate_equals_the_quantized_weights() -> None:
+    """bulkhead plan's weight estimate (config only) = the bytes of the quantized tensors the
+    bench makes (fp32 model, so every float tensor is 4 B either way); dequantized is larger."""
+    from bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
+    from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
+    from engine.models.deepseek_v4.sizing import deepseek_v4_weight_bytes
+
+    cfg = dataclasses.replace(flash_config("SCH", 8, 256, tiny=True), hidden_size=32, moe_intermediate_size=32)
+    sd = synthetic_quantized_state_dict(cfg, "cpu", torch.float32)
+    est = deepseek_v4_weight_bytes(cfg, torch.float32, True, True, "checkpoint")
+    assert est == resident_weight_bytes(sd, torch.float32, "checkpoint")
+    assert deepseek_v4_weight_bytes(cfg, torch.float32, True, True, "dequantize") == \
+        resident_weight_bytes(sd, torch.float32, "dequantize") > est

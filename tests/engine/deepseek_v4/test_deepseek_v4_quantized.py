@@ -171,3 +171,95 @@ def test_kernels_path_under_triton_interpreter(quantized) -> None:
     assert m, proc.stdout
     assert m.group(1) == m.group(2)
     assert 0 < int(m.group(3)) <= int(m.group(4))
+
+
+@pytest.mark.parametrize("weight_format", ["checkpoint", "dequantize"])
+def test_engine_serves_the_quantized_folder(quantized, weight_format) -> None:
+    """LLMEngine.from_config on the folder: plan weights = what the model holds (quantized or
+    explicitly dequantized), and the same greedy tokens as transformers."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    folder, model, qsd = quantized
+    ec = EngineConfig(model=str(folder), device="cpu", dtype="float32", max_context=64,
+                      chunk_tokens=16, max_batch=2, weight_format=weight_format)
+    engine = LLMEngine.from_config(ec)
+    ours = engine.runner.model.model  # ModelRunner -> DeepseekV4Runner -> DeepseekV4Model
+    held = sum(t.numel() * t.element_size() for n, t in ours.state_dict().items() if "rotary" not in n)
+    planned = engine.plan.term("weights")
+    assert abs(planned - held) <= 0.01 * held, (planned, held)  # fp32-kept norms aside
+    dense = sum(t.numel() * 4 for t in dequantized(qsd).values() if t.is_floating_point())
+    assert (planned < 0.5 * dense) == (weight_format == "checkpoint")
+    ids = torch.randint(2, 97, (PROMPT,), generator=torch.Generator().manual_seed(4)).tolist()
+    engine.add_request("q", ids, SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True))
+    got: list[int] = []
+    while engine.has_unfinished():
+        for o in engine.step():
+            got += o.new_token_ids
+    want = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                          pad_token_id=0, eos_token_id=None)[0, PROMPT:].tolist()
+    assert got == want
+
+
+def test_plan_holds_the_fused_moe_scratch(quantized) -> None:
+    """On CUDA the fused MoE takes tokens x top_k scratch from the Workspace: the plan's
+    workspace term covers it whatever attention backend runs; not when dequantized."""
+    from engine.config import EngineConfig
+    from engine.memory_planner import make_plan
+    from engine.model_config import ModelConfig
+    from kernels.mxfp4_moe import moe_experts_workspace_bytes
+
+    ck = load_checkpoint(quantized[0], torch.float32, progress=False)
+    mc = ModelConfig.from_hf_dict(ck.config.hf_config)
+    need = moe_experts_workspace_bytes(512, 2, 160, 96, 7, torch.bfloat16)
+    for attention in ("triton", "torch"):
+        ec = EngineConfig(model="x", device="cuda", dtype="bfloat16", chunk_tokens=512, max_batch=4,
+                          attention_backend=attention)
+        assert make_plan(mc, ec, 1 << 40).term("ws.indexer") >= need, attention
+    ec = EngineConfig(model="x", device="cuda", dtype="bfloat16", chunk_tokens=512, max_batch=4,
+                      attention_backend="torch", weight_format="dequantize")
+    assert make_plan(mc, ec, 1 << 40).term("ws.indexer") == 0
+
+
+def test_consumed_state_dict_gives_up_its_experts(quantized) -> None:
+    """The engine's weights dict loses each per-expert tensor once it is stacked (so a real
+    checkpoint's experts are not held twice); the model is the same."""
+    _, _, qsd = quantized
+    given = dict(qsd)
+    cfg = DeepseekV4Config.from_hf_dict(RAW)
+    a = DeepseekV4Model.from_state_dict(cfg, given, dtype=torch.float32, consume=True)
+    assert not [k for k in given if ".experts." in k]
+    assert any(".shared_experts." in k for k in given)  # only the routed experts were given up
+    b = DeepseekV4Model.from_state_dict(cfg, qsd, dtype=torch.float32)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x,
+                           y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y), name
+
+
+@pytest.mark.gpu
+def test_cuda_kernels_give_the_same_tokens(quantized) -> None:
+    """On the GPU: the checkpoint on CUDA with the FP8 / MXFP4 Triton GEMMs (fp32 activations,
+    so the comparison is about the kernels, not bf16) decodes transformers' greedy tokens."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from engine.models.deepseek_v4 import V4Backend
+
+    folder, model, _ = quantized
+    ids = torch.randint(2, 97, (PROMPT,), generator=torch.Generator().manual_seed(4))
+    want = model.generate(ids[None], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                          eos_token_id=None)[0, PROMPT:].tolist()
+    ck = load_checkpoint(folder, torch.float32, device="cuda", progress=False)
+    cfg = DeepseekV4Config.from_hf_dict(ck.config.hf_config)
+    ours = DeepseekV4Model.from_state_dict(cfg, ck.state_dict, torch.float32, "cuda",
+                                           V4Backend("torch", "torch", "kernels"))
+    assert ours.model.layers[1].mlp.experts.use_kernels
+    cache = DeepseekV4CacheState(cfg, 1, 64, torch.float32, "cuda")
+    dev_ids = ids.cuda()
+    h = ours(dev_ids, torch.arange(PROMPT, device="cuda"), [0, PROMPT], [0], cache)
+    tokens = [int(ours.compute_logits(h)[-1].argmax())]
+    for _ in range(NEW_TOKENS - 1):
+        pos = cache.num_tokens[0]
+        h = ours(torch.tensor([tokens[-1]], device="cuda"), torch.tensor([pos], device="cuda"), [0, 1], [0], cache)
+        tokens.append(int(ours.compute_logits(h)[0].argmax()))
+    assert tokens == want
