@@ -1,0 +1,119 @@
+"""The router's side of the bulkhead.v1 edge: the one place where router dataclasses become
+proto messages and back. ``worker_client.py`` calls it; nothing else in the router builds or
+reads a Prefill/Generate message, so dispatch and the choice runner deal in plain data.
+
+It never touches the network (the client does) and never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from proto import bulkhead_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one choice samples; the worker checks the ranges (InvalidRequest -> 400)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None  # None: the worker's own seed
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One choice as the workers see it: the same for Prefill and Generate."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: Sampling
+    deadline_unix_s: float = 0.0  # 0 = no deadline
+
+
+@dataclass(frozen=True)
+class KVHandle:
+    """Where a prefill left the prompt's KV: how many tokens the store shows, in which layout."""
+
+    num_tokens_stored: int
+    kv_layout_fingerprint: str
+    store_url: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """A finished Prefill: the first token and the KV handed over with it."""
+
+    first_token_id: int
+    finish_reason: str | None  # set when the first token already ends the choice
+    num_cached_tokens: int
+    num_computed_tokens: int
+    kv: KVHandle
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A finished Generate's prompt accounting (the decode worker's view)."""
+
+    cached_tokens: int
+    loaded_kv_tokens: int
+    recomputed_tokens: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """The tokens of one engine step; the last chunk carries the finish reason and usage."""
+
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+def sampling_to_proto(s: Sampling) -> pb.SamplingParams:
+    msg = pb.SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
+                            top_k=s.top_k, stop_token_ids=list(s.stop_token_ids),
+                            ignore_eos=s.ignore_eos)
+    if s.seed is not None:
+        msg.seed = s.seed
+    return msg
+
+
+def prefill_request(item: WorkItem) -> pb.PrefillRequest:
+    return pb.PrefillRequest(request_id=item.request_id,
+                             prompt_token_ids=list(item.prompt_token_ids),
+                             sampling=sampling_to_proto(item.sampling),
+                             deadline_unix_s=item.deadline_unix_s)
+
+
+def generate_request(item: WorkItem, after: Prefilled | None = None) -> pb.GenerateRequest:
+    """A Generate of ``item``; ``after``: the prefill it continues (the stream then starts
+    after ``after.first_token_id``)."""
+    msg = pb.GenerateRequest(request_id=item.request_id,
+                             prompt_token_ids=list(item.prompt_token_ids),
+                             sampling=sampling_to_proto(item.sampling),
+                             deadline_unix_s=item.deadline_unix_s)
+    if after is not None:
+        msg.has_prefill = True
+        msg.first_token_id = after.first_token_id
+        msg.kv.CopyFrom(pb.KVHandle(num_tokens_stored=after.kv.num_tokens_stored,
+                                    kv_layout_fingerprint=after.kv.kv_layout_fingerprint,
+                                    store_url=after.kv.store_url))
+    return msg
+
+
+def prefilled_from_proto(msg: pb.PrefillResponse) -> Prefilled:
+    kv = KVHandle(int(msg.kv.num_tokens_stored), msg.kv.kv_layout_fingerprint, msg.kv.store_url)
+    return Prefilled(int(msg.first_token_id), msg.finish_reason or None,
+                     int(msg.num_cached_tokens), int(msg.num_computed_tokens), kv)
+
+
+def chunk_from_proto(msg: pb.GenerateChunk) -> Chunk:
+    usage = None
+    if msg.HasField("usage"):
+        usage = Usage(int(msg.usage.cached_tokens), int(msg.usage.loaded_kv_tokens),
+                      int(msg.usage.recomputed_tokens))
+    return Chunk(tuple(int(t) for t in msg.token_ids), msg.finish_reason or None, usage)
