@@ -7,38 +7,27 @@ variables ``BULKHEAD_<FIELD>`` < command-line flags ``--field-name``. Every fiel
 documentation; ``bulkhead prefill --help`` and the README table come from it.
 
 This module must never import torch, ``engine/`` or LMCache: ``bulkhead --help`` and the launcher
-stay light. ``engine_config_kwargs()`` gives plain values the worker turns into an EngineConfig.
+stay light. The worker turns these into its frozen EngineConfig and StoreSettings
+(worker/worker_config.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
 import socket
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-import yaml
-
+from common import settings_loader
+from common.settings_loader import ENV_PREFIX, SettingsError
+from common.settings_loader import doc as _doc
 from common.worker_registry import url_problem
 
-ENV_PREFIX = "BULKHEAD_"
+__all__ = ["ENV_PREFIX", "SettingsError", "WorkerSettings", "build_parser",
+           "load_worker_settings", "settings_table"]
 ROLES = ("prefill", "decode")
 DEFAULT_PORTS = {"prefill": 50051, "decode": 50052}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-class SettingsError(ValueError):
-    """A setting has a value we cannot use; the message names the setting and the limit."""
-
-
-def _doc(text: str) -> dict[str, str]:
-    return {"doc": text}
 
 
 @dataclass(frozen=True)
@@ -249,143 +238,45 @@ class WorkerSettings:
     def name(self) -> str:
         return self.worker_id or f"{self.role}@{socket.gethostname()}:{self.bind_port}"
 
-    def engine_config_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of engine.config.EngineConfig (plain values, no torch here)."""
-        return {
-            "model": self.model,
-            "device": self.device,
-            "dtype": self.dtype,
-            "weight_format": self.weight_format,
-            "max_context": self.max_context,
-            "chunk_tokens": self.chunk_tokens,
-            "max_batch": self.max_batch,
-            "block_size": self.block_size,
-            "num_blocks": self.num_blocks or None,
-            "attn_tile_tokens": self.attn_tile_tokens,
-            "max_queue": self.max_queue,
-            "enable_prefix_cache": self.enable_prefix_cache,
-            "device_memory_bytes": int(self.device_memory_gb * (1 << 30)) or None,
-            "memory_utilization": self.memory_utilization,
-            "strict_allocations": self.strict_allocations,
-            "seed": self.seed,
-        }
+    @property
+    def store(self) -> StoreSettings | None:
+        """The KV store's settings; None when the worker has no store."""
+        if not self.kv_store_url:
+            return None
+        return StoreSettings(self.kv_store_url, self.lmcache_chunk_size, self.kv_staging_gb,
+                             self.kv_ttl_s, self.kv_visible_timeout_s)
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """What a worker's KV store is built from; the shapes it stores come from the loaded model
+    (worker/kv_store_config.py's KVStoreConfig adds them)."""
+
+    url: str = field(repr=False)  # may hold the store's password
+    chunk_size: int
+    staging_gb: float
+    ttl_s: int
+    visible_timeout_s: float
 
 
 # ---------------------------------------------------------------------- loading
-def _field_types() -> dict[str, type]:
-    hints = typing.get_type_hints(WorkerSettings)
-    out: dict[str, type] = {}
-    for f in dataclasses.fields(WorkerSettings):
-        kind = hints[f.name]
-        if isinstance(kind, types.UnionType):  # no optional fields today; keep the base type
-            kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        out[f.name] = kind
-    return out
-
-
-def _coerce(name: str, value: Any) -> Any:
-    kind = _field_types()[name]
-    try:
-        if kind is bool:
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(value)
-        return kind(value)
-    except (TypeError, ValueError) as exc:
-        raise SettingsError(f"{name}: cannot read {value!r} as {kind.__name__}") from exc
-
-
-def _from_yaml(path: str, role: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise SettingsError(f"config: cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise SettingsError(f"config: {path} must hold a mapping of setting -> value")
-    sections = ("router", "worker", *ROLES)
-    if any(name in data for name in sections):
-        # A file for a whole deployment (`bulkhead up --config`): only our sections apply.
-        section = {**(data.get("worker") or {}), **(data.get(role) or {})}
-    else:
-        section = data
-    if not isinstance(section, dict):
-        raise SettingsError(f"config: section {role!r} of {path} must be a mapping")
-    known = _field_types()
-    unknown = sorted(set(section) - set(known))
-    if unknown:
-        raise SettingsError(f"config: unknown worker settings in {path}: {', '.join(unknown)}")
-    return {k: _coerce(k, v) for k, v in section.items()}
-
-
 def build_parser(role: str) -> argparse.ArgumentParser:
     """The `bulkhead <role>` flags; each defaults to None so an unset flag overrides nothing."""
-    parser = argparse.ArgumentParser(
-        prog=f"bulkhead {role}",
-        description=f"Bulkhead {role} worker: gRPC bulkhead.v1.Worker + grpc.health.v1.",
-    )
-    parser.add_argument(
-        "--config", default=None,
-        help="YAML file of settings (env: BULKHEAD_CONFIG; default: none)."
-    )
-    kinds = _field_types()
-    for f in dataclasses.fields(WorkerSettings):
-        if f.name == "role":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        help_text = (
-            f"{f.metadata['doc']} (env: {ENV_PREFIX}{f.name.upper()}; default: {f.default!r})"
-        )
-        if kinds[f.name] is bool:
-            parser.add_argument(
-                flag,
-                dest=f.name,
-                default=None,
-                action=argparse.BooleanOptionalAction,
-                help=help_text,
-            )
-        else:
-            parser.add_argument(flag, dest=f.name, default=None, help=help_text)
-    return parser
+    return settings_loader.build_parser(
+        WorkerSettings, f"bulkhead {role}",
+        f"Bulkhead {role} worker: gRPC bulkhead.v1.Worker + grpc.health.v1.", fixed=("role",))
 
 
 def load_worker_settings(
     role: str, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> WorkerSettings:
-    """Defaults < YAML < environment < flags, for a worker of ``role``."""
+    """Defaults < YAML (sections ``worker:`` then ``<role>:``) < environment < flags."""
     if role not in ROLES:
         raise SettingsError(f"role: {role!r} is not one of {', '.join(ROLES)}")
-    env = os.environ if env is None else env
-    args = build_parser(role).parse_args(list(argv) if argv is not None else [])
-    values: dict[str, Any] = {}
-    config_path = args.config or env.get(ENV_PREFIX + "CONFIG")
-    if config_path:
-        values.update(_from_yaml(config_path, role))
-    for name in _field_types():
-        raw = env.get(ENV_PREFIX + name.upper())
-        if name != "role" and raw is not None and raw != "":
-            values[name] = _coerce(name, raw)
-    for name in _field_types():
-        raw = getattr(args, name, None)
-        if raw is not None:
-            values[name] = _coerce(name, raw)
-    values["role"] = role
-    return WorkerSettings(**values)
+    return settings_loader.load(WorkerSettings, build_parser(role), argv, env,
+                                ("worker", role), "worker", fixed={"role": role})
 
 
 def settings_table() -> str:
     """Markdown table of every worker setting (for the README)."""
-    rows = ["| setting | env | flag | default | meaning |", "|---|---|---|---|---|"]
-    for f in dataclasses.fields(WorkerSettings):
-        if f.name == "role":
-            continue
-        doc = f.metadata["doc"].replace("|", "\\|")  # a literal | would split the cell
-        rows.append(
-            f"| `{f.name}` | `{ENV_PREFIX}{f.name.upper()}` | "
-            f"`--{f.name.replace('_', '-')}` | `{f.default!r}` | {doc} |"
-        )
-    return "\n".join(rows)
+    return settings_loader.settings_table(WorkerSettings, fixed=("role",))

@@ -27,11 +27,13 @@ from engine.errors import (
     PlanError,
     QueueFull,
 )
+from engine.grammar import new_matcher
 from engine.memory_planner import MemoryPlan, device_memory, library_workspaces, make_plan
 from engine.model_config import ModelConfig
 from engine.model_runner import KVImport, ModelRunner
 from engine.models import family_class
 from engine.models.family import KVLayout
+from engine.sampler import RowState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
@@ -49,6 +51,8 @@ class RequestOutput:
     num_cached_tokens: int
     num_imported_tokens: int
     num_output_tokens: int = 0
+    # one per new token, when the request asked for logprobs (engine.sampler.TokenLogprobs)
+    logprobs: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -139,8 +143,9 @@ class LLMEngine:
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling: SamplingParams,
                     *, kv_import: KVImport | None = None, keep_kv: bool = False,
-                    first_token_id: int | None = None) -> None:
-        """Queue a request, or raise before any compute if the plan cannot hold it."""
+                    first_token_id: int | None = None, grammar: Any = None) -> None:
+        """Queue a request, or raise before any compute if the plan cannot hold it.
+        ``grammar``: a compiled xgrammar grammar its output must follow."""
         ec = self.config
         prompt = [int(t) for t in prompt_token_ids]
         if not prompt:
@@ -149,6 +154,10 @@ class LLMEngine:
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidRequest(f"token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
+        bad_bias = next((t for t, _ in sampling.logit_bias if t >= vocab), None)
+        if bad_bias is not None:
+            raise InvalidRequest(f"logit_bias: token id {bad_bias} is outside the vocabulary "
+                                 f"[0, {vocab})", "logit_bias")
         if len(prompt) + sampling.max_tokens > ec.max_context:
             raise ContextLengthExceeded(len(prompt), sampling.max_tokens, ec.max_context)
         if request_id in self._seqs or request_id in self._kept:
@@ -156,7 +165,7 @@ class LLMEngine:
         if len(self.scheduler.waiting) >= ec.max_queue:
             raise QueueFull(f"the waiting queue is full ({ec.max_queue} requests); retry later")
         seq = Sequence(request_id, prompt, sampling, self._arrivals, keep_kv=keep_kv,
-                       has_kv_import=kv_import is not None)
+                       has_kv_import=kv_import is not None, grammar=grammar)
         self._arrivals += 1
         self._seqs[request_id] = seq
         # The seed is fixed now; the generator is one of the per-slot ones, bound at admission
@@ -211,7 +220,7 @@ class LLMEngine:
             if gen is not None and seq is not None:
                 seq.rng_state = gen.get_state()
         for rid in sched.admitted:
-            self._bind_generator(self._seqs[rid])
+            self._on_admit(self._seqs[rid])
         if sched.kv_loads:
             loaded = self.runner.load_kv(sched.kv_loads, self._imports)
             for rid, n in loaded.items():
@@ -219,12 +228,24 @@ class LLMEngine:
         if not sched.chunks:
             return outputs
         params = {c.request_id: self._seqs[c.request_id].sampling for c in sched.chunks}
-        sampled = self.runner.execute(sched, params, self._generators)
+        rows = {c.request_id: RowState(c.cache_slot,
+                                       len(self._seqs[c.request_id].output_token_ids))
+                for c in sched.chunks if c.do_sample}
+        matchers = {rid: self._seqs[rid].matcher for rid in rows
+                    if self._seqs[rid].matcher is not None}
+        sampled = self.runner.execute(sched, params, self._generators, rows, matchers or None)
+        logprobs = self.runner.last_logprobs
+        for rid, m in matchers.items():
+            if not m.accept_token(sampled[rid]):  # the mask allowed it: should never happen
+                log.error("%s: the grammar refused token %d it allowed", rid, sampled[rid])
         self._steps += 1
         self._tokens += sched.num_tokens
         for u in self.scheduler.update_from_output(sched, sampled):
             seq = self._seqs[u.request_id]
-            outputs.append(self._output(seq, list(u.new_token_ids), u.finished, u.finish_reason))
+            out = self._output(seq, list(u.new_token_ids), u.finished, u.finish_reason)
+            if seq.sampling.logprobs is not None and u.request_id in logprobs:
+                out.logprobs = [logprobs[u.request_id]]
+            outputs.append(out)
             if u.finished:
                 if seq.keep_kv:
                     self._kept[seq.request_id] = seq
@@ -254,7 +275,16 @@ class LLMEngine:
             device_allocs_since_warmup=self.runner.device_allocs_since_warmup)
 
     # -- internals ------------------------------------------------------------------------------
-    def _bind_generator(self, seq: Sequence) -> None:
+    def _on_admit(self, seq: Sequence) -> None:
+        """A sequence was given a cache slot in this step: its sampling state and generator."""
+        sp = seq.sampling
+        stops = list(sp.stop_token_ids)
+        if not sp.ignore_eos:
+            stops += [t for t in self.model_config.eos_token_ids if t not in stops]
+        self.runner.slot_sampling.admit(seq.cache_slot, sp, seq.prompt_token_ids,
+                                        seq.output_token_ids, stops, self.runner.ws)
+        if seq.grammar is not None:
+            seq.matcher = new_matcher(seq.grammar, seq.output_token_ids)
         if not seq.sampling.is_greedy:
             gen = self.runner.generators[seq.cache_slot]
             if seq.rng_state is not None:  # resumed after preemption: continue the same stream

@@ -16,6 +16,7 @@ from engine.errors import PlanError
 from engine.model_config import ModelConfig
 from engine.models.family import KVLayout
 from engine.sampler import sampler_workspace_bytes
+from engine.slot_sampling import slot_sampling_bytes
 from engine.workspace import _align
 
 GiB = 1 << 30
@@ -139,14 +140,30 @@ def step_inputs_term(ec: EngineConfig) -> PlanTerm:
                     f"{ec.blocks_per_seq} x 4 + 8) B", True)
 
 
+def sampler_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
+    """The sampler's scratch for a full batch: processors (penalty counts and masks, bias and
+    stop lists), logprobs with the top alternatives, and one row's sort buffers at a time."""
+    return PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size, ec.max_batch)),
+                    f"max_batch {ec.max_batch} x vocab {model.vocab_size} x (4 + 4 + 1 + 1 + 4) B"
+                    " + vocab x (4 + 8 + 4 + 1) B + bias/stop/top-logprob lists", True)
+
+
+def slot_sampling_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
+    """Per-slot sampling state: token counts and prompt masks for penalties, logit bias and
+    min_tokens stop ids (engine/slot_sampling.py)."""
+    return PlanTerm("slot_sampling", slot_sampling_bytes(ec.max_batch, model.vocab_size),
+                    f"max_batch {ec.max_batch} x (vocab {model.vocab_size} x (4 + 1) B + 300 "
+                    "bias x 12 B + 64 stop ids x 8 B + 20 B)")
+
+
 def common_step_terms(model: ModelConfig, ec: EngineConfig) -> list[PlanTerm]:
-    """Workspace slices every family takes in a step: the logits rows, the sampler's scratch and
-    the staged step inputs."""
+    """What every family takes for a step: the logits rows, the sampler's scratch, the per-slot
+    sampling state and the staged step inputs."""
     return [
         PlanTerm("ws.logits", _align(ec.max_batch * model.vocab_size * 4),
                  f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),
-        PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size)),
-                 "vocab x (4 + 8 + 4) B", True),
+        sampler_term(model, ec),
+        slot_sampling_term(model, ec),
         step_inputs_term(ec),
     ]
 

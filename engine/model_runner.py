@@ -17,12 +17,19 @@ from engine.block_manager import NULL_BLOCK
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.errors import DeviceAllocationAfterLock, PlanError
+from engine.grammar import TokenBitmask
 from engine.memory_planner import MemoryPlan, reserve_allocator_slack
 from engine.model_config import ModelConfig
 from engine.models import family_class
-from engine.sampler import sample
-from engine.sampling_params import SamplingParams
+from engine.sampler import RowState, TokenLogprobs, sample
+from engine.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_STOP_TOKEN_IDS,
+    SamplingParams,
+)
 from engine.scheduler import KVLoad, ScheduledChunk, SchedulerOutput
+from engine.slot_sampling import SlotSampling
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace
 
@@ -67,6 +74,11 @@ class ModelRunner:
         # One sampling generator per running slot, made once: creating a CUDA generator takes
         # device memory, so requests re-seed these instead of making their own.
         self.generators = [torch.Generator(self.device) for _ in range(ec.max_batch)]
+        # Penalty counts, logit bias and min_tokens stop ids, one row per slot (a plan term).
+        self.slot_sampling = SlotSampling(ec.max_batch, model_cfg.vocab_size, self.device,
+                                          stage_tokens=ec.chunk_tokens)
+        self.last_logprobs: dict[str, TokenLogprobs] = {}  # the last step's, by request id
+        self.bitmask = TokenBitmask(ec.max_batch, model_cfg.vocab_size, self.device)
         self.graphs: DecodeGraphs | None = None
         self.num_graph_steps = 0
         self.capture_logits: set[str] = set()  # request ids whose next logits row is kept
@@ -144,8 +156,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, params: dict[str, SamplingParams],
-                generators: dict[str, torch.Generator | None]) -> dict[str, int]:
+                generators: dict[str, torch.Generator | None],
+                rows: dict[str, RowState] | None = None,
+                matchers: dict[str, Any] | None = None) -> dict[str, int]:
+        """Run one step; -> the sampled token of each sampling request. ``rows`` gives each
+        sampled request's slot state (penalties, min_tokens); logprobs asked for land in
+        ``last_logprobs``."""
         sampled_ids = [c.request_id for c in out.chunks if c.do_sample]
+        self.last_logprobs = {}
         with self.ws.scope():
             tokens: list[int] = []
             if self.graphs is not None and self.graphs.can_run(out.chunks):
@@ -164,8 +182,14 @@ class ModelRunner:
                 for row, rid in enumerate(sampled_ids):
                     if rid in self.capture_logits:  # off the hot path: tests and scoring only
                         self.captured_logits[rid] = logits[row].clone().cpu()
-                tokens = sample(logits, [params[r] for r in sampled_ids],
-                                [generators.get(r) for r in sampled_ids], self.ws)
+                result = sample(logits, [params[r] for r in sampled_ids],
+                                [generators.get(r) for r in sampled_ids], self.ws,
+                                None if rows is None else [rows[r] for r in sampled_ids],
+                                self.slot_sampling, self.bitmask,
+                                [matchers.get(r) for r in sampled_ids] if matchers else None)
+                tokens = result.tokens
+                self.last_logprobs = {r: lp for r, lp in zip(sampled_ids, result.logprobs,
+                                                             strict=True) if lp is not None}
         self.num_steps += 1
         self._check_device_allocations()
         return dict(zip(sampled_ids, tokens, strict=True))
@@ -213,15 +237,30 @@ class ModelRunner:
     def _run_warmup_steps(self, steps: list[list[ScheduledChunk]],
                           progress: Callable[[str], None] | None = None,
                           names: Sequence[str] = ()) -> None:
-        greedy = SamplingParams(max_tokens=1, temperature=0.0)
-        random = SamplingParams(max_tokens=1, temperature=1.0, top_p=0.9, top_k=50, seed=0)
+        vocab = self.model_cfg.vocab_size
+        # Every sampler stage at its largest: full logit bias and stop lists, penalties, min_p,
+        # min_tokens holding, the most logprobs; greedy rows with processors too.
+        extra = dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.2,
+                     logit_bias=tuple((t % vocab, 1.0) for t in range(MAX_LOGIT_BIAS)),
+                     stop_token_ids=tuple(t % vocab for t in range(MAX_STOP_TOKEN_IDS)),
+                     min_tokens=1, logprobs=MAX_LOGPROBS, max_tokens=2)
+        greedy = SamplingParams(temperature=0.0, **extra)
+        random = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.05, seed=0, **extra)
+        prompt = (0,) * min(self.ec.chunk_tokens, self.ec.max_context - 1)
         for k, chunks in enumerate(steps):
             if progress is not None:
                 progress(f"warm-up {k + 1}/{len(steps)}: {names[k] if k < len(names) else ''}")
             self.model.prepare_warmup(self.kv, chunks)
             params = {c.request_id: (random if i % 2 else greedy) for i, c in enumerate(chunks)}
+            rows = {}
+            with torch.inference_mode():
+                for c in chunks:
+                    sp = params[c.request_id]
+                    self.slot_sampling.admit(c.cache_slot, sp, prompt, (1,), sp.stop_token_ids,
+                                             self.ws)
+                    rows[c.request_id] = RowState(c.cache_slot, 0)
             gens = {c.request_id: self.generators[c.cache_slot].manual_seed(0) for c in chunks}
-            self._execute_warmup(chunks, params, gens)
+            self._execute_warmup(chunks, params, gens, rows)
 
     def _capture_graphs(self) -> None:
         ec = self.ec
@@ -235,7 +274,7 @@ class ModelRunner:
                             f"counted {planned:,} B for its pool; refusing to serve on a wrong plan")
 
     def _execute_warmup(self, chunks: list[ScheduledChunk], params: dict[str, SamplingParams],
-                        gens: dict[str, torch.Generator]) -> None:
+                        gens: dict[str, torch.Generator], rows: dict[str, RowState]) -> None:
         sampled_ids = [c.request_id for c in chunks]
         with torch.inference_mode(), self.ws.scope():
             batch = self.build_batch(chunks)
@@ -245,7 +284,8 @@ class ModelRunner:
                                   caller="model_runner.logits")
             self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
             sample(logits, [params[r] for r in sampled_ids], [gens[r] for r in sampled_ids],
-                   self.ws)
+                   self.ws, [rows[r] for r in sampled_ids], self.slot_sampling, self.bitmask,
+                   [None] * len(sampled_ids))  # an all-ones mask: the copy and the kernel run
 
     def _check_device_allocations(self) -> None:
         if self._device_allocs is None:

@@ -1,11 +1,20 @@
 """Per-request sampling parameters, validated at construction so a bad value is refused before it
-reaches the device."""
+reaches the device.
+
+The per-slot buffers that carry these to the device (``engine/slot_sampling.py``) are sized by the
+limits here (``MAX_LOGIT_BIAS``, ``MAX_STOP_TOKEN_IDS``, ``MAX_LOGPROBS``): a request past one is
+refused naming the field, never given a bigger buffer.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequest
+
+MAX_LOGIT_BIAS = 300  # entries of logit_bias a request may carry (OpenAI's limit)
+MAX_STOP_TOKEN_IDS = 64  # stop token ids (user's + EOS) that min_tokens can hold back
+MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's top_logprobs limit)
 
 
 @dataclass(frozen=True)
@@ -17,6 +26,13 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    repetition_penalty: float = 1.0  # HF/vLLM: divides (>0) or multiplies (<0) seen tokens' logits
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability
+    min_tokens: int = 0  # stop tokens and EOS are masked until this many tokens are out
+    logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob and the top k
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -31,7 +47,44 @@ class SamplingParams:
             raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {self.top_k}", "top_k")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise InvalidRequest(f"seed must be in [0, 2**63), got {self.seed}", "seed")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidRequest(f"{name} must be in [-2, 2], got {getattr(self, name)}", name)
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise InvalidRequest(f"repetition_penalty must be in (0, 10], got "
+                                 f"{self.repetition_penalty}", "repetition_penalty")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequest(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequest(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got "
+                                 f"{self.min_tokens}", "min_tokens")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequest(f"logit_bias has {len(self.logit_bias)} entries, the limit is "
+                                 f"{MAX_LOGIT_BIAS}", "logit_bias")
+        for token, bias in self.logit_bias:
+            if token < 0:
+                raise InvalidRequest(f"logit_bias: token id {token} is negative", "logit_bias")
+            if not -100.0 <= bias <= 100.0:
+                raise InvalidRequest(f"logit_bias: the bias of token {token} must be in "
+                                     f"[-100, 100], got {bias}", "logit_bias")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidRequest(f"stop_token_ids has {len(self.stop_token_ids)} ids, the limit "
+                                 f"is {MAX_STOP_TOKEN_IDS}", "stop_token_ids")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidRequest(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}",
+                                 "logprobs")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def uses_counts(self) -> bool:
+        """The sampler needs this sequence's token counts (a penalty is on)."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+    @property
+    def uses_processors(self) -> bool:
+        """Some logits processing beyond temperature / top-k / top-p is on."""
+        return self.uses_counts or bool(self.logit_bias) or self.min_tokens > 0

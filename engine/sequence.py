@@ -37,6 +37,8 @@ class Sequence:
     rng_state: Any = None  # the generator's state when preempted, restored on re-admission
     # Set when output token 0 was sampled elsewhere (prefill worker); counts towards max_tokens.
     external_first_token: bool = False
+    grammar: Any = None  # a compiled xgrammar grammar the output must follow (None: free)
+    matcher: Any = None  # its matcher, made at admission (engine/grammar.py)
 
     @property
     def num_prompt_tokens(self) -> int:

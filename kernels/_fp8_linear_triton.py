@@ -1,9 +1,9 @@
 """Triton kernel of the block-scaled FP8 linear (see ``kernels.fp8_linear``).
 
-Portable on purpose: the weight arrives as raw e4m3 bytes and is decoded with integer ops and a
-bitcast to fp16 (exact: e4m3's exponent and mantissa fit fp16's, off by a factor 2**8), so no
-fp8 dtype, no wgmma/TMA and no SM90-only instruction is needed; it runs on SM90, SM120 and under
-TRITON_INTERPRET=1. Activations stay in their own dtype (bf16 on the GPU) and the dot
+The weight arrives as raw e4m3 bytes. On the GPU (bf16/fp16 activations) it is decoded by the
+hardware's e4m3 -> fp16 conversion (SM89+: SM90, SM120); with fp32 activations and under
+TRITON_INTERPRET=1 by integer ops and a bitcast to fp16 (exact: e4m3's exponent and mantissa
+fit fp16's, off by a factor 2**8). Both keep NaN codes NaN. No wgmma/TMA-only code path. Activations stay in their own dtype (bf16 on the GPU) and the dot
 accumulates in fp32; the block scale multiplies each K-tile's partial product.
 """
 
@@ -19,11 +19,19 @@ E4M3_TO_F16_FACTOR = 256.0  # e4m3 bits placed in an fp16 read 2**-8 of their va
 
 
 @triton.jit
-def e4m3_bits_to_f16(b):
-    """uint8 e4m3 bits -> fp16 holding value / 256 (exact for every finite e4m3)."""
-    b16 = b.to(tl.uint16)
-    bits = ((b16 & 0x80) << 8) | ((b16 & 0x7F) << 7)
-    return bits.to(tl.float16, bitcast=True)
+def e4m3_bits_to_f16(b, HW: tl.constexpr = False):
+    """uint8 e4m3 bits -> fp16 holding value / 256 (exact for every finite e4m3); the NaN
+    codes 0x7F / 0xFF stay NaN, as in torch's float8_e4m3fn (the reference). HW: the GPU's own
+    e4m3 -> fp16 conversion (SM89+, two values an instruction); else integer ops and a bitcast
+    (the interpreter, whose fp8 conversion is not exact)."""
+    if HW:
+        v = b.to(tl.float8e4nv, bitcast=True).to(tl.float16) * 0.00390625
+    else:
+        b16 = b.to(tl.uint16)
+        bits = ((b16 & 0x80) << 8) | ((b16 & 0x7F) << 7)
+        bits = tl.where((b16 & 0x7F) == 0x7F, 0x7E00, bits)
+        v = bits.to(tl.float16, bitcast=True)
+    return v
 
 
 @triton.jit
@@ -65,7 +73,7 @@ def _fp8_linear_kernel(
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         wb = tl.load(w_ptr + offs_n[:, None] * stride_wn + k[None, :],
                      mask=n_ok[:, None] & k_ok[None, :], other=0)
-        w = e4m3_bits_to_f16(wb)
+        w = e4m3_bits_to_f16(wb, not F32)
         if TILE_SCALE:
             s = tl.load(s_row + k0 // SCALE_BK, mask=n_ok, other=0.0)  # [BLOCK_N]
             acc += dot_nt(x, w, F32) * s[None, :]
@@ -76,6 +84,73 @@ def _fp8_linear_kernel(
     acc = acc * 256.0
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _fp8_gemv_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    M, N, K,
+    stride_xm, stride_xg, stride_wn, stride_sn, stride_ym, stride_yg,
+    SCALE_BN, SCALE_BK,
+    F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+):
+    """Few rows (decode): the weight-streaming form. Operands swapped (acc [BN, BM] = W x^T) so
+    the decoded weight tile is the dot's wide side and a narrow ``BLOCK_N`` spreads N over many
+    programs; ``UNROLL`` K-tiles are loaded per trip so more weight bytes are in flight. Needs
+    BLOCK_K | SCALE_BK: one scale per weight row per K-tile."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    g = tl.program_id(2)
+    x_ptr += g * stride_xg
+    y_ptr += g * stride_yg
+    w_ptr += g * N * stride_wn
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    s_row = s_ptr + ((offs_n + g * N) // SCALE_BN) * stride_sn
+    w_rows = w_ptr + offs_n[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K * UNROLL):
+        for u in tl.static_range(UNROLL):
+            k = k0 + u * BLOCK_K + offs_k
+            k_ok = k < K
+            wb = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
+            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
+                         mask=k_ok[:, None] & m_ok[None, :], other=0.0)  # [BK, BM]
+            # a K-tile past the end is all masked: read any in-bounds scale for it
+            s = tl.load(s_row + tl.minimum(k0 + u * BLOCK_K, K - 1) // SCALE_BK, mask=n_ok,
+                        other=0.0)
+            w = e4m3_bits_to_f16(wb, not F32)
+            if F32:
+                part = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+            else:
+                part = tl.dot(w.to(tl.float32).to(xt.dtype), xt)
+            acc += part * s[:, None]
+    acc = acc * 256.0
+    tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], acc.to(y_ptr.dtype.element_ty),
+             mask=n_ok[:, None] & m_ok[None, :])
+
+
+GemvTiles = tuple[int, int, int, int, int, int]  # BM, BN, BK, UNROLL, num_warps, num_stages
+
+
+def launch_fp8_gemv(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
+                    block: tuple[int, int], tiles: GemvTiles) -> None:
+    """x [M, G, K], w_u8 [G * N, K], out [M, G, N]; M small; BLOCK_K must divide block[1]."""
+    m, groups, k = x.shape
+    n = w_u8.shape[0] // groups
+    bm, bn, bk, unroll, warps, stages = tiles
+    assert block[1] % bk == 0, (block, bk)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), groups)
+    _fp8_gemv_kernel[grid](
+        x, w_u8, scale, out, m, n, k,
+        x.stride(0), x.stride(1), w_u8.stride(0), scale.stride(0), out.stride(0), out.stride(1),
+        block[0], block[1], F32=x.dtype == torch.float32 or interpreting(),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps, num_stages=stages,
+    )
 
 
 def launch_fp8_linear(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,

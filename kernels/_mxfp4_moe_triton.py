@@ -1,11 +1,19 @@
 """Triton kernels of the MXFP4 routed experts (see ``kernels.mxfp4_moe``).
 
-The (token, choice) pairs arrive sorted by expert (``order``: sorted position -> pair index) with
-``row_end [E]``, the inclusive end of each expert's run of rows. Every program finds its expert
-and row tile from ``row_end`` by itself (a cumulative sum of per-expert tile counts), so one
-launch covers every expert with a grid sized by tokens x top-k, nothing is read back to the host,
-and experts with no rows cost nothing. Weights are decoded tile by tile from bytes (e2m1 through
-an fp16 bitcast, e8m0 through an fp32 bitcast): no fp4/fp8 dtype, no Hopper-only instruction.
+A counting sort on the device (``_moe_row_end_kernel`` then ``_moe_order_kernel``) writes
+``row_end [E]`` (inclusive end of each expert's run of rows) and ``order`` (sorted position ->
+pair index) into the caller's workspace: no torch op, so no allocation and no host sync. Every
+GEMM program finds its expert and row tile from ``row_end`` by itself (a cumulative sum of
+per-expert tile counts), so one launch covers every expert with a grid sized by tokens x top-k,
+and programs past the last touched expert's tile exit at once: only touched experts' weights
+are read, each once per row tile.
+
+Weights are decoded from bytes in registers: one vectorised load of packed e2m1 bytes, both
+nibbles through an fp16 bitcast, interleaved back into column order, and the e8m0 scale of each
+32-wide K group applied by broadcasting over a [N, K/32, 32] view. No fp4/fp8 dtype and no
+Hopper-only instruction. Decode tiles (``BLOCK_M`` < 64, a few rows per expert) swap the
+operands: the decoded weight tile is the dot's M side (wide, register-resident) and the few
+token rows its N side, so a program streams ``BLOCK_N`` weight rows with no padding waste.
 """
 
 from __future__ import annotations
@@ -14,8 +22,41 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._fp8_linear_triton import dot_nt
 from kernels._triton_support import interpreting, next_pow2
+
+_SORT_BLOCK = 128
+_ORDER_BLOCK = 32
+
+
+@triton.jit
+def _moe_row_end_kernel(ids_ptr, row_end_ptr, M, E, BLOCK: tl.constexpr):
+    """row_end[e] = number of pairs whose expert id is <= e."""
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cnt = tl.zeros((BLOCK,), dtype=tl.int32)
+    for j0 in range(0, M, BLOCK):
+        j = j0 + tl.arange(0, BLOCK)
+        id_j = tl.load(ids_ptr + j, mask=j < M, other=2147483647).to(tl.int32)
+        cnt += tl.sum((id_j[None, :] <= e[:, None]).to(tl.int32), 1)
+    tl.store(row_end_ptr + e, cnt, mask=e < E)
+
+
+@triton.jit
+def _moe_order_kernel(ids_ptr, row_end_ptr, order_ptr, M, E, BLOCK: tl.constexpr,
+                      BLOCK_J: tl.constexpr = 128):
+    """order[start of expert id_i + #{j < i with id_j == id_i}] = i: a stable sort by expert.
+    An id outside [0, E) (a caller bug the wrapper cannot see without a sync) is dropped rather
+    than written out of bounds. A narrow ``BLOCK`` of i keeps the [BLOCK, BLOCK_J] compare tile
+    small (occupancy) and the programs many (prefill has 24k pairs)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    id_i = tl.load(ids_ptr + i, mask=i < M, other=0).to(tl.int32)
+    i_ok = (i < M) & (id_i >= 0) & (id_i < E)
+    rank = tl.load(row_end_ptr + id_i - 1, mask=i_ok & (id_i > 0), other=0)
+    for j0 in range(0, tl.program_id(0) * BLOCK + BLOCK, BLOCK_J):  # only j < i can count
+        j = j0 + tl.arange(0, BLOCK_J)
+        id_j = tl.load(ids_ptr + j, mask=j < M, other=-1).to(tl.int32)
+        same = (id_j[None, :] == id_i[:, None]) & (j[None, :] < i[:, None])
+        rank += tl.sum(same.to(tl.int32), 1)
+    tl.store(order_ptr + rank, i.to(tl.int64), mask=i_ok)
 
 
 @triton.jit
@@ -38,15 +79,38 @@ def _expert_tile(row_end_ptr, t, E, BLOCK_M: tl.constexpr, E_P2: tl.constexpr):
 
 
 @triton.jit
-def _mxfp4_tile(w_rows, s_rows, k, mask):
-    """Rows of packed e2m1 bytes (``w_rows`` [BN, 1] pointers) and their e8m0 scales at
-    columns ``k`` [BK] -> fp32 [BN, BK]."""
-    b = tl.load(w_rows + (k // 2)[None, :], mask=mask, other=0).to(tl.int32)
-    nib = (b >> ((k % 2) * 4)[None, :]) & 0xF
+def _mxfp4_tile(w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """``BLOCK_N`` rows (``w_rows``/``s_rows`` [BN, 1] row pointers) at packed byte columns
+    ``kb`` [BK/2] and scale groups ``kg`` [BK/32] -> fp32 [BN, BK] in column order."""
+    ok = n_ok[:, None] & (kb < K_BYTES)[None, :]
+    b = tl.load(w_rows + kb[None, :], mask=ok, other=0).to(tl.int32)
+    nib = tl.interleave(b & 0xF, b >> 4)  # lower nibble is the even column
     bits = ((nib & 8) << 12) | ((nib & 7) << 9)  # sign, then exponent+mantissa into fp16
-    v = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
-    sc = tl.load(s_rows + (k // 32)[None, :], mask=mask, other=127).to(tl.int32)
-    return v * (sc << 23).to(tl.float32, bitcast=True)
+    v = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    sc = tl.load(s_rows + kg[None, :], mask=n_ok[:, None] & (kg < K_BYTES // 16)[None, :],
+                 other=127).to(tl.int32)
+    f = (sc << 23).to(tl.float32, bitcast=True) * 16384.0  # 2**(s-127), and fp16's 2**14 back
+    v = v.reshape(BLOCK_N, BLOCK_K // 32, 32) * f[:, :, None]
+    return v.reshape(BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _dot_acc(acc, a, w, SWAP: tl.constexpr, F32: tl.constexpr):
+    """acc + a @ w^T ([BM, BN]) or, SWAP, acc + w @ a ([BN, BM]; ``a`` given as [BK, BM]).
+    F32: fp32 operands with an IEEE dot (fp32 activations, and the interpreter)."""
+    # one return at the end: code after a constexpr-guarded early return is still compiled
+    if F32:
+        if SWAP:
+            acc = tl.dot(w, a.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+    else:
+        if SWAP:  # noqa: SIM108 (a static branch: each side has its own shapes)
+            acc = tl.dot(w.to(a.dtype), a, acc)
+        else:
+            acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
+    return acc
 
 
 @triton.jit
@@ -68,21 +132,36 @@ def _moe_gate_up_kernel(
         n_ok = n < INTER
         wg = w_ptr + e.to(tl.int64) * stride_we + n[:, None] * stride_wn
         sg = s_ptr + e.to(tl.int64) * stride_se + n[:, None] * stride_sn
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        wu = wg + INTER * stride_wn
+        su = sg + INTER * stride_sn
+        if BLOCK_M < 64:
+            acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros_like(acc_g)
         for k0 in range(0, H, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = k < H
-            x = tl.load(x_ptr + tok[:, None] * stride_xm + k[None, :],
-                        mask=r_ok[:, None] & k_ok[None, :], other=0.0)
-            wmask = n_ok[:, None] & k_ok[None, :]
-            acc_g += dot_nt(x, _mxfp4_tile(wg, sg, k, wmask), F32)
-            acc_u += dot_nt(x, _mxfp4_tile(wg + INTER * stride_wn, sg + INTER * stride_sn, k, wmask), F32)
+            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            a_ok = r_ok[:, None] & (k < H)[None, :]
+            if BLOCK_M < 64:
+                a = tl.load(x_ptr + tok[None, :] * stride_xm + k[:, None], mask=tl.trans(a_ok),
+                            other=0.0)
+            else:
+                a = tl.load(x_ptr + tok[:, None] * stride_xm + k[None, :], mask=a_ok, other=0.0)
+            acc_g = _dot_acc(acc_g, a, _mxfp4_tile(wg, sg, kb, kg, n_ok, H // 2, BLOCK_N, BLOCK_K),
+                             BLOCK_M < 64, F32)
+            acc_u = _dot_acc(acc_u, a, _mxfp4_tile(wu, su, kb, kg, n_ok, H // 2, BLOCK_N, BLOCK_K),
+                             BLOCK_M < 64, F32)
         g = tl.minimum(acc_g, limit)
         u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-        h = g * tl.sigmoid(g) * u
-        tl.store(h_ptr + rows[:, None] * stride_hm + n[None, :], h.to(h_ptr.dtype.element_ty),
-                 mask=r_ok[:, None] & n_ok[None, :])
+        h = (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty)
+        if BLOCK_M < 64:
+            tl.store(h_ptr + rows[None, :] * stride_hm + n[:, None], h,
+                     mask=n_ok[:, None] & r_ok[None, :])
+        else:
+            tl.store(h_ptr + rows[:, None] * stride_hm + n[None, :], h,
+                     mask=r_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -104,17 +183,31 @@ def _moe_down_kernel(
         n_ok = n < H
         wd = w_ptr + e.to(tl.int64) * stride_we + n[:, None] * stride_wn
         sd = s_ptr + e.to(tl.int64) * stride_se + n[:, None] * stride_sn
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if BLOCK_M < 64:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, INTER, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = k < INTER
-            a = tl.load(h_ptr + rows[:, None] * stride_hm + k[None, :],
-                        mask=r_ok[:, None] & k_ok[None, :], other=0.0)
-            acc += dot_nt(a, _mxfp4_tile(wd, sd, k, n_ok[:, None] & k_ok[None, :]), F32)
+            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            a_ok = r_ok[:, None] & (k < INTER)[None, :]
+            if BLOCK_M < 64:
+                a = tl.load(h_ptr + rows[None, :] * stride_hm + k[:, None], mask=tl.trans(a_ok),
+                            other=0.0)
+            else:
+                a = tl.load(h_ptr + rows[:, None] * stride_hm + k[None, :], mask=a_ok, other=0.0)
+            acc = _dot_acc(acc, a, _mxfp4_tile(wd, sd, kb, kg, n_ok, INTER // 2, BLOCK_N, BLOCK_K),
+                           BLOCK_M < 64, F32)
         tw = tl.load(tw_ptr + pair, mask=r_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + pair[:, None] * stride_ym + n[None, :],
-                 (acc * tw[:, None]).to(y_ptr.dtype.element_ty),
-                 mask=r_ok[:, None] & n_ok[None, :])
+        if BLOCK_M < 64:
+            tl.store(y_ptr + pair[None, :] * stride_ym + n[:, None],
+                     (acc * tw[None, :]).to(y_ptr.dtype.element_ty),
+                     mask=n_ok[:, None] & r_ok[None, :])
+        else:
+            tl.store(y_ptr + pair[:, None] * stride_ym + n[None, :],
+                     (acc * tw[:, None]).to(y_ptr.dtype.element_ty),
+                     mask=r_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -134,21 +227,40 @@ def _moe_combine_kernel(y_ptr, out_ptr, H, TOP_K, stride_ym, stride_om,
     tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def moe_tiles(num_pairs: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps): decode steps have a few rows per expert."""
+MoeTiles = tuple[int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
+
+
+def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
+    """Tiles of both GEMMs. Decode (a few rows per expert): 16-row tiles with swapped
+    operands; prefill: 128 x 128 tiles so a decoded weight tile feeds 128 rows."""
+    if interpreting():
+        return (16, 32, 64, 4, 1) if num_pairs <= 256 else (64, 32, 64, 4, 1)
     if num_pairs <= 256:
-        return 16, 64, 64, 4
-    return 64, 64, 64, 4
+        return 16, 64, 128, 4, 3
+    return 128, 128, 64, 8, 3
 
 
-def launch_moe(x: torch.Tensor, order: torch.Tensor, row_end: torch.Tensor, tw: torch.Tensor,
-               gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
-               down_scale: torch.Tensor, limit: float, h: torch.Tensor, y: torch.Tensor,
-               out: torch.Tensor, top_k: int, accumulate: bool) -> None:
+def launch_moe_sort(ids: torch.Tensor, order: torch.Tensor, row_end: torch.Tensor,
+                    num_experts: int) -> None:
+    """ids [P] int64 -> row_end [E] int32 (pairs with expert <= e), order [P] int64 (stable)."""
+    m = ids.numel()
+    _moe_row_end_kernel[(triton.cdiv(num_experts, _SORT_BLOCK),)](
+        ids, row_end, m, num_experts, BLOCK=_SORT_BLOCK)
+    _moe_order_kernel[(triton.cdiv(m, _ORDER_BLOCK),)](
+        ids, row_end, order, m, num_experts, BLOCK=_ORDER_BLOCK, BLOCK_J=_SORT_BLOCK)
+
+
+def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end: torch.Tensor,
+               tw: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor,
+               down: torch.Tensor, down_scale: torch.Tensor, limit: float, h: torch.Tensor,
+               y: torch.Tensor, out: torch.Tensor, top_k: int, accumulate: bool,
+               tiles: MoeTiles | None = None) -> None:
+    """ids [T * k] expert per pair; order [T * k] int64 and row_end [E] int32 are written."""
     t, hid = x.shape
     e, inter = gate_up.shape[0], down.shape[-1] * 2
     m = t * top_k
-    bm, bn, bk, warps = moe_tiles(m)
+    launch_moe_sort(ids, order, row_end, e)
+    bm, bn, bk, warps, stages = tiles or moe_tiles(m, hid)
     # every non-empty expert owns >= 1 row, so the tiles are at most min(pairs, ...) in number
     max_tiles = min(m, triton.cdiv(m, bm) + e - 1)
     f32 = x.dtype == torch.float32 or interpreting()
@@ -157,11 +269,13 @@ def launch_moe(x: torch.Tensor, order: torch.Tensor, row_end: torch.Tensor, tw: 
         x, order, row_end, gate_up, gate_up_scale, h, e, hid, inter, top_k,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up_scale.stride(0),
         gate_up_scale.stride(1), h.stride(0), float(limit),
-        F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+        num_stages=stages)
     _moe_down_kernel[(max_tiles, triton.cdiv(hid, bn))](
         h, order, row_end, tw, down, down_scale, y, e, hid, inter,
         h.stride(0), down.stride(0), down.stride(1), down_scale.stride(0), down_scale.stride(1),
-        y.stride(0), F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        y.stride(0), F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+        num_stages=stages)
     block = min(1024, next_pow2(hid))
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
         y, out, hid, top_k, y.stride(0), out.stride(0), ACCUMULATE=accumulate, BLOCK=block)

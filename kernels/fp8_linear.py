@@ -35,6 +35,21 @@ def fp8_linear_tiles(m: int, n: int, block_k: int) -> tuple[int, int, int, int]:
     return bm, bn, bk, 4
 
 
+def fp8_gemv_tiles(m: int, n: int, block_k: int) -> tuple[int, int, int, int, int, int] | None:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, num_warps, num_stages) of the decode kernel for
+    ``m`` <= 32 rows, or None (more rows, or a scale block no power-of-two K-tile divides).
+    Decode streams the weight: 64-row N tiles when that still gives two waves of programs on
+    an H200's 132 SMs, else 32-row tiles with two K-tiles a trip (H200 sweep,
+    ``bench.kernel_quant_cases.sweep_quant_tiles``: N = 32768 -> 64/1, N = 4096 -> 32/2)."""
+    bk = next((c for c in (128, 64, 32, 16) if block_k % c == 0), None)
+    if m > 32 or bk is None:
+        return None
+    bm = 16 if m <= 16 else 32
+    if -(-n // 64) >= 264:
+        return bm, 64, bk, 1, 4, 3
+    return bm, 32, bk, 2, 4, 3
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
                block: tuple[int, int] = (128, 128)) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32, rows strided, last dim contiguous); weight [N, K] e4m3 (or its
@@ -78,8 +93,13 @@ def _fp8_linear(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.T
     if weight.stride(0) != k:
         raise KernelArgumentError(name, "weight", f"must be contiguous, got strides {weight.stride()}")
     require_triton(name, dev)
-    from kernels._fp8_linear_triton import launch_fp8_linear
+    from kernels._fp8_linear_triton import launch_fp8_gemv, launch_fp8_linear
 
-    if m and n:
+    if not (m and n):
+        return
+    gemv = fp8_gemv_tiles(m, groups * n, block[1])
+    if gemv is not None:
+        launch_fp8_gemv(x, weight.view(torch.uint8), scale, out, block, gemv)
+    else:
         launch_fp8_linear(x, weight.view(torch.uint8), scale, out, block,
                           fp8_linear_tiles(m, groups * n, block[1]))

@@ -2,10 +2,11 @@
 device, one launch for every expert's gate-up GEMM with the clamped SwiGLU in its epilogue, one
 launch for every expert's down GEMM with the routing weight in its epilogue, one combine.
 
-No host sync and no ``.tolist()``: the sort is ``torch.sort`` + ``torch.searchsorted`` into
-caller buffers, and the kernels find their expert from the device-side counts, so a step is the
-same launches whatever the routing (and can be captured in a CUDA graph). Scratch is sized by
-tokens x top-k (``moe_experts_workspace_bytes``) and carved from the caller's workspace.
+No host sync, no ``.tolist()`` and no torch op on the device: the sort by expert is a counting
+sort in two small Triton kernels writing into caller buffers, and the GEMM kernels find their
+expert from the device-side counts, so a step is the same five launches whatever the routing
+(and can be captured in a CUDA graph) and allocates nothing. Scratch is sized by tokens x top-k
+(``moe_experts_workspace_bytes``) and carved from the caller's workspace.
 ``kernels.mxfp4_moe_ref`` is the specification (layout described there).
 """
 
@@ -33,15 +34,14 @@ def _aligned(n: int) -> int:
 def _parts(num_tokens: int, top_k: int, hidden: int, intermediate: int, num_experts: int,
            dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     m = num_tokens * top_k
-    return [("sorted_ids", (m,), torch.int64), ("order", (m,), torch.int64),
-            ("experts", (num_experts,), torch.int64), ("row_end", (num_experts,), torch.int32),
+    return [("order", (m,), torch.int64), ("row_end", (num_experts,), torch.int32),
             ("h", (m, intermediate), dtype), ("y", (m, hidden), dtype)]
 
 
 def moe_experts_workspace_bytes(num_tokens: int, top_k: int, hidden: int, intermediate: int,
                                 num_experts: int, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Scratch of :func:`moe_experts` at ``num_tokens`` tokens: the sort (2 x pairs x 8 B), the
-    expert boundaries (experts x 12 B), the SwiGLU output (pairs x intermediate) and the
+    """Scratch of :func:`moe_experts` at ``num_tokens`` tokens: the sorted order (pairs x 8 B),
+    the expert boundaries (experts x 4 B), the SwiGLU output (pairs x intermediate) and the
     weighted expert outputs (pairs x hidden) in the activation dtype; 256-B aligned each."""
     return sum(_aligned(torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size())
                for _, shape, dt in _parts(num_tokens, top_k, hidden, intermediate, num_experts, dtype))
@@ -108,11 +108,7 @@ def moe_experts(
     from kernels._mxfp4_moe_triton import launch_moe
 
     buf = _carve(workspace, parts, dev)
-    torch.sort(topk_ids.view(-1), stable=True, out=(buf["sorted_ids"], buf["order"]))
-    torch.arange(e, out=buf["experts"])
-    torch.searchsorted(buf["sorted_ids"], buf["experts"], right=True, out_int32=True,
-                       out=buf["row_end"])
-    launch_moe(x, buf["order"], buf["row_end"], topk_weights.view(-1), as_bytes(gate_up),
-               as_bytes(gate_up_scale), as_bytes(down), as_bytes(down_scale), swiglu_limit,
+    launch_moe(x, topk_ids.view(-1), buf["order"], buf["row_end"], topk_weights.view(-1),
+               as_bytes(gate_up), as_bytes(gate_up_scale), as_bytes(down), as_bytes(down_scale), swiglu_limit,
                buf["h"], buf["y"], out, k, accumulate)
     return out

@@ -6,6 +6,7 @@
     bulkhead decode   a decode worker                                       (decode_worker.server)
     bulkhead plan     print the memory plan for a model and limits          (engine.plan_cli)
     bulkhead bench    load generator for any OpenAI endpoint                (bench.load)
+    bulkhead export-tokenizer DIR   a model's tokenizer as an HF folder   (launch.export_tokenizer)
 
 Each subcommand's module is imported only when that subcommand runs, so ``bulkhead router`` and
 ``bulkhead up`` never import torch. This module holds no state and parses nothing but the
@@ -29,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "decode": ("decode_worker.server", "run a decode worker (gRPC)"),
     "plan": ("engine.plan_cli", "print the memory plan for a model and limits"),
     "bench": ("bench.load", "load-test an OpenAI-compatible endpoint"),
+    "export-tokenizer": ("launch.export_tokenizer", "write a model's tokenizer as an HF folder"),
 }
 
 
@@ -44,7 +46,7 @@ def _reexec_with_worker_env(args: list[str]) -> None:
 
 def usage() -> str:
     lines = ["usage: bulkhead <command> [options]", "", "commands:"]
-    lines += [f"  {name:8s} {desc}" for name, (_, desc) in SUBCOMMANDS.items()]
+    lines += [f"  {name:16s} {desc}" for name, (_, desc) in SUBCOMMANDS.items()]
     lines += ["", "`bulkhead <command> --help` lists a command's options."]
     return "\n".join(lines)
 

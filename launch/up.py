@@ -132,22 +132,6 @@ def served_model_name(url: str) -> str:
         return str(json.loads(resp.read())["data"][0]["id"])
 
 
-def _has_router_section(path: str) -> bool:
-    """A deployment YAML may hold only worker sections; the router reads a file without a
-    ``router:`` section as its own flat settings, so it is given the file only when it has one
-    or when the file is flat (no section names at all)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise LaunchError(f"--config {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise LaunchError(f"--config {path}: must hold a mapping of setting -> value")
-    sections = {"router", "worker", "prefill", "decode"}
-    return "router" in data or not sections & set(data)
-
-
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "launch.cli", *args]
 
@@ -209,7 +193,6 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
         if registry_url:
             url_env["BULKHEAD_REGISTRY_URL"] = registry_url
         config = ("--config", opts.config) if opts.config else ()
-        router_config = config if opts.config and _has_router_section(opts.config) else ()
         addresses: dict[str, str] = {}
         workers: list[ManagedProcess] = []
         for role, port in (("prefill", opts.prefill_port), ("decode", opts.decode_port)):
@@ -241,7 +224,7 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
                                                      "--decode", addresses["decode"])
         router_env = {"BULKHEAD_REGISTRY_URL": registry_url} if registry_url else {}
         router_argv = _cli("router", "--model", opts.model, "--host", opts.host,
-                           "--port", str(opts.port), *workers_of_router, *router_config,
+                           "--port", str(opts.port), *workers_of_router, *config,
                            *opts.extra_router_args)
         router = group.add(spawn("router", router_argv, env=router_env, log_dir=log_dir))
         wait_until(router, lambda: router_ready(url, 2), min(opts.startup_timeout_s, 120.0),

@@ -24,41 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14proto/bulkhead.proto\x12\x0b\x62ulkhead.v1\"\x9f\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x07\n\x05_seed\"\xa7\x01\n\rCompatibility\x12\x19\n\x11model_fingerprint\x18\x01 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x1a\n\x12lmcache_chunk_size\x18\x05 \x01(\r\x12\x1d\n\x15kv_layout_fingerprint\x18\x06 \x01(\t\"\x13\n\x11WorkerInfoRequest\"\x99\x03\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12*\n\x06\x63ompat\x18\x04 \x01(\x0b\x32\x1a.bulkhead.v1.Compatibility\x12\x13\n\x0bmax_context\x18\x05 \x01(\r\x12\x14\n\x0c\x63hunk_tokens\x18\x06 \x01(\r\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x13\n\x0bnum_running\x18\x08 \x01(\r\x12\x13\n\x0bnum_waiting\x18\t \x01(\r\x12\x11\n\tmax_queue\x18\n \x01(\r\x12\x16\n\x0e\x66ree_kv_tokens\x18\x0b \x01(\x04\x12\x1c\n\x14memory_planned_bytes\x18\x0c \x01(\x04\x12\x1d\n\x15memory_headroom_bytes\x18\r \x01(\x04\x12\x17\n\x0fsteps_completed\x18\x0e \x01(\x04\x12\x17\n\x0ftokens_advanced\x18\x0f \x01(\x04\x12\x0f\n\x07\x61\x64\x64ress\x18\x10 \x01(\t\x12\x17\n\x0ftotal_kv_tokens\x18\x11 \x01(\x04\"\x86\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.bulkhead.v1.SamplingParams\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x04 \x01(\x01\"W\n\x08KVHandle\x12\x19\n\x11num_tokens_stored\x18\x01 \x01(\r\x12\x1d\n\x15kv_layout_fingerprint\x18\x02 \x01(\t\x12\x11\n\tstore_url\x18\x03 \x01(\t\"\xca\x01\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\x05\x12!\n\x02kv\x18\x03 \x01(\x0b\x32\x15.bulkhead.v1.KVHandle\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x05 \x01(\r\x12\x1b\n\x13num_computed_tokens\x18\x06 \x01(\r\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\"\xd7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.bulkhead.v1.SamplingParams\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x04 \x01(\x01\x12\x13\n\x0bhas_prefill\x18\x05 \x01(\x08\x12\x16\n\x0e\x66irst_token_id\x18\x06 \x01(\x05\x12!\n\x02kv\x18\x07 \x01(\x0b\x32\x15.bulkhead.v1.KVHandle\"\x85\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x18\n\x10loaded_kv_tokens\x18\x04 \x01(\r\x12\x19\n\x11recomputed_tokens\x18\x05 \x01(\r\"\\\n\rGenerateChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12!\n\x05usage\x18\x03 \x01(\x0b\x32\x12.bulkhead.v1.Usage\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\")\n\rLookupRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\"+\n\x0eLookupResponse\x12\x19\n\x11num_cached_tokens\x18\x01 \x01(\r2\xdd\x02\n\x06Worker\x12\x42\n\x07GetInfo\x12\x1e.bulkhead.v1.WorkerInfoRequest\x1a\x17.bulkhead.v1.WorkerInfo\x12\x44\n\x07Prefill\x12\x1b.bulkhead.v1.PrefillRequest\x1a\x1c.bulkhead.v1.PrefillResponse\x12\x46\n\x08Generate\x12\x1c.bulkhead.v1.GenerateRequest\x1a\x1a.bulkhead.v1.GenerateChunk0\x01\x12>\n\x05\x41\x62ort\x12\x19.bulkhead.v1.AbortRequest\x1a\x1a.bulkhead.v1.AbortResponse\x12\x41\n\x06Lookup\x12\x1a.bulkhead.v1.LookupRequest\x1a\x1b.bulkhead.v1.LookupResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14proto/bulkhead.proto\x12\x0b\x62ulkhead.v1\"\xd5\x03\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\n \x01(\x02\x12>\n\nlogit_bias\x18\x0b \x03(\x0b\x32*.bulkhead.v1.SamplingParams.LogitBiasEntry\x12\r\n\x05min_p\x18\x0c \x01(\x02\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x15\n\x08logprobs\x18\x0e \x01(\rH\x01\x88\x01\x01\x12\x14\n\x0cgrammar_kind\x18\x0f \x01(\t\x12\x14\n\x0cgrammar_spec\x18\x10 \x01(\t\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"Y\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0f\n\x07top_ids\x18\x03 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\xa7\x01\n\rCompatibility\x12\x19\n\x11model_fingerprint\x18\x01 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x1a\n\x12lmcache_chunk_size\x18\x05 \x01(\r\x12\x1d\n\x15kv_layout_fingerprint\x18\x06 \x01(\t\"\x13\n\x11WorkerInfoRequest\"\x99\x03\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12*\n\x06\x63ompat\x18\x04 \x01(\x0b\x32\x1a.bulkhead.v1.Compatibility\x12\x13\n\x0bmax_context\x18\x05 \x01(\r\x12\x14\n\x0c\x63hunk_tokens\x18\x06 \x01(\r\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x13\n\x0bnum_running\x18\x08 \x01(\r\x12\x13\n\x0bnum_waiting\x18\t \x01(\r\x12\x11\n\tmax_queue\x18\n \x01(\r\x12\x16\n\x0e\x66ree_kv_tokens\x18\x0b \x01(\x04\x12\x1c\n\x14memory_planned_bytes\x18\x0c \x01(\x04\x12\x1d\n\x15memory_headroom_bytes\x18\r \x01(\x04\x12\x17\n\x0fsteps_completed\x18\x0e \x01(\x04\x12\x17\n\x0ftokens_advanced\x18\x0f \x01(\x04\x12\x0f\n\x07\x61\x64\x64ress\x18\x10 \x01(\t\x12\x17\n\x0ftotal_kv_tokens\x18\x11 \x01(\x04\"\x86\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.bulkhead.v1.SamplingParams\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x04 \x01(\x01\"W\n\x08KVHandle\x12\x19\n\x11num_tokens_stored\x18\x01 \x01(\r\x12\x1d\n\x15kv_layout_fingerprint\x18\x02 \x01(\t\x12\x11\n\tstore_url\x18\x03 \x01(\t\"\x84\x02\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\x05\x12!\n\x02kv\x18\x03 \x01(\x0b\x32\x15.bulkhead.v1.KVHandle\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x05 \x01(\r\x12\x1b\n\x13num_computed_tokens\x18\x06 \x01(\r\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\x12\x38\n\x14\x66irst_token_logprobs\x18\x08 \x01(\x0b\x32\x1a.bulkhead.v1.TokenLogprobs\"\xd7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.bulkhead.v1.SamplingParams\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x04 \x01(\x01\x12\x13\n\x0bhas_prefill\x18\x05 \x01(\x08\x12\x16\n\x0e\x66irst_token_id\x18\x06 \x01(\x05\x12!\n\x02kv\x18\x07 \x01(\x0b\x32\x15.bulkhead.v1.KVHandle\"\x85\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x18\n\x10loaded_kv_tokens\x18\x04 \x01(\r\x12\x19\n\x11recomputed_tokens\x18\x05 \x01(\r\"\x8a\x01\n\rGenerateChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12!\n\x05usage\x18\x03 \x01(\x0b\x32\x12.bulkhead.v1.Usage\x12,\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1a.bulkhead.v1.TokenLogprobs\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\")\n\rLookupRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\"+\n\x0eLookupResponse\x12\x19\n\x11num_cached_tokens\x18\x01 \x01(\r2\xdd\x02\n\x06Worker\x12\x42\n\x07GetInfo\x12\x1e.bulkhead.v1.WorkerInfoRequest\x1a\x17.bulkhead.v1.WorkerInfo\x12\x44\n\x07Prefill\x12\x1b.bulkhead.v1.PrefillRequest\x1a\x1c.bulkhead.v1.PrefillResponse\x12\x46\n\x08Generate\x12\x1c.bulkhead.v1.GenerateRequest\x1a\x1a.bulkhead.v1.GenerateChunk0\x01\x12>\n\x05\x41\x62ort\x12\x19.bulkhead.v1.AbortRequest\x1a\x1a.bulkhead.v1.AbortResponse\x12\x41\n\x06Lookup\x12\x1a.bulkhead.v1.LookupRequest\x1a\x1b.bulkhead.v1.LookupResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.bulkhead_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGPARAMS']._serialized_start=38
-  _globals['_SAMPLINGPARAMS']._serialized_end=197
-  _globals['_COMPATIBILITY']._serialized_start=200
-  _globals['_COMPATIBILITY']._serialized_end=367
-  _globals['_WORKERINFOREQUEST']._serialized_start=369
-  _globals['_WORKERINFOREQUEST']._serialized_end=388
-  _globals['_WORKERINFO']._serialized_start=391
-  _globals['_WORKERINFO']._serialized_end=800
-  _globals['_PREFILLREQUEST']._serialized_start=803
-  _globals['_PREFILLREQUEST']._serialized_end=937
-  _globals['_KVHANDLE']._serialized_start=939
-  _globals['_KVHANDLE']._serialized_end=1026
-  _globals['_PREFILLRESPONSE']._serialized_start=1029
-  _globals['_PREFILLRESPONSE']._serialized_end=1231
-  _globals['_GENERATEREQUEST']._serialized_start=1234
-  _globals['_GENERATEREQUEST']._serialized_end=1449
-  _globals['_USAGE']._serialized_start=1452
-  _globals['_USAGE']._serialized_end=1585
-  _globals['_GENERATECHUNK']._serialized_start=1587
-  _globals['_GENERATECHUNK']._serialized_end=1679
-  _globals['_ABORTREQUEST']._serialized_start=1681
-  _globals['_ABORTREQUEST']._serialized_end=1715
-  _globals['_ABORTRESPONSE']._serialized_start=1717
-  _globals['_ABORTRESPONSE']._serialized_end=1747
-  _globals['_LOOKUPREQUEST']._serialized_start=1749
-  _globals['_LOOKUPREQUEST']._serialized_end=1790
-  _globals['_LOOKUPRESPONSE']._serialized_start=1792
-  _globals['_LOOKUPRESPONSE']._serialized_end=1835
-  _globals['_WORKER']._serialized_start=1838
-  _globals['_WORKER']._serialized_end=2187
+  _globals['_SAMPLINGPARAMS']._serialized_end=507
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=437
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=485
+  _globals['_TOKENLOGPROBS']._serialized_start=509
+  _globals['_TOKENLOGPROBS']._serialized_end=598
+  _globals['_COMPATIBILITY']._serialized_start=601
+  _globals['_COMPATIBILITY']._serialized_end=768
+  _globals['_WORKERINFOREQUEST']._serialized_start=770
+  _globals['_WORKERINFOREQUEST']._serialized_end=789
+  _globals['_WORKERINFO']._serialized_start=792
+  _globals['_WORKERINFO']._serialized_end=1201
+  _globals['_PREFILLREQUEST']._serialized_start=1204
+  _globals['_PREFILLREQUEST']._serialized_end=1338
+  _globals['_KVHANDLE']._serialized_start=1340
+  _globals['_KVHANDLE']._serialized_end=1427
+  _globals['_PREFILLRESPONSE']._serialized_start=1430
+  _globals['_PREFILLRESPONSE']._serialized_end=1690
+  _globals['_GENERATEREQUEST']._serialized_start=1693
+  _globals['_GENERATEREQUEST']._serialized_end=1908
+  _globals['_USAGE']._serialized_start=1911
+  _globals['_USAGE']._serialized_end=2044
+  _globals['_GENERATECHUNK']._serialized_start=2047
+  _globals['_GENERATECHUNK']._serialized_end=2185
+  _globals['_ABORTREQUEST']._serialized_start=2187
+  _globals['_ABORTREQUEST']._serialized_end=2221
+  _globals['_ABORTRESPONSE']._serialized_start=2223
+  _globals['_ABORTRESPONSE']._serialized_end=2253
+  _globals['_LOOKUPREQUEST']._serialized_start=2255
+  _globals['_LOOKUPREQUEST']._serialized_end=2296
+  _globals['_LOOKUPRESPONSE']._serialized_start=2298
+  _globals['_LOOKUPRESPONSE']._serialized_end=2341
+  _globals['_WORKER']._serialized_start=2344
+  _globals['_WORKER']._serialized_end=2693
 # @@protoc_insertion_point(module_scope)

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP app: `create_app(settings)` builds it, with all state in its lifespan.
 
-Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-GET /metrics.  Every error leaves as an OpenAI-shaped body (router/errors.py); a bad request never
+Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id},
+POST /tokenize, POST /detokenize, GET /version, GET /health, GET /metrics.  Every error leaves as an OpenAI-shaped body (router/errors.py); a bad request never
 changes server state.  This module must never import torch or ``engine/``, and never keep state at
 module level.
 """
@@ -33,12 +33,23 @@ from router.registry import WorkerRegistry
 from router.schemas import ChatCompletionRequest, CompletionRequest, InvalidText
 from router.serving import RouterContext, as_api_error, error_response, serve_generation
 from router.settings import RouterSettings
+from router.tokenize_api import (
+    DetokenizeRequest,
+    TokenizeRequest,
+    check_model,
+    detokenize,
+    model_card,
+    tokenize,
+    version,
+)
 from router.tokenizer_port import RouterTokenizer, load_tokenizer
 from router.worker_client import CallDeadlines
 
 log = logging.getLogger("bulkhead.router")
 
 
+# outside /v1 but behind the API key too: they run the tokenizer on client input
+_KEYED_PATHS = frozenset({"/tokenize", "/detokenize"})
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "json-or-python"})
 
 
@@ -111,7 +122,7 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
 
         @app.middleware("http")
         async def _require_api_key(request: Request, call_next: Any) -> Response:
-            if request.url.path.startswith("/v1/"):
+            if request.url.path.startswith("/v1/") or request.url.path in _KEYED_PATHS:
                 auth = request.headers.get("authorization", "")
                 scheme, _, token = auth.partition(" ")
                 given = token.strip().encode() if scheme.lower() == "bearer" else b""
@@ -164,15 +175,37 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
                                       lambda limit: completion_job(body, ctx.settings,
                                                                    ctx.tokenizer, limit))
 
+    def max_model_len(ctx: RouterContext) -> int | None:
+        decode = [w for w in ctx.registry.loads() if w.role == "decode" and w.healthy]
+        return max(w.max_context for w in decode) if decode else None
+
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
         ctx = ctx_of(request)
-        decode = [w for w in ctx.registry.loads() if w.role == "decode" and w.healthy]
-        card: dict[str, Any] = {"id": ctx.settings.model_name, "object": "model",
-                                "created": 0, "owned_by": "bulkhead"}
-        if decode:
-            card["max_model_len"] = max(w.max_context for w in decode)
+        card = model_card(ctx.settings.model_name, ctx.settings.model_name, max_model_len(ctx))
         return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def one_model(model_id: str, request: Request) -> JSONResponse:
+        ctx = ctx_of(request)
+        return JSONResponse(model_card(model_id, ctx.settings.model_name, max_model_len(ctx)))
+
+    @app.post("/tokenize")
+    async def tokenize_endpoint(body: TokenizeRequest, request: Request) -> JSONResponse:
+        ctx = ctx_of(request)
+        check_model(body.model, ctx.settings.model_name)
+        return JSONResponse(await asyncio.to_thread(tokenize, body, ctx.tokenizer,
+                                                    max_model_len(ctx)))
+
+    @app.post("/detokenize")
+    async def detokenize_endpoint(body: DetokenizeRequest, request: Request) -> JSONResponse:
+        ctx = ctx_of(request)
+        check_model(body.model, ctx.settings.model_name)
+        return JSONResponse(await asyncio.to_thread(detokenize, body, ctx.tokenizer))
+
+    @app.get("/version")
+    async def version_endpoint() -> JSONResponse:
+        return JSONResponse(version())
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:

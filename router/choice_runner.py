@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
-from proto import bulkhead_pb2 as pb
 from router.background import BackgroundTasks
 from router.errors import WorkerCallError
+from router.logprobs_format import LogprobEntry, entries
 from router.metrics import RouterMetrics
 from router.policy import Route
 from router.quarantine import (
@@ -37,6 +37,7 @@ from router.shared_quarantine import SharedQuarantine
 from router.stall_watch import StallWatch
 from router.text_stream import Decoder, TextStream
 from router.worker_client import WorkerClient
+from router.worker_codec import Prefilled, Sampling, TokenLogprobs, Usage, WorkItem
 
 log = logging.getLogger("bulkhead.router.choice")
 
@@ -49,6 +50,7 @@ class ChoiceDelta:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[LogprobEntry] = field(default_factory=list)  # one per token, when asked
 
 
 @dataclass
@@ -61,6 +63,8 @@ class ChoiceStats:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    logprobs: list[LogprobEntry] = field(default_factory=list)
+    echo_len: int = 0                # leading characters of `text` that echo the prompt
 
 
 @dataclass(frozen=True)
@@ -68,10 +72,17 @@ class ChoiceSpec:
     index: int
     request_id: str
     prompt_token_ids: list[int]
-    sampling: pb.SamplingParams
+    sampling: Sampling
     stop: tuple[str, ...]
     route: Route
     deadline_unix_s: float
+    echo: bool = False               # completions: the prompt's text opens the choice
+
+    @property
+    def work(self) -> WorkItem:
+        """What the workers are sent for this choice."""
+        return WorkItem(self.request_id, tuple(self.prompt_token_ids), self.sampling,
+                        self.deadline_unix_s)
 
 
 # Prefill failures a retry elsewhere can fix: the worker died, hung, broke or was aborted.
@@ -103,9 +114,11 @@ class ChoiceRunner:
         self._stall_watch = stall_watch
         self._num_generated_chunks = 0
         self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop)
+        self._tokenizer = tokenizer
         self._last_token_at: float | None = None
 
-    def _delta(self, token_ids: list[int], finish_reason: str | None = None) -> ChoiceDelta:
+    def _delta(self, token_ids: list[int], finish_reason: str | None = None,
+               logprobs: Sequence[TokenLogprobs] = ()) -> ChoiceDelta:
         now = time.monotonic()
         if token_ids:
             if self._last_token_at is not None:
@@ -120,7 +133,9 @@ class ChoiceRunner:
         self.stats.token_ids.extend(token_ids)
         self.stats.text += text
         self.stats.finish_reason = finish_reason
-        return ChoiceDelta(self.spec.index, text, token_ids, finish_reason)
+        lps = entries(self._tokenizer, logprobs)
+        self.stats.logprobs.extend(lps)
+        return ChoiceDelta(self.spec.index, text, token_ids, finish_reason, lps)
 
     def _abort_later(self, address: str) -> None:
         client = self._clients(address)
@@ -132,14 +147,11 @@ class ChoiceRunner:
             self._on_unavailable(err.address, f"{err.phase}: {err.details}")
         return err
 
-    async def _prefill(self, address: str) -> pb.PrefillResponse:
-        s = self.spec
-        req = pb.PrefillRequest(request_id=s.request_id, prompt_token_ids=s.prompt_token_ids,
-                                sampling=s.sampling, deadline_unix_s=s.deadline_unix_s)
+    async def _prefill(self, address: str) -> Prefilled:
         started = time.monotonic()
         done = False
         try:
-            resp = await self._prefill_unless_stalled(address, req)
+            resp = await self._prefill_unless_stalled(address)
             done = True
         except WorkerCallError as err:
             done = err.code == grpc.StatusCode.UNAVAILABLE   # it never reached the worker
@@ -148,15 +160,14 @@ class ChoiceRunner:
             if not done:
                 self._abort_later(address)
         self._metrics.phase.labels("prefill").observe(time.monotonic() - started)
-        self.stats.num_cached_tokens = int(resp.num_cached_tokens)
-        self.stats.num_recomputed_tokens = int(resp.num_computed_tokens)
+        self.stats.num_cached_tokens = resp.num_cached_tokens
+        self.stats.num_recomputed_tokens = resp.num_computed_tokens
         return resp
 
-    async def _prefill_unless_stalled(self, address: str,
-                                      req: pb.PrefillRequest) -> pb.PrefillResponse:
+    async def _prefill_unless_stalled(self, address: str) -> Prefilled:
         """The Prefill RPC, given up (DEADLINE_EXCEEDED, which is retried elsewhere) as soon as
         the worker stops advancing, instead of at the end of `prefill_timeout_s`."""
-        call = asyncio.ensure_future(self._clients(address).prefill(req))
+        call = asyncio.ensure_future(self._clients(address).prefill(self.spec.work))
         if self._stall_watch is None:
             return await call
         watch = asyncio.ensure_future(self._stall_watch.wait(address))
@@ -174,7 +185,7 @@ class ChoiceRunner:
                                   f"the worker stopped advancing: {problem}")
         return call.result()
 
-    async def _prefill_with_retry(self, address: str) -> pb.PrefillResponse | None:
+    async def _prefill_with_retry(self, address: str) -> Prefilled | None:
         """Prefill on ``address``; if that worker died, timed out or broke, once more on another
         prefill worker; if none is left (or it fails too), None: the decode worker, whose plan
         the policy checked holds this context, prefills the prompt itself. Errors the request
@@ -207,24 +218,25 @@ class ChoiceRunner:
 
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:
         s = self.spec
-        gen = pb.GenerateRequest(request_id=s.request_id, prompt_token_ids=s.prompt_token_ids,
-                                 sampling=s.sampling, deadline_unix_s=s.deadline_unix_s)
-        resp = None
+        if s.echo:
+            prompt_text = self._tokenizer.decode(s.prompt_token_ids)
+            self.stats.text = prompt_text
+            self.stats.echo_len = len(prompt_text)
+            yield ChoiceDelta(s.index, prompt_text, [])
+        prefilled = None
         if s.route.kind == "split":
             assert s.route.prefill_address is not None
-            resp = await self._prefill_with_retry(s.route.prefill_address)
-        if resp is not None:
-            finish = resp.finish_reason or None
-            delta = self._delta([int(resp.first_token_id)], finish)
+            prefilled = await self._prefill_with_retry(s.route.prefill_address)
+        if prefilled is not None:
+            first_lp = ([prefilled.first_token_logprobs]
+                        if prefilled.first_token_logprobs is not None else [])
+            delta = self._delta([prefilled.first_token_id], prefilled.finish_reason, first_lp)
             yield delta
             if delta.finish_reason is not None:
                 return
-            gen.has_prefill = True
-            gen.first_token_id = resp.first_token_id
-            gen.kv.CopyFrom(resp.kv)
         address = s.route.decode_address
         try:
-            async for delta in self._generate(address, gen):
+            async for delta in self._generate(address, prefilled):
                 yield delta
         except WorkerCallError as err:
             # Nothing ran on a worker we could not reach: try one other decode worker (the KV of
@@ -234,11 +246,12 @@ class ChoiceRunner:
             other = self._reroute(address)
             if other is None:
                 raise
-            async for delta in self._generate(other, gen):
+            async for delta in self._generate(other, prefilled):
                 yield delta
 
-    async def _generate(self, address: str, req: pb.GenerateRequest) -> AsyncIterator[ChoiceDelta]:
-        stream = self._clients(address).generate(req)
+    async def _generate(self, address: str,
+                        after: Prefilled | None) -> AsyncIterator[ChoiceDelta]:
+        stream = self._clients(address).generate(self.spec.work, after)
         started = time.monotonic()
         first = True
         finished = unreachable = False
@@ -248,14 +261,14 @@ class ChoiceRunner:
                 if first:
                     self._metrics.phase.labels("first_token").observe(time.monotonic() - started)
                     first = False
-                reason = chunk.finish_reason or None
+                reason = chunk.finish_reason
                 if reason == "abort":
                     finished = True
                     raise WorkerCallError(address, "decode", grpc.StatusCode.ABORTED,
                                           "the worker aborted the request")
-                if chunk.HasField("usage"):
-                    self._take_usage(chunk.usage, req.has_prefill)
-                delta = self._delta(list(chunk.token_ids), reason)
+                if chunk.usage is not None:
+                    self._take_usage(chunk.usage, after is not None)
+                delta = self._delta(list(chunk.token_ids), reason, chunk.logprobs)
                 if delta.finish_reason is not None:
                     # a stop string ends the choice while the worker still runs: abort it below
                     finished = reason is not None
@@ -275,11 +288,11 @@ class ChoiceRunner:
                 if not unreachable:
                     self._abort_later(address)
 
-    def _take_usage(self, usage: pb.Usage, has_prefill: bool) -> None:
-        self.stats.num_loaded_tokens = int(usage.loaded_kv_tokens)
+    def _take_usage(self, usage: Usage, has_prefill: bool) -> None:
+        self.stats.num_loaded_tokens = usage.loaded_kv_tokens
         if has_prefill:
             # the prefill worker computed the prompt; the decode side only loaded/recomputed a tail
-            self.stats.num_recomputed_tokens += int(usage.recomputed_tokens)
+            self.stats.num_recomputed_tokens += usage.recomputed_tokens
         else:
-            self.stats.num_cached_tokens = int(usage.cached_tokens)
-            self.stats.num_recomputed_tokens = int(usage.recomputed_tokens)
+            self.stats.num_cached_tokens = usage.cached_tokens
+            self.stats.num_recomputed_tokens = usage.recomputed_tokens

@@ -1,4 +1,4 @@
-"""Turns a `GenerationJob` into running choices: cache lookup, routing, context checks, fan-out.
+"""Turns a `GenerationJob` into running choices: cache lookup, routing, fan-out.
 
 `Dispatcher.start(job)` asks the policy for a route per choice (counting each choice as in flight
 on its workers at once, so the n choices of a burst spread out) and returns a `Dispatch` whose
@@ -17,7 +17,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from proto import bulkhead_pb2 as pb
 from router.background import BackgroundTasks
 from router.choice_runner import ChoiceDelta, ChoiceRunner, ChoiceSpec
 from router.errors import (
@@ -49,6 +48,7 @@ from router.settings import RouterSettings
 from router.shared_quarantine import SharedQuarantine
 from router.stall_watch import StallWatch
 from router.tokenizer_port import RouterTokenizer
+from router.worker_codec import Sampling
 
 log = logging.getLogger("bulkhead.router.dispatch")
 
@@ -127,18 +127,22 @@ class Dispatcher:
         """Finish pending quarantine writes and close the quarantine's Redis connection."""
         await self.quarantine.aclose()
 
-    def _sampling(self, job: GenerationJob, max_tokens: int, choice: int) -> pb.SamplingParams:
+    def _sampling(self, job: GenerationJob, max_tokens: int, choice: int) -> Sampling:
         stop_ids = list(job.stop_token_ids)
         if not job.ignore_eos:
             stop_ids += [t for t in self._tokenizer.eos_token_ids if t not in stop_ids]
-        sp = pb.SamplingParams(max_tokens=max_tokens, temperature=job.temperature,
-                               top_p=job.top_p, top_k=job.top_k, stop_token_ids=stop_ids,
-                               ignore_eos=job.ignore_eos)
-        if job.seed is not None:
-            # n independent decodes: choice i draws from seed + i, so choices differ but the
-            # request as a whole is reproducible
-            sp.seed = (job.seed + choice) % 2**64
-        return sp
+        # n independent decodes: choice i draws from seed + i, so choices differ but the
+        # request as a whole is reproducible
+        seed = (job.seed + choice) % 2**64 if job.seed is not None else None
+        return Sampling(max_tokens=max_tokens, temperature=job.temperature, top_p=job.top_p,
+                        top_k=job.top_k, stop_token_ids=tuple(stop_ids),
+                        ignore_eos=job.ignore_eos, seed=seed,
+                        presence_penalty=job.presence_penalty,
+                        frequency_penalty=job.frequency_penalty,
+                        repetition_penalty=job.repetition_penalty,
+                        logit_bias=tuple(dict(job.logit_bias).items()), min_p=job.min_p,
+                        min_tokens=min(job.min_tokens, max_tokens), logprobs=job.logprobs,
+                        grammar_kind=job.grammar_kind, grammar_spec=job.grammar_spec)
 
     def context_limit(self) -> int:
         """The largest context a healthy decode worker plans for; 503 when there is none."""
@@ -212,10 +216,10 @@ class Dispatcher:
         param = "messages" if job.kind == "chat" else "prompt"
         plans = []
         for prompt in job.prompts:
-            max_tokens = job.max_tokens if job.max_tokens is not None else limit - len(prompt)
-            if max_tokens < 1 or len(prompt) + max_tokens > limit:
-                num_new = job.max_tokens if job.max_tokens is not None else 1
-                raise context_length_exceeded(len(prompt), num_new, limit, param)
+            # Without max_tokens a choice may fill what the largest plan leaves (at least one
+            # token); whether it fits a worker is checked once, by the policy (choose_route).
+            max_tokens = (job.max_tokens if job.max_tokens is not None
+                          else max(limit - len(prompt), 1))
             fp = prompt_fingerprint(prompt)
             if await self.quarantine.contains(fp):
                 raise QuarantinedRequest(fp, KILLS_TO_QUARANTINE)
@@ -238,7 +242,8 @@ class Dispatcher:
                     spec = ChoiceSpec(index=index, request_id=f"{request_id}-{index}",
                                       prompt_token_ids=list(prompt),
                                       sampling=self._sampling(job, max_tokens, i),
-                                      stop=job.stop, route=route, deadline_unix_s=deadline)
+                                      stop=job.stop, route=route, deadline_unix_s=deadline,
+                                      echo=job.echo)
                     runners.append(ChoiceRunner(
                         spec, self._registry.client, self._tokenizer, self._metrics,
                         self._background, self._registry.mark_unavailable,

@@ -7,20 +7,24 @@ the field.  This module must never reach a worker and never import torch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from common.token_bound import min_tokens
+from router.chat_prompt import render_chat
 from router.errors import (
     ApiError,
     context_length_certainly_exceeded,
     invalid_request,
     model_not_found,
 )
+from router.refused_fields import refuse_unimplemented
 from router.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from router.settings import RouterSettings
 from router.tokenizer_port import RouterTokenizer
+from router.tool_calls import plan_tools
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,17 @@ class GenerationJob:
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logprobs: int | None = None   # None: none; k: each token's logprob and the top k
+    echo: bool = False            # completions: the prompt's text before the completion
+    grammar_kind: str = ""        # constrained decoding (worker/grammar_cache.py), "" = none
+    grammar_spec: str = ""
+    tool_format: str | None = None  # chat: parse the output as this tool-call syntax
 
     @property
     def num_choices(self) -> int:
@@ -68,10 +83,7 @@ def _common(req: _SamplingFields, settings: RouterSettings) -> dict[str, object]
                               f"{settings.max_stop_strings}", "stop")
     if any(s == "" for s in stop):
         raise invalid_request("stop: empty stop strings are not allowed", "stop")
-    if req.presence_penalty != 0.0:
-        raise _unsupported("presence_penalty", "a non-zero presence_penalty")
-    if req.frequency_penalty != 0.0:
-        raise _unsupported("frequency_penalty", "a non-zero frequency_penalty")
+    refuse_unimplemented(req, req.n)
     if req.stream_options is not None and not req.stream:
         raise invalid_request("stream_options: only allowed when stream is true",
                               "stream_options")
@@ -84,7 +96,41 @@ def _common(req: _SamplingFields, settings: RouterSettings) -> dict[str, object]
         stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
         stream=req.stream,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        return_token_ids=req.return_token_ids)
+        return_token_ids=req.return_token_ids,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+        logit_bias=_logit_bias(req.logit_bias, settings),
+        min_p=req.min_p, min_tokens=req.min_tokens)
+
+
+MAX_LOGIT_BIAS = 300   # the engine's per-slot buffer holds this many entries
+
+
+def _logit_bias(given: dict[str, float] | None, settings: RouterSettings
+                ) -> tuple[tuple[int, float], ...]:
+    if not given:
+        return ()
+    if len(given) > MAX_LOGIT_BIAS:
+        raise invalid_request(f"logit_bias: {len(given)} entries, the limit is {MAX_LOGIT_BIAS}",
+                              "logit_bias")
+    out = []
+    for key, bias in given.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise invalid_request(f"logit_bias: key {key!r} is not a token id",
+                                  "logit_bias") from None
+        if not 0 <= token < 2**31:
+            raise invalid_request(f"logit_bias: token id {token} is outside [0, 2**31)",
+                                  "logit_bias")
+        out.append((token, float(bias)))
+    return tuple(sorted(out))
+
+
+def _check_min_tokens(count: int, max_tokens: int | None) -> None:
+    if max_tokens is not None and count > max_tokens:
+        raise invalid_request(f"min_tokens: {count} is more than max_tokens {max_tokens}",
+                              "min_tokens")
 
 
 def _refuse_if_certainly_over(text: str, tokenizer: RouterTokenizer, num_new: int | None,
@@ -102,28 +148,49 @@ def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
              tokenizer: RouterTokenizer, max_context: int | None = None) -> GenerationJob:
     """`max_context`: the largest context a worker serves, for the pre-tokenization bound."""
     common = _common(req, settings)
-    if req.logprobs or req.top_logprobs:
-        raise _unsupported("logprobs", "logprobs")
-    if req.tools:
-        raise _unsupported("tools", "tool calling")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise _unsupported("response_format", "a response_format other than text")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid_request("top_logprobs: set logprobs to true to use it", "top_logprobs")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
+                       getattr(tokenizer, "chat_template_source", None))
+    grammar_kind, grammar_spec = response_grammar(req.response_format)
+    if tools is not None and tools.grammar_spec:
+        if grammar_kind:
+            raise invalid_request("response_format: not together with tools (a tool call is "
+                                  "already constrained); send one", "response_format")
+        grammar_kind, grammar_spec = "tool_calls", tools.grammar_spec
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
         raise invalid_request("max_tokens and max_completion_tokens disagree; send one",
                               "max_completion_tokens")
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except Exception as exc:  # a template may raise on an order of roles it does not accept
-        raise invalid_request(f"messages: the chat template refused them: {exc}",
-                              "messages") from None
+    text = render_chat(req, tokenizer, tools.tools if tools is not None else None)
     max_tokens = req.max_completion_tokens or req.max_tokens
     _refuse_if_certainly_over(text, tokenizer, max_tokens, max_context, "messages")
     ids = tuple(tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise invalid_request("messages: they render to an empty prompt", "messages")
-    return GenerationJob(kind="chat", prompts=(ids,), max_tokens=max_tokens, **common)  # type: ignore[arg-type]
+    _check_min_tokens(req.min_tokens, max_tokens)
+    return GenerationJob(kind="chat", prompts=(ids,), max_tokens=max_tokens,  # type: ignore[arg-type]
+                         logprobs=logprobs, grammar_kind=grammar_kind, grammar_spec=grammar_spec,
+                         tool_format=tools.format if tools is not None else None, **common)
+
+
+def response_grammar(fmt: dict[str, Any] | None) -> tuple[str, str]:
+    """(grammar kind, spec) of a response_format; ("", "") for text."""
+    kind = (fmt or {}).get("type", "text")
+    if kind == "text":
+        return "", ""
+    if kind == "json_object":
+        return "json_object", ""
+    if kind == "json_schema":
+        js = fmt.get("json_schema") if fmt else None
+        schema = js.get("schema") if isinstance(js, dict) else None
+        if not isinstance(schema, dict):
+            raise invalid_request("response_format.json_schema.schema: a JSON schema object is "
+                                  "required", "response_format.json_schema.schema")
+        return "json_schema", json.dumps(schema, separators=(",", ":"), sort_keys=True)
+    raise invalid_request(f"response_format.type: {kind!r} is not text, json_object or "
+                          "json_schema", "response_format.type")
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[int, ...]:
@@ -139,14 +206,8 @@ def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[
 def completion_job(req: CompletionRequest, settings: RouterSettings,
                    tokenizer: RouterTokenizer, max_context: int | None = None) -> GenerationJob:
     common = _common(req, settings)
-    if req.logprobs is not None:
-        raise _unsupported("logprobs", "logprobs")
-    if req.echo:
-        raise _unsupported("echo", "echo")
-    if req.suffix:
-        raise _unsupported("suffix", "suffix")
-    if req.best_of is not None and req.best_of != req.n:
-        raise _unsupported("best_of", "best_of other than n")
+    if req.echo and req.logprobs is not None:
+        raise _unsupported("echo", "echo together with logprobs (prompt logprobs)")
     vocab_size = getattr(tokenizer, "vocab_size", None)
     p = req.prompt
     raw: list[str | list[int]]
@@ -174,5 +235,6 @@ def completion_job(req: CompletionRequest, settings: RouterSettings,
             prompts.append(_check_ids(ids, None, param))
         else:
             prompts.append(_check_ids(item, vocab_size, param))
+    _check_min_tokens(req.min_tokens, max_tokens)
     return GenerationJob(kind="completion", prompts=tuple(prompts), max_tokens=max_tokens,
-                         **common)  # type: ignore[arg-type]
+                         logprobs=req.logprobs, echo=req.echo, **common)  # type: ignore[arg-type]

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.choice_runner import ChoiceDelta, ChoiceRunner
 from router.job import GenerationJob
+from router.logprobs_format import chat_logprobs, completion_logprobs
+from router.tool_calls import ParsedOutput, ToolCallStream, parse_tool_calls
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -35,14 +37,39 @@ def usage(job: GenerationJob, runners: Sequence[ChoiceRunner]) -> dict[str, Any]
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
+def tool_calls_json(parsed: ParsedOutput, request_id: str, index: int,
+                    streamed: bool = False) -> list[dict[str, Any]]:
+    """OpenAI tool_calls; ids derive from the request id, choice and position."""
+    out = []
+    for k, c in enumerate(parsed.calls):
+        call: dict[str, Any] = {"id": f"call_{request_id.rsplit('-', 1)[-1][:20]}_{index}_{k}",
+                                "type": "function",
+                                "function": {"name": c.name, "arguments": c.arguments}}
+        if streamed:
+            call = {"index": k, **call}
+        out.append(call)
+    return out
+
+
 def full_response(job: GenerationJob, request_id: str, created: int,
                   runners: Sequence[ChoiceRunner]) -> dict[str, Any]:
     choices = []
     for r in sorted(runners, key=lambda r: r.spec.index):
         choice: dict[str, Any] = {"index": r.spec.index, "logprobs": None,
                                   "finish_reason": r.stats.finish_reason}
+        if job.logprobs is not None:
+            choice["logprobs"] = (chat_logprobs(r.stats.logprobs) if job.kind == "chat" else
+                                  completion_logprobs(r.stats.logprobs, r.stats.echo_len))
         if job.kind == "chat":
             choice["message"] = {"role": "assistant", "content": r.stats.text}
+            if job.tool_format is not None:
+                parsed = parse_tool_calls(job.tool_format, r.stats.text)
+                if parsed.calls:
+                    choice["message"] = {"role": "assistant", "content": parsed.content,
+                                         "tool_calls": tool_calls_json(parsed, request_id,
+                                                                       r.spec.index)}
+                    if choice["finish_reason"] == "stop":
+                        choice["finish_reason"] = "tool_calls"
         else:
             choice["text"] = r.stats.text
             if job.return_token_ids:
@@ -66,6 +93,10 @@ class ChunkWriter:
     job: GenerationJob
     request_id: str
     created: int
+    # completions logprobs: each choice's text offset so far
+    _offsets: dict[int, int] = field(default_factory=dict)
+    # chat with tools: each choice's tool-call detector
+    _tools: dict[int, ToolCallStream] = field(default_factory=dict)
 
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         chunk: dict[str, Any] = {
@@ -94,8 +125,31 @@ class ChunkWriter:
             return None
         choice: dict[str, Any] = {"index": d.index, "logprobs": None,
                                   "finish_reason": d.finish_reason}
+        if self.job.logprobs is not None and d.logprobs:
+            if self.job.kind == "chat":
+                choice["logprobs"] = chat_logprobs(d.logprobs)
+            else:
+                choice["logprobs"] = completion_logprobs(d.logprobs,
+                                                         self._offsets.get(d.index, 0))
+        if self.job.kind != "chat":
+            grown = len(d.text) if not d.token_ids else sum(len(e.token) for e in d.logprobs)
+            self._offsets[d.index] = self._offsets.get(d.index, 0) + grown
         if self.job.kind == "chat":
-            choice["delta"] = {"content": d.text} if d.text else {}
+            text = d.text
+            fmt = self.job.tool_format
+            if fmt is not None:
+                stream = self._tools.setdefault(d.index, ToolCallStream(fmt))
+                text = stream.add(d.text)
+            choice["delta"] = {"content": text} if text else {}
+            if fmt is not None and d.finish_reason is not None:
+                rest, parsed = self._tools[d.index].finish()
+                if rest:
+                    choice["delta"] = {"content": text + rest}
+                if parsed.calls:
+                    choice["delta"]["tool_calls"] = tool_calls_json(parsed, self.request_id,
+                                                                    d.index, streamed=True)
+                    if d.finish_reason == "stop":
+                        choice["finish_reason"] = "tool_calls"
         else:
             choice["text"] = d.text
             if self.job.return_token_ids and first_of_choice:

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from router.refused_fields import RefusedChatFields, RefusedCompletionFields
+
 _MAX_SEED = 2**63 - 1
 _MAX_INT32 = 2**31 - 1   # proto int32 fields (top_k, token ids)
 
@@ -89,10 +91,23 @@ class TextPart(StrictModel):
     text: str
 
 
+class ToolCallFunction(StrictModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(StrictModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # tool turns: which call this answers
 
     def text(self) -> str:
         if self.content is None:
@@ -120,22 +135,30 @@ class _SamplingFields(RequestBody):
     return_token_ids: bool = False                                    # vLLM extension
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0   # vLLM extension
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0                 # vLLM extension
+    min_tokens: Annotated[int, Field(ge=0)] = 0                          # vLLM extension
     user: str | None = None
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, RefusedChatFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
-    # Parsed only to refuse them clearly: this server has no tool-call or JSON-mode decoding.
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # vLLM's chat template controls
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    # tool calling (router/tool_calls.py) and structured outputs (router/job.py)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(_SamplingFields, RefusedCompletionFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = None
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None   # OpenAI's limit
     echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None

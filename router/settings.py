@@ -1,8 +1,10 @@
 """The router's settings: one frozen dataclass built once at the entry point.
 
-Sources, later ones win: defaults < YAML file (``--config`` / ``BULKHEAD_CONFIG``) < environment
-variables ``BULKHEAD_<FIELD>`` < command-line flags.  Every field is documented below; the
-README and ``bulkhead router --help`` are generated from the same descriptions.
+Sources, later ones win: defaults < YAML file (``--config`` / ``BULKHEAD_CONFIG``; its ``router:``
+section, or the whole file when it has no sections) < environment variables ``BULKHEAD_<FIELD>``
+< command-line flags; the loader is the workers' too (common/settings_loader.py). Every field is
+documented below; the README and ``bulkhead router --help`` are generated from the same
+descriptions.
 
 This module must never import torch, ``engine/`` or anything that talks to the network.
 """
@@ -10,27 +12,17 @@ This module must never import torch, ``engine/`` or anything that talks to the n
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
-
+from common import settings_loader
+from common.settings_loader import ENV_PREFIX, SettingsError
+from common.settings_loader import doc as _doc
 from common.worker_registry import url_problem
 
-ENV_PREFIX = "BULKHEAD_"
-
-
-class SettingsError(ValueError):
-    """A setting has a value we cannot use; the message names the setting and the limit."""
-
-
-def _doc(text: str) -> dict[str, str]:
-    return {"doc": text}
+__all__ = ["ENV_PREFIX", "RouterSettings", "SettingsError", "build_parser", "load_settings",
+           "settings_table"]
 
 
 @dataclass(frozen=True)
@@ -136,85 +128,20 @@ class RouterSettings:
         return Path(self.model).stem if self.model else "bulkhead"
 
 
-def _field_types() -> dict[str, Any]:
-    """Field name -> str, int, float or tuple (for the comma-list fields)."""
-    hints = typing.get_type_hints(RouterSettings)
-    return {f.name: typing.get_origin(hints[f.name]) or hints[f.name]
-            for f in dataclasses.fields(RouterSettings)}
-
-
-def _coerce(name: str, value: Any) -> Any:
-    kind = _field_types()[name]
-    try:
-        if kind is tuple:
-            if isinstance(value, str):
-                return tuple(v.strip() for v in value.split(",") if v.strip())
-            return tuple(str(v) for v in value)
-        return kind(value)
-    except (TypeError, ValueError) as exc:
-        raise SettingsError(f"{name}: cannot read {value!r} as {kind.__name__}") from exc
-
-
-def _from_yaml(path: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except OSError as exc:
-        raise SettingsError(f"config: cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise SettingsError(f"config: {path} must hold a mapping of setting -> value")
-    section = data.get("router", data)
-    known = _field_types()
-    unknown = sorted(set(section) - set(known))
-    if unknown:
-        raise SettingsError(f"config: unknown router settings in {path}: {', '.join(unknown)}")
-    return {k: _coerce(k, v) for k, v in section.items()}
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The `bulkhead router` flags; every flag defaults to None so unset flags do not override."""
-    parser = argparse.ArgumentParser(
-        prog="bulkhead router", description="OpenAI-compatible router in front of Bulkhead workers.")
-    parser.add_argument("--config", default=None, help="YAML file of settings (env: BULKHEAD_CONFIG; default: none).")
-    for f in dataclasses.fields(RouterSettings):
-        flag = "--" + f.name.replace("_", "-")
-        env = ENV_PREFIX + f.name.upper()
-        help_text = f"{f.metadata['doc']} (env: {env}; default: {f.default!r})"
-        if f.name in ("prefill_workers", "decode_workers"):
-            # `--decode A --decode B` or `--decode A,B`; the short names mirror the issue text.
-            parser.add_argument(flag, "--" + f.name.split("_")[0], dest=f.name, action="append",
-                                default=None, help=help_text)
-        else:
-            parser.add_argument(flag, dest=f.name, default=None, help=help_text)
-    return parser
+    """The `bulkhead router` flags; every flag defaults to None so unset flags do not override.
+    ``--prefill`` / ``--decode`` are short for the worker lists (repeat or comma-separate)."""
+    return settings_loader.build_parser(
+        RouterSettings, "bulkhead router", "OpenAI-compatible router in front of Bulkhead workers.",
+        aliases={"prefill_workers": "--prefill", "decode_workers": "--decode"})
 
 
 def load_settings(argv: Sequence[str] | None = None,
                   env: Mapping[str, str] | None = None) -> RouterSettings:
-    """Build the settings from defaults, YAML, environment and flags (in that order)."""
-    env = os.environ if env is None else env
-    args = build_parser().parse_args(list(argv) if argv is not None else [])
-    values: dict[str, Any] = {}
-    config_path = args.config or env.get(ENV_PREFIX + "CONFIG")
-    if config_path:
-        values.update(_from_yaml(config_path))
-    for name in _field_types():
-        raw = env.get(ENV_PREFIX + name.upper())
-        if raw is not None and raw != "":
-            values[name] = _coerce(name, raw)
-    for name in _field_types():
-        raw = getattr(args, name)
-        if raw is None:
-            continue
-        if isinstance(raw, list):
-            raw = ",".join(raw)
-        values[name] = _coerce(name, raw)
-    return RouterSettings(**values)
+    """Build the settings from defaults, YAML (its ``router:`` section), environment and flags."""
+    return settings_loader.load(RouterSettings, build_parser(), argv, env, ("router",), "router")
 
 
 def settings_table() -> str:
     """Markdown table of every router setting (for the README)."""
-    rows = ["| setting | env | flag | default | meaning |", "|---|---|---|---|---|"]
-    for f in dataclasses.fields(RouterSettings):
-        rows.append(f"| `{f.name}` | `{ENV_PREFIX}{f.name.upper()}` | "
-                    f"`--{f.name.replace('_', '-')}` | `{f.default!r}` | {f.metadata['doc']} |")
-    return "\n".join(rows)
+    return settings_loader.settings_table(RouterSettings)

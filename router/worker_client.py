@@ -5,7 +5,8 @@ stream-idle deadlines and cancels the call (the worker then aborts the request) 
 or when the caller stops early.  `WorkerAccess` is what the router presents to workers: the
 shared internal token (sent as `authorization: Bearer <token>` metadata on every call; checked
 by worker/auth.py) and, when set, the CA that makes the channel TLS.  This module must never
-block forever, never log the token and never import torch.
+block forever, never log the token and never import torch. Proto messages stop here: callers
+hand in and get back router/worker_codec.py's dataclasses (WorkerInfo excepted, for now).
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ import grpc
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from router.errors import WorkerCallError
+from router.worker_codec import (
+    Chunk,
+    Prefilled,
+    WorkItem,
+    chunk_from_proto,
+    generate_request,
+    prefill_request,
+    prefilled_from_proto,
+)
 
 
 @dataclass(frozen=True)
@@ -76,7 +86,7 @@ class GenerateStream:
     def __aiter__(self) -> GenerateStream:
         return self
 
-    async def __anext__(self) -> pb.GenerateChunk:
+    async def __anext__(self) -> Chunk:
         if self._done:
             raise StopAsyncIteration
         first = self._num_chunks == 0
@@ -96,7 +106,7 @@ class GenerateStream:
             self._done = True
             raise StopAsyncIteration
         self._num_chunks += 1
-        return msg
+        return chunk_from_proto(msg)
 
     def cancel(self) -> None:
         """Cancel the RPC; cancelling a Generate call aborts the request on the worker."""
@@ -133,12 +143,16 @@ class WorkerClient:
                                  self._deadlines.info_s)
         return int(resp.num_cached_tokens)
 
-    async def prefill(self, request: pb.PrefillRequest) -> pb.PrefillResponse:
-        return await self._unary(self._stub.Prefill, request, "prefill", self._deadlines.prefill_s)
+    async def prefill(self, item: WorkItem) -> Prefilled:
+        resp = await self._unary(self._stub.Prefill, prefill_request(item), "prefill",
+                                 self._deadlines.prefill_s)
+        return prefilled_from_proto(resp)
 
-    def generate(self, request: pb.GenerateRequest) -> GenerateStream:
-        return GenerateStream(self._stub.Generate(request, metadata=self._metadata),
-                              self.address, self._deadlines)
+    def generate(self, item: WorkItem, after: Prefilled | None = None) -> GenerateStream:
+        """Stream ``item``'s tokens; ``after``: the prefill this Generate continues."""
+        return GenerateStream(
+            self._stub.Generate(generate_request(item, after), metadata=self._metadata),
+            self.address, self._deadlines)
 
     async def abort(self, request_id: str) -> bool:
         resp = await self._unary(self._stub.Abort, pb.AbortRequest(request_id=request_id),

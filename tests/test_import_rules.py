@@ -141,3 +141,37 @@ def test_a_broken_rule_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert "imports torch" in router[0] and "imports engine.llm_engine" in router[1]
     kernels = violations("kernels")
     assert len(kernels) == 1 and "imports engine" in kernels[0]
+
+
+# Where proto messages may be read or built (docs/architecture.md, "one codec per edge"): on the
+# router's side the gRPC client, its codec and the readers of WorkerInfo (registry, stall watch:
+# it arrives as a message from GetInfo and from Redis, not yet decoded); on the workers' side the
+# servicers, the worker codec and the registration that publishes WorkerInfo.
+PROTO_EDGE = {
+    "router": {"router.worker_client", "router.worker_codec", "router.registry",
+               "router.redis_registry", "router.stall_watch"},
+    "worker": {"worker.codec", "worker.worker_base", "worker.registration"},
+    "prefill_worker": {"prefill_worker.server"},
+    "decode_worker": {"decode_worker.server"},
+}
+
+
+@pytest.mark.parametrize("package", sorted(PROTO_EDGE))
+def test_proto_messages_stop_at_the_edge(package: str) -> None:
+    bad = [f"{p.relative_to(REPO)}:{line} imports {mod}"
+           for p in package_files(package) for line, mod in imported_modules(p)
+           if mod.split(".")[0] == "proto" and module_name(p) not in PROTO_EDGE[package]]
+    assert bad == []
+    # and the edge modules really use proto: the rule is not checking an empty set
+    users = {module_name(p) for p in package_files(package)
+             for _, mod in imported_modules(p) if mod.split(".")[0] == "proto"}
+    assert users <= PROTO_EDGE[package] and users
+
+
+def test_one_settings_loader() -> None:
+    # Router and workers load settings through common/settings_loader.py; neither settings
+    # module parses YAML or the environment itself.
+    for path in (REPO / "router" / "settings.py", REPO / "common" / "settings.py"):
+        mods = {m for _, m in imported_modules(path)}
+        assert "common.settings_loader" in mods or "common" in mods, path
+        assert not {"yaml", "os"} & mods, f"{path.relative_to(REPO)} loads settings itself"

@@ -7,7 +7,11 @@ tensors or the engine's state.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 
@@ -19,9 +23,22 @@ from engine.errors import (
     PlanError,
     QueueFull,
 )
+from engine.sampler import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from proto import bulkhead_pb2 as pb
 from worker.engine_loop import EngineLoopFailed
+from worker.errors import (
+    DeadlinePassed,
+    KVStoreUnavailable,
+    NoTokenSampled,
+    RequestAborted,
+    WorkerError,
+    WrongRole,
+)
+
+R = TypeVar("R")
+# What a servicer may raise on purpose; anything else is a bug and reaches grpc as INTERNAL.
+EXPECTED_ERRORS = (EngineError, EngineLoopFailed, WorkerError)
 
 
 def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
@@ -37,16 +54,19 @@ def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
         seed=int(msg.seed) if msg.HasField("seed") else None,
         stop_token_ids=tuple(int(t) for t in msg.stop_token_ids),
         ignore_eos=bool(msg.ignore_eos),
+        presence_penalty=float(msg.presence_penalty),
+        frequency_penalty=float(msg.frequency_penalty),
+        repetition_penalty=float(msg.repetition_penalty) if msg.repetition_penalty != 0 else 1.0,
+        logit_bias=tuple(sorted((int(t), float(b)) for t, b in msg.logit_bias.items())),
+        min_p=float(msg.min_p),
+        min_tokens=int(msg.min_tokens),
+        logprobs=int(msg.logprobs) if msg.HasField("logprobs") else None,
     )
 
 
-def sampling_to_proto(sp: SamplingParams) -> pb.SamplingParams:
-    msg = pb.SamplingParams(max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p,
-                            top_k=sp.top_k, stop_token_ids=list(sp.stop_token_ids),
-                            ignore_eos=sp.ignore_eos)
-    if sp.seed is not None:
-        msg.seed = sp.seed
-    return msg
+def logprobs_to_proto(lp: TokenLogprobs) -> pb.TokenLogprobs:
+    return pb.TokenLogprobs(token_id=lp.token_id, logprob=lp.logprob,
+                            top_ids=[t for t, _ in lp.top], top_logprobs=[v for _, v in lp.top])
 
 
 @dataclass(frozen=True)
@@ -55,24 +75,71 @@ class Status:
     message: str
 
 
+# Most specific first: ContextLengthExceeded is an InvalidRequest, every engine error an
+# EngineError. The first entry ``exc`` is an instance of gives its code.
+_STATUS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], grpc.StatusCode],
+               ...] = (
+    ((EngineLoopFailed, KVStoreUnavailable), grpc.StatusCode.UNAVAILABLE),  # try another worker
+    (ContextLengthExceeded, grpc.StatusCode.OUT_OF_RANGE),
+    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (DuplicateRequest, grpc.StatusCode.ALREADY_EXISTS),
+    (PlanError, grpc.StatusCode.FAILED_PRECONDITION),
+    (DeadlinePassed, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (RequestAborted, grpc.StatusCode.ABORTED),
+    (WrongRole, grpc.StatusCode.UNIMPLEMENTED),
+    (NoTokenSampled, grpc.StatusCode.INTERNAL),
+)
+
+
 def status_of(exc: BaseException) -> Status:
-    """The single mapping of engine/worker errors to gRPC status codes."""
-    if isinstance(exc, EngineLoopFailed):  # the worker is going down: try another
-        return Status(grpc.StatusCode.UNAVAILABLE, str(exc))
-    if isinstance(exc, ContextLengthExceeded):
-        return Status(grpc.StatusCode.OUT_OF_RANGE, str(exc))
-    if isinstance(exc, InvalidRequest):
-        field = f" (field {exc.field})" if exc.field else ""
-        return Status(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}{field}")
-    if isinstance(exc, QueueFull):
-        return Status(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-    if isinstance(exc, DuplicateRequest):
-        return Status(grpc.StatusCode.ALREADY_EXISTS, str(exc))
-    if isinstance(exc, PlanError):
-        return Status(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    if isinstance(exc, EngineError):
-        return Status(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+    """The single mapping of engine and worker errors to gRPC status codes."""
+    for kinds, code in _STATUS:
+        if isinstance(exc, kinds):
+            if isinstance(exc, InvalidRequest) and code == grpc.StatusCode.INVALID_ARGUMENT:
+                field = f" (field {exc.field})" if exc.field else ""
+                return Status(code, f"{exc}{field}")
+            return Status(code, str(exc))
     return Status(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+
+async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    """End the RPC with ``exc``'s status (raises grpc's abort exception)."""
+    status = status_of(exc)
+    await context.abort(status.code, status.message)
+
+
+def unary_rpc(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    """Wrap a unary servicer method: what it raises of ``EXPECTED_ERRORS`` ends the call with
+    ``status_of``'s code."""
+
+    @functools.wraps(method)
+    async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await method(self, request, context)
+        except EXPECTED_ERRORS as exc:
+            await abort_with(context, exc)
+            raise AssertionError("unreachable: abort raises") from exc
+
+    return wrapped
+
+
+def stream_rpc(method: Callable[..., AsyncIterator[R]]) -> Callable[..., AsyncIterator[R]]:
+    """``unary_rpc`` for a server-streaming method (an async generator)."""
+
+    @functools.wraps(method)
+    async def wrapped(self: Any, request: Any,
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[R]:
+        # aclosing: a cancelled or closed stream runs the method's own clean-up (its
+        # ``finally``) now, not whenever the abandoned generator is collected.
+        async with contextlib.aclosing(method(self, request, context)) as items:
+            try:
+                async for item in items:
+                    yield item
+            except EXPECTED_ERRORS as exc:
+                await abort_with(context, exc)
+
+    return wrapped
 
 
 def usage_to_proto(num_prompt_tokens: int, num_output_tokens: int, num_cached_tokens: int,

@@ -99,6 +99,7 @@ class EngineLoop:
         kv_import: KVImport | None = None,
         keep_kv: bool = False,
         first_token_id: int | None = None,
+        grammar: Any = None,
     ) -> RequestStream:
         """Add a request; engine errors (ContextLengthExceeded, QueueFull, ...) raise here,
         before any compute."""
@@ -106,7 +107,7 @@ class EngineLoop:
 
         def add(engine: LLMEngine) -> None:
             engine.add_request(request_id, prompt_token_ids, sampling, kv_import=kv_import,
-                               keep_kv=keep_kv, first_token_id=first_token_id)
+                               keep_kv=keep_kv, first_token_id=first_token_id, grammar=grammar)
             self._streams[request_id] = stream
 
         await self.call(add)

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import torch
@@ -26,17 +27,22 @@ from grpc_health.v1.health import aio as health_aio
 
 from common.settings import WorkerSettings
 from common.startup_progress import StartupProgress
-from engine.config import EngineConfig
+from engine.errors import InvalidRequest
 from engine.llm_engine import LLMEngine
 from engine.model_runner import KVImport
+from engine.sampling_params import SamplingParams
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from worker.auth import AccessError, server_credentials, server_interceptors, warn_if_open
-from worker.codec import status_of
-from worker.engine_loop import EngineLoop
+from worker.codec import abort_with, unary_rpc
+from worker.engine_loop import EngineLoop, RequestStream
+from worker.errors import DeadlinePassed, KVStoreUnavailable, WrongRole
+from worker.grammar_cache import GrammarCache
+from worker.kv_import import fetch_import
 from worker.kv_store import KVStore
 from worker.kv_store_config import layout_fingerprint
 from worker.registration import registration_publisher
+from worker.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "bulkhead.v1.Worker"
@@ -53,6 +59,7 @@ class WorkerRuntime:
     kv_store: KVStore | None
     compat: pb.Compatibility
     model_name: str
+    grammars: GrammarCache | None = None  # constrained decoding (built lazily, on first use)
 
     def close(self) -> None:
         self.loop.stop()
@@ -74,11 +81,9 @@ def build_runtime(settings: WorkerSettings,
                   progress: Callable[[str], None] | None = None) -> WorkerRuntime:
     """Load the model, plan and lock memory, connect the KV store. Blocking (seconds).
     ``progress`` is told each step (``StartupProgress`` prints them for ``bulkhead up``)."""
-    if not settings.model:
-        from common.default_model import default_model_path
-
-        settings = _replace_model(settings, str(default_model_path()))
-    engine = LLMEngine.from_config(EngineConfig(**settings.engine_config_kwargs()), progress)
+    config = WorkerConfig.from_settings(settings)
+    settings, store = config.settings, config.store
+    engine = LLMEngine.from_config(config.engine, progress)
     mc = engine.model_config
     kv_dtype = engine.config.torch_dtype
     layout = engine.kv_layout
@@ -86,16 +91,16 @@ def build_runtime(settings: WorkerSettings,
     store_model_name = f"{mc.name}-{engine.model_fingerprint[:16]}"
     # One store for every family: whole blocks of the engine's layout, whose fingerprint the
     # store's covers (two workers exchange bytes only if their layouts agree).
+    chunk_size = store.chunk_size if store is not None else settings.lmcache_chunk_size
     kv_layout = layout_fingerprint(store_model_name, layout.fingerprint, layout.block_size,
-                                   layout.bytes_per_block, settings.lmcache_chunk_size)
+                                   layout.bytes_per_block, chunk_size)
     kv_store: KVStore | None = None
     if progress is not None:
         progress("warm-up done" + (", connecting the KV store through LMCache"
                                    if settings.kv_store_url else ""))
-    if settings.kv_store_url:
-        kv_store = KVStore(settings.kv_store_url, store_model_name, layout,
-                           chunk_size=settings.lmcache_chunk_size,
-                           staging_gb=settings.kv_staging_gb, ttl_s=settings.kv_ttl_s)
+    if store is not None:
+        kv_store = KVStore(store.url, store_model_name, layout, chunk_size=store.chunk_size,
+                           staging_gb=store.staging_gb, ttl_s=store.ttl_s)
     assert kv_store is None or kv_store.layout_fingerprint == kv_layout
     if progress is not None and kv_store is not None:
         progress(f"KV store connected: {kv_store.public_url}")
@@ -107,13 +112,9 @@ def build_runtime(settings: WorkerSettings,
         lmcache_chunk_size=settings.lmcache_chunk_size,
         kv_layout_fingerprint=kv_layout,
     )
-    return WorkerRuntime(settings, engine, EngineLoop(engine), kv_store, compat, mc.name)
-
-
-def _replace_model(settings: WorkerSettings, model: str) -> WorkerSettings:
-    import dataclasses
-
-    return dataclasses.replace(settings, model=model)
+    grammars = GrammarCache(settings.model, mc.vocab_size, tuple(mc.eos_token_ids))
+    return WorkerRuntime(settings, engine, EngineLoop(engine), kv_store, compat, mc.name,
+                         grammars)
 
 
 def remaining_s(deadline_unix_s: float) -> float | None:
@@ -121,6 +122,14 @@ def remaining_s(deadline_unix_s: float) -> float | None:
     if deadline_unix_s <= 0:
         return None
     return deadline_unix_s - time.time()
+
+
+def time_left(deadline_unix_s: float, what: str) -> float | None:
+    """``remaining_s``, or DeadlinePassed naming ``what`` had not started yet."""
+    left = remaining_s(deadline_unix_s)
+    if left is not None and left <= 0:
+        raise DeadlinePassed(f"the request's deadline passed before {what} started")
+    return left
 
 
 class WorkerServicerBase(pb_grpc.WorkerServicer):
@@ -139,44 +148,45 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
 
     @staticmethod
     async def fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
-        status = status_of(exc)
-        await context.abort(status.code, status.message)
+        await abort_with(context, exc)
+
+    async def submit(self, rid: str, prompt: list[int], sampling: SamplingParams,
+                     **kwargs: Any) -> RequestStream:
+        """Add the request on the engine thread (engine errors raise here); if the RPC is
+        cancelled meanwhile, the add may still land, so it is taken back."""
+        try:
+            return await self.loop.submit(rid, prompt, sampling, **kwargs)
+        except asyncio.CancelledError:
+            self.loop.post(lambda engine: engine.abort(rid))
+            raise
+
+    async def grammar(self, sampling: pb.SamplingParams) -> Any:
+        """The compiled grammar a request's sampling names (None: unconstrained), compiled on
+        a worker thread (cached): the engine thread never compiles. Raises InvalidRequest."""
+        if not sampling.grammar_kind:
+            return None
+        if self.rt.grammars is None:
+            raise InvalidRequest("this worker has no grammar engine", "response_format")
+        return await asyncio.to_thread(self.rt.grammars.compile, sampling.grammar_kind,
+                                       sampling.grammar_spec)
 
     async def prepare_import(self, prompt: Sequence[int]) -> KVImport | None:
-        """Fetch the longest stored prefix of ``prompt`` from the KV store into host memory
-        now, on a worker thread, and return the engine's import hook, which only copies it into
-        the sequence's blocks: the engine thread (and every other stream) never waits on the
-        network. A failed fetch loads nothing: the engine then computes those tokens, so the
-        answer is right either way. None when there is no store or nothing stored."""
-        store = self.rt.kv_store
-        if store is None or not prompt:
-            return None
-        started = time.monotonic()
-        try:
-            loaded, staged = await asyncio.to_thread(store.fetch, list(prompt))
-        except Exception as exc:  # the store is an optimisation; never fail the request
-            log.warning("KV fetch failed, recomputing: %s", exc)
-            return None
-        if staged is None:
-            return None
-        log.debug("KV fetch: %d of %d prompt tokens in %.3f s", loaded, len(prompt),
-                  time.monotonic() - started)
-
-        def load(kv: object, block_ids: list[int], num_prompt_tokens: int,
-                 num_computed_tokens: int = 0) -> int:
-            # num_computed_tokens: what the engine's own prefix cache already holds; those
-            # (possibly shared) blocks are left alone.
-            n = min(loaded, num_prompt_tokens)
-            try:
-                store.import_staged(kv, block_ids, staged, num_computed_tokens, n)
-            except Exception as exc:  # never let an import take the engine thread down
-                log.error("KV import into blocks failed, recomputing: %s", exc)
-                return 0
-            return n
-
-        return load
+        """The engine's import hook for the stored prefix of ``prompt`` (worker/kv_import.py)."""
+        return await fetch_import(self.rt.kv_store, prompt)
 
     # ------------------------------------------------------------------ RPCs
+    @unary_rpc
+    async def Prefill(self, request: pb.PrefillRequest,
+                      context: grpc.aio.ServicerContext) -> pb.PrefillResponse:
+        """Served by the prefill role; every other role refuses it (UNIMPLEMENTED)."""
+        raise WrongRole(f"this is a {self.role} worker: send Prefill to a prefill worker")
+
+    @unary_rpc
+    async def Generate(self, request: pb.GenerateRequest,
+                       context: grpc.aio.ServicerContext) -> pb.GenerateChunk:
+        """Served by the decode role; every other role refuses it (UNIMPLEMENTED)."""
+        raise WrongRole(f"this is a {self.role} worker: send Generate to a decode worker")
+
     async def GetInfo(self, request: pb.WorkerInfoRequest,
                       context: grpc.aio.ServicerContext) -> pb.WorkerInfo:
         """Static description, compatibility fingerprints, live load and progress counters.
@@ -204,6 +214,7 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
         found = await self.loop.call(lambda engine: engine.abort(rid))
         return pb.AbortResponse(found=bool(found))
 
+    @unary_rpc
     async def Lookup(self, request: pb.LookupRequest,
                      context: grpc.aio.ServicerContext) -> pb.LookupResponse:
         """Leading prompt tokens whose KV this worker could load from the store."""
@@ -213,7 +224,7 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
         try:
             n = await asyncio.to_thread(store.lookup, list(request.prompt_token_ids))
         except Exception as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"KV store lookup failed: {exc}")
+            raise KVStoreUnavailable(f"KV store lookup failed: {exc}") from exc
         return pb.LookupResponse(num_cached_tokens=n)
 
 

@@ -101,11 +101,13 @@ class E2E:
             time.sleep(0.2)
 
 
-def deploy(tmp_path_factory: pytest.TempPathFactory, *extra_worker_args: str) -> Iterator[E2E]:
-    """Start router + prefill + decode (+ redis) on a tiny Llama; yields, then tears down."""
+def deploy(tmp_path_factory: pytest.TempPathFactory, *extra_worker_args: str,
+           write_model: Callable[[Path], Path] = write_tiny_llama) -> Iterator[E2E]:
+    """Start router + prefill + decode (+ redis) on a tiny Llama (or what ``write_model``
+    writes); yields, then tears down."""
     if redis_server_path() is None:
         pytest.skip("redis-server is not installed")
-    folder = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    folder = write_model(tmp_path_factory.mktemp("tiny-llama"))
     log_dir = tmp_path_factory.mktemp("e2e-logs")
     from launch.launcher import free_port
 

@@ -94,3 +94,34 @@ def test_fp8_grouped_linear_matches_reference(interpret, m, groups, n, k) -> Non
     out = torch.full((m, groups * n), float("nan"))
     fp8_grouped_linear(x, q, s, out)
     torch.testing.assert_close(out, fp8_grouped_linear_ref(x, q, s), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 70, 300), (32, 200, 300), (40, 33, 260)])
+def test_fp8_linear_keeps_nan_codes_nan(interpret, m, n, k) -> None:
+    """e4m3 0x7F / 0xFF are NaN in the reference; the kernel's outputs are NaN exactly where
+    the reference's are (decode kernel at m <= 32, tiled kernel above)."""
+    g = torch.Generator().manual_seed(n)
+    q, s = quantize_fp8_block(torch.randn(n, k, generator=g), (128, 128))
+    u8 = q.view(torch.uint8).clone()
+    u8[3, 5], u8[n - 1, k - 1] = 0x7F, 0xFF
+    q = u8.view(torch.float8_e4m3fn)
+    x = torch.randn(m, k, generator=g)
+    out = torch.empty(m, n)
+    fp8_linear(x, q, s, out)
+    ref = fp8_linear_ref(x, q, s)
+    assert torch.equal(out.isnan(), ref.isnan()) and ref.isnan().any()
+    torch.testing.assert_close(out.nan_to_num(0.0), ref.nan_to_num(0.0), rtol=1e-4, atol=1e-4)
+
+
+def test_fp8_decode_tiles_cover_partial_unrolled_k(interpret) -> None:
+    """m in (16, 32]: the 32-row decode tile; K = 300 ends inside the second K-tile of an
+    unrolled trip; N = 200 leaves a partial N tile."""
+    from kernels.fp8_linear import fp8_gemv_tiles
+
+    assert fp8_gemv_tiles(20, 200, 128) == (32, 32, 128, 2, 4, 3)
+    g = torch.Generator().manual_seed(5)
+    q, s = quantize_fp8_block(torch.randn(200, 300, generator=g), (128, 128))
+    x = torch.randn(20, 300, generator=g)
+    out = torch.empty(20, 200)
+    fp8_linear(x, q, s, out)
+    torch.testing.assert_close(out, fp8_linear_ref(x, q, s), rtol=1e-4, atol=1e-4)

@@ -114,3 +114,35 @@ def test_moe_experts_on_cuda_without_host_sync(cuda) -> None:
         torch.cuda.set_sync_debug_mode("default")
     ref = moe_experts_ref(x.float(), w, ids, *weights, 7.0)
     assert float((out.float() - ref).norm() / ref.norm()) < 2e-2
+
+
+def test_device_sort_is_torch_stable_sort(interpret) -> None:
+    """The counting sort the GEMMs read: several i-blocks, repeats, empty experts."""
+    from kernels._mxfp4_moe_triton import launch_moe_sort
+
+    e = 9
+    ids = torch.randint(0, e - 2, (301,), generator=torch.Generator().manual_seed(3))
+    order, row_end = torch.full((301,), -1, dtype=torch.int64), torch.zeros(e, dtype=torch.int32)
+    launch_moe_sort(ids, order, row_end, e)
+    assert torch.equal(order, torch.sort(ids, stable=True).indices)
+    assert torch.equal(row_end, torch.searchsorted(ids.sort().values, torch.arange(e), right=True).int())
+
+
+@pytest.mark.parametrize("tiles", [(16, 64, 128, 4, 3), (128, 128, 64, 8, 3)])
+def test_gpu_tiles_on_awkward_shapes(interpret, tiles) -> None:
+    """The decode (swapped operands) and prefill tiles the GPU launches, through the
+    interpreter: hidden 160 and intermediate 96 leave partial K- and N-tiles everywhere."""
+    from kernels._mxfp4_moe_triton import launch_moe
+
+    t, k, e, hid, inter = 7, 3, 5, 160, 96
+    g = torch.Generator().manual_seed(11)
+    weights = _experts(e, hid, inter, 5)
+    x = torch.randn(t, hid, generator=g)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=g)
+    m = t * k
+    out = torch.empty(t, hid)
+    launch_moe(x, ids.view(-1), torch.empty(m, dtype=torch.int64), torch.empty(e, dtype=torch.int32),
+               w.view(-1), *weights, 7.0, torch.empty(m, inter), torch.empty(m, hid), out, k, False,
+               tiles)
+    torch.testing.assert_close(out, moe_experts_ref(x, w, ids, *weights, 7.0), rtol=1e-4, atol=1e-4)

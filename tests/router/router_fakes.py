@@ -61,9 +61,10 @@ class TinyTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, Any]],
-                            add_generation_prompt: bool = True) -> str:
-        return self._template.render(messages=messages,
-                                     add_generation_prompt=add_generation_prompt)
+                            add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None, **kwargs: Any) -> str:
+        return self._template.render(messages=messages, tools=tools,
+                                     add_generation_prompt=add_generation_prompt, **kwargs)
 
 
 COMPAT = pb.Compatibility(model_fingerprint="m1", tokenizer_fingerprint="t1", dtype="float32",

@@ -48,3 +48,11 @@ def test_keys_are_not_in_the_settings_repr() -> None:
     from router.settings import RouterSettings
 
     assert "k-secret" not in repr(RouterSettings(api_keys=("k-secret",)))
+
+
+def test_tokenize_needs_a_key_too(keyed: Cluster) -> None:
+    body = {"prompt": "hi"}
+    assert httpx.post(keyed.base_url + "/tokenize", json=body).status_code == 401
+    ok = httpx.post(keyed.base_url + "/tokenize", json=body,
+                    headers={"Authorization": "Bearer k-one"})
+    assert ok.status_code == 200 and ok.json()["count"] >= 1

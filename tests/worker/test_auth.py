@@ -19,6 +19,7 @@ from decode_worker.server import DecodeServicer
 from proto import bulkhead_pb2 as pb
 from router.errors import WorkerCallError
 from router.worker_client import CallDeadlines, WorkerAccess, WorkerClient
+from router.worker_codec import Sampling, WorkItem
 from tests.helpers.loop_thread import LoopThread
 from tests.helpers.tiny_model import write_tiny_llama
 from tests.helpers.tls import TlsFiles, write_tls_files
@@ -60,9 +61,8 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredWorker]:
 
 
 async def _generate(client: WorkerClient) -> list[int]:
-    req = pb.GenerateRequest(prompt_token_ids=[5, 6, 7, 8],
-                             sampling=pb.SamplingParams(max_tokens=3, temperature=0.0))
-    return [t async for chunk in client.generate(req) for t in chunk.token_ids]
+    item = WorkItem("", (5, 6, 7, 8), Sampling(max_tokens=3, temperature=0.0))
+    return [t async for chunk in client.generate(item) for t in chunk.token_ids]
 
 
 async def _refusal(worker: SecuredWorker, token: str, call: str,

@@ -3,6 +3,7 @@ supervision `bulkhead up` relies on (no orphans)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from common.settings import SettingsError, WorkerSettings, load_worker_settings,
 from launch.cli import SUBCOMMANDS
 from launch.cli import main as cli_main
 from launch.launcher import ProcessGroup, spawn, tcp_open
+from worker.worker_config import WorkerConfig
 
 
 def test_sources_override_in_order(tmp_path: Path) -> None:
@@ -30,8 +32,15 @@ def test_sources_override_in_order(tmp_path: Path) -> None:
     assert s.address == "127.0.0.1:7000"
     default = load_worker_settings("decode", [], env={})
     assert default.bind_port == 50052 and default.max_context == 4096
-    kw = default.engine_config_kwargs()
-    assert kw["num_blocks"] is None and kw["device_memory_bytes"] is None
+    assert default.store is None
+    engine = WorkerConfig.from_settings(dataclasses.replace(default, model="/m")).engine
+    assert engine.num_blocks is None and engine.device_memory_bytes is None  # 0 = derived
+    assert (engine.model, engine.max_context, engine.block_size) == ("/m", 4096, 16)
+    store = load_worker_settings("decode", ["--kv-store-url", "redis://h:1",
+                                            "--kv-ttl-s", "5"], env={}).store
+    assert store is not None and (store.url, store.ttl_s, store.chunk_size) == ("redis://h:1",
+                                                                                5, 256)
+    assert "redis://h:1" not in repr(store)  # the URL may hold a password
 
 
 @pytest.mark.parametrize("argv, env, needle", [
@@ -66,7 +75,8 @@ def test_cli_dispatch(capsys: pytest.CaptureFixture[str]) -> None:
     assert "up" in capsys.readouterr().out
     assert cli_main(["nope"]) == 2
     assert cli_main([]) == 2
-    assert set(SUBCOMMANDS) == {"up", "router", "prefill", "decode", "plan", "bench"}
+    assert set(SUBCOMMANDS) == {"up", "router", "prefill", "decode", "plan", "bench",
+                                "export-tokenizer"}
 
 
 def test_launcher_modules_stay_torch_free() -> None:
@@ -156,15 +166,20 @@ def test_worker_with_an_impossible_plan_exits_with_the_reason(tiny_llama: Path,
     assert "memory plan does not fit" in proc.stderr
 
 
-@pytest.mark.parametrize("text, router_gets_it", [
-    ("decode:\n  max_context: 5\n", False),  # worker sections only
-    ("router:\n  port: 5\ndecode: {}\n", True),
-    ("log_level: debug\n", True),  # flat: every process reads it
+@pytest.mark.parametrize("text, router_port, decode_context", [
+    ("decode:\n  max_context: 64\n", 8000, 64),  # worker sections only: the router's defaults
+    ("router:\n  port: 5000\ndecode: {max_context: 64}\n", 5000, 64),
+    ("worker:\n  max_context: 32\ndecode:\n  max_context: 64\n", 8000, 64),  # role wins
+    ("log_level: debug\n", 8000, 4096),  # flat: every process reads it
 ])
-def test_up_passes_a_deployment_yaml_to_the_router_only_if_it_is_for_it(
-        tmp_path: Path, text: str, router_gets_it: bool) -> None:
-    from launch.up import _has_router_section
+def test_one_deployment_yaml_serves_router_and_workers(
+        tmp_path: Path, text: str, router_port: int, decode_context: int) -> None:
+    from router.settings import load_settings
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(text)
-    assert _has_router_section(str(cfg)) is router_gets_it
+    router = load_settings(["--config", str(cfg)], {})
+    decode = load_worker_settings("decode", ["--config", str(cfg)], {})
+    assert router.port == router_port and decode.max_context == decode_context
+    if "log_level" in text:
+        assert router.log_level == decode.log_level == "debug"

@@ -42,7 +42,8 @@ _LAYER_RENAMES: tuple[tuple[str, str], ...] = (
     ("attn.wq_b.", "self_attn.q_b_proj."),
     ("attn.q_norm.", "self_attn.q_a_norm."),
     ("attn.wkv.", "self_attn.kv_proj."),
-    ("attn.norm.", "self_attn.kv_norm."),
+    ("attn.kv_norm.", "self_attn.kv_norm."),  # the V4-Flash files' name
+    ("attn.norm.", "self_attn.kv_norm."),  # transformers' save_pretrained
     ("attn.wo_a.", "self_attn.o_a_proj."),
     ("attn.wo_b.", "self_attn.o_b_proj."),
     ("ffn.gate.bias", "mlp.gate.e_score_correction_bias"),

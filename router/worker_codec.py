@@ -1,0 +1,156 @@
+"""The router's side of the bulkhead.v1 edge: the one place where router dataclasses become
+proto messages and back. ``worker_client.py`` calls it; nothing else in the router builds or
+reads a Prefill/Generate message, so dispatch and the choice runner deal in plain data.
+
+It never touches the network (the client does) and never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from proto import bulkhead_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one choice samples; the worker checks the ranges (InvalidRequest -> 400)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None  # None: the worker's own seed
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logprobs: int | None = None  # None: none; k: each token's logprob and the top k
+    grammar_kind: str = ""       # constrained decoding (worker/grammar_cache.py), "" = none
+    grammar_spec: str = ""
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One sampled token's logprob and the top alternatives (router/logprobs_format.py)."""
+
+    token_id: int
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One choice as the workers see it: the same for Prefill and Generate."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: Sampling
+    deadline_unix_s: float = 0.0  # 0 = no deadline
+
+
+@dataclass(frozen=True)
+class KVHandle:
+    """Where a prefill left the prompt's KV: how many tokens the store shows, in which layout."""
+
+    num_tokens_stored: int
+    kv_layout_fingerprint: str
+    store_url: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """A finished Prefill: the first token and the KV handed over with it."""
+
+    first_token_id: int
+    finish_reason: str | None  # set when the first token already ends the choice
+    num_cached_tokens: int
+    num_computed_tokens: int
+    kv: KVHandle
+    first_token_logprobs: TokenLogprobs | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A finished Generate's prompt accounting (the decode worker's view)."""
+
+    cached_tokens: int
+    loaded_kv_tokens: int
+    recomputed_tokens: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """The tokens of one engine step; the last chunk carries the finish reason and usage."""
+
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
+
+
+def sampling_to_proto(s: Sampling) -> pb.SamplingParams:
+    msg = pb.SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
+                            top_k=s.top_k, stop_token_ids=list(s.stop_token_ids),
+                            ignore_eos=s.ignore_eos, presence_penalty=s.presence_penalty,
+                            frequency_penalty=s.frequency_penalty,
+                            repetition_penalty=s.repetition_penalty,
+                            logit_bias=dict(s.logit_bias), min_p=s.min_p,
+                            min_tokens=s.min_tokens)
+    if s.seed is not None:
+        msg.seed = s.seed
+    if s.logprobs is not None:
+        msg.logprobs = s.logprobs
+    if s.grammar_kind:
+        msg.grammar_kind, msg.grammar_spec = s.grammar_kind, s.grammar_spec
+    return msg
+
+
+def logprobs_from_proto(msg: pb.TokenLogprobs) -> TokenLogprobs:
+    return TokenLogprobs(int(msg.token_id), float(msg.logprob), tuple(int(t) for t in msg.top_ids),
+                         tuple(float(v) for v in msg.top_logprobs))
+
+
+def prefill_request(item: WorkItem) -> pb.PrefillRequest:
+    return pb.PrefillRequest(request_id=item.request_id,
+                             prompt_token_ids=list(item.prompt_token_ids),
+                             sampling=sampling_to_proto(item.sampling),
+                             deadline_unix_s=item.deadline_unix_s)
+
+
+def generate_request(item: WorkItem, after: Prefilled | None = None) -> pb.GenerateRequest:
+    """A Generate of ``item``; ``after``: the prefill it continues (the stream then starts
+    after ``after.first_token_id``)."""
+    msg = pb.GenerateRequest(request_id=item.request_id,
+                             prompt_token_ids=list(item.prompt_token_ids),
+                             sampling=sampling_to_proto(item.sampling),
+                             deadline_unix_s=item.deadline_unix_s)
+    if after is not None:
+        msg.has_prefill = True
+        msg.first_token_id = after.first_token_id
+        msg.kv.CopyFrom(pb.KVHandle(num_tokens_stored=after.kv.num_tokens_stored,
+                                    kv_layout_fingerprint=after.kv.kv_layout_fingerprint,
+                                    store_url=after.kv.store_url))
+    return msg
+
+
+def prefilled_from_proto(msg: pb.PrefillResponse) -> Prefilled:
+    kv = KVHandle(int(msg.kv.num_tokens_stored), msg.kv.kv_layout_fingerprint, msg.kv.store_url)
+    first_lp = (logprobs_from_proto(msg.first_token_logprobs)
+                if msg.HasField("first_token_logprobs") else None)
+    return Prefilled(int(msg.first_token_id), msg.finish_reason or None,
+                     int(msg.num_cached_tokens), int(msg.num_computed_tokens), kv, first_lp)
+
+
+def chunk_from_proto(msg: pb.GenerateChunk) -> Chunk:
+    usage = None
+    if msg.HasField("usage"):
+        usage = Usage(int(msg.usage.cached_tokens), int(msg.usage.loaded_kv_tokens),
+                      int(msg.usage.recomputed_tokens))
+    return Chunk(tuple(int(t) for t in msg.token_ids), msg.finish_reason or None, usage,
+                 tuple(logprobs_from_proto(lp) for lp in msg.logprobs))

@@ -1,0 +1,47 @@
+"""/tokenize, /detokenize, /version and /v1/models/{id} on the real router app (fake workers),
+with the official client where it has a call for it."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.router.conftest import MODEL, Cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+CHAT = [{"role": "developer", "content": "Be brief"}, {"role": "user", "content": "Hello world"}]
+
+
+def test_tokenize_prompt_and_chat(cluster: Cluster) -> None:
+    with cluster.http() as h:
+        r = h.post("/tokenize", json={"model": MODEL, "prompt": "Hello world"}).json()
+        assert r["tokens"] == cluster.tok.encode("Hello world") and r["count"] == len(r["tokens"])
+        assert r["max_model_len"] == 512
+        r = h.post("/tokenize", json={"messages": CHAT}).json()
+        # a chat is counted as a chat completion would render it (developer as system)
+        sys_chat = [{"role": "system", "content": "Be brief"}, CHAT[1]]
+        assert r["tokens"] == cluster.tok.encode(cluster.tok.apply_chat_template(sys_chat),
+                                                 add_special_tokens=False)
+        bad = h.post("/tokenize", json={"prompt": "x", "messages": CHAT})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+        assert h.post("/tokenize", json={"model": "other", "prompt": "x"}).status_code == 404
+
+
+def test_detokenize_round_trips(cluster: Cluster) -> None:
+    ids = cluster.tok.encode("The answer is 42.")
+    with cluster.http() as h:
+        assert h.post("/detokenize", json={"tokens": ids}).json() == {
+            "prompt": "The answer is 42."}
+        bad = h.post("/detokenize", json={"tokens": [10**6]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_model_card_and_version(cluster: Cluster) -> None:
+    client = cluster.client()
+    card = client.models.retrieve(MODEL)
+    assert card.id == MODEL and card.owned_by == "bulkhead"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    with cluster.http() as h:
+        assert h.get("/version").json()["version"]

@@ -1,0 +1,152 @@
+"""Tool-call syntaxes: text written under the very grammar the workers compile (xgrammar's
+structural tag for each model family, walked with a character vocabulary) parses back into the
+declared calls; streamed in pieces it gives exactly the same calls; bad tools are refused naming
+the field."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+
+from router.errors import ApiError
+from router.tool_calls import (
+    TRIGGERS,
+    ToolCallStream,
+    detect_format,
+    parse_tool_calls,
+    plan_tools,
+)
+
+xgr = pytest.importorskip("xgrammar")
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                            "days": {"type": "integer", "minimum": 1,
+                                                     "maximum": 9}},
+           "required": ["city", "days"], "additionalProperties": False}
+CLOCK = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}},
+         "required": ["zone"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": CLOCK}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
+TEMPLATES = {
+    "qwen_3": "{% for m in messages %}{{ m.content }}{% endfor %}<tool_call>{{ tools }}",
+    "llama": "<|start_header_id|>{% if tools %}{{ tools }}{% endif %}<|eot_id|>",
+    "deepseek_v4": "{{ messages }}<｜DSML｜tool_calls>",
+}
+STOP = "</s>"
+VOCAB = [STOP] + [chr(c) for c in range(32, 127)] + ["\n", "｜", "▁"]
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    info = xgr.TokenizerInfo(VOCAB, xgr.VocabType.RAW, vocab_size=len(VOCAB), stop_token_ids=[0])
+    return xgr.GrammarCompiler(info, max_threads=1)
+
+
+def walk(compiler, spec: str, seed: int, prefix: str = "") -> str:
+    """A text the grammar accepts: at each step a random allowed character, closers favoured."""
+    req = json.loads(spec)
+    tag = xgr.get_model_structural_tag(req["format"], tools=req["tools"],
+                                       tool_choice=req["tool_choice"], reasoning="disabled",
+                                       parallel_tool_calls=req["parallel_tool_calls"])
+    matcher = xgr.GrammarMatcher(compiler.compile_structural_tag(tag))
+    for ch in prefix:
+        assert matcher.accept_token(VOCAB.index(ch))
+    rng = random.Random(seed)
+    bitmask = xgr.allocate_token_bitmask(1, len(VOCAB))
+    out = prefix
+    for _ in range(2000):
+        matcher.fill_next_token_bitmask(bitmask)
+        allowed = [i for i in range(len(VOCAB)) if (int(bitmask[0, i // 32]) >> (i % 32)) & 1]
+        if 0 in allowed:
+            break
+        weights = [40 if VOCAB[i] in '"}<]' else 1 for i in allowed]
+        token = rng.choices(allowed, weights)[0]
+        assert matcher.accept_token(token)
+        out += VOCAB[token]
+    else:
+        raise AssertionError("the walk did not finish")
+    return out
+
+
+def check_calls(calls, names=None) -> None:
+    assert calls
+    for c in calls:
+        assert c.name in (names or SCHEMAS)
+        jsonschema.validate(json.loads(c.arguments), SCHEMAS[c.name])
+
+
+@pytest.mark.parametrize("fmt", ["qwen_3", "llama", "deepseek_v4"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_required_calls_parse(compiler, fmt: str, seed: int) -> None:
+    plan = plan_tools(TOOLS, "required", True, TEMPLATES[fmt])
+    assert plan is not None and plan.format == fmt
+    text = walk(compiler, plan.grammar_spec, seed)
+    parsed = parse_tool_calls(fmt, text)
+    check_calls(parsed.calls)
+    assert parsed.content is None
+
+
+@pytest.mark.parametrize("fmt", ["qwen_3", "llama", "deepseek_v4"])
+def test_named_choice_calls_that_function(compiler, fmt: str) -> None:
+    plan = plan_tools(TOOLS, {"type": "function", "function": {"name": "get_time"}}, False,
+                      TEMPLATES[fmt])
+    parsed = parse_tool_calls(fmt, walk(compiler, plan.grammar_spec, 7))
+    check_calls(parsed.calls, ["get_time"])
+    assert len(parsed.calls) == 1  # parallel_tool_calls false: one call
+
+
+@pytest.mark.parametrize("fmt", ["qwen_3", "deepseek_v4"])
+@pytest.mark.parametrize("pieces", [1, 3, 7])
+def test_stream_reassembles_the_same_calls(compiler, fmt: str, pieces: int) -> None:
+    plan = plan_tools(TOOLS, "auto", True, TEMPLATES[fmt])
+    # under "auto" the model chooses to call: the walk starts after the trigger
+    text = walk(compiler, plan.grammar_spec, pieces, prefix="Let me look. " + TRIGGERS[fmt])
+    whole = parse_tool_calls(fmt, text)
+    check_calls(whole.calls)
+    assert whole.content == "Let me look. "
+    stream = ToolCallStream(fmt)
+    content = ""
+    for i in range(0, len(text), pieces):
+        content += stream.add(text[i:i + pieces])
+    rest, parsed = stream.finish()
+    assert content + rest == "Let me look. " and parsed == whole
+
+
+def test_plain_text_streams_through() -> None:
+    stream = ToolCallStream("qwen_3")
+    text = "  no <tool but <b>text</b> here <tool_"
+    got = "".join(stream.add(text[i:i + 2]) for i in range(0, len(text), 2))
+    rest, parsed = stream.finish()
+    assert got + rest == text and not parsed.calls and parsed.content == text
+
+
+def test_detect_format() -> None:
+    for fmt, src in TEMPLATES.items():
+        assert detect_format(src) == fmt
+    assert detect_format("{% for m in messages %}{{ m.content }}{% endfor %}") is None
+    assert detect_format(None) is None
+
+
+@pytest.mark.parametrize("tools,choice,param", [
+    ([{"type": "code_interpreter"}], "auto", "tools[0]"),
+    ([{"type": "function", "function": {"name": "bad name"}}], "auto", "tools[0].function.name"),
+    (TOOLS + TOOLS[:1], "auto", "tools"),
+    (TOOLS, "sometimes", "tool_choice"),
+    (TOOLS, {"type": "function", "function": {"name": "nope"}}, "tool_choice"),
+    (None, "required", "tool_choice"),
+])
+def test_bad_tools_name_the_field(tools, choice, param) -> None:
+    with pytest.raises(ApiError) as exc:
+        plan_tools(tools, choice, None, TEMPLATES["qwen_3"])
+    assert exc.value.param == param
+
+
+def test_a_template_without_a_syntax_refuses_tools() -> None:
+    with pytest.raises(ApiError) as exc:
+        plan_tools(TOOLS, "auto", None, "{{ messages }}")
+    assert exc.value.param == "tools"
+    assert plan_tools(TOOLS, "none", None, "{{ messages }}").format is None

@@ -1,0 +1,116 @@
+"""Grammars for constrained decoding, compiled off the engine thread and cached per worker.
+
+A request names its grammar as (kind, spec) text (``proto`` SamplingParams.grammar_kind /
+grammar_spec): ``json_object`` (any JSON object), ``json_schema`` (spec: the schema, strict),
+``structural_tag`` (spec: an xgrammar structural tag) or ``tool_calls`` (spec: {"format",
+"tools", "tool_choice", "parallel_tool_calls"}; the model's own tool-call syntax, built by
+xgrammar's per-model structural tags). ``GrammarCache.compile`` runs on a worker thread (the
+servicer awaits it through ``asyncio.to_thread``); the engine only ever gets the compiled result.
+The tokenizer's xgrammar view is built once, on the first request that needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from engine.errors import InvalidRequest
+
+KINDS = ("json_object", "json_schema", "structural_tag", "tool_calls")
+MAX_SPEC_CHARS = 256 * 1024  # a grammar spec is JSON text; past this it is refused
+
+
+class GrammarCache:
+    def __init__(self, model_path: str, vocab_size: int, stop_token_ids: tuple[int, ...],
+                 max_entries: int = 64) -> None:
+        self._model_path = model_path
+        self._vocab_size = vocab_size
+        self._stop_token_ids = stop_token_ids
+        self._max_entries = max_entries
+        self._compiler: Any = None
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+
+    def _get_compiler(self) -> Any:
+        with self._lock:
+            if self._compiler is None:
+                import xgrammar as xgr
+                from transformers import PreTrainedTokenizerFast
+
+                from common.tokenizer import Tokenizer
+
+                tok = Tokenizer.from_path(self._model_path)
+                stops = list(dict.fromkeys([*self._stop_token_ids, *tok.eos_token_ids]))
+                info = xgr.TokenizerInfo.from_huggingface(
+                    PreTrainedTokenizerFast(tokenizer_object=tok.backend),
+                    vocab_size=self._vocab_size, stop_token_ids=stops)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=2)
+            return self._compiler
+
+    def compile(self, kind: str, spec: str) -> Any:
+        """The compiled grammar of (kind, spec); raises InvalidRequest naming the field the
+        router filled it from."""
+        if kind not in KINDS:
+            raise InvalidRequest(f"grammar kind {kind!r} is not one of {', '.join(KINDS)}",
+                                 "response_format")
+        if len(spec) > MAX_SPEC_CHARS:
+            raise InvalidRequest(f"the grammar spec has {len(spec)} characters, the limit is "
+                                 f"{MAX_SPEC_CHARS}", _field(kind))
+        key = (kind, spec)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        compiler = self._get_compiler()
+        try:
+            compiled = _compile(compiler, kind, spec)
+        except InvalidRequest:
+            raise
+        except Exception as exc:  # xgrammar's errors for bad schemas / tags
+            raise InvalidRequest(f"{_field(kind)}: cannot build a grammar from it: {exc}",
+                                 _field(kind)) from None
+        with self._lock:
+            self._cache[key] = compiled
+            while len(self._cache) > self._max_entries:
+                self._cache.popitem(last=False)
+        return compiled
+
+
+def _field(kind: str) -> str:
+    return "tools" if kind == "tool_calls" else "response_format"
+
+
+def _compile(compiler: Any, kind: str, spec: str) -> Any:
+    import xgrammar as xgr
+
+    # Compact JSON (no free whitespace between tokens): still JSON, and a small model cannot
+    # loop on blanks until max_tokens.
+    if kind == "json_object":
+        return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+    if kind == "json_schema":
+        return compiler.compile_json_schema(spec, strict_mode=True, any_whitespace=False)
+    if kind == "structural_tag":
+        return compiler.compile_structural_tag(spec)
+    req = json.loads(spec)
+    choice = req.get("tool_choice", "auto")
+    parallel = bool(req.get("parallel_tool_calls", True))
+    tag = xgr.get_model_structural_tag(
+        req["format"], tools=req["tools"], tool_choice=choice, reasoning="disabled",
+        parallel_tool_calls=parallel,
+        max_whitespace_cnt=2)  # a small model cannot loop on blanks inside the arguments
+    return compiler.compile_structural_tag(json.dumps(_calls_only(
+        json.loads(tag.model_dump_json()), choice, parallel)))
+
+
+def _calls_only(tag: dict[str, Any], choice: Any, parallel: bool) -> dict[str, Any]:
+    """Under "required" or a named function the answer is the calls and nothing after them:
+    xgrammar's triggered tags let free text follow the calls, so they become a run of the same
+    tags that ends the output (the grammar then only allows EOS)."""
+    fmt = tag.get("format", {})
+    if choice == "auto" or fmt.get("type") != "triggered_tags":
+        return tag
+    return {**tag, "format": {"type": "tags_with_separator", "tags": fmt["tags"],
+                              "separator": "\n", "at_least_one": True,
+                              "stop_after_first": not parallel}}
