@@ -124,8 +124,10 @@ def test_engine_loads_the_folder_and_decodes(folder: Path) -> None:
                                              add_generation_prompt=True), add_special_tokens=False)
     got = {}
     for fmt in ("checkpoint", "dequantize"):
+        # V4 KV blocks hold whole compressor windows: a multiple of the rates (4, 128)
         ec = EngineConfig(model=str(folder), device="cpu", dtype="float32", max_context=64,
-                          chunk_tokens=16, max_batch=2, weight_format=fmt)
+                          chunk_tokens=16, max_batch=2, weight_format=fmt, block_size=128,
+                          attn_tile_tokens=128)
         engine = LLMEngine.from_config(ec)
         v4 = engine.runner.model.model
         layer = v4.model.layers[2]
