@@ -6,44 +6,30 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import openai
 import pytest
 
-from common.default_model import DefaultModelMissing, default_model_path
 from launch.launcher import free_port, tcp_open
+from tests.helpers.default_model import default_model_or_skip
+from tests.helpers.up_process import stop_up, up_process, wait_until_up
 
 pytestmark = pytest.mark.slow  # two workers load and warm up SmolLM2: ~1 min on 2 cores
 
 
 def test_up_answers_the_capital_of_france_and_stops_cleanly(tmp_path: Path) -> None:
-    try:
-        default_model_path()
-    except DefaultModelMissing as exc:
-        pytest.skip(str(exc))
+    default_model_or_skip()
     port = free_port()
     out_path = tmp_path / "up.out"
     # Smaller limits than the defaults keep the test light (and check `up`'s limit flags reach
     # the workers); the command line has no --model.
     env = {**os.environ, "BULKHEAD_KV_STAGING_GB": "0.1", "BULKHEAD_NUM_THREADS": "1"}
     env.pop("BULKHEAD_MAX_CONTEXT", None)
-    with out_path.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "launch.cli", "up", "--port", str(port),
-             "--max-context", "1024", "--max-batch", "2", "--chunk-tokens", "256",
-             "--log-dir", str(tmp_path / "logs")],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while "Ctrl-C stops everything" not in out_path.read_text():
-            assert proc.poll() is None, out_path.read_text()
-            assert time.monotonic() < deadline, out_path.read_text()
-            time.sleep(1)
+    args = ["--port", str(port), "--max-context", "1024", "--max-batch", "2",
+            "--chunk-tokens", "256", "--log-dir", str(tmp_path / "logs")]
+    with up_process(args, out_path, env) as proc:
+        wait_until_up(proc, out_path, budget_s=300, poll_s=1)
         text = out_path.read_text()
         assert f"http://127.0.0.1:{port}/v1" in text and "curl " in text
         addresses = re.findall(r"^(?:kv store\s+redis://|prefill\s+|decode\s+)(127\.0\.0\.1:\d+)", text,
@@ -60,12 +46,7 @@ def test_up_answers_the_capital_of_france_and_stops_cleanly(tmp_path: Path) -> N
             max_tokens=24, temperature=0)
         assert "Paris" in resp.choices[0].message.content
 
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0, out_path.read_text()
+        stop_up(proc, out_path)
         for addr in [*addresses, f"127.0.0.1:{port}"]:
             host, p = addr.split(":")
             assert not tcp_open(host, int(p)), f"{addr} still listening after Ctrl-C"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,6 +21,7 @@ import yaml
 from launch.launcher import free_port, redis_server_path
 from tests.e2e.conftest import MAX_CONTEXT
 from tests.helpers.tiny_model import write_tiny_llama
+from tests.helpers.up_process import stop_up, up_process, wait_until_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -107,18 +106,11 @@ def test_up_restarts_each_child_and_every_stream_ends_with_a_word(tmp_path: Path
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     out_path = tmp_path / "up.out"
-    with out_path.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "launch.cli", "up", "--model", str(folder), "--port",
-             str(port), "--config", str(config), "--log-dir", str(tmp_path / "logs")],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
-    try:
-        deadline = time.monotonic() + 300
-        while "Ctrl-C stops everything" not in out_path.read_text():
-            assert proc.poll() is None, out_path.read_text()
-            assert time.monotonic() < deadline, out_path.read_text()
-            time.sleep(0.5)
+    args = ["--model", str(folder), "--port", str(port), "--config", str(config),
+            "--log-dir", str(tmp_path / "logs")]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with up_process(args, out_path, env) as proc:
+        wait_until_up(proc, out_path, budget_s=300)
         model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
         up = psutil.Process(proc.pid)
         report = []
@@ -159,9 +151,4 @@ def test_up_restarts_each_child_and_every_stream_ends_with_a_word(tmp_path: Path
         text = out_path.read_text()
         for victim in ("prefill", "decode", "redis", "router"):
             assert f"{victim} (pid" in text and f"{victim} restarted" in text, text
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0, out_path.read_text()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop_up(proc, out_path)

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from common.default_model import DefaultModelMissing, default_model_path
 from launch.launcher import free_port
+from tests.helpers.default_model import default_model_or_skip
+from tests.helpers.up_process import stop_up, up_process, wait_until_up
 
 pytestmark = pytest.mark.slow  # two workers warm up the full default plan: ~1 min on 2 cores
 
@@ -25,27 +22,14 @@ BUDGET_S = float(os.environ.get("BULKHEAD_UP_HEALTHY_BUDGET_S", "240"))
 
 
 def test_up_reports_progress_and_time_to_healthy(tmp_path: Path) -> None:
-    try:
-        default_model_path()
-    except DefaultModelMissing as exc:
-        pytest.skip(str(exc))
+    default_model_or_skip()
     port = free_port()
     out_path = tmp_path / "up.out"
     # What a user gets: no limits or thread counts from the environment of the test run.
     env = {k: v for k, v in os.environ.items() if not k.startswith("BULKHEAD_")}
-    started = time.monotonic()
-    with out_path.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "launch.cli", "up", "--port", str(port),
-             "--log-dir", str(tmp_path / "logs")],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        while "Ctrl-C stops everything" not in out_path.read_text():
-            assert proc.poll() is None, out_path.read_text()
-            assert time.monotonic() - started < BUDGET_S, (
-                f"not healthy after {BUDGET_S:.0f} s:\n{out_path.read_text()}")
-            time.sleep(0.5)
-        measured_s = time.monotonic() - started
+    with up_process(["--port", str(port), "--log-dir", str(tmp_path / "logs")],
+                    out_path, env) as proc:
+        measured_s = wait_until_up(proc, out_path, BUDGET_S)
         text = out_path.read_text()
         reported = re.search(r"healthy after (\d+\.\d) s", text)
         assert reported, text
@@ -62,9 +46,4 @@ def test_up_reports_progress_and_time_to_healthy(tmp_path: Path) -> None:
             assert times == sorted(times), text
         print(f"\nbulkhead up: healthy after {reported.group(1)} s as reported, "
               f"{measured_s:.1f} s from process start")
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0, out_path.read_text()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop_up(proc, out_path)

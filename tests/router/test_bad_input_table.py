@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.default_model import DefaultModelMissing, default_model_path
+from tests.helpers.default_model import default_model_or_skip
 from tests.router.bad_input_cases import CASES, LIMIT, Case
 from tests.router.edge_cluster import EdgeRouter, edge_router, send_raw
 from tests.router.router_fakes import LoopThread
@@ -24,10 +24,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "bad_input.md"
 @pytest.fixture(scope="module")
 def router(loop_thread: LoopThread, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[EdgeRouter]:
-    try:
-        default_model_path()
-    except DefaultModelMissing as exc:
-        pytest.skip(str(exc))
+    default_model_or_skip()
     with edge_router(loop_thread, tmp_path_factory.mktemp("table"), max_context=2048,
                      max_body_bytes=LIMIT, token_delay_s=0.0) as r:
         yield r

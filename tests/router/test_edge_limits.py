@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.default_model import DefaultModelMissing, default_model_path
+from tests.helpers.default_model import default_model_or_skip
 from tests.router.edge_cluster import MODEL, EdgeRouter, edge_router, send_raw
 from tests.router.router_fakes import LoopThread
 
@@ -27,10 +27,7 @@ MB = 1024 * 1024
 @pytest.fixture(scope="module")
 def router(loop_thread: LoopThread, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[EdgeRouter]:
-    try:
-        default_model_path()
-    except DefaultModelMissing as exc:
-        pytest.skip(str(exc))
+    default_model_or_skip()
     # a context that holds a 4 MB prompt, so it is tokenized and served, not refused by length
     with edge_router(loop_thread, tmp_path_factory.mktemp("edge"), max_context=4_000_000,
                      max_body_bytes=LIMIT) as r:
@@ -211,10 +208,7 @@ def test_a_4mb_prompt_under_the_limit_does_not_stall_streams(router: EdgeRouter)
 def test_a_prompt_certainly_over_the_context_is_refused_before_tokenizing(
         loop_thread: LoopThread, tmp_path: Path) -> None:
     """A 4 MB prompt against a 512-token context: refused from its length alone, at once."""
-    try:
-        default_model_path()
-    except DefaultModelMissing as exc:
-        pytest.skip(str(exc))
+    default_model_or_skip()
     with edge_router(loop_thread, tmp_path, max_context=512, max_body_bytes=LIMIT) as router:
         text = "word " * (800 * 1024)
         started = time.monotonic()
