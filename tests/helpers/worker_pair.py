@@ -40,3 +40,11 @@ def worker_pair(model: Path, kv_store_url: str, flags: Sequence[str], log_dir: P
         finally:
             for ch in channels:
                 ch.close()
+
+
+def handoff_flags(lmcache_chunk: int) -> list[str]:
+    """The flags every handoff test's workers share: LMCache chunks of `lmcache_chunk` tokens,
+    a small staging pool and one thread (two workers on a shared CPU), and a short wait for KV
+    to become visible so that a missing chunk fails fast."""
+    return ["--lmcache-chunk-size", str(lmcache_chunk), "--kv-staging-gb", "0.05",
+            "--num-threads", "1", "--kv-visible-timeout-s", "5"]

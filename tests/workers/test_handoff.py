@@ -15,13 +15,12 @@ import redis
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from tests.helpers.tiny_model import hf_greedy
-from tests.helpers.worker_pair import worker_pair
+from tests.helpers.worker_pair import handoff_flags, worker_pair
 
 CHUNK = 16
 WORKER_FLAGS = ["--device", "cpu", "--max-context", "256", "--chunk-tokens", "40",
                 "--max-batch", "4", "--block-size", "8", "--attn-tile-tokens", "64",
-                "--lmcache-chunk-size", str(CHUNK), "--kv-staging-gb", "0.05",
-                "--num-threads", "1", "--kv-visible-timeout-s", "5"]
+                *handoff_flags(CHUNK)]
 
 
 @dataclass

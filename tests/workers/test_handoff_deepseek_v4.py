@@ -22,7 +22,7 @@ import torch
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from tests.engine.deepseek_v4.conftest import SHORT_CONFIGS, build_hf_v4
-from tests.helpers.worker_pair import worker_pair
+from tests.helpers.worker_pair import handoff_flags, worker_pair
 
 BLOCK = 8  # V4 blocks of 8 tokens: the lcm of the rates 4 and 8
 CHUNK = 16  # LMCache chunk: two blocks
@@ -31,9 +31,7 @@ STORED = PROMPT // BLOCK * BLOCK  # whole blocks only: 48 = 3 chunks
 NEW = 8
 WORKER_FLAGS = ["--device", "cpu", "--dtype", "float32", "--max-context", "128",
                 "--chunk-tokens", "17", "--max-batch", "2", "--block-size", str(BLOCK),
-                "--attn-tile-tokens", str(4 * BLOCK),
-                "--lmcache-chunk-size", str(CHUNK), "--kv-staging-gb", "0.05",
-                "--num-threads", "1", "--kv-visible-timeout-s", "5"]
+                "--attn-tile-tokens", str(4 * BLOCK), *handoff_flags(CHUNK)]
 
 
 @dataclass
