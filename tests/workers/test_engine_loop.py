@@ -5,7 +5,9 @@ every open stream and pending call instead of leaving them hanging."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -66,56 +68,53 @@ async def collect(stream: Any) -> list[int]:
             return tokens
 
 
-async def test_streams_get_their_own_outputs_in_order() -> None:
-    engine = FakeEngine()
-    loop = EngineLoop(engine, idle_wait_s=0.01)  # type: ignore[arg-type]
+@contextlib.contextmanager
+def running(engine: FakeEngine, **kwargs: Any) -> Iterator[EngineLoop]:
+    """An engine loop started on `engine`, stopped however the test ends."""
+    loop = EngineLoop(engine, **kwargs)  # type: ignore[arg-type]
     loop.start()
     try:
+        yield loop
+    finally:
+        loop.stop()
+
+
+async def test_streams_get_their_own_outputs_in_order() -> None:
+    engine = FakeEngine()
+    with running(engine, idle_wait_s=0.01) as loop:
         streams = [await loop.submit(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=i + 1))
                    for i in range(3)]
         results = await asyncio.gather(*(collect(s) for s in streams))
         assert results == [[101], [101, 102], [101, 102, 103]]
         assert engine.threads == {"engine-loop"}
         assert loop.stats.steps_completed == engine.steps
-    finally:
-        loop.stop()
 
 
 async def test_engine_errors_reach_the_caller() -> None:
     engine = FakeEngine(max_queue=0)
-    loop = EngineLoop(engine, idle_wait_s=0.01)  # type: ignore[arg-type]
-    loop.start()
-    try:
+    with running(engine, idle_wait_s=0.01) as loop:
         with pytest.raises(QueueFull):
             await loop.submit("r", [1], SamplingParams(max_tokens=2))
         assert await loop.call(lambda e: 41 + 1) == 42
-    finally:
-        loop.stop()
 
 
 async def test_a_failing_step_fails_everything_and_sets_failed() -> None:
     engine = FakeEngine(fail_at=2)
-    loop = EngineLoop(engine, idle_wait_s=0.01)  # type: ignore[arg-type]
-    loop.start()
-    try:
+    with running(engine, idle_wait_s=0.01) as loop:
         stream = await loop.submit("r", [1], SamplingParams(max_tokens=5))
         with pytest.raises(EngineLoopFailed, match="device on fire"):
             await collect(stream)
         await asyncio.wait_for(loop.failed.wait(), 5)  # type: ignore[union-attr]
         with pytest.raises(EngineLoopFailed):
             await loop.call(lambda e: None)
-    finally:
-        loop.stop()
 
 
 async def test_a_caller_cancelled_before_its_command_runs_does_not_kill_the_loop() -> None:
     # Found by the mixed load test: a client that went away while its add was queued left a
     # cancelled future; setting its result raised in the engine thread and killed the worker.
     engine = FakeEngine()
-    loop = EngineLoop(engine)
-    loop.start()
     gate = threading.Event()
-    try:
+    with running(engine) as loop:
         blocker = asyncio.ensure_future(loop.call(lambda e: gate.wait(5)))  # holds the thread
         await asyncio.sleep(0.05)
         doomed = asyncio.ensure_future(loop.submit("gone", [1, 2], SamplingParams(max_tokens=3)))
@@ -128,5 +127,3 @@ async def test_a_caller_cancelled_before_its_command_runs_does_not_kill_the_loop
         stream = await loop.submit("alive", [1, 2], SamplingParams(max_tokens=3))
         assert await collect(stream) == [101, 102, 103]
         assert loop.failure is None and "gone" not in engine.requests
-    finally:
-        loop.stop()
