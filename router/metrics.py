@@ -24,34 +24,32 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
+# (name, help, value) of each per-worker gauge, read from the registry at scrape time
+_WORKER_GAUGES: tuple[tuple[str, str, Callable[[WorkerLoad], float]], ...] = (
+    ("bulkhead_worker_queue_depth", "Requests waiting in a worker's queue (last GetInfo).",
+     lambda w: w.num_waiting),
+    ("bulkhead_worker_running", "Requests running on a worker (last GetInfo).",
+     lambda w: w.num_running),
+    ("bulkhead_worker_healthy", "1 if the worker answers GetInfo.",
+     lambda w: 1.0 if w.healthy else 0.0),
+    ("bulkhead_worker_free_kv_tokens", "KV tokens not held by any sequence (last GetInfo).",
+     lambda w: w.free_kv_tokens),
+    ("bulkhead_worker_router_inflight",
+     "Choices this router has sent to a worker and not seen end.", lambda w: w.num_inflight),
+)
+
+
 class _WorkerCollector(Collector):
     def __init__(self, loads: Callable[[], list[WorkerLoad]], model_name: str = "") -> None:
         self._loads = loads
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         loads = self._loads()
-        waiting = GaugeMetricFamily("bulkhead_worker_queue_depth",
-                                    "Requests waiting in a worker's queue (last GetInfo).",
-                                    labels=["worker", "role"])
-        running = GaugeMetricFamily("bulkhead_worker_running",
-                                    "Requests running on a worker (last GetInfo).",
-                                    labels=["worker", "role"])
-        healthy = GaugeMetricFamily("bulkhead_worker_healthy", "1 if the worker answers GetInfo.",
-                                    labels=["worker", "role"])
-        free_kv = GaugeMetricFamily("bulkhead_worker_free_kv_tokens",
-                                    "KV tokens not held by any sequence (last GetInfo).",
-                                    labels=["worker", "role"])
-        inflight = GaugeMetricFamily("bulkhead_worker_router_inflight",
-                                     "Choices this router has sent to a worker and not seen end.",
-                                     labels=["worker", "role"])
-        for w in loads:
-            labels = [w.address, w.role]
-            inflight.add_metric(labels, w.num_inflight)
-            waiting.add_metric(labels, w.num_waiting)
-            running.add_metric(labels, w.num_running)
-            healthy.add_metric(labels, 1.0 if w.healthy else 0.0)
-            free_kv.add_metric(labels, w.free_kv_tokens)
-        yield from (waiting, running, healthy, free_kv, inflight)
+        for name, help_text, value in _WORKER_GAUGES:
+            gauge = GaugeMetricFamily(name, help_text, labels=["worker", "role"])
+            for w in loads:
+                gauge.add_metric([w.address, w.role], value(w))
+            yield gauge
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []
