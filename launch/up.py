@@ -259,10 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="The router's HTTP port.")
     p.add_argument("--redis-url", default="", help="Use this KV store (redis://host:port or "
                    "lm://host:port) instead of starting one.")
-    p.add_argument("--prefill-port", type=int, default=0, help="gRPC port of the prefill worker "
-                   "(0 = a free port).")
-    p.add_argument("--decode-port", type=int, default=0, help="gRPC port of the decode worker "
-                   "(0 = a free port).")
+    for role in ("prefill", "decode"):
+        p.add_argument(f"--{role}-port", type=int, default=0,
+                       help=f"gRPC port of the {role} worker (0 = a free port).")
     p.add_argument("--config", default="", help="YAML settings with router:, prefill: and "
                    "decode: sections, passed to every process.")
     p.add_argument("--max-context", type=int, default=0, help="Longest prompt + output of "
