@@ -5,6 +5,7 @@ does, so each test controls the heartbeat exactly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -83,6 +84,16 @@ def make_registry(url: str, **kw: Any) -> RedisRegistry:
                          kw.pop("stall_timeout_s", 120.0), registry_url=url, **kw)
 
 
+@contextlib.asynccontextmanager
+async def registry(url: str, **kw: Any) -> AsyncIterator[RedisRegistry]:
+    """make_registry's registry, stopped however the test ends."""
+    reg = make_registry(url, **kw)
+    try:
+        yield reg
+    finally:
+        await reg.stop()
+
+
 def healthy(reg: RedisRegistry) -> dict[str, bool]:
     return {w.address: w.healthy for w in reg.loads()}
 
@@ -112,8 +123,7 @@ async def test_an_expired_key_drops_the_worker(r, redis_url, workers, caplog) ->
     decode = await InfoWorker("decode").start("decode-short")
     workers.append(decode)
     await publish(r, decode, ttl_s=1.0)
-    reg = make_registry(redis_url)
-    try:
+    async with registry(redis_url) as reg:
         await reg.refresh()
         assert healthy(reg) == {decode.info.address: True}
         await asyncio.sleep(1.3)  # no heartbeat: the key expires although GetInfo still answers
@@ -126,8 +136,6 @@ async def test_an_expired_key_drops_the_worker(r, redis_url, workers, caplog) ->
         await publish(r, decode)
         await reg.refresh()
         assert healthy(reg) == {decode.info.address: True}
-    finally:
-        await reg.stop()
 
 
 @pytest.mark.parametrize(("field", "value", "expected"), [
@@ -141,8 +149,7 @@ async def test_an_incompatible_worker_is_refused_at_registration(
     good = await InfoWorker("prefill").start("prefill-good")
     workers.extend([decode, odd, good])
     await publish(r, decode)
-    reg = make_registry(redis_url)
-    try:
+    async with registry(redis_url) as reg:
         await reg.refresh()
         await publish(r, odd)
         await publish(r, good)
@@ -155,8 +162,6 @@ async def test_an_incompatible_worker_is_refused_at_registration(
         assert decode.info.address in lines[0]  # names the reference it was compared with
         assert healthy(reg) == {decode.info.address: True, good.info.address: True}
         assert reg.problems()[odd.info.address].startswith(f"refused at registration: {expected}")
-    finally:
-        await reg.stop()
 
 
 async def test_a_worker_with_another_tokenizer_than_the_router_is_refused(
@@ -164,15 +169,12 @@ async def test_a_worker_with_another_tokenizer_than_the_router_is_refused(
     decode = await InfoWorker("decode", tokenizer_fingerprint="t-other").start("decode-tok")
     workers.append(decode)
     await publish(r, decode)
-    reg = make_registry(redis_url, expected_tokenizer_fingerprint="t1")
-    try:
+    async with registry(redis_url, expected_tokenizer_fingerprint="t1") as reg:
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             await reg.refresh()
         assert reg.loads() == []
         assert ("worker decode-tok refused: tokenizer_fingerprint: 't-other' != 't1'"
                 in caplog.text)
-    finally:
-        await reg.stop()
 
 
 async def test_a_stalled_worker_with_work_is_not_routed_to(r, redis_url, workers) -> None:
@@ -180,8 +182,7 @@ async def test_a_stalled_worker_with_work_is_not_routed_to(r, redis_url, workers
     workers.append(decode)
     decode.info.num_running, decode.info.steps_completed = 1, 5
     await publish(r, decode)
-    reg = make_registry(redis_url, stall_timeout_s=0.4)
-    try:
+    async with registry(redis_url, stall_timeout_s=0.4) as reg:
         await reg.refresh()
         assert healthy(reg) == {decode.info.address: True}
         await asyncio.sleep(0.5)
@@ -192,8 +193,6 @@ async def test_a_stalled_worker_with_work_is_not_routed_to(r, redis_url, workers
         decode.info.tokens_advanced += 16
         await reg.refresh()
         assert healthy(reg) == {decode.info.address: True}
-    finally:
-        await reg.stop()
 
 
 async def test_a_long_prefill_with_slow_getinfo_stays_healthy_while_steps_complete(
@@ -202,8 +201,7 @@ async def test_a_long_prefill_with_slow_getinfo_stays_healthy_while_steps_comple
     workers.append(prefill)
     prefill.info.num_running = 1
     await publish(r, prefill)
-    reg = make_registry(redis_url, stall_timeout_s=0.5)
-    try:
+    async with registry(redis_url, stall_timeout_s=0.5) as reg:
         await reg.refresh()
         prefill.delay_s = 1.0  # every GetInfo misses its 0.3 s deadline from now on
         started = time.monotonic()
@@ -219,22 +217,17 @@ async def test_a_long_prefill_with_slow_getinfo_stays_healthy_while_steps_comple
         await reg.refresh()
         assert healthy(reg) == {prefill.info.address: False}
         assert "stalled" in reg.problems()[prefill.info.address]
-    finally:
-        await reg.stop()
 
 
 async def test_a_dead_worker_is_out_before_its_key_expires(r, redis_url, workers) -> None:
     decode = await InfoWorker("decode").start("decode-dead")
     await publish(r, decode)
-    reg = make_registry(redis_url)
-    try:
+    async with registry(redis_url) as reg:
         await reg.refresh()
         assert decode.server is not None
         await decode.server.stop(0)  # killed: the key lives on, the connection is refused
         await reg.refresh()
         assert healthy(reg) == {decode.info.address: False}
-    finally:
-        await reg.stop()
 
 
 async def test_static_addresses_are_merged_and_never_dropped(r, redis_url, workers) -> None:
@@ -243,15 +236,12 @@ async def test_static_addresses_are_merged_and_never_dropped(r, redis_url, worke
     workers.extend([static, registered])
     await publish(r, static, ttl_s=1.0)   # the static worker registering too changes nothing
     await publish(r, registered)
-    reg = make_registry(redis_url, decode=[static.info.address])
-    try:
+    async with registry(redis_url, decode=[static.info.address]) as reg:
         await reg.refresh()
         assert healthy(reg) == {static.info.address: True, registered.info.address: True}
         await asyncio.sleep(1.2)
         await reg.refresh()
         assert healthy(reg) == {static.info.address: True, registered.info.address: True}
-    finally:
-        await reg.stop()
 
 
 async def test_a_dropped_worker_keeps_its_channel_while_a_request_uses_it(
@@ -259,8 +249,7 @@ async def test_a_dropped_worker_keeps_its_channel_while_a_request_uses_it(
     decode = await InfoWorker("decode").start("decode-inflight")
     workers.append(decode)
     await publish(r, decode)
-    reg = make_registry(redis_url)
-    try:
+    async with registry(redis_url) as reg:
         await reg.refresh()
         addr = decode.info.address
         with reg.track(addr):
@@ -272,8 +261,6 @@ async def test_a_dropped_worker_keeps_its_channel_while_a_request_uses_it(
         await reg.refresh()
         with pytest.raises(KeyError):
             reg.client(addr)
-    finally:
-        await reg.stop()
 
 
 async def test_redis_outage_and_restart_drop_nobody(tmp_path: Path, workers, caplog) -> None:
