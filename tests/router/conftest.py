@@ -73,6 +73,12 @@ class Cluster:
         for stop in reversed(self._stops):
             stop()
 
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 @pytest.fixture(scope="session")
 def tok() -> TinyTokenizer:

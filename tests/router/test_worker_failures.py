@@ -38,17 +38,15 @@ def closed_port_address() -> str:
 
 @pytest.fixture
 def slow(loop_thread: LoopThread, tok: TinyTokenizer) -> Iterator[Cluster]:
-    c = start_cluster(loop_thread, tok, worker_kw={"token_delay_s": 0.1},
-                      first_token_timeout_s=5.0, stream_idle_timeout_s=5.0)
-    yield c
-    c.close()
+    with start_cluster(loop_thread, tok, worker_kw={"token_delay_s": 0.1},
+                       first_token_timeout_s=5.0, stream_idle_timeout_s=5.0) as c:
+        yield c
 
 
 def test_no_worker_up_is_503_with_retry_after(loop_thread: LoopThread,
                                               tok: TinyTokenizer) -> None:
-    c = start_cluster(loop_thread, tok, num_prefill=0, num_decode=0,
-                      extra_decode_addresses=(closed_port_address(),), retry_after_s=3)
-    try:
+    with start_cluster(loop_thread, tok, num_prefill=0, num_decode=0,
+                       extra_decode_addresses=(closed_port_address(),), retry_after_s=3) as c:
         with c.http() as h:
             r = h.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES})
             assert r.status_code == 503 and r.headers["retry-after"] == "3"
@@ -59,14 +57,11 @@ def test_no_worker_up_is_503_with_retry_after(loop_thread: LoopThread,
         with pytest.raises(openai.InternalServerError) as e:
             c.client().completions.create(model=MODEL, prompt="hi", stream=True)
         assert e.value.status_code == 503
-    finally:
-        c.close()
 
 
 def test_worker_that_dies_gives_503_then_recovers_nothing_hangs(loop_thread: LoopThread,
                                                                 tok: TinyTokenizer) -> None:
-    c = start_cluster(loop_thread, tok, num_decode=2)
-    try:
+    with start_cluster(loop_thread, tok, num_decode=2) as c:
         client = c.client(timeout=10.0)
         assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices
         # stop one decode worker: requests keep working on the other one
@@ -83,8 +78,6 @@ def test_worker_that_dies_gives_503_then_recovers_nothing_hangs(loop_thread: Loo
                      for _ in range(3)}
         assert codes == {503} and time.monotonic() - started < 5
         assert dead.address  # the first dead worker was skipped, not retried forever
-    finally:
-        c.close()
 
 
 def test_resource_exhausted_is_429(reset: Cluster) -> None:
@@ -146,9 +139,8 @@ def test_client_disconnect_during_prefill_and_non_stream(slow: Cluster) -> None:
 
 
 def test_first_token_deadline(loop_thread: LoopThread, tok: TinyTokenizer) -> None:
-    c = start_cluster(loop_thread, tok, worker_kw={"token_delay_s": 2.0},
-                      first_token_timeout_s=0.3)
-    try:
+    with start_cluster(loop_thread, tok, worker_kw={"token_delay_s": 2.0},
+                           first_token_timeout_s=0.3) as c:
         started = time.monotonic()
         with c.http() as h:
             r = h.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
@@ -157,8 +149,6 @@ def test_first_token_deadline(loop_thread: LoopThread, tok: TinyTokenizer) -> No
         assert time.monotonic() - started < 2.0
         rid = c.decode[0].generates[0].request_id
         assert wait_for(lambda: rid in c.decode[0].aborts)
-    finally:
-        c.close()
 
 
 def test_incompatible_or_misrouted_workers_are_refused(
@@ -231,22 +221,18 @@ def test_worker_failing_mid_stream_ends_the_stream_with_an_error(reset: Cluster)
 
 def test_unreachable_prefill_worker_falls_back_to_decode(loop_thread: LoopThread,
                                                          tok: TinyTokenizer) -> None:
-    c = start_cluster(loop_thread, tok, poll_interval_s=60.0)   # no poll notices the death
-    try:
+    with start_cluster(loop_thread, tok, poll_interval_s=60.0) as c:   # no poll notices the death
         loop_thread.run(c.servers[0].stop(grace=None))             # the prefill worker
         r = c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=50)
         assert r.choices[0].text == SCRIPT and r.choices[0].finish_reason == "stop"
         (gen,) = c.decode[0].generates
         assert not gen.has_prefill and c.prefill[0].prefills == []
         assert c.healthy()   # the decode worker still serves
-    finally:
-        c.close()
 
 
 def test_router_admission_bound_gives_429(loop_thread: LoopThread, tok: TinyTokenizer) -> None:
-    c = start_cluster(loop_thread, tok, worker_kw={"token_delay_s": 0.2},
-                      max_inflight_requests=1, retry_after_s=2)
-    try:
+    with start_cluster(loop_thread, tok, worker_kw={"token_delay_s": 0.2},
+                           max_inflight_requests=1, retry_after_s=2) as c:
         with httpx.Client(base_url=c.base_url, timeout=10) as h, h.stream(
                 "POST", "/v1/completions",
                 json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "stream": True}) as s:
@@ -258,8 +244,6 @@ def test_router_admission_bound_gives_429(loop_thread: LoopThread, tok: TinyToke
         with httpx.Client(base_url=c.base_url, timeout=10) as h:   # the slot is free again
             r = h.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
             assert r.status_code == 200
-    finally:
-        c.close()
 
 
 def test_disconnect_aborts_every_choice_of_a_stream(slow: Cluster) -> None:
@@ -279,8 +263,7 @@ def test_disconnect_aborts_every_choice_of_a_stream(slow: Cluster) -> None:
 
 def test_failed_prefill_is_retried_once_on_another_prefill_worker(loop_thread: LoopThread,
                                                                    tok: TinyTokenizer) -> None:
-    c = start_cluster(loop_thread, tok, num_prefill=2)
-    try:
+    with start_cluster(loop_thread, tok, num_prefill=2) as c:
         # equal loads: the policy picks the lowest address first; that one breaks
         first = min(c.prefill, key=lambda w: w.address)
         second = max(c.prefill, key=lambda w: w.address)
@@ -303,14 +286,11 @@ def test_failed_prefill_is_retried_once_on_another_prefill_worker(loop_thread: L
             c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=50)
         assert len(first.prefills) + len(second.prefills) == before + 1
         assert c.healthy()
-    finally:
-        c.close()
 
 
 def test_request_that_kills_two_prefill_workers_is_quarantined(loop_thread: LoopThread,
                                                                tok: TinyTokenizer) -> None:
-    c = start_cluster(loop_thread, tok, num_prefill=2)
-    try:
+    with start_cluster(loop_thread, tok, num_prefill=2) as c:
         for w in c.prefill:  # both drop the connection while running it, as a crash would
             w.prefill_error = grpc.StatusCode.UNAVAILABLE
         with pytest.raises(openai.InternalServerError) as e:
@@ -327,5 +307,3 @@ def test_request_that_kills_two_prefill_workers_is_quarantined(loop_thread: Loop
         # other requests are served
         r = c.client().completions.create(model=MODEL, prompt=LONG_PROMPT + " more", max_tokens=5)
         assert r.choices[0].text
-    finally:
-        c.close()
