@@ -9,24 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from bench.sparse_case import realistic_sparse_inputs
 from kernels.sparse_attention import sparse_attention
 
 
 def main() -> None:
-    g = torch.Generator(device="cuda").manual_seed(1)
-    s, h, d, window, topk, nc = 300, 64, 512, 128, 512, 5000
-    q = torch.randn(s, h, d, device="cuda", generator=g).to(torch.bfloat16)
-    win = torch.randn(s + window - 1, d, device="cuda", generator=g).to(torch.bfloat16)
-    comp = torch.randn(nc, d, device="cuda", generator=g).to(torch.bfloat16)
-    start = torch.arange(s, device="cuda", dtype=torch.int32)
-    end = start + window
-    idx = torch.randint(-1, nc, (s, topk), device="cuda", generator=g, dtype=torch.int32)
-    cs = torch.zeros(s, dtype=torch.int32, device="cuda")
-    ce = torch.randint(0, 80, (s,), device="cuda", generator=g, dtype=torch.int32)
-    sinks = torch.randn(h, device="cuda", generator=g)
+    q, win, start, end, kw = realistic_sparse_inputs()
     out = torch.full_like(q, float("nan"))
-    kw = {"scale": d**-0.5, "compressed_kv": comp, "indices": idx, "compressed_start": cs,
-          "compressed_end": ce, "sinks": sinks}
 
     def call() -> None:
         sparse_attention(q, win, start, end, out=out, **kw)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from bench.sparse_case import realistic_sparse_inputs
 from kernels import (
     default_decode_splits,
     indexer_topk,
@@ -75,22 +76,10 @@ def test_indexer_random_close_to_reference(cuda) -> None:
 
 
 def test_sparse_attention_realistic(cuda) -> None:
-    g = torch.Generator(device="cuda").manual_seed(1)
-    s, h, d, window, topk, nc = 300, 64, 512, 128, 512, 5000
-    q = torch.randn(s, h, d, device="cuda", generator=g).to(torch.bfloat16)
-    win = torch.randn(s + window - 1, d, device="cuda", generator=g).to(torch.bfloat16)
-    comp = torch.randn(nc, d, device="cuda", generator=g).to(torch.bfloat16)
-    t = torch.arange(s, device="cuda", dtype=torch.int32)
-    idx = torch.randint(-1, nc, (s, topk), device="cuda", generator=g, dtype=torch.int32)
-    cs = torch.zeros(s, dtype=torch.int32, device="cuda")
-    ce = torch.randint(0, 80, (s,), device="cuda", generator=g, dtype=torch.int32)
-    sinks = torch.randn(h, device="cuda", generator=g)
+    q, win, t, end, kw = realistic_sparse_inputs()
     out = torch.full_like(q, float("nan"))
-    kw = {"scale": d**-0.5, "compressed_kv": comp, "indices": idx, "compressed_start": cs,
-          "compressed_end": ce, "sinks": sinks}
-    end = t + window  # made outside the timed call: the test must not allocate in it either
     assert _allocations(lambda: sparse_attention(q, win, t, end, out=out, **kw)) == 0
-    ref = sparse_attention_ref(q, win, t, t + window, **kw)
+    ref = sparse_attention_ref(q, win, t, end, **kw)
     assert _rel(out, ref) < 1e-2
 
 
