@@ -15,23 +15,22 @@ from functools import partial
 
 import torch
 
-from kernels import (
-    IndexerTiles,
+from kernels.indexer_topk import IndexerTiles, indexer_topk, indexer_topk_workspace_bytes
+from kernels.indexer_topk_ref import indexer_topk_naive, indexer_topk_ref
+from kernels.paged_attention import (
     PagedTiles,
-    SparseTiles,
     default_decode_splits,
-    indexer_topk,
-    indexer_topk_naive,
-    indexer_topk_ref,
-    indexer_topk_workspace_bytes,
     paged_attention,
-    paged_attention_ref,
     paged_decode_attention,
     paged_decode_workspace_bytes,
+)
+from kernels.paged_attention_ref import paged_attention_ref
+from kernels.sparse_attention import (
+    SparseTiles,
     sparse_attention,
-    sparse_attention_ref,
     sparse_attention_workspace_bytes,
 )
+from kernels.sparse_attention_ref import sparse_attention_ref
 
 MIB = 1024**2
 NOMINAL_TFLOPS = 790.0  # bf16 dense on an H200, as the issue states it
