@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -260,6 +261,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
     fig.savefig(png, dpi=110)
     write_marked_section(Path(args.docs) / "deepseek_v4.md", _MARK_BEGIN, _MARK_END,
                          "\n".join([f"![peak and throughput per chunk]({png.name})", "", *lines]))
+    return 0
+
+
+def report_results(args: argparse.Namespace, begin: str, end: str,
+                   render: Callable[[dict[str, Any]], str], heading: str) -> int:
+    """A benchmark's ``report`` command: its results JSON (``args.results``) rendered into
+    docs/deepseek_v4.md between its own markers."""
+    res = json.loads(Path(args.results).read_text())
+    write_marked_section(Path(args.docs) / "deepseek_v4.md", begin, end, render(res),
+                         heading=heading)
     return 0
 
 

@@ -33,7 +33,7 @@ from bench.deepseek_v4.context import (
     _sync,
     flash_config,
     random_init_,
-    write_marked_section,
+    report_results,
 )
 from bench.deepseek_v4.quantized_weights import (
     active_weight_bytes,
@@ -384,10 +384,7 @@ def report_table(res: dict[str, Any]) -> str:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    res = json.loads(Path(args.results).read_text())
-    write_marked_section(Path(args.docs) / "deepseek_v4.md", _MARK_BEGIN, _MARK_END,
-                         report_table(res), heading=HEADING)
-    return 0
+    return report_results(args, _MARK_BEGIN, _MARK_END, report_table, HEADING)
 
 
 def main(argv: list[str] | None = None) -> int:

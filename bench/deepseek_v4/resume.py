@@ -39,7 +39,7 @@ from bench.deepseek_v4.context import (
     _sync,
     flash_config,
     random_init_,
-    write_marked_section,
+    report_results,
 )
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
@@ -340,10 +340,7 @@ def report_table(res: dict[str, Any]) -> str:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    res = json.loads(Path(args.results).read_text())
-    write_marked_section(Path(args.docs) / "deepseek_v4.md", _MARK_BEGIN, _MARK_END,
-                         report_table(res), heading="## Resumed conversations (incident shapes)")
-    return 0
+    return report_results(args, _MARK_BEGIN, _MARK_END, report_table, "## Resumed conversations (incident shapes)")
 
 
 def main(argv: list[str] | None = None) -> int:
