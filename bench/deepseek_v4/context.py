@@ -264,6 +264,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``report RESULTS [--docs DIR]`` subcommand that report_results() serves."""
+    rep = sub.add_parser("report", help="write the section of docs/deepseek_v4.md")
+    rep.add_argument("results")
+    rep.add_argument("--docs", default="docs")
+
+
 def report_results(args: argparse.Namespace, begin: str, end: str,
                    render: Callable[[dict[str, Any]], str], heading: str) -> int:
     """A benchmark's ``report`` command: its results JSON (``args.results``) rendered into

@@ -31,6 +31,7 @@ import torch
 
 from bench.deepseek_v4.context import (
     _sync,
+    add_report_parser,
     flash_config,
     random_init_,
     report_results,
@@ -414,9 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", default="cuda")
     r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
     r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; {TINY})")
-    rep = sub.add_parser("report", help="write the section of docs/deepseek_v4.md")
-    rep.add_argument("results")
-    rep.add_argument("--docs", default="docs")
+    add_report_parser(sub)
     args = p.parse_args(argv)
     return _cmd_report(args) if args.cmd == "report" else _cmd_run(args)
 

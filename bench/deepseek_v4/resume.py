@@ -37,6 +37,7 @@ from bench.deepseek_v4.context import (
     _device_allocs,
     _planned,
     _sync,
+    add_report_parser,
     flash_config,
     random_init_,
     report_results,
@@ -366,9 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="compare the last logits with a prefill of cached+new from 0")
     r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; shapes {TINY_SHAPES}, chunk 8)")
-    rep = sub.add_parser("report", help="write the section of docs/deepseek_v4.md")
-    rep.add_argument("results")
-    rep.add_argument("--docs", default="docs")
+    add_report_parser(sub)
     args = p.parse_args(argv)
     return _cmd_report(args) if args.cmd == "report" else _cmd_resume(args)
 
