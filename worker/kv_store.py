@@ -36,25 +36,24 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import torch
 
 from common.redact import public_url, redact_text, redact_url
 from engine.models.family import KVLayout
-from worker.kv_store_config import REDIS_SCHEMES, KVStoreConfig, KVStoreError
+from worker.kv_store_config import KVStoreConfig, KVStoreError
 from worker.lmcache_redis import (
     REDIS_KEY_SUFFIXES,
     avoid_redis_close_deadlock,
     expire_on_write,
     redact_lmcache_logs,
 )
+from worker.store_reach import check_reachable, redis_client
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +91,8 @@ class KVStore:
             log.warning("PYTHONHASHSEED is not 0 in this process: LMCache keys may not match "
                         "a peer's; start workers with worker.kv_store_config.worker_environment()")
         os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
-        _check_reachable(self.config.url)
-        self._redis = _redis_client(self.config.url)  # None for lm://
+        check_reachable(self.config.url)
+        self._redis = redis_client(self.config.url)  # None for lm://
         self._lock = threading.Lock()
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
         redact_lmcache_logs()
@@ -230,7 +229,7 @@ class KVStore:
     def reachable(self, timeout_s: float = 0.2) -> bool:
         """A cheap TCP probe of the store (no LMCache call)."""
         try:
-            _check_reachable(self.config.url, timeout_s)
+            check_reachable(self.config.url, timeout_s)
         except KVStoreError:
             return False
         return True
@@ -380,33 +379,6 @@ class KVStore:
         # Always a plain list of ints: LMCache hashes chunks of whatever it is given, and both
         # sides must hash the same thing.
         return [int(t) for t in token_ids]
-
-
-def _redis_client(url: str) -> Any:  # noqa: ANN401 - redis.Redis, imported lazily
-    """A small synchronous client of a Redis store (TTL refreshes), after a PING that checks the
-    password and TLS now rather than at the first handoff; None for other schemes."""
-    if urlsplit(url).scheme not in REDIS_SCHEMES:
-        return None
-    import redis
-
-    try:
-        client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=5.0)
-        client.ping()
-    except (redis.RedisError, ValueError, OSError) as e:
-        raise KVStoreError(f"KV store {redact_url(url)} refused the connection: "
-                           f"{type(e).__name__}: {redact_text(str(e))}") from None
-    return client
-
-
-def _check_reachable(url: str, timeout_s: float = 5.0) -> None:
-    """Fail at start-up, naming the store, rather than serve with a store LMCache cannot reach
-    (it would only log, and every handoff would silently fall back to recompute)."""
-    parts = urlsplit(url)
-    try:
-        with socket.create_connection((parts.hostname, parts.port), timeout=timeout_s):
-            pass
-    except OSError as e:
-        raise KVStoreError(f"cannot reach the KV store at {redact_url(url)}: {e}") from e
 
 
 def _leading_true(mask: torch.Tensor) -> int:
