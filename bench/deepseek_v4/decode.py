@@ -36,6 +36,7 @@ from bench.deepseek_v4.context import (
     random_init_,
     report_results,
 )
+from bench.deepseek_v4.decode_report import report_table
 from bench.deepseek_v4.quantized_weights import (
     active_weight_bytes,
     quantized_hf_config,
@@ -330,58 +331,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(report_table(result), flush=True)
     bad = result["error"] or any(r["error"] for r in result["rows"])
     return 1 if bad else 0
-
-
-def _gib(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / 2**30:.2f}"
-
-
-def _streaming(res: dict[str, Any]) -> str:
-    if not res.get("copy_tb_s"):
-        return ""
-    active = {int(b): n for b, n in res["active_weight_bytes"].items()}  # JSON keys are strings
-    per = ", ".join(f"B={b}: {_gib(n)}" for b, n in sorted(active.items()))
-    return (f"; weight bytes a decode step reads at least once, GiB: {per}; copy rate "
-            f"{res['copy_tb_s']:.2f} TB/s")
-
-
-def report_table(res: dict[str, Any]) -> str:
-    """The markdown body for one run."""
-    if res.get("error"):
-        return f"Run failed: {res['error']}\n"
-    w = res["warmup"]
-    lines = [
-        f"indexer `{res['indexer']}`, attention `{res['attention']}`; layers {res['layers']}, "
-        f"{res['experts']} experts, weights {res.get('weights', 'bf16')}, {res['dtype']}, max_batch {res['max_batch']}, context "
-        f"{res['context']:,}, chunks of {res['chunk']:,} ({res['device']}, torch {res['torch']}). "
-        f"Weights {_gib(res['weights_bytes'])} GiB (resident {_gib(res.get('resident_weight_bytes'))} GiB"
-        f"{_streaming(res)}), plan {_gib(res['plan_total_bytes'])} GiB. "
-        f"Warm-up: activations measured {_gib(w['activation_peak_bytes'])} GiB / planned "
-        f"{_gib(w['activation_planned_bytes'])} GiB, workspace peak {_gib(w['workspace_peak_bytes'])} "
-        f"/ {_gib(w['workspace_capacity_bytes'])} GiB; strict allocations "
-        f"{'on' if res['strict_allocations'] else 'off'}; device allocations since warm-up at the "
-        f"end: **{res.get('device_allocs_since_warmup')}**. {res['steps']} timed decode steps per "
-        f"row after {res['warm_steps']} untimed ones"
-        + (f"; stopped: {res['stopped']}" if res.get("stopped") else "") + ".",
-        "",
-        "| batch | prompt | context at start | ms/step | median ms/step | tokens/s | "
-        "weight-streaming limit tok/s | decode peak GiB | device allocs (row) | prefill s (steps; tok/s) | error |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in res["rows"]:
-        if "tokens_per_s" not in r:
-            lines.append(f"| {r['batch']} | {r['prompt']:,} | | | | | | | {r.get('device_allocs_row')} | "
-                         f"| {r['error']} |")
-            continue
-        lo, hi = r["context_at_start"]
-        lines.append(
-            f"| {r['batch']} | {r['prompt']:,} | {lo:,}-{hi:,} | {r['ms_per_step']:.2f} | "
-            f"{r['ms_per_step_median']:.2f} | {r['tokens_per_s']:,.1f} | "
-            f"{r.get('streaming_limit_tok_s') or float('nan'):,.0f} | {_gib(r['decode_peak_bytes'])} | "
-            f"{r['device_allocs_row']} | {r['prefill_s']:.2f} ({r['prefill_steps']}; "
-            f"{r.get('prefill_tokens_per_s', float('nan')):,.0f} tok/s) | {r['error'] or ''} |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
