@@ -74,13 +74,14 @@ def test_out_of_memory_row_is_recorded(tmp_path: Path, monkeypatch: pytest.Monke
     real = ModelRunner.execute
     raised: list[str] = []
 
-    def execute(self: ModelRunner, out: Any, params: Any, generators: Any) -> dict[str, int]:
+    def execute(self: ModelRunner, out: Any, params: Any, generators: Any,
+                *rest: Any) -> dict[str, int]:
         ids = [c.request_id for c in out.chunks]
         if not raised and ids and all(i.startswith("b1-") and c.num_tokens == 1
                                       for i, c in zip(ids, out.chunks, strict=True)):
             raised.append(ids[0])
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore")
-        return real(self, out, params, generators)
+        return real(self, out, params, generators, *rest)
 
     monkeypatch.setattr(ModelRunner, "execute", execute)
     rc, res = _run(tmp_path / "r.json")
