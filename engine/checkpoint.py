@@ -14,16 +14,18 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
 
 from engine.errors import CheckpointError
-from engine.gguf_loader import GGUFCheckpoint
 from engine.model_config import ModelConfig
 from engine.models import family_class
 from engine.safetensors_loader import SafetensorsCheckpoint
+
+if TYPE_CHECKING:  # the gguf package is imported only when a .gguf model is loaded
+    from engine.gguf_loader import GGUFCheckpoint
 
 # Tensors some writers add that no family reads; dropped without complaint.
 _HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -43,6 +45,8 @@ def load_model_config(path: str | Path) -> ModelConfig:
     """The model's shape, without reading any weight (``path`` may also be a config.json)."""
     kind, resolved = _resolve(Path(path))
     if kind == "gguf":
+        from engine.gguf_loader import GGUFCheckpoint  # gguf only for .gguf models
+
         return _gguf_config(GGUFCheckpoint(resolved))
     return _hf_config(resolved)
 
@@ -57,6 +61,8 @@ def load_checkpoint(
     kind, resolved = _resolve(Path(path))
     source: GGUFCheckpoint | SafetensorsCheckpoint
     if kind == "gguf":
+        from engine.gguf_loader import GGUFCheckpoint  # gguf only for .gguf models
+
         source = GGUFCheckpoint(resolved)
         config = _gguf_config(source)
     else:
