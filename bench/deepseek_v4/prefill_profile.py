@@ -33,6 +33,10 @@ from engine.models.deepseek_v4.sizing import (
     deepseek_v4_step_scratch_bytes,
     deepseek_v4_workspace_bytes,
 )
+from engine.models.deepseek_v4.step_peak import (
+    deepseek_v4_kernels_peak_bytes,
+    deepseek_v4_kernels_step_bytes,
+)
 from engine.workspace import Workspace
 
 
@@ -139,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
                            "torch": torch.__version__}
     scratch = deepseek_v4_step_scratch_bytes(cfg, args.chunk, args.context, 1 + args.decodes)
     res["plan_scratch"] = scratch
-    res["plan_step_peak"] = deepseek_v4_step_peak_bytes(scratch)
+    parts = deepseek_v4_kernels_step_bytes(cfg, args.chunk, args.context, 1 + args.decodes)
+    res["plan_kernels_parts"] = parts
+    res["plan_step_peak"] = deepseek_v4_kernels_peak_bytes(parts)
+    res["plan_step_peak_torch_path"] = deepseek_v4_step_peak_bytes(scratch)
     gen = torch.Generator(device=args.device).manual_seed(1)
     rows = []
     for start in range(0, args.context - args.chunk, args.chunk):
