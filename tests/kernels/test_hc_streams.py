@@ -56,8 +56,12 @@ def test_hc_streams_on_cuda(cuda, n, m, d):
     post, comb, block_out, streams = _inputs(n, m, d, torch.bfloat16, "cuda", seed=d)
     out = torch.empty(n, m, d, dtype=torch.bfloat16, device="cuda")
     hc_merge(post, comb, block_out, streams, out)
-    # the reference rounds each product and the sum in bf16; the kernel once, in fp32
-    torch.testing.assert_close(out, hc_merge_ref(post, comb, block_out, streams), rtol=2e-2, atol=2e-2)
+    # the kernel rounds once (fp32 inside), the bf16 reference after each product and the sum,
+    # which differ by several bf16 steps where terms cancel: compare with the exact value of
+    # the same bf16-rounded mixing weights, to within the output's own rounding
+    exact = hc_merge_ref(post.bfloat16().float(), comb.bfloat16().float(), block_out.float(),
+                         streams.float())
+    torch.testing.assert_close(out.float(), exact, rtol=8e-3, atol=1e-2)
     col = torch.empty(n, d, dtype=torch.bfloat16, device="cuda")
     hc_collapse(post, streams, col)
     torch.testing.assert_close(col, hc_collapse_ref(post, streams), rtol=1e-2, atol=1e-2)

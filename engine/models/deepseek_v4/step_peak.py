@@ -38,9 +38,11 @@ def deepseek_v4_kernels_step_bytes(
         return entries * (dim + 4 + 2 * dim * f) if kv_fp8 else 0
 
     out: dict[str, int] = {}
-    # the embedding output, the streams, the block's collapsed input and its normed copy, mHC
-    # weights, both rope tables and the step's ids and positions: alive while a block runs
-    out["resident"] = n * hid * e * (3 + hc) + n * (hc + hc * hc) * f + 2 * n * r * e + 2 * n * 8
+    # the embedding output, the streams, the block's collapsed input and its normed copy, the
+    # previous attention and MoE outputs (the layer loop's variables hold them until they are
+    # reassigned), mHC weights, both rope tables, the step's ids and positions: alive while a
+    # block runs
+    out["resident"] = n * hid * e * (5 + hc) + n * (hc + hc * hc) * f + 2 * n * r * e + 2 * n * 8
     # an mHC's mixing input: one fp32 copy of the flattened streams (next to the streams)
     out["mhc_mix"] = n * hid * e * (2 + hc) + n * hc * hid * f + n * (2 * hc + hc * hc) * f * 3
     # the merge after a block: old and new streams, the block output, the collapsed input

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.deepseek_v4.context import flash_config
 from bench.deepseek_v4.incident import FLASH_43, largest_context, plan_for
-from bench.deepseek_v4.incident_report import ratio_at_same_contexts, render, write_report
+from bench.deepseek_v4.incident_report import ratio_at_same_contexts, render, replan, write_report
 
 GiB = 2**30
 
@@ -51,14 +51,19 @@ def _run(name: str, times: list[float], stopped: str | None = None) -> dict[str,
 def test_report_renders_runs_ratio_and_plot(tmp_path: Path) -> None:
     res = {"device": "H200", "torch": "x", "layers": FLASH_43, "experts": 128, "chunk": 4096,
            "decodes": 4, "decode_context": 4096, "block_size": 256, "kv_dtype": "auto",
-           "target": 1 << 20, "context": 1 << 20, "weights_bytes": 80 * GiB,
-           "plan": {"total_bytes": 110 * GiB, "budget_bytes": 128 * GiB},
+           "target": 1 << 20, "context": 1 << 20, "weights_bytes": 82_375_274_332,
+           "plan": {"total_bytes": 110 * GiB, "budget_bytes": 128 * GiB,
+                    "memory_utilization": 0.92, "device_memory_bytes": int(139.8 * GiB)},
            "plan_activations_bytes": GiB, "plan_held_bytes": 103 * GiB,
            "runs": [_run("previous-path", [2.0, 2.0]), _run("incident", [1.0, 1.0, 1.0], "deadline")]}
     assert ratio_at_same_contexts(res) == 2.0
-    text = render(res)
+    again = replan(res)
+    assert again["plan_held_bytes"] != res["plan_held_bytes"]  # today's plan, same measurements
+    assert [r["peak_bytes"] for r in again["runs"][1]["rows"]] == [100 * GiB] * 3
+    text = render(again)
     assert "| incident | 3 | 12,276 |" in text and "2.00x the time" in text
     (tmp_path / "deepseek_v4.md").write_text("# t\n")
     assert write_report(res, tmp_path) == 0
     assert (tmp_path / "deepseek_v4_incident.png").stat().st_size > 0
-    assert "bench_incident:begin" in (tmp_path / "deepseek_v4.md").read_text()
+    text = (tmp_path / "deepseek_v4.md").read_text()
+    assert "bench_incident:begin" in text and "today's formulas" in text  # re-planned
