@@ -187,6 +187,8 @@ def map_exported(path: Path, device: torch.device) -> tuple[SharedWeights, dict]
         raise PlanError(f"share_weights handle {path} has version {data.get('version')}, this "
                         f"engine reads {HANDLE_VERSION}")
     rebuild, args = data["reduced"]
+    if device.index is None:  # "cuda" means the current device
+        device = torch.device("cuda", torch.cuda.current_device())
     with torch.cuda.device(device):
         arena = rebuild(*args)
     if arena.device != device:

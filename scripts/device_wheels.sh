@@ -22,9 +22,10 @@ WHEELS=(
   aiofile==3.12.3 caio==0.12.10 cachetools==8.0.2 nvtx==0.2.17 msgspec==0.23.0 pyzmq==27.3.0
   opentelemetry-api==1.40.0 opentelemetry-sdk==1.40.0 opentelemetry-semantic-conventions==0.61b0
   importlib-metadata==8.7.1 cufile-python==0.2.0 blake3==1.0.11
+  cryptography==48.0.0 cffi==2.0.0 pycparser==3.0
 )
 PLATFORMS=()
-for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \
+for p in manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \
          manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 manylinux_2_5_x86_64; do
   PLATFORMS+=(--platform "$p")
 done
