@@ -30,7 +30,7 @@ import torch
 
 from engine.errors import PlanError
 
-ALIGN = 256  # bytes: every tensor in the arena starts on a GEMM-friendly boundary
+ALIGN = 512  # bytes: as the caching allocator aligns a tensor (same GEMM kernels chosen)
 HANDLE_VERSION = 1
 # (fused name, its parts in row order): what the dense fused path concatenates at load
 DENSE_FUSIONS = (
