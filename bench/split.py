@@ -199,6 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
                 arms[name]["resident_check"] = _resident_check(arms[name])
             print(name, json.dumps(arms[name]["summary"]), flush=True)
             save()
+        from bench.split_handoff import host_memcpy_gbps
+
+        longest_bytes = max(args.long_tokens) * _kv_bytes_per_token(model)
+        result["host_memcpy"] = {"bytes": longest_bytes,
+                                 "gbps": round(host_memcpy_gbps(longest_bytes), 2)}
         if args.handoff_tokens:
             from bench.split_handoff import measure
 
