@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="", help="Checkpoint folder ('' = write --shape there).")
     p.add_argument("--shape", default="llama3-8b", help="bench.synthetic_model shape.")
     p.add_argument("--model-dir", default="", help="Where to write it ('' = /dev/shm or tmp).")
+    p.add_argument("--shard-gb", type=float, default=4.0, help="Shard size of a written model.")
     p.add_argument("--device", default="cuda")
     p.add_argument("--arms", default="split,colocated")
     p.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=None,
@@ -154,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
         base = Path(args.model_dir) if args.model_dir else (
             Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp)
         t = time.monotonic()
-        model = str(write_llama(base / f"bulkhead-{args.shape}", args.shape, args.device))
+        model = str(write_llama(base / f"bulkhead-{args.shape}", args.shape, args.device,
+                                args.shard_gb))
         result["model_write_s"] = round(time.monotonic() - t, 1)
     share = args.share_weights if args.share_weights is not None else args.device != "cpu"
     common = ["--device", args.device, "--block-size", str(args.block_size),

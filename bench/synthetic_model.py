@@ -98,10 +98,14 @@ def write_llama(folder: Path, shape: str, device: str = "cpu", shard_gb: float =
     shard_bytes, index = 0, 0
     limit = int(shard_gb * (1 << 30))
 
+    weight_map: dict[str, str] = {}
+
     def flush() -> None:
         nonlocal shard, shard_bytes, index
         if shard:
-            save_file(shard, str(folder / f"model-{index:05d}.safetensors"))
+            name = f"model-{index:05d}.safetensors"
+            save_file(shard, str(folder / name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, name))
             index += 1
         shard, shard_bytes = {}, 0
 
@@ -117,7 +121,18 @@ def write_llama(folder: Path, shape: str, device: str = "cpu", shard_gb: float =
         shard[name] = t
         shard_bytes += t.numel() * 2
     flush()
+    # Several shards need the index the loader (and transformers) read to find each tensor.
+    total = sum(2 * _numel(d) for d in tensor_shapes(cfg).values())
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     return folder
+
+
+def _numel(dims: tuple[int, ...]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:

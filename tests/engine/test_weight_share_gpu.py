@@ -66,9 +66,10 @@ def test_two_processes_share_one_copy_of_the_weights(tmp_path: Path,
     first_terms = {t["name"]: t for t in first["plan"]["terms"]}
     assert first_terms["weights"]["bytes"] == first["arena_bytes"]
     assert "weights_mapped" not in first_terms
-    # The mapping process never made its own copy: its allocator holds less than the arena.
+    # The mapping process never made its own copy: its allocator holds less than the arena,
+    # and about an arena less than the exporter's (same plan otherwise).
     assert second["reserved"] < second["arena_bytes"]
-    assert second["reserved"] <= second["plan"]["total_bytes"]
+    assert first["reserved"] - second["reserved"] >= 0.9 * first["arena_bytes"]
     assert first["allocs_after_warmup"] == 0 and second["allocs_after_warmup"] == 0
 
     ec = EngineConfig(model=str(model), device="cuda", max_context=256, chunk_tokens=64,
