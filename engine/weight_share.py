@@ -179,20 +179,16 @@ def export(shared: SharedWeights, path: Path, meta: dict) -> None:
     tmp.replace(path)
 
 
-def map_exported(path: Path, device: torch.device) -> tuple[SharedWeights, dict]:
-    """Map the arena another process exported (its CUDA IPC handle) on ``device``; returns it
-    with the exporter's ``meta``."""
-    data = pickle.loads(path.read_bytes())  # noqa: S301 - our own file, written by export()
-    if data.get("version") != HANDLE_VERSION:
-        raise PlanError(f"share_weights handle {path} has version {data.get('version')}, this "
-                        f"engine reads {HANDLE_VERSION}")
+def map_exported(data: dict, device: torch.device) -> tuple[SharedWeights, dict]:
+    """Map the arena of a handle (``wait_for_export``'s answer) on ``device``; returns it with
+    the exporter's ``meta``."""
     rebuild, args = data["reduced"]
     if device.index is None:  # "cuda" means the current device
         device = torch.device("cuda", torch.cuda.current_device())
     with torch.cuda.device(device):
         arena = rebuild(*args)
     if arena.device != device:
-        raise PlanError(f"share_weights: the arena in {path} lives on {arena.device}, this "
+        raise PlanError(f"share_weights: the exported arena lives on {arena.device}, this "
                         f"engine runs on {device}")
     entries = tuple(ArenaEntry(e["name"], e["offset"], tuple(e["shape"]), e["dtype"])
                     for e in data["entries"])
@@ -218,19 +214,35 @@ def claim_loader(path: Path) -> bool:
         return True
 
 
-def wait_for_export(path: Path, timeout_s: float) -> None:
-    """Wait until the loader wrote ``path``; fail early, naming it, if the loader died."""
+def wait_for_export(path: Path, timeout_s: float) -> dict:
+    """Wait until the process holding the loader claim has written ``path``; returns the handle.
+    A handle left by an earlier exporter (another pid) is not used; fails early, naming it, if
+    the claim's process is gone."""
     lock = path.with_name(path.name + ".lock")
     deadline = time.monotonic() + timeout_s
-    while not path.exists():
+    while True:
         holder = _pid_in(lock)
-        if holder is not None and not _alive(holder):
-            raise PlanError(f"share_weights: the process {holder} that was loading the weights "
-                            f"for {path} exited before exporting them")
+        if holder is None or not _alive(holder):
+            raise PlanError(f"share_weights: the process {holder} that loads and exports the "
+                            f"weights for {path} is not running (it exited before exporting, or "
+                            "the exporter must outlive the processes that map its weights)")
+        data = _read_handle(path)
+        if data is not None and data.get("pid") == holder:
+            if data.get("version") != HANDLE_VERSION:
+                raise PlanError(f"share_weights handle {path} has version "
+                                f"{data.get('version')}, this engine reads {HANDLE_VERSION}")
+            return data
         if time.monotonic() > deadline:
             raise PlanError(f"share_weights: no weights exported at {path} after {timeout_s:.0f} s"
                             " (share_weights_timeout_s)")
         time.sleep(0.2)
+
+
+def _read_handle(path: Path) -> dict | None:
+    try:
+        return pickle.loads(path.read_bytes())  # noqa: S301 - our own file, written by export()
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
 
 
 def _pid_in(lock: Path) -> int | None:
@@ -286,9 +298,9 @@ def load_or_map(ec: object, progress: object = None) -> LoadedOrMapped:  # noqa:
         return LoadedOrMapped(ckpt.config, shared.tensors(), ckpt.model_fingerprint, shared,
                               seen_bytes)
     say(f"waiting for the weights another process loads ({path})")
-    wait_for_export(path, ec.share_weights_timeout_s)
+    handle = wait_for_export(path, ec.share_weights_timeout_s)
     free, total = torch.cuda.mem_get_info(device)
-    shared, meta = map_exported(path, device)
+    shared, meta = map_exported(handle, device)
     if meta.get("model") != str(ec.model):
         raise PlanError(f"share_weights: {path} holds the weights of {meta.get('model')!r}, this "
                         f"worker serves {str(ec.model)!r}")

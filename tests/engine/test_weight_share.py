@@ -5,6 +5,7 @@ without CUDA. The CUDA IPC path itself is in test_weight_share_gpu.py."""
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable
@@ -116,10 +117,18 @@ def test_one_process_claims_the_load_and_a_dead_claim_is_taken_over(tmp_path: Pa
         assert ws.claim_loader(handle) is False
         with pytest.raises(PlanError, match="after 0 s"):
             ws.wait_for_export(handle, timeout_s=0.3)
+        # A handle an earlier exporter left behind (another pid) is never mapped...
+        stale = {"version": ws.HANDLE_VERSION, "pid": holder.pid + 1, "reduced": None}
+        handle.write_bytes(pickle.dumps(stale))
+        with pytest.raises(PlanError, match="after 0 s"):
+            ws.wait_for_export(handle, timeout_s=0.3)
+        # ...the claim holder's is.
+        handle.write_bytes(pickle.dumps({**stale, "pid": holder.pid}))
+        assert ws.wait_for_export(handle, timeout_s=5.0)["pid"] == holder.pid
     finally:
         holder.kill()
         holder.wait()
-    with pytest.raises(PlanError, match=f"process {holder.pid} .* exited before exporting"):
+    with pytest.raises(PlanError, match=f"process {holder.pid} that loads .* is not running"):
         ws.wait_for_export(handle, timeout_s=5.0)
     assert ws.claim_loader(handle) is True  # the dead claim is taken over
     assert lock.read_text() == str(os.getpid())
