@@ -63,7 +63,8 @@ def summarize(records: list[StreamRecord], duration_s: float) -> dict[str, Any]:
 
 
 def plot(path: Path, arms: dict[str, dict[str, Any]]) -> None:
-    """``arms``: name -> {"records": [StreamRecord], "memory": [(t, {label: MiB})]}."""
+    """``arms``: name -> {"records": [StreamRecord], "memory": [(t, {label: MiB})], "workers":
+    {role: worker_log_figures}} (each worker's plan is drawn as a dotted line)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,10 +97,16 @@ def plot(path: Path, arms: dict[str, dict[str, Any]]) -> None:
         for label in labels:
             pts = [(t, m[label]) for t, m in samples if label in m]
             mx.plot([t for t, _ in pts], [v / 1024 for _, v in pts], label=label)
+        plans = {role: w["plan_mib"] for role, w in (arm.get("workers") or {}).items()
+                 if w.get("plan_mib")}
+        for i, (role, mib) in enumerate(sorted(plans.items())):
+            mx.axhline(mib / 1024, color=f"C{i + 3}", ls=":", lw=1, label=f"plan of {role}")
+        if len(plans) > 1:
+            mx.axhline(sum(plans.values()) / 1024, color="k", ls=":", lw=1, label="sum of plans")
         mx.set_xlabel("seconds since the workload started")
         mx.set_ylabel("device memory (GiB)")
         mx.set_title(f"{name}: device memory (nvidia-smi)")
-        if labels:
+        if labels or plans:
             mx.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
