@@ -105,6 +105,25 @@ def _resident_check(arm: dict[str, Any]) -> dict[str, Any]:
             "ratio": round(used / expected, 4), "within_5pct": abs(used / expected - 1) <= 0.05}
 
 
+def _print_arm(name: str, arm: dict[str, Any]) -> None:
+    """The arm's figures as lines a person reads (split.json has everything)."""
+    s = arm["summary"]
+    itl, during = s["itl_ms"], s["itl_ms_while_long_prefill"]
+    print(f"[{name}] started in {arm['startup_s']} s; chats {s['chat_output_tokens_per_s']} "
+          f"tok/s, {s['chats_finished']} finished, {s['num_errors']} errors", flush=True)
+    print(f"[{name}] ITL ms p50/p99/max {itl['p50']}/{itl['p99']}/{itl['max']} (n={itl['count']});"
+          f" while a long prompt is prefilled {during['p50']}/{during['p99']}/{during['max']}",
+          flush=True)
+    for x in s["long_ttft_s"]:
+        print(f"[{name}] long prompt {x['prompt_tokens']} tokens at {x['arrived_s']} s: TTFT "
+              f"{x['ttft_s']} s {x['error']}", flush=True)
+    for role, w in arm["workers"].items():
+        print(f"[{name}] {role}: plan {w['plan_mib']} MiB, weights {w['weights']}, device "
+              f"allocations after warm-up {w['device_allocs_after_warmup']}", flush=True)
+    if "resident_check" in arm:
+        print(f"[{name}] resident: {arm['resident_check']}", flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.split", description=__doc__.split("\n")[0])
     p.add_argument("out", type=Path)
@@ -173,9 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
     json_path = out / "split.json"
 
     def save() -> None:
-        body = {**result, "arms": {n: {k: v for k, v in a.items() if k != "records"}
+        """After every arm: a run cut short later still leaves its figures and plot."""
+        body = {**result, "arms": {n: {**{k: v for k, v in a.items() if k != "records"},
+                                       "records": [r.to_json() for r in a.get("records", [])]}
                                    for n, a in arms.items()}}
-        json_path.write_text(json.dumps(body, indent=1, default=str))
+        json_path.write_text(json.dumps(body, default=str))
+        done = {n: a for n, a in arms.items() if "records" in a}
+        if done:
+            plot(out / "split.png", done)
 
     try:
         for name in args.arms.split(","):
@@ -199,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
             arms[name]["wall_s"] = round(time.monotonic() - t, 1)
             if name == "split":
                 arms[name]["resident_check"] = _resident_check(arms[name])
-            print(name, json.dumps(arms[name]["summary"]), flush=True)
+            _print_arm(name, arms[name])
             save()
         from bench.split_handoff import host_memcpy_gbps
 
@@ -217,9 +241,6 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
     finally:
         redis.stop(grace_s=5.0)
         save()
-    done = {n: a for n, a in arms.items() if "records" in a}
-    if done:
-        plot(out / "split.png", done)
     return 0 if all("error" not in a for a in arms.values()) else 1
 
 
