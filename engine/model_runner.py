@@ -21,6 +21,12 @@ from engine.grammar import TokenBitmask
 from engine.memory_planner import MemoryPlan, reserve_allocator_slack
 from engine.model_config import ModelConfig
 from engine.models import family_class
+from engine.prompt_logprobs import (
+    PromptSpan,
+    prompt_logprob_rows,
+    prompt_span,
+    score_prompt_spans,
+)
 from engine.sampler import RowState, TokenLogprobs, sample
 from engine.sampling_params import (
     MAX_LOGIT_BIAS,
@@ -28,12 +34,6 @@ from engine.sampling_params import (
     MAX_PROMPT_LOGPROBS,
     MAX_STOP_TOKEN_IDS,
     SamplingParams,
-)
-from engine.prompt_logprobs import (
-    PromptSpan,
-    prompt_logprob_rows,
-    prompt_span,
-    score_prompt_spans,
 )
 from engine.scheduler import KVLoad, ScheduledChunk, SchedulerOutput
 from engine.slot_sampling import SlotSampling

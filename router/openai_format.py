@@ -58,8 +58,12 @@ def full_response(job: GenerationJob, request_id: str, created: int,
         choice: dict[str, Any] = {"index": r.spec.index, "logprobs": None,
                                   "finish_reason": r.stats.finish_reason}
         if job.logprobs is not None:
-            choice["logprobs"] = (chat_logprobs(r.stats.logprobs) if job.kind == "chat" else
-                                  completion_logprobs(r.stats.logprobs, r.stats.echo_len))
+            choice["logprobs"] = (
+                chat_logprobs(r.stats.logprobs) if job.kind == "chat" else
+                # echo with logprobs: the prompt's tokens first, from offset 0
+                completion_logprobs(r.stats.prompt_logprobs + r.stats.logprobs, 0)
+                if r.stats.prompt_logprobs else
+                completion_logprobs(r.stats.logprobs, r.stats.echo_len))
         if job.kind == "chat":
             choice["message"] = {"role": "assistant", "content": r.stats.text}
             if job.tool_format is not None:
