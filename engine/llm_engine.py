@@ -258,7 +258,7 @@ class LLMEngine:
         for u in self.scheduler.update_from_output(sched, sampled):
             seq = self._seqs[u.request_id]
             out = self._output(seq, list(u.new_token_ids), u.finished, u.finish_reason)
-            if seq.sampling.logprobs is not None and u.request_id in logprobs:
+            if seq.sampling.logprobs is not None and u.request_id in logprobs and u.new_token_ids:
                 out.logprobs = [logprobs[u.request_id]]
             if seq.prompt_logprobs is not None:  # the prompt is all computed: hand them out once
                 out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None

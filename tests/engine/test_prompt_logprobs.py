@@ -37,16 +37,19 @@ def hf_prompt_logprobs(model, prompt: list[int]) -> torch.Tensor:
 
 
 def run(engine, reqs: dict[str, list[int]], sp: SamplingParams) -> dict[str, list]:
-    """request id -> [prompt_logprobs, tokens, finish_reason] once all are done."""
+    """request id -> [prompt_logprobs, tokens, finish_reason, token logprobs] once all are
+    done."""
     for rid, p in reqs.items():
         engine.add_request(rid, p, sp)
-    out: dict[str, list] = {rid: [None, [], None] for rid in reqs}
+    out: dict[str, list] = {rid: [None, [], None, None] for rid in reqs}
     while engine.has_unfinished():
         for o in engine.step():
             if o.prompt_logprobs is not None:
                 assert out[o.request_id][0] is None, "prompt logprobs handed out twice"
                 out[o.request_id][0] = o.prompt_logprobs
             out[o.request_id][1] += o.new_token_ids
+            if o.logprobs:
+                out[o.request_id][3] = (out[o.request_id][3] or []) + o.logprobs
             if o.finished:
                 out[o.request_id][2] = o.finish_reason
     return out
@@ -73,7 +76,7 @@ def test_prompt_logprobs_equal_transformers(qwen2, engine, n: int, k: int) -> No
     prompt = prompt_of(n, n)
     out = run(engine, {f"p{n}": prompt}, SamplingParams(max_tokens=2, temperature=0.0,
                                                         prompt_logprobs=k, ignore_eos=True))
-    got, tokens, reason = out[f"p{n}"]
+    got, tokens, reason, _ = out[f"p{n}"]
     check(qwen2[0], prompt, got, k)
     assert len(tokens) == 2 and reason == "length"
 
@@ -81,10 +84,11 @@ def test_prompt_logprobs_equal_transformers(qwen2, engine, n: int, k: int) -> No
 def test_max_tokens_zero_scores_the_prompt_and_generates_nothing(qwen2, engine) -> None:
     prompt = prompt_of(30, 7)
     out = run(engine, {"z": prompt}, SamplingParams(max_tokens=0, temperature=0.0,
-                                                    prompt_logprobs=2))
-    got, tokens, reason = out["z"]
+                                                    prompt_logprobs=2, logprobs=2))
+    got, tokens, reason, _ = out["z"]
     check(qwen2[0], prompt, got, 2)
     assert tokens == [] and reason == "length"
+    assert out["z"][3] is None, "no token, so no token logprobs"
 
 
 def test_max_tokens_zero_needs_prompt_logprobs() -> None:
