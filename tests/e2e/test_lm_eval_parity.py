@@ -9,7 +9,6 @@ the reference here is the forward that backend runs.)"""
 from __future__ import annotations
 
 import pytest
-
 import torch
 
 from tests.e2e.conftest import E2E, SPLIT_THRESHOLD
