@@ -147,3 +147,46 @@ def test_the_plan_counts_the_scoring_workspace(engine) -> None:
     assert term == prompt_logprobs_workspace_bytes(engine.model_config.vocab_size, 13, 3) > 0
     # the warm-up scored a full chunk: its peak stayed inside the arena the plan sized
     assert engine.warmup_report.workspace_peak_bytes <= engine.plan.workspace_bytes
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_no_device_allocation_while_scoring_prompts_on_cuda() -> None:
+    """GPU tier: scoring prompts of awkward lengths (one row to several chunks) beside plain
+    requests makes no device allocation after the warm-up (strict mode raises naming the step),
+    and the scores match a float32 log-softmax of the same forward on the device."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.model_config import ModelConfig
+
+    model = build_tiny_model("qwen3", hidden_size=256, intermediate_size=704,
+                             num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                             vocab_size=4096, num_hidden_layers=4, max_position_embeddings=8192)
+    cfg = ModelConfig.from_hf_dict(model.config.to_dict())
+    weights = {k: v.to("cuda", torch.float32) for k, v in model.state_dict().items()}
+    ec = EngineConfig(model="tiny", device="cuda", dtype="float32", max_context=4096,
+                      chunk_tokens=512, max_batch=16, block_size=16, attn_tile_tokens=256,
+                      strict_allocations=True)
+    engine = LLMEngine(ec, cfg, weights)
+    g = torch.Generator().manual_seed(0)
+    prompts = {}
+    for i, n in enumerate([2, 17, 300, 513, 1000, 2047, 3000, 5, 77]):
+        prompts[f"r{i}"] = torch.randint(0, 4096, (n,), generator=g).tolist()
+        k = None if i % 3 == 2 else i % 6
+        engine.add_request(f"r{i}", prompts[f"r{i}"], SamplingParams(
+            max_tokens=0 if i % 4 == 0 and k is not None else 8, temperature=0.0,
+            ignore_eos=True, prompt_logprobs=k))
+    got = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.prompt_logprobs is not None:
+                got[o.request_id] = o.prompt_logprobs
+    assert engine.stats().device_allocs_since_warmup == 0
+    model = model.to("cuda").eval()
+    for rid in ("r1", "r4"):
+        prompt = prompts[rid]
+        with torch.no_grad():
+            ref = torch.log_softmax(model(torch.tensor([prompt], device="cuda")).logits[0, :-1]
+                                    .float(), dim=-1).cpu()
+        want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+        assert torch.allclose(torch.tensor([x.logprob for x in got[rid][1:]]), want, atol=2e-3)
