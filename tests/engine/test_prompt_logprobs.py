@@ -190,3 +190,25 @@ def test_no_device_allocation_while_scoring_prompts_on_cuda() -> None:
                                     .float(), dim=-1).cpu()
         want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
         assert torch.allclose(torch.tensor([x.logprob for x in got[rid][1:]]), want, atol=2e-3)
+
+
+def test_deepseek_v4_prompt_logprobs_equal_transformers() -> None:
+    """The same scoring path on DeepSeek-V4's family (its KV pool, compressors and hyper-
+    connections): a prompt across chunks (23), blocks (16) and compression windows, after a
+    plain request put its prefix in the cache."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.model_config import ModelConfig
+    from tests.engine.deepseek_v4.conftest import SHORT_CONFIGS, build_hf_v4
+
+    model, _ = build_hf_v4(SHORT_CONFIGS[0])
+    cfg = ModelConfig.from_hf_dict(model.config.to_dict())
+    ec = EngineConfig(model="v4", device="cpu", dtype="float32", max_context=160,
+                      chunk_tokens=23, max_batch=3, block_size=16, attn_tile_tokens=64)
+    engine = LLMEngine(ec, cfg, dict(model.state_dict()))
+    g = torch.Generator().manual_seed(9)
+    prompt = torch.randint(0, model.config.vocab_size, (53,), generator=g).tolist()
+    run(engine, {"plain": prompt}, SamplingParams(max_tokens=1, temperature=0.0))
+    out = run(engine, {"scored": prompt}, SamplingParams(max_tokens=0, temperature=0.0,
+                                                         prompt_logprobs=3))
+    check(model, prompt, out["scored"][0], 3)
