@@ -43,6 +43,15 @@ class DecodeRows:
     def num_rows(self) -> int:
         return int(self.slots.shape[0])
 
+    @property
+    def writer(self) -> torch.Tensor:
+        """[B]: for each row, the first row of the same slot (itself, except for a CUDA graph's
+        pad rows, which copy row 0). Values written to the pool are taken from that row, so
+        duplicate writes to one place carry identical bits: a pad row's own results may differ
+        from row 0's in the last bit (another GEMM row), which would make the write racy."""
+        same = self.slots[:, None] == self.slots[None, :]
+        return same.to(torch.int8).argmax(dim=1)
+
     def block_of(self, token_pos: torch.Tensor, block_size: int) -> torch.Tensor:
         """The block id holding token position ``token_pos`` [B] of each row -> [B]."""
         return self.tables.gather(1, (token_pos // block_size)[:, None])[:, 0]
@@ -57,6 +66,7 @@ def write_window(cache: LayerPool, rows: DecodeRows, kv: torch.Tensor) -> None:
     """The token's rotated K=V into its slot's window ring and, in the block's last
     ``window.rows`` positions, into its block. kv: [B, D]."""
     w = cache.ring.shape[1]
+    kv = kv[rows.writer]
     ring = cache.ring.view(-1, cache.ring.shape[-1])
     ring.index_copy_(0, rows.slots * w + rows.positions % w, kv.to(ring.dtype))
     bs, wr = cache.block_size, cache.window.rows
@@ -72,8 +82,9 @@ def compress_decode(comp: V4Compressor, kv: torch.Tensor, gate: torch.Tensor,
     closes write the window's entry (and, overlapping, its Ca slice) to their blocks."""
     r, d, bs = comp.rate, comp.dim, cp.block_size
     b0, e0 = rows.positions % r, rows.positions // r
-    cp.buf_kv[rows.slots, b0] = kv.to(cp.buf_kv.dtype)
-    cp.buf_gate[rows.slots, b0] = gate.to(cp.buf_gate.dtype)
+    writer = rows.writer
+    cp.buf_kv[rows.slots, b0] = kv[writer].to(cp.buf_kv.dtype)
+    cp.buf_gate[rows.slots, b0] = gate[writer].to(cp.buf_gate.dtype)
     closing = b0 == r - 1
     ck = cp.buf_kv[rows.slots]  # [B, r, width]; only the closing rows' windows are whole
     cg = cp.buf_gate[rows.slots] + comp.position_bias  # fp32, as the chunk path
@@ -84,15 +95,15 @@ def compress_decode(comp: V4Compressor, kv: torch.Tensor, gate: torch.Tensor,
         pk = torch.where(has_prev, cp.ov_kv[prev], 0)  # [B, r, d]: previous window's Ca slice
         pg = torch.where(has_prev, cp.ov_gate[prev], float("-inf"))
         own = torch.where(closing, rows.block_of(e0 * r, bs), 0)
-        cp.ov_kv[own] = ck[..., :d].to(cp.ov_kv.dtype)  # read above, so overwriting is safe
-        cp.ov_gate[own] = cg[..., :d]
+        cp.ov_kv[own] = ck[writer, :, :d].to(cp.ov_kv.dtype)  # read above: safe to overwrite
+        cp.ov_gate[own] = cg[writer, :, :d]
         ck = torch.cat([pk.to(ck.dtype), ck[..., d:]], dim=1)  # [B, 2r, d]
         cg = torch.cat([pg, cg[..., d:]], dim=1)
     weights = cg.softmax(dim=1, dtype=torch.float32).to(ck.dtype)
     entry = comp.kv_norm((ck * weights).sum(dim=1))  # [B, d]
     cos, sin = rotary(e0 * r, entry.dtype)
     dst = rows.entry_rows(e0[:, None], bs // r)[:, 0]
-    cp.entries.write(torch.where(closing, dst, NULL_ROW), apply_rope(entry, cos, sin))
+    cp.entries.write(torch.where(closing, dst, NULL_ROW), apply_rope(entry, cos, sin)[writer])
 
 
 def indexer_topk_decode(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows,
