@@ -107,7 +107,8 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
     ec = EngineConfig(
         model=f"synthetic-v4-flash-{args.layers}-{args.experts}e", device=args.device,
         dtype=_DTYPES[dtype], max_context=args.context, chunk_tokens=args.chunk,
-        max_batch=max(args.batch_list), strict_allocations=cuda, seed=0,
+        max_batch=max(args.batch_list), strict_allocations=cuda and getattr(args, "strict", True),
+        seed=0, cuda_graphs=not getattr(args, "no_graphs", False),
         block_size=args.block_size or (16 if args.tiny else 256),
         attn_tile_tokens=args.block_size or (16 if args.tiny else 256),
         num_blocks=args.num_blocks, kv_dtype=args.kv_dtype,
@@ -142,6 +143,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
         "kv_tokens": engine.plan.kv_tokens, "kv_dtype": ec.kv_dtype,
         "kv_bytes": engine.plan.term("kv_cache"),
         "attention": kind.attention, "strict_allocations": ec.strict_allocations,
+        "cuda_graphs": engine.runner.graphs is not None,
         "weights_bytes": weights_bytes, "plan_total_bytes": engine.plan.total_bytes,
         "plan_activations_bytes": engine.plan.term("activations"),
         "resident_weight_bytes": sum(t.numel() * t.element_size() for n, t in v4.state_dict().items()
@@ -362,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="bf16: every weight in --dtype, experts looped in Python (the eager path); "
                         "fp8-mxfp4: V4-Flash's shipped formats kept on the device, fused MoE")
     r.add_argument("--device", default="cuda")
+    r.add_argument("--no-graphs", action="store_true",
+                   help="decode eagerly (default: CUDA graphs where the family allows them)")
     r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
     r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; {TINY})")
     add_report_parser(sub)
