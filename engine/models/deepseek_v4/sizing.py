@@ -121,9 +121,10 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
     comp_k = max([cfg.index_topk if t == CSA else max_context // cfg.rate(t)
                   for t in cfg.layer_types if cfg.rate(t)], default=0)
     total = b * comp_k * (8 * 3 + d * (e + f)) + b * h * (w + comp_k) * f * 4 + b * w * d * e
-    widths = [2 * d, 2 * cfg.index_head_dim] if cfg.uses_csa else [d]
-    rate = max((cfg.rate(t) for t in cfg.layer_types if cfg.rate(t)), default=0)
-    total += b * max(2 * rate, 1) * max(widths) * (e + f) * 4
+    # gathered window rows x width: CSA 2r rows (overlap) of 2D, HCA r rows of D
+    window = max([2 * cfg.rate(t) * 2 * d if t == CSA else cfg.rate(t) * d
+                  for t in cfg.layer_types if cfg.rate(t)], default=0)
+    total += b * window * (e + f) * 4
     if cfg.uses_csa:
         t = min(DECODE_INDEXER_TILE, max(1, max_context // cfg.csa_rate))
         hi, di, k = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
