@@ -40,7 +40,7 @@ class DecodeGraphs:
         # Pad rows (a graph of 8 replayed for 6 sequences): False -> token 0 at position 0 into
         # the null block (families whose only per-sequence state is in the blocks); True ->
         # copies of row 0, which write the same values to the same places as row 0 (families
-        # with per-slot state outside the blocks, such as DeepSeek-V4's window ring).
+        # with per-slot state outside the blocks, such as a sliding-window ring per slot).
         self.pad_with_first = pad_with_first
         m = self.sizes[-1]
         # Step inputs packed into two device buffers, each filled by one copy per step from a

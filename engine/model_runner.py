@@ -69,7 +69,7 @@ class ModelRunner:
         family = family_class(model_cfg)
         self.model = family(model_cfg, weights, ec)
         # Decode graphs need a step whose host-side work is all in the inputs.
-        # (an instance may say no where its class could: DeepSeek-V4 with bf16 experts)
+        # (an instance may say no where its class could, e.g. for experts looped on the host)
         self.use_graphs = ec.use_cuda_graphs and self.model.uses_cuda_graphs
         self.num_steps = 0
         # One sampling generator per running slot, made once: creating a CUDA generator takes
