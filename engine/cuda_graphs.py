@@ -31,20 +31,27 @@ class DecodeGraphs:
     def __init__(self, forward: Callable[[StepBatch, Workspace, torch.Tensor], None],
                  ws: Workspace,
                  vocab_size: int, max_batch: int, blocks_per_seq: int, block_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, pad_with_first: bool = False) -> None:
         self._forward = forward  # (batch, ws, logits_out [bs, vocab]) -> None
         self.ws = ws
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.sizes = graph_batch_sizes(max_batch)
+        # Pad rows (a graph of 8 replayed for 6 sequences): False -> token 0 at position 0 into
+        # the null block (families whose only per-sequence state is in the blocks); True ->
+        # copies of row 0, which write the same values to the same places as row 0 (families
+        # with per-slot state outside the blocks, such as a sliding-window ring per slot).
+        self.pad_with_first = pad_with_first
         m = self.sizes[-1]
         # Step inputs packed into two device buffers, each filled by one copy per step from a
-        # pinned host mirror: int64 [ids | positions | slots] and int32 [context lens | tables].
-        self._i64 = torch.zeros(3, m, dtype=torch.int64, device=device)
+        # pinned host mirror: int64 [ids | positions | slot mapping | cache slots] and int32
+        # [context lens | tables].
+        self._i64 = torch.zeros(4, m, dtype=torch.int64, device=device)
         self._i32 = torch.zeros(m + m * blocks_per_seq, dtype=torch.int32, device=device)
-        self._host_i64 = torch.zeros(3, m, dtype=torch.int64, pin_memory=True)
+        self._host_i64 = torch.zeros(4, m, dtype=torch.int64, pin_memory=True)
         self._host_i32 = torch.zeros(m + m * blocks_per_seq, dtype=torch.int32, pin_memory=True)
         self.input_ids, self.positions, self.slot_mapping = self._i64[0], self._i64[1], self._i64[2]
+        self.cache_slots = self._i64[3]
         self.context_lens = self._i32[:m]
         self.block_tables = self._i32[m:].view(m, blocks_per_seq)
         self.query_start_loc = torch.arange(m + 1, dtype=torch.int32, device=device)
@@ -64,7 +71,8 @@ class DecodeGraphs:
             slot_mapping=self.slot_mapping[:bs], query_start_loc=list(range(bs + 1)),
             context_lens=[1] * bs, block_tables=[[0]] * bs, cache_slots=list(range(bs)),
             logits_indices=self.rows[:bs], block_tables_t=self.block_tables[:bs],
-            query_start_loc_t=self.query_start_loc[: bs + 1], context_lens_t=self.context_lens[:bs])
+            query_start_loc_t=self.query_start_loc[: bs + 1], context_lens_t=self.context_lens[:bs],
+            cache_slots_t=self.cache_slots[:bs])
 
     def _step(self, bs: int) -> torch.Tensor:
         # The logits buffer sits at the base of the arena for every size, so the sampler that
@@ -124,8 +132,13 @@ class DecodeGraphs:
             h64[0, i] = c.token_ids[0]
             h64[1, i] = p
             h64[2, i] = c.block_ids[p // bsz] * bsz + p % bsz
+            h64[3, i] = c.cache_slot
             h32[i] = c.context_len
             tables[i, : len(c.block_ids)] = c.block_ids
+        if self.pad_with_first and bs > n:
+            h64[:, n:bs] = h64[:, :1]
+            h32[n:bs] = h32[0]
+            tables[n:bs] = tables[0]
         # Host -> device copies straight into the static buffers: no device allocation per step.
         self._i64.copy_(self._host_i64, non_blocking=True)  # contiguous; 24 B a row
         self.context_lens[:bs].copy_(self._host_i32[:bs], non_blocking=True)

@@ -76,7 +76,8 @@ class ModelRunner:
         family = family_class(model_cfg)
         self.model = family(model_cfg, weights, ec)
         # Decode graphs need a step whose host-side work is all in the inputs.
-        self.use_graphs = ec.use_cuda_graphs and family.uses_cuda_graphs
+        # (an instance may say no where its class could, e.g. for experts looped on the host)
+        self.use_graphs = ec.use_cuda_graphs and self.model.uses_cuda_graphs
         self.num_steps = 0
         # One sampling generator per running slot, made once: creating a CUDA generator takes
         # device memory, so requests re-seed these instead of making their own.
@@ -180,6 +181,7 @@ class ModelRunner:
         with self.ws.scope():
             tokens: list[int] = []
             if not spans and self.graphs is not None and self.graphs.can_run(out.chunks):
+                self.model.before_graph_step(self.kv, out.chunks)
                 logits = self.graphs.run(out.chunks)
                 self.num_graph_steps += 1
             else:
@@ -302,7 +304,8 @@ class ModelRunner:
     def _capture_graphs(self) -> None:
         ec = self.ec
         self.graphs = DecodeGraphs(self._forward_logits, self.ws, self.model_cfg.vocab_size,
-                                   ec.max_batch, ec.blocks_per_seq, ec.block_size, self.device)
+                                   ec.max_batch, ec.blocks_per_seq, ec.block_size, self.device,
+                                   pad_with_first=self.model.graph_pads_copy_first)
         with torch.inference_mode():
             self.graphs.capture()
         planned = self.plan.term("cuda_graph_pool")

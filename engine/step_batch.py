@@ -23,6 +23,9 @@ class StepBatch:
     context_lens_t: torch.Tensor | None = None  # [B] int32
     # [B] whether it is the sequence's first chunk in its slot (it may resume from its blocks)
     first_chunks: list[bool] | None = None
+    # [B] int64 cache slots on the device: set by a CUDA-graph step, whose host lists
+    # (cache_slots, context_lens, block_tables) are placeholders fixed at capture
+    cache_slots_t: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -111,6 +111,8 @@ class ModelFamily(ABC):
     """
 
     uses_cuda_graphs: ClassVar[bool] = False
+    #: pad rows of a graph step copy row 0 instead of writing to the null block (per-slot state)
+    graph_pads_copy_first: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod
@@ -168,6 +170,10 @@ class ModelFamily(ABC):
 
     def prepare_warmup(self, kv: Any, chunks: list[ScheduledChunk]) -> None:  # noqa: B027
         """Before a warm-up step: make per-sequence bookkeeping accept these chunks."""
+
+    def before_graph_step(self, kv: Any, chunks: list[ScheduledChunk]) -> None:  # noqa: B027
+        """Before a decode step replayed as a CUDA graph (which runs no host code of the
+        family's ``forward``): the host-side bookkeeping ``forward`` would have done."""
 
     def reset(self, kv: Any) -> None:  # noqa: B027 - optional hook
         """After the warm-up: forget every per-sequence state it left."""

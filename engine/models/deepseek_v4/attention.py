@@ -21,6 +21,14 @@ from engine.models.deepseek_v4.backend import (
 )
 from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
+from engine.models.deepseek_v4.decode_step import (
+    DecodeRows,
+    attend_decode,
+    compress_decode,
+    compressed_rows,
+    indexer_topk_decode,
+    write_window,
+)
 from engine.models.deepseek_v4.indexer import V4Indexer
 from engine.models.deepseek_v4.kv_pool import LayerPool
 from engine.models.deepseek_v4.norms import RMSNorm, unweighted_rms_norm, unweighted_rms_norm_
@@ -116,21 +124,9 @@ class V4Attention(nn.Module):
         """x: [N, hidden] (already input-normed); rope: this layer's (cos, sin) [N, R/2] at the
         tokens' positions. Returns [N, hidden]."""
         cfg = self.cfg
-        n = x.shape[0]
-        h, d = cfg.num_heads, cfg.head_dim
         cos, sin = rope
-        q_res = self.q_a_norm(self.q_a_proj(x))  # [N, q_lora_rank]
-        q = self.q_b_proj(q_res).view(n, h, d)
-        q = (unweighted_rms_norm_(q, cfg.rms_norm_eps) if backend.attention == "kernels"
-             else unweighted_rms_norm(q, cfg.rms_norm_eps))
-        q = apply_rope_(q, cos, sin)  # [N, H, D] (fresh tensors: rotated in place)
-        kv = apply_rope_(self.kv_norm(self.kv_proj(x)), cos, sin)  # [N, D]
-        t = _StepRows(q=q, kv=kv)
-        if self.compressor is not None:
-            t.kv_c, t.gate_c = self.compressor.project(x)
-        if isinstance(self.compressor, V4CSACompressor):
-            t.idx_q, t.idx_w = self.compressor.indexer.queries(q_res, x, cos, sin)
-            t.kv_i, t.gate_i = self.compressor.indexer.project(x)
+        t = self._project(x, rope, backend)
+        q = t.q
         out = torch.empty_like(q)
         batched = backend.attention != "torch"
         seqs = []
@@ -153,8 +149,63 @@ class V4Attention(nn.Module):
         if batched:
             attend_batched(backend, out, q, seqs, cfg.sliding_window, self.sinks, cfg.head_dim**-0.5,
                            self._rate)
-        out = apply_rope_(out, cos, -sin)  # undo the rotation V picked up (K == V)
-        grouped = self.o_a_proj(out.view(n, cfg.o_groups, -1))
+        return self._output(out, cos, sin)
+
+    def forward_decode(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], compress_rotary: V4Rotary,
+        rows: DecodeRows, cache: LayerPool, backend: V4Backend,
+    ) -> torch.Tensor:
+        """:meth:`forward` for a step of one token per sequence, all sequences at once
+        (decode_step.py): x [B, hidden] (row i: the sequence of ``rows`` row i). -> [B, hidden]."""
+        cfg = self.cfg
+        t = self._project(x, rope, backend)
+        write_window(cache, rows, t.kv)
+        comp = None
+        if self.compressor is not None:
+            assert cache.compressor is not None and t.kv_c is not None and t.gate_c is not None
+            compress_decode(self.compressor, t.kv_c, t.gate_c, cache.compressor, rows,
+                            compress_rotary)
+            topk = None
+            if isinstance(self.compressor, V4CSACompressor):
+                ix = self.compressor.indexer
+                assert cache.indexer is not None and t.kv_i is not None and t.gate_i is not None
+                assert t.idx_q is not None and t.idx_w is not None
+                compress_decode(ix, t.kv_i, t.gate_i, cache.indexer, rows, compress_rotary)
+                topk = indexer_topk_decode(t.idx_q, t.idx_w, cache.indexer.entries, rows, ix.rate,
+                                           cache.block_size, cfg.index_topk)
+            crow, visible = compressed_rows(cache.compressor, rows, topk)
+            comp = (cache.compressor.entries, crow, visible)
+        out = torch.empty_like(t.q)
+        attend_decode(backend, out, t.q, cache, rows, comp, self.sinks, cfg.head_dim**-0.5)
+        return self._output(out, *rope)
+
+    def _project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                 backend: V4Backend) -> _StepRows:
+        """Every per-token projection of the step (queries, shared KV, compressor and indexer
+        inputs); x: [N, hidden] (already input-normed)."""
+        cfg = self.cfg
+        n = x.shape[0]
+        h, d = cfg.num_heads, cfg.head_dim
+        cos, sin = rope
+        q_res = self.q_a_norm(self.q_a_proj(x))  # [N, q_lora_rank]
+        q = self.q_b_proj(q_res).view(n, h, d)
+        q = (unweighted_rms_norm_(q, cfg.rms_norm_eps) if backend.attention == "kernels"
+             else unweighted_rms_norm(q, cfg.rms_norm_eps))
+        q = apply_rope_(q, cos, sin)  # [N, H, D] (fresh tensors: rotated in place)
+        kv = apply_rope_(self.kv_norm(self.kv_proj(x)), cos, sin)  # [N, D]
+        t = _StepRows(q=q, kv=kv)
+        if self.compressor is not None:
+            t.kv_c, t.gate_c = self.compressor.project(x)
+        if isinstance(self.compressor, V4CSACompressor):
+            t.idx_q, t.idx_w = self.compressor.indexer.queries(q_res, x, cos, sin)
+            t.kv_i, t.gate_i = self.compressor.indexer.project(x)
+        return t
+
+    def _output(self, out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Attention output [N, H, D] -> [N, hidden]: undo the rotation V picked up (K == V),
+        then the grouped low-rank output projection."""
+        out = apply_rope_(out, cos, -sin)
+        grouped = self.o_a_proj(out.view(out.shape[0], self.cfg.o_groups, -1))
         return self.o_b_proj(grouped)
 
     @property

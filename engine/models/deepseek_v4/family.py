@@ -19,6 +19,7 @@ from engine.memory_planner import PlanTerm, common_step_terms
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
+from engine.models.deepseek_v4.decode_step import DecodeRows
 from engine.models.deepseek_v4.kv_pool import (
     DeepseekV4KVPool,
     block_bytes_by_kind,
@@ -27,6 +28,7 @@ from engine.models.deepseek_v4.kv_pool import (
     v4_fingerprint,
 )
 from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
 from engine.models.deepseek_v4.quant_weights import (
     has_fp8_linears,
     has_mxfp4_experts,
@@ -45,6 +47,8 @@ from engine.models.deepseek_v4.step_peak import (
 from engine.models.family import CacheKind, KVLayout, ModelFamily
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace, _align
+
+GRAPH_POOL_SLACK = 42 << 20  # one 2 MiB small-pool and two 20 MiB large-pool segments
 
 
 class V4KVLayout(KVLayout):
@@ -101,7 +105,10 @@ def _activations_term(v4: DeepseekV4Config, ec: EngineConfig, scratch: dict[str,
 
 
 class DeepseekV4Family(ModelFamily):
-    uses_cuda_graphs: ClassVar[bool] = False  # the step checks slot positions on the host
+    # decode steps are pure device work (decode_step.py) once the experts are the fused MXFP4
+    # ones (the bf16 loop reads expert counts on the host); set per instance in __init__
+    uses_cuda_graphs: ClassVar[bool] = False
+    graph_pads_copy_first: ClassVar[bool] = True  # pad rows must not touch slot 0's window ring
     cast_weights_on_load: ClassVar[bool] = False  # FP8/FP4 payloads and scales kept as stored
 
     @staticmethod
@@ -115,6 +122,8 @@ class DeepseekV4Family(ModelFamily):
         self.model = DeepseekV4Model.from_state_dict(self.cfg, weights, ec.torch_dtype,
                                                      ec.torch_device, backend, ec.weight_format,
                                                      consume=True)
+        self.uses_cuda_graphs = all(isinstance(layer.mlp.experts, Mxfp4Experts)
+                                    for layer in self.model.model.layers)
 
     @classmethod
     def resident_weight_bytes(cls, weights: dict[str, torch.Tensor], ec: EngineConfig) -> int:
@@ -158,25 +167,38 @@ class DeepseekV4Family(ModelFamily):
                 "scratch: tokens x top_k x (16 + (hidden + intermediate) x dtype) B) (kernels' "
                 "size functions)", True))
         terms += [*common_step_terms(cfg, ec), _activations_term(v4, ec, scratch, kernels)]
+        if ec.use_cuda_graphs:
+            decode = deepseek_v4_step_scratch_bytes(v4, ec.max_batch, ec.max_context, ec.max_batch,
+                                                    ec.torch_dtype, "kernels")
+            terms.append(PlanTerm(
+                "cuda_graph_pool", deepseek_v4_step_peak_bytes(decode) + GRAPH_POOL_SLACK,
+                f"activations of a {ec.max_batch}-sequence decode step (the terms above at "
+                f"{ec.max_batch} tokens) + 42 MiB allocator segment granularity"))
         return terms
 
     def forward(self, batch: StepBatch, kv: Any, ws: Workspace | None) -> torch.Tensor:
         """Binds each sequence to its slot (fresh, resumed from its blocks, or continued) and
         runs the model over the step. Returns hidden [N, hidden]."""
         pool: DeepseekV4KVPool = kv
+        if batch.cache_slots_t is not None:  # a CUDA-graph decode step: device work only
+            assert batch.block_tables_t is not None
+            rows = DecodeRows(batch.cache_slots_t, batch.positions, batch.block_tables_t.long())
+            return self.model.forward_decode(batch.input_ids, rows, pool, ws)
         firsts = batch.first_chunks or [False] * batch.num_seqs
         for i, slot in enumerate(batch.cache_slots):
             start = batch.context_lens[i] - batch.query_len(i)
-            if start == 0:
-                pool.reset_slot(slot)
-            elif firsts[i]:
-                pool.restore_slot(slot, pool.table(slot, batch.block_tables[i]), start)
-            elif pool.num_tokens[slot] != start:
-                raise InvalidRequest(
-                    f"V4 slot {slot} holds {pool.num_tokens[slot]} tokens but the step continues "
-                    f"at position {start}", field="cache_slots")
+            _bind_slot(pool, slot, start, firsts[i], batch.block_tables[i])
         return self.model(batch.input_ids, batch.positions, batch.query_start_loc,
-                          batch.cache_slots, pool, ws, batch.block_tables)
+                          batch.cache_slots, pool, ws, batch.block_tables, batch.block_tables_t)
+
+    def before_graph_step(self, kv: DeepseekV4KVPool, chunks: list[Any]) -> None:
+        """The bookkeeping of :meth:`forward` and of the model's step for a graph replay: bind
+        each slot, check its room, count the token it absorbs."""
+        for c in chunks:
+            _bind_slot(kv, c.cache_slot, c.start, c.is_first, c.block_ids)
+            kv.check_room(c.cache_slot, c.num_tokens, torch.as_tensor(c.block_ids))
+        for c in chunks:
+            kv.num_tokens[c.cache_slot] = c.start + c.num_tokens
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden, out)
@@ -188,3 +210,17 @@ class DeepseekV4Family(ModelFamily):
     def reset(self, kv: DeepseekV4KVPool) -> None:
         for slot in range(kv.max_batch):
             kv.reset_slot(slot)
+
+
+def _bind_slot(pool: DeepseekV4KVPool, slot: int, start: int, first: bool,
+               block_ids: list[int] | tuple[int, ...]) -> None:
+    """Make ``slot`` ready for a chunk at position ``start``: fresh, resumed from its blocks,
+    or continued (then it must stand exactly there)."""
+    if start == 0:
+        pool.reset_slot(slot)
+    elif first:
+        pool.restore_slot(slot, pool.table(slot, block_ids), start)
+    elif pool.num_tokens[slot] != start:
+        raise InvalidRequest(
+            f"V4 slot {slot} holds {pool.num_tokens[slot]} tokens but the step continues "
+            f"at position {start}", field="cache_slots")

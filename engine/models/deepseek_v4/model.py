@@ -8,7 +8,7 @@ LM head into a caller-given buffer. Never allocates cache memory and never grows
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -17,7 +17,8 @@ from engine.errors import CheckpointError, InvalidRequest
 from engine.models.deepseek_v4.attention import SeqSpan, V4Attention
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
-from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool
+from engine.models.deepseek_v4.decode_step import DecodeRows
+from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, LayerPool
 from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, merge
 from engine.models.deepseek_v4.moe import V4MoE
 from engine.models.deepseek_v4.norms import RMSNorm
@@ -167,27 +168,71 @@ class DeepseekV4Model(nn.Module):
         cache: DeepseekV4KVPool,
         ws: object | None = None,
         block_tables: Sequence[Sequence[int]] | None = None,
+        block_tables_t: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [N] (sequence i owns rows ``query_start_loc[i]:[i+1]``, at
         consecutive positions from its slot's ``num_tokens``). ``block_tables[i]``: sequence
         i's blocks in the pool (None: each slot's own run of a ``for_slots`` pool). Returns
-        hidden [N, hidden]. ``ws``: the engine's Workspace (kernel scratch comes from it)."""
-        cfg = self.cfg
+        hidden [N, hidden]. ``ws``: the engine's Workspace (kernel scratch comes from it).
+        ``block_tables_t``: the same tables on the device, [B, width] null-padded (optional).
+        A step of one token per sequence runs batched (:meth:`forward_decode`)."""
         backend = self.backend.resolved(input_ids.device)
         if len(set(cache_slots)) != len(cache_slots):
             raise InvalidRequest(f"a cache slot appears twice in one step: {list(cache_slots)}",
                                  field="cache_slots")
+        decode = all(int(query_start_loc[i + 1]) - int(query_start_loc[i]) == 1
+                     for i in range(len(cache_slots)))
         spans = []
         for i, slot in enumerate(cache_slots):
             b, e = int(query_start_loc[i]), int(query_start_loc[i + 1])
             if not 0 <= slot < cache.max_batch:
                 raise InvalidRequest(f"cache slot {slot} outside [0, {cache.max_batch})", field="cache_slots")
-            table = cache.table(slot, None if block_tables is None else block_tables[i])
+            ids = None if block_tables is None else block_tables[i]
+            if decode:  # host tables only: the step addresses blocks through one [B, width] tensor
+                assert ids is not None or cache.static_tables is not None
+                table = torch.as_tensor(list(cache.static_tables[slot] if ids is None else ids),
+                                        dtype=torch.long)
+            else:
+                table = cache.table(slot, ids)
             cache.check_room(slot, e - b, table)
             spans.append(SeqSpan(b, e, slot, cache.num_tokens[slot], table))
+        if spans and decode:
+            tables = block_tables_t
+            if tables is None:
+                tables = torch.zeros(len(spans), max(sp.table.numel() for sp in spans),
+                                     dtype=torch.long)
+                for i, sp in enumerate(spans):
+                    tables[i, : sp.table.numel()] = sp.table
+            rows = DecodeRows(torch.tensor(list(cache_slots), device=input_ids.device),
+                              positions, tables.to(device=input_ids.device, dtype=torch.long))
+            hidden = self.forward_decode(input_ids, rows, cache, ws)
+        else:
+            hidden = self._layers(input_ids, positions, cache, ws, lambda attn, x, rope, lc: attn(
+                x, rope, self.compress_rotary, spans, lc, backend, ws))
+        for sp in spans:
+            cache.num_tokens[sp.slot] = sp.start_pos + (sp.end - sp.begin)
+        return hidden
+
+    @torch.no_grad()
+    def forward_decode(self, input_ids: torch.Tensor, rows: DecodeRows, cache: DeepseekV4KVPool,
+                       ws: object | None = None) -> torch.Tensor:
+        """One token for each sequence of ``rows``, all sequences at once, in device work only
+        (no host bookkeeping: the caller keeps ``cache.num_tokens``; what a CUDA graph
+        replays). input_ids: [B]. Returns hidden [B, hidden]."""
+        backend = self.backend.resolved(input_ids.device)
+        return self._layers(input_ids, rows.positions, cache, ws, lambda attn, x, rope, lc: (
+            attn.forward_decode(x, rope, self.compress_rotary, rows, lc, backend)))
+
+    def _layers(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: DeepseekV4KVPool,
+                ws: object | None,
+                attend: Callable[[V4Attention, torch.Tensor, tuple[torch.Tensor, torch.Tensor],
+                                  LayerPool], torch.Tensor]) -> torch.Tensor:
+        """Embedding, every decoder layer (``attend(attn, x, rope, layer_pool)`` runs the
+        attention part), the final mHC head and norm -> hidden [N, hidden]."""
+        cfg = self.cfg
         x = self.model.embed_tokens(input_ids)  # [N, hidden]
         streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [N, hc, hidden]
-        kernels = backend.mhc == "kernels"  # mHC's Sinkhorn, collapse and merge
+        kernels = self.backend.resolved(input_ids.device).mhc == "kernels"  # Sinkhorn, collapse, merge
         ropes = {
             True: self.main_rotary(positions, x.dtype),
             False: self.compress_rotary(positions, x.dtype),
@@ -195,16 +240,11 @@ class DeepseekV4Model(nn.Module):
         for layer, lc in zip(self.model.layers, cache.layers, strict=True):
             attn: V4Attention = layer.self_attn
             post, comb, collapsed = layer.attn_hc(streams, kernels)
-            a = attn(
-                layer.input_layernorm(collapsed), ropes[attn.layer_type == SLIDING],
-                self.compress_rotary, spans, lc, backend, ws,
-            )
+            a = attend(attn, layer.input_layernorm(collapsed), ropes[attn.layer_type == SLIDING], lc)
             streams = merge(post, comb, a, streams, kernels)
             post, comb, collapsed = layer.ffn_hc(streams, kernels)
             m = layer.mlp(layer.post_attention_layernorm(collapsed), input_ids, ws)
             streams = merge(post, comb, m, streams, kernels)
-        for sp in spans:
-            cache.num_tokens[sp.slot] = sp.start_pos + (sp.end - sp.begin)
         return self.model.norm(self.model.hc_head(streams, kernels))
 
     @torch.no_grad()

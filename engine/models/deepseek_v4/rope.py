@@ -41,13 +41,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     channels pairwise in fp32 and returns a new tensor in x's dtype."""
     half = cos.shape[-1]
     shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)
-    c = cos.float().reshape(shape)
-    s = sin.float().reshape(shape)
-    rope = x[..., -2 * half :].float()
-    x1, x2 = rope[..., 0::2], rope[..., 1::2]  # [N, ..., R/2]
-    r1 = x1 * c - x2 * s
-    r2 = x2 * c + x1 * s
-    rotated = torch.stack((r1, r2), dim=-1).flatten(-2).to(x.dtype)
+    # (x1 + i x2)(cos + i sin) = (x1 cos - x2 sin) + i (x2 cos + x1 sin): the pairwise rotation
+    # as one complex product (a handful of kernels instead of a dozen; this runs ~6 times a layer)
+    freqs = torch.complex(cos.float(), sin.float()).reshape(shape)
+    pairs = torch.view_as_complex(x[..., -2 * half :].float().unflatten(-1, (half, 2)))
+    rotated = torch.view_as_real(pairs * freqs).flatten(-2).to(x.dtype)
     return torch.cat([x[..., : -2 * half], rotated], dim=-1)
 
 

@@ -102,7 +102,35 @@ def deepseek_v4_step_scratch_bytes(
         + n * hid * e * 2 + n * inter * e * 5  # output accumulator, shared expert
     )
     out["final_norm"] = n * hc * hid * f * 3 + n * hid * (e + 2 * f)
+    out["decode_batched"] = deepseek_v4_decode_scratch_bytes(cfg, max_batch, max_context, dtype)
     return out
+
+
+def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_context: int,
+                                     dtype: torch.dtype = torch.bfloat16) -> int:
+    """What decode_step.py adds to a one-token-per-sequence step of ``max_batch`` rows beyond
+    the projections: one tile of the batched indexer (keys gathered and widened to fp32, the
+    [B, Hi, tile] fp32 scores and their ReLU and weighted copies, the running top-k), the
+    attended entries' pool rows (+ their dequantised rows for an FP8 pool, counted at the
+    model dtype + fp32), the compressor's window (+ overlap) per row, and the PyTorch
+    attention's [B, H, window + entries] fp32 logits x 4 (CPU path; an upper bound on CUDA)."""
+    from engine.models.deepseek_v4.decode_step import DECODE_INDEXER_TILE
+
+    b, e, f = max_batch, torch.empty((), dtype=dtype).element_size(), 4
+    d, h, w = cfg.head_dim, cfg.num_heads, cfg.sliding_window
+    comp_k = max([cfg.index_topk if t == CSA else max_context // cfg.rate(t)
+                  for t in cfg.layer_types if cfg.rate(t)], default=0)
+    total = b * comp_k * (8 * 3 + d * (e + f)) + b * h * (w + comp_k) * f * 4 + b * w * d * e
+    # gathered window rows x width: CSA 2r rows (overlap) of 2D, HCA r rows of D
+    window = max([2 * cfg.rate(t) * 2 * d if t == CSA else cfg.rate(t) * d
+                  for t in cfg.layer_types if cfg.rate(t)], default=0)
+    total += b * window * (e + f) * 4
+    if cfg.uses_csa:
+        t = min(DECODE_INDEXER_TILE, max(1, max_context // cfg.csa_rate))
+        hi, di, k = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
+        total += (b * t * (di * (e + f) + 8 * 2) + 3 * b * hi * t * f + 2 * b * t * f
+                  + 2 * b * (k + t) * (f + 8) + b * k * (f + 8) + b * hi * di * f)
+    return total
 
 
 _ATTENTION_PARTS = ("attention_projections", "compressor", "indexer", "sparse_attention",
@@ -113,6 +141,8 @@ def deepseek_v4_step_peak_bytes(scratch: dict[str, int]) -> int:
     """Transient peak of one step from :func:`deepseek_v4_step_scratch_bytes`'s parts:
     streams + max(attention parts together, MoE, final norm)."""
     attention = sum(scratch[k] for k in _ATTENTION_PARTS)
+    # a decode step runs decode_step.py instead of the chunk path's gathers and indexer
+    attention = max(attention, scratch["attention_projections"] + scratch.get("decode_batched", 0))
     return scratch["mhc_streams"] + max(attention, scratch["moe"], scratch["final_norm"])
 
 

@@ -1,6 +1,7 @@
 """Run under TRITON_INTERPRET=1 by test_deepseek_v4_triton_interp.py (its own process, because
 the variable must be set before triton is imported): the kernels backend, with its scratch taken
-from an engine Workspace, against the torch backend on a two-sequence step. Prints the max
+from an engine Workspace, against the torch backend on a two-sequence step and five decode
+steps of both sequences. Prints the max
 difference and the workspace peak."""
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ for backend in (V4Backend("kernels", "kernels"), V4Backend("torch", "torch")):
     ids = torch.cat([a[6:], b])
     pos = torch.cat([torch.arange(6, 19), torch.arange(13)])
     h2 = ours(ids, pos, [0, 13, 26], [1, 0], cache, ws=ws)
-    outs.append(torch.cat([h1, h2]))
+    # then both decode together (decode_step.py: the sparse-attention kernel over the window
+    # rings and the pool's entry rows), across CSA (rate 4) and HCA (rate 8) window closings
+    steps = []
+    for k in range(5):
+        tok = torch.tensor([(7 * k + 3) % 97, (5 * k + 11) % 97])
+        steps.append(ours(tok, torch.tensor([19 + k, 13 + k]), [0, 1, 2], [1, 0], cache, ws=ws))
+    outs.append(torch.cat([h1, h2, *steps]))
     peak = max(peak, ws.peak_bytes)
 print(f"maxdiff={(outs[0] - outs[1]).abs().max().item():.3e} ws_peak={peak} ws_cap={ws.capacity}")

@@ -1,0 +1,199 @@
+"""Batched DeepSeek-V4 decode: one token for each of B sequences, every part of an attention
+layer done for all of them at once (window KV write, compressors, indexer top-k, sparse
+attention), addressed by device tensors prepared once per step (:class:`DecodeRows`).
+
+Why a separate path: the chunk path (attention.py) walks the sequences of a step one by one,
+~50 small kernels and several host->device copies per sequence and layer, which is what a
+decode step at full depth spent its second on. Here the number of launches per layer does
+not depend on B, nothing reads a device value on the host, and every shape depends only on
+B and the block-table width, so a step can be captured as a CUDA graph (engine/cuda_graphs.py).
+
+Writes that only some rows make (an entry closes every ``rate`` tokens, a window row lands in
+its block only near the block's end) are made by every row; the rows that have nothing to
+write aim at the null block 0, which no sequence reads. Must never loop over sequences in
+Python, call ``.item()``/``.tolist()``, or build a tensor from host data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.compressor import V4Compressor
+from engine.models.deepseek_v4.kv_pool import CompressorPool, LayerPool, PagedRows
+from engine.models.deepseek_v4.rope import V4Rotary, apply_rope
+
+NULL_ROW = 0  # flat row 0 of any paged tensor is in the null block 0
+DECODE_INDEXER_TILE = 2048  # compressed entries scored per tile by the batched indexer
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """The step's addressing, one row per sequence: its cache slot, the position of its token
+    (= tokens its slot held before the step) and its block table (null-padded)."""
+
+    slots: torch.Tensor  # [B] int64
+    positions: torch.Tensor  # [B] int64
+    tables: torch.Tensor  # [B, width] int64
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.slots.shape[0])
+
+    @property
+    def writer(self) -> torch.Tensor:
+        """[B]: for each row, the first row of the same slot (itself, except for a CUDA graph's
+        pad rows, which copy row 0). Values written to the pool are taken from that row, so
+        duplicate writes to one place carry identical bits: a pad row's own results may differ
+        from row 0's in the last bit (another GEMM row), which would make the write racy."""
+        same = self.slots[:, None] == self.slots[None, :]
+        return same.to(torch.int8).argmax(dim=1)
+
+    def block_of(self, token_pos: torch.Tensor, block_size: int) -> torch.Tensor:
+        """The block id holding token position ``token_pos`` [B] of each row -> [B]."""
+        return self.tables.gather(1, (token_pos // block_size)[:, None])[:, 0]
+
+    def entry_rows(self, entries: torch.Tensor, per_block: int) -> torch.Tensor:
+        """Flat pool rows of entries ``entries`` ([B, K] entry numbers of each row's sequence,
+        any value >= 0) -> [B, K]."""
+        return self.tables.gather(1, entries // per_block) * per_block + entries % per_block
+
+
+def write_window(cache: LayerPool, rows: DecodeRows, kv: torch.Tensor) -> None:
+    """The token's rotated K=V into its slot's window ring and, in the block's last
+    ``window.rows`` positions, into its block. kv: [B, D]."""
+    w = cache.ring.shape[1]
+    kv = kv[rows.writer]
+    ring = cache.ring.view(-1, cache.ring.shape[-1])
+    ring.index_copy_(0, rows.slots * w + rows.positions % w, kv.to(ring.dtype))
+    bs, wr = cache.block_size, cache.window.rows
+    off = rows.positions % bs
+    dst = rows.block_of(rows.positions, bs) * wr + off - (bs - wr)
+    cache.window.write(torch.where(off >= bs - wr, dst, NULL_ROW), kv)
+
+
+def compress_decode(comp: V4Compressor, kv: torch.Tensor, gate: torch.Tensor,
+                    cp: CompressorPool, rows: DecodeRows, rotary: V4Rotary) -> None:
+    """:meth:`V4Compressor.compress` for one token of each row. kv, gate: [B, width] (the
+    compressor's projections). The token joins its slot's open window; rows whose window it
+    closes write the window's entry (and, overlapping, its Ca slice) to their blocks."""
+    r, d, bs = comp.rate, comp.dim, cp.block_size
+    b0, e0 = rows.positions % r, rows.positions // r
+    writer = rows.writer
+    cp.buf_kv[rows.slots, b0] = kv[writer].to(cp.buf_kv.dtype)
+    cp.buf_gate[rows.slots, b0] = gate[writer].to(cp.buf_gate.dtype)
+    closing = b0 == r - 1
+    ck = cp.buf_kv[rows.slots]  # [B, r, width]; only the closing rows' windows are whole
+    cg = cp.buf_gate[rows.slots] + comp.position_bias  # fp32, as the chunk path
+    if comp.overlap:
+        assert cp.ov_kv is not None and cp.ov_gate is not None
+        has_prev = (e0 > 0)[:, None, None]
+        prev = rows.block_of((e0 - 1).clamp(min=0) * r, bs)
+        pk = torch.where(has_prev, cp.ov_kv[prev], 0)  # [B, r, d]: previous window's Ca slice
+        pg = torch.where(has_prev, cp.ov_gate[prev], float("-inf"))
+        own = torch.where(closing, rows.block_of(e0 * r, bs), 0)
+        cp.ov_kv[own] = ck[writer, :, :d].to(cp.ov_kv.dtype)  # read above: safe to overwrite
+        cp.ov_gate[own] = cg[writer, :, :d]
+        ck = torch.cat([pk.to(ck.dtype), ck[..., d:]], dim=1)  # [B, 2r, d]
+        cg = torch.cat([pg, cg[..., d:]], dim=1)
+    weights = cg.softmax(dim=1, dtype=torch.float32).to(ck.dtype)
+    entry = comp.kv_norm((ck * weights).sum(dim=1))  # [B, d]
+    cos, sin = rotary(e0 * r, entry.dtype)
+    dst = rows.entry_rows(e0[:, None], bs // r)[:, 0]
+    cp.entries.write(torch.where(closing, dst, NULL_ROW), apply_rope(entry, cos, sin)[writer])
+
+
+def indexer_topk_decode(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows,
+                        rows: DecodeRows, rate: int, block_size: int, topk: int,
+                        tile: int = DECODE_INDEXER_TILE) -> torch.Tensor:
+    """Top-k indexer entries of each row's own sequence -> [B, topk] int64 (-1 = none).
+    q: [B, Hi, Di], weights: [B, Hi] fp32 (scales folded). Score as ``indexer_topk_torch``:
+    ``sum_h w[h] * relu(q[h] . k)`` in fp32 over the entries closed by the row's position.
+    Walks the table width in tiles with a running top-k: scratch ~ B x Hi x tile, never B x
+    Hi x context."""
+    b = q.shape[0]
+    per = block_size // rate
+    num_entries = rows.tables.shape[1] * per
+    kv_end = (rows.positions + 1) // rate  # [B]
+    qf = q.float()
+    best_v = q.new_full((b, 0), float("-inf"), dtype=torch.float32)
+    best_i = torch.zeros((b, 0), dtype=torch.long, device=q.device)
+    for t0 in range(0, num_entries, tile):
+        e = torch.arange(t0, min(t0 + tile, num_entries), device=q.device)
+        k = keys.read(rows.entry_rows(e[None, :].expand(b, -1), per).flatten())
+        k = k.view(b, e.numel(), -1).float()  # [B, T, Di]
+        sc = torch.einsum("bhd,btd->bht", qf, k)
+        sc = (F.relu(sc) * weights[:, :, None]).sum(dim=1)  # [B, T]
+        sc = sc.masked_fill(e[None, :] >= kv_end[:, None], float("-inf"))
+        cand_v = torch.cat([best_v, sc], dim=1)
+        cand_i = torch.cat([best_i, e[None, :].expand(b, -1)], dim=1)
+        best_v, pos = cand_v.topk(min(topk, cand_v.shape[1]), dim=1)
+        best_i = cand_i.gather(1, pos)
+    idx = torch.where(torch.isinf(best_v), -1, best_i)
+    if idx.shape[1] < topk:
+        idx = F.pad(idx, (0, topk - idx.shape[1]), value=-1)
+    return idx
+
+
+def compressed_rows(cp: CompressorPool, rows: DecodeRows, topk_idx: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat pool rows [B, K], visible [B, K] bool) of the compressed entries each row attends:
+    CSA the indexer's top-k (``topk_idx``), HCA every entry closed by the row's position."""
+    per = cp.block_size // cp.rate
+    if topk_idx is not None:
+        return rows.entry_rows(topk_idx.clamp(min=0), per), topk_idx >= 0
+    e = torch.arange(rows.tables.shape[1] * per, device=rows.tables.device)[None, :]
+    e = e.expand(rows.num_rows, -1)
+    return rows.entry_rows(e, per), e < ((rows.positions + 1) // cp.rate)[:, None]
+
+
+def attend_decode(backend: V4Backend, out: torch.Tensor, q: torch.Tensor, cache: LayerPool,
+                  rows: DecodeRows, comp: tuple[PagedRows, torch.Tensor, torch.Tensor] | None,
+                  sinks: torch.Tensor, scale: float) -> None:
+    """Sliding window (the slot's ring, already holding this token) + the given compressed
+    entries (pool, rows [B, K], visible [B, K]) for every row at once into ``out`` [B, H, D]."""
+    w, dim = cache.ring.shape[1], cache.ring.shape[-1]
+    filled = (rows.positions + 1).clamp(max=w)  # ring rows holding positions (pos - W, pos]
+    if backend.attention == "torch":
+        win = cache.ring[rows.slots]  # [B, W, D]
+        keys, valid = win, torch.arange(w, device=q.device)[None, :] < filled[:, None]
+        if comp is not None:
+            pool, crow, cvis = comp
+            keys = torch.cat([win, pool.read(crow.flatten()).view(*crow.shape, dim)], dim=1)
+            valid = torch.cat([valid, cvis], dim=1)
+        out.copy_(decode_attention_torch(q, keys, valid, sinks, scale))
+        return
+    kw: dict[str, torch.Tensor] = {}
+    if comp is not None:
+        pool, crow, cvis = comp
+        if pool.scale is None:  # the pool's own rows: nothing gathered
+            kw["compressed_kv"] = pool.data.view(-1, dim)
+            kw["indices"] = torch.where(cvis, crow, -1).to(torch.int32)
+        else:  # FP8 entries: dequantise the attended rows into one table
+            kw["compressed_kv"] = pool.read(crow.flatten())
+            flat = torch.arange(crow.numel(), device=q.device).view(crow.shape)
+            kw["indices"] = torch.where(cvis, flat, -1).to(torch.int32)
+    if backend.attention == "kernels_ref":
+        from kernels.sparse_attention_ref import sparse_attention_ref as fn
+    else:
+        from kernels.sparse_attention import sparse_attention as fn
+    start = (rows.slots * w).to(torch.int32)
+    fn(q, cache.ring.view(-1, dim), start, start + filled.to(torch.int32), scale=scale, out=out,
+       sinks=sinks, **kw)
+
+
+def decode_attention_torch(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor,
+                           sinks: torch.Tensor, scale: float) -> torch.Tensor:
+    """Readable reference of one decode row per sequence. q: [B, H, D]; keys (= values):
+    [B, K, D]; valid: [B, K]. Softmax in fp32 with the per-head sink as an extra logit that
+    joins the denominator only. Returns [B, H, D] in q's dtype."""
+    kf = keys.float()
+    s = torch.einsum("bhd,bkd->bhk", q.float(), kf) * scale
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    sink = sinks.float()[None, :, None].expand(q.shape[0], q.shape[1], 1)
+    logits = torch.cat([s, sink], dim=-1)
+    probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1)
+    return torch.einsum("bhk,bkd->bhd", probs[..., :-1], kf).to(q.dtype)
