@@ -43,6 +43,9 @@ class EngineConfig:
     strict_allocations: bool = False
     cuda_graphs: bool = True  # CUDA + Triton attention: capture decode steps as graphs
     seed: int = 0
+    # Ranks one worker spans (engine/parallel/): one process each, rank 0 schedules and samples.
+    # 1 = the single-process engine, untouched.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *_DTYPES):
@@ -50,7 +53,7 @@ class EngineConfig:
         if self.weight_format not in ("checkpoint", "dequantize"):
             raise PlanError(f"weight_format must be checkpoint or dequantize; got {self.weight_format!r}")
         for name in ("max_context", "chunk_tokens", "max_batch", "block_size", "attn_tile_tokens",
-                     "max_queue"):
+                     "max_queue", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_context < 2:
@@ -93,7 +96,9 @@ class EngineConfig:
 
     @property
     def use_cuda_graphs(self) -> bool:
-        return self.cuda_graphs and self.torch_device.type == "cuda" and self.use_triton_attention
+        # Several ranks: decode graphs would have to capture the all-reduce (not done yet).
+        return (self.cuda_graphs and self.torch_device.type == "cuda" and self.use_triton_attention
+                and self.tensor_parallel_size == 1)
 
     @property
     def torch_dtype(self) -> torch.dtype:

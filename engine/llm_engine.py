@@ -70,21 +70,37 @@ class LLMEngine:
     def __init__(self, ec: EngineConfig, model_config: ModelConfig,
                  weights: dict[str, torch.Tensor], model_fingerprint: str = "",
                  non_torch_bytes: int = 0,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, ranks: Any = None) -> None:
         """``progress``, when given, is told each start-up step in words (the worker prints
-        them: on a small machine the warm-up alone takes tens of seconds)."""
+        them: on a small machine the warm-up alone takes tens of seconds). ``ranks``
+        (engine/parallel/ranks.py, with ``tensor_parallel_size`` > 1): the other ranks, already
+        started; ``weights`` are then rank 0's slices and the plan is rank 0's."""
         self.config = ec
         self.model_config = model_config
         self.model_fingerprint = model_fingerprint
+        self.ranks = ranks
+        rank_cfg, shard = model_config, None
+        if ranks is not None:
+            from engine.parallel.shard_plan import ShardPlan
+
+            shard = ShardPlan(model_config, 0, ranks.size)
+            rank_cfg = shard.rank_config
         # quantized payloads count as the model will hold them (stored, or dequantized)
-        weight_bytes = family_class(model_config).resident_weight_bytes(weights, ec)
-        self.plan: MemoryPlan = make_plan(model_config, ec, device_memory(ec), weight_bytes,
+        weight_bytes = family_class(rank_cfg).resident_weight_bytes(weights, ec)
+        self.plan: MemoryPlan = make_plan(rank_cfg, ec, device_memory(ec), weight_bytes,
                                           non_torch_bytes, library_workspaces(ec))
         self.plan.check()
         if progress is not None:
             progress(f"memory plan: {self.plan.total_bytes / 2**20:,.0f} MiB, KV extent "
                      f"{self.plan.num_blocks} blocks of {ec.block_size} tokens")
-        self.runner = ModelRunner(model_config, ec, weights, self.plan)
+        self.runner = ModelRunner(rank_cfg, ec, weights, self.plan,
+                                  tp=None if ranks is None else ranks.group)
+        self._kv_view: KVLayout = self.plan.kv_layout
+        if ranks is not None:  # the KV store sees the one-rank layout, gathered from the ranks
+            from engine.parallel.kv_gather import ShardedKVLayout
+
+            self._kv_view = ShardedKVLayout(family_class(model_config).kv_layout(model_config, ec),
+                                            self.runner, shard, ranks.group)
         # Every family keeps what a sequence needs to continue in its blocks, so full blocks
         # are shared by prefix hash (the family's layout says where it can resume).
         self.block_manager = BlockManager(self.plan.num_blocks, ec.block_size,
@@ -117,19 +133,35 @@ class LLMEngine:
                     progress: Callable[[str], None] | None = None) -> LLMEngine:
         from engine.checkpoint import load_checkpoint
 
-        non_torch = 0
-        if ec.torch_device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(ec.torch_device)
-            non_torch = total - free - torch.cuda.memory_reserved(ec.torch_device)
-        if progress is not None:
-            progress(f"loading weights from {ec.model}")
-        ckpt = load_checkpoint(ec.model, dtype=ec.torch_dtype, device=ec.torch_device)
-        if progress is not None:
-            num_bytes = sum(t.numel() * t.element_size() for t in ckpt.state_dict.values())
-            progress(f"loaded {len(ckpt.state_dict)} tensors ({num_bytes / 2**20:,.0f} MiB, "
-                     f"{ckpt.config.name})")
-        return cls(ec, ckpt.config, ckpt.state_dict, ckpt.model_fingerprint, non_torch,
-                   progress)
+        ranks = None
+        try:
+            if ec.tensor_parallel_size > 1:
+                from engine.parallel.ranks import Ranks
+                from engine.parallel.shard_plan import check_tensor_parallel
+
+                check_tensor_parallel(ec)  # before any process starts
+                if progress is not None:
+                    progress(f"starting {ec.tensor_parallel_size - 1} more tensor-parallel "
+                             "rank(s)")
+                ranks = Ranks(ec)  # they load their own slices meanwhile
+            non_torch = 0
+            if ec.torch_device.type == "cuda":
+                free, total = torch.cuda.mem_get_info(ec.torch_device)
+                non_torch = total - free - torch.cuda.memory_reserved(ec.torch_device)
+            if progress is not None:
+                progress(f"loading weights from {ec.model}")
+            ckpt = load_checkpoint(ec.model, dtype=ec.torch_dtype, device=ec.torch_device,
+                                   tensor_parallel=(0, ec.tensor_parallel_size))
+            if progress is not None:
+                num_bytes = sum(t.numel() * t.element_size() for t in ckpt.state_dict.values())
+                progress(f"loaded {len(ckpt.state_dict)} tensors ({num_bytes / 2**20:,.0f} MiB, "
+                         f"{ckpt.config.name})")
+            return cls(ec, ckpt.config, ckpt.state_dict, ckpt.model_fingerprint, non_torch,
+                       progress, ranks)
+        except BaseException:
+            if ranks is not None:
+                ranks.abort()
+            raise
 
     @property
     def kv_cache(self) -> Any:
@@ -138,7 +170,14 @@ class LLMEngine:
 
     @property
     def kv_layout(self) -> KVLayout:
-        return self.plan.kv_layout
+        """The layout blocks are exported and imported in (the one-rank layout at any
+        tensor-parallel size; ``plan.kv_layout`` is this rank's storage)."""
+        return self._kv_view
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do with one rank)."""
+        if self.ranks is not None:
+            self.ranks.stop()
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling: SamplingParams,

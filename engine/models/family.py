@@ -111,6 +111,9 @@ class ModelFamily(ABC):
     """
 
     uses_cuda_graphs: ClassVar[bool] = False
+    #: whether the family runs split over ranks (engine/parallel/): its constructor then takes
+    #: ``tp`` (a ``RankGroup``) and the loader reads each rank's slices
+    supports_tensor_parallel: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod
