@@ -36,8 +36,9 @@ def follower_main(ec: EngineConfig, rank: int, init_file: str, parent_pid: int,
         torch.cuda.set_device(device)
     group = RankGroup(rank, ec.tensor_parallel_size, device, init_file)
     runner, shard = build_rank_runner(ec, group)
-    log.info("rank %d of %d ready on %s: %s", rank, group.size, device, runner.plan.table()
-             .splitlines()[-2])
+    plan = runner.plan
+    log.info("rank %d of %d ready on %s: plan %.1f MiB, %d KV tokens", rank, group.size, device,
+             plan.total_bytes / 2**20, plan.kv_tokens)
     try:
         follow(runner, shard, group)
     finally:

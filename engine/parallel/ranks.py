@@ -61,6 +61,7 @@ class Ranks:
         if self._stopping.is_set():
             return
         dead = sentinels[ready[0]]
+        dead.join(1.0)  # its exit status
         log.error("tensor-parallel %s exited (status %s) under a serving worker; stopping the "
                   "worker", dead.name, dead.exitcode)
         for p in self.procs:
