@@ -94,6 +94,12 @@ class DenseFamily(ModelFamily):
         self.decoder = DenseDecoder(cfg, weights, rope, shape, fused=ec.use_triton_attention, tp=tp)
 
     @classmethod
+    def rank_model_config(cls, cfg: ModelConfig, size: int) -> ModelConfig:
+        from engine.parallel.shard_plan import ShardPlan
+
+        return ShardPlan(cfg, 0, size).rank_config
+
+    @classmethod
     def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> DenseKVLayout:
         return DenseKVLayout(cfg, ec)
 

@@ -125,6 +125,15 @@ class ModelFamily(ABC):
                    weight_bytes: int | None) -> list[PlanTerm]: ...
 
     @classmethod
+    def rank_model_config(cls, cfg: ModelConfig, size: int) -> ModelConfig:
+        """The model as one of ``size`` tensor-parallel ranks holds it (what the planner plans
+        per rank); raises PlanError naming the field that does not split by ``size``."""
+        from engine.errors import PlanError
+
+        raise PlanError(f"tensor_parallel_size={size}: family {cfg.family} has no split over "
+                        "ranks")
+
+    @classmethod
     def checkpoint_tensors(cls, cfg: ModelConfig,
                            present: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]] | None:
         """The tensors to load with their shapes (checked by the loader), or None to load every

@@ -9,6 +9,7 @@ Never allocates cache memory after construction.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import torch
@@ -96,6 +97,25 @@ class DeepseekV4Family(ModelFamily):
     def resident_weight_bytes(cls, weights: dict[str, torch.Tensor], ec: EngineConfig) -> int:
         """Quantized payloads as the model will hold them: stored, or dequantized to dtype."""
         return resident_weight_bytes(weights, ec.torch_dtype, ec.weight_format)
+
+    @classmethod
+    def rank_model_config(cls, cfg: ModelConfig, size: int) -> ModelConfig:
+        """One rank of ``size`` as the operator splits V4 (planning only: the forward does not
+        split yet): the query heads with their output-projection groups and the routed experts
+        divided, the single shared KV head, the indexer, the shared expert, embedding and head
+        replicated; so the KV extent and the indexer's scratch are whole on every rank."""
+        from engine.errors import PlanError
+
+        hf = dict(cfg.hf_config)
+        v4 = DeepseekV4Config.from_hf_dict(hf)
+        split = {"num_attention_heads": v4.num_heads, "o_groups": v4.o_groups,
+                 "n_routed_experts": v4.n_routed_experts}
+        bad = [f"{k}={v}" for k, v in split.items() if v % size]
+        if bad:
+            raise PlanError(f"tensor_parallel_size={size} does not split {cfg.name}: "
+                            + ", ".join(bad) + f" is not a multiple of {size}")
+        hf.update({k: v // size for k, v in split.items()})
+        return dataclasses.replace(cfg, num_heads=v4.num_heads // size, hf_config=hf)
 
     @classmethod
     def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> V4KVLayout:
