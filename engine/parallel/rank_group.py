@@ -39,6 +39,11 @@ class RankGroup:
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
                                 world_size=size, timeout=timedelta(seconds=timeout_s))
         self.control = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
+        if backend == "nccl":
+            # NCCL sets up its communicator (and cudaMallocs its buffers) on the first
+            # collective: do it now, so start-up measures those bytes as non-torch memory.
+            dist.all_reduce(torch.zeros(1, device=device))
+            torch.cuda.synchronize(device)
 
     @property
     def is_driver(self) -> bool:
