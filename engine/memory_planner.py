@@ -183,7 +183,7 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
     if ec.tensor_parallel_size > 1:  # ``model`` is then one rank's share (engine/parallel/)
         from engine.parallel.rank_runner import comm_terms
 
-        terms.extend(comm_terms(model, ec))
+        terms.extend(comm_terms(model, ec, nccl_measured=non_torch_bytes > 0))
     terms.insert(1, PlanTerm(
         "kv_cache", num_blocks * layout.bytes_per_block,
         f"num_blocks {num_blocks} x {layout.bytes_per_block:,} B per block of "

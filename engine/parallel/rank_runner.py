@@ -33,18 +33,21 @@ def rank_engine_config(ec: EngineConfig, rank: int) -> EngineConfig:
     return dataclasses.replace(ec, device=str(rank_device(ec, rank)))
 
 
-def comm_terms(model: ModelConfig, ec: EngineConfig) -> list[PlanTerm]:
-    """The communication buffers one rank holds beside its tensors."""
+def comm_terms(model: ModelConfig, ec: EngineConfig, nccl_measured: bool) -> list[PlanTerm]:
+    """The communication buffers one rank holds beside its tensors. ``nccl_measured``: the
+    start-up's non-torch term already holds NCCL's buffers (measured after its first
+    collective), so they are not estimated again."""
     size = ec.tensor_parallel_size
     elem = torch.empty((), dtype=ec.torch_dtype).element_size()
     reduced = ec.chunk_tokens * model.hidden_size * elem
     terms = [PlanTerm("tp.allreduce_staging", reduced,
                       f"one copy of the largest all-reduced tensor: chunk {ec.chunk_tokens} x "
                       f"hidden {model.hidden_size} x {elem} B")]
-    if ec.torch_device.type == "cuda":
+    if ec.torch_device.type == "cuda" and not nccl_measured:
         terms.append(PlanTerm("tp.nccl_buffers", 2 * (size - 1) * NCCL_CHANNELS * NCCL_BUFFSIZE,
                               f"2 directions x {size - 1} peer(s) x {NCCL_CHANNELS} channels x "
-                              "NCCL_BUFFSIZE 4 MiB (estimate; start-up measures it in non_torch)"))
+                              "NCCL_BUFFSIZE 4 MiB (an estimate: a serving start-up measures it "
+                              "in non_torch instead)"))
     return terms
 
 
