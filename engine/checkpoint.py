@@ -105,14 +105,12 @@ def load_checkpoint(
 
 
 def _tensor_parallel_slicer(cfg: ModelConfig, source: Any, rank: int, size: int) -> Any:
-    from engine.parallel.shard_plan import ShardPlan  # only with tensor parallelism
-
-    if not isinstance(source, SafetensorsCheckpoint) or \
-            not family_class(cfg).supports_tensor_parallel:
+    family = family_class(cfg)
+    if not isinstance(source, SafetensorsCheckpoint) or not family.supports_tensor_parallel:
         raise CheckpointError(f"tensor_parallel_size={size}: sharded loading covers the "
-                              "families that split (the dense ones) from safetensors; "
+                              "families that split, from safetensors; "
                               f"{cfg.family} from {source.files[0]} runs on one rank only")
-    return ShardPlan(cfg, rank, size).slice_of
+    return family.tensor_slicer(cfg, rank, size)
 
 
 def expected_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

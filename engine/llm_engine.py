@@ -79,14 +79,15 @@ class LLMEngine:
         self.model_config = model_config
         self.model_fingerprint = model_fingerprint
         self.ranks = ranks
-        rank_cfg, shard = model_config, None
+        rank_cfg, shard, family = model_config, None, family_class(model_config)
         if ranks is not None:
             from engine.parallel.shard_plan import ShardPlan
 
-            shard = ShardPlan(model_config, 0, ranks.size)
-            rank_cfg = shard.rank_config
+            rank_cfg = family.rank_model_config(model_config, ranks.size)
+            if family.tensor_parallel_kv == "heads":
+                shard = ShardPlan(model_config, 0, ranks.size)
         # quantized payloads count as the model will hold them (stored, or dequantized)
-        weight_bytes = family_class(rank_cfg).resident_weight_bytes(weights, ec)
+        weight_bytes = family.resident_weight_bytes(weights, ec)
         self.plan: MemoryPlan = make_plan(rank_cfg, ec, device_memory(ec), weight_bytes,
                                           non_torch_bytes, library_workspaces(ec))
         self.plan.check()
@@ -99,8 +100,8 @@ class LLMEngine:
         if ranks is not None:  # the KV store sees the one-rank layout, gathered from the ranks
             from engine.parallel.kv_gather import ShardedKVLayout
 
-            self._kv_view = ShardedKVLayout(family_class(model_config).kv_layout(model_config, ec),
-                                            self.runner, shard, ranks.group)
+            self._kv_view = ShardedKVLayout(family.kv_layout(model_config, ec), self.runner, shard,
+                                            ranks.group)
         # Every family keeps what a sequence needs to continue in its blocks, so full blocks
         # are shared by prefix hash (the family's layout says where it can resume).
         self.block_manager = BlockManager(self.plan.num_blocks, ec.block_size,

@@ -100,6 +100,12 @@ class DenseFamily(ModelFamily):
         return ShardPlan(cfg, 0, size).rank_config
 
     @classmethod
+    def tensor_slicer(cls, cfg: ModelConfig, rank: int, size: int) -> Any:
+        from engine.parallel.shard_plan import ShardPlan
+
+        return ShardPlan(cfg, rank, size).slice_of
+
+    @classmethod
     def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> DenseKVLayout:
         return DenseKVLayout(cfg, ec)
 

@@ -114,6 +114,9 @@ class ModelFamily(ABC):
     #: whether the family runs split over ranks (engine/parallel/): its constructor then takes
     #: ``tp`` (a ``RankGroup``) and the loader reads each rank's slices
     supports_tensor_parallel: ClassVar[bool] = False
+    #: how the ranks hold the KV: "heads" (each its own KV heads; blocks are gathered on export)
+    #: or "replicated" (each the whole KV, written identically; rank 0's blocks are exported)
+    tensor_parallel_kv: ClassVar[str] = "heads"
 
     @classmethod
     @abstractmethod
@@ -132,6 +135,13 @@ class ModelFamily(ABC):
 
         raise PlanError(f"tensor_parallel_size={size}: family {cfg.family} has no split over "
                         "ranks")
+
+    @classmethod
+    def tensor_slicer(cls, cfg: ModelConfig, rank: int, size: int) -> Any:
+        """``name -> TensorSlice | None`` (engine/parallel/shard_plan.py): what the loader
+        reads of each tensor for ``rank``; None = every tensor whole (the family slices at
+        construction)."""
+        return None
 
     @classmethod
     def checkpoint_tensors(cls, cfg: ModelConfig,

@@ -34,10 +34,17 @@ def export_rank_rows(runner: Any, shard: Any, group: RankGroup,
 def import_rank_rows(runner: Any, shard: Any, group: RankGroup, block_ids: list[int],
                      data: torch.Tensor | None) -> None:
     """Every rank: take its heads out of the one-rank bytes (``data`` on rank 0, CPU
-    [n, full bytes per block] uint8; broadcast from there) and write them into its blocks."""
+    [n, full bytes per block] uint8; broadcast from there) and write them into its blocks.
+    ``shard`` None: every rank holds the whole KV (replicated) and writes all of it."""
+    rank_bytes = runner.plan.kv_layout.bytes_per_block
+    if shard is None:
+        buf = data if data is not None else torch.empty((len(block_ids), rank_bytes),
+                                                        dtype=torch.uint8)
+        group.broadcast_cpu(buf)
+        runner.plan.kv_layout.import_blocks(runner.kv, block_ids, buf)
+        return
     per = _head_bytes(runner, shard)
     full = per * shard.cfg.num_kv_heads // shard.rank_config.num_kv_heads
-    rank_bytes = runner.plan.kv_layout.bytes_per_block
     shape = (len(block_ids), rank_bytes // per * full)
     buf = data if data is not None else torch.empty(shape, dtype=torch.uint8)
     group.broadcast_cpu(buf)
@@ -50,7 +57,8 @@ def import_rank_rows(runner: Any, shard: Any, group: RankGroup, block_ids: list[
 
 class ShardedKVLayout(KVLayout):
     """Rank 0's KV as the KV store sees it: the geometry and fingerprint of the one-rank layout
-    (``full``), the bytes gathered from / scattered to every rank."""
+    (``full``), the bytes gathered from / scattered to every rank. ``shard`` None: the ranks
+    hold the KV replicated; rank 0's blocks are exported and imports go to every rank."""
 
     def __init__(self, full: KVLayout, runner: Any, shard: Any, group: RankGroup) -> None:
         self.full = full
@@ -73,6 +81,8 @@ class ShardedKVLayout(KVLayout):
         raise AssertionError("each rank allocates its own KV (engine/parallel/rank_runner.py)")
 
     def export_blocks(self, kv: Any, block_ids: list[int]) -> torch.Tensor:
+        if self.shard is None:
+            return self.full.export_blocks(self.runner.kv, block_ids)
         self.group.send(Command("export", (tuple(block_ids),)))
         parts = export_rank_rows(self.runner, self.shard, self.group, list(block_ids))
         assert parts is not None

@@ -66,9 +66,11 @@ def build_rank_runner(ec: EngineConfig, group):  # noqa: ANN001, ANN201 - RankGr
         non_torch = total - free - torch.cuda.memory_reserved(ec.torch_device)
     ckpt = load_checkpoint(ec.model, dtype=ec.torch_dtype, device=ec.torch_device, progress=False,
                            tensor_parallel=(group.rank, group.size))
-    shard = ShardPlan(ckpt.config, group.rank, group.size)
-    cfg = shard.rank_config
-    weight_bytes = family_class(cfg).resident_weight_bytes(ckpt.state_dict, ec)
+    family = family_class(ckpt.config)
+    cfg = family.rank_model_config(ckpt.config, group.size)
+    shard = ShardPlan(ckpt.config, group.rank, group.size) \
+        if family.tensor_parallel_kv == "heads" else None
+    weight_bytes = family.resident_weight_bytes(ckpt.state_dict, ec)
     plan = make_plan(cfg, ec, device_memory(ec), weight_bytes, non_torch, library_workspaces(ec))
     plan.check()
     return ModelRunner(cfg, ec, ckpt.state_dict, plan, tp=group), shard

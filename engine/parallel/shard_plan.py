@@ -116,7 +116,8 @@ def check_tensor_parallel(ec: EngineConfig) -> None:
     from engine.models import family_class
 
     cfg = load_model_config(ec.model)
-    if not family_class(cfg).supports_tensor_parallel:
+    family = family_class(cfg)
+    if not family.supports_tensor_parallel:
         raise PlanError(f"tensor_parallel_size={ec.tensor_parallel_size}: family {cfg.family} "
                         f"({cfg.name}) does not split over ranks yet; run it with 1")
-    check_dense_split(cfg, ec.tensor_parallel_size)
+    family.rank_model_config(cfg, ec.tensor_parallel_size)  # raises naming the field

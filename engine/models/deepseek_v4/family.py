@@ -39,6 +39,7 @@ from engine.models.deepseek_v4.sizing import (
     deepseek_v4_weight_bytes,
     deepseek_v4_workspace_bytes,
 )
+from engine.models.deepseek_v4.tensor_parallel import rank_hf_config, shard_model, whole_hf_config
 from engine.models.family import CacheKind, KVLayout, ModelFamily
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace, _align
@@ -80,18 +81,24 @@ class V4KVLayout(KVLayout):
 class DeepseekV4Family(ModelFamily):
     uses_cuda_graphs: ClassVar[bool] = False  # the step checks slot positions on the host
     cast_weights_on_load: ClassVar[bool] = False  # FP8/FP4 payloads and scales kept as stored
+    supports_tensor_parallel: ClassVar[bool] = True  # dequantized weights (tensor_parallel.py)
+    tensor_parallel_kv: ClassVar[str] = "replicated"  # one shared KV head: whole on every rank
 
     @staticmethod
     def keeps_stored_dtype(name: str) -> bool:
         return name.endswith((".scale", "_scale_inv", "_proj_scale"))
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineConfig,
-                 backend: V4Backend | None = None) -> None:
-        self.cfg = DeepseekV4Config.from_hf_dict(dict(cfg.hf_config))
+                 backend: V4Backend | None = None, tp: Any = None) -> None:
+        """``tp`` (engine/parallel/rank_group.py, or None): ``cfg`` is then a rank's
+        (``rank_model_config``) and ``weights`` the whole checkpoint, cut down after loading."""
+        self.cfg = DeepseekV4Config.from_hf_dict(whole_hf_config(dict(cfg.hf_config)))
         # the engine hands its weights dict over: experts leave it as they are stacked
         self.model = DeepseekV4Model.from_state_dict(self.cfg, weights, ec.torch_dtype,
                                                      ec.torch_device, backend, ec.weight_format,
                                                      consume=True)
+        if tp is not None:
+            shard_model(self.model, self.cfg, tp.rank, tp)
 
     @classmethod
     def resident_weight_bytes(cls, weights: dict[str, torch.Tensor], ec: EngineConfig) -> int:
@@ -100,22 +107,12 @@ class DeepseekV4Family(ModelFamily):
 
     @classmethod
     def rank_model_config(cls, cfg: ModelConfig, size: int) -> ModelConfig:
-        """One rank of ``size`` as the operator splits V4 (planning only: the forward does not
-        split yet): the query heads with their output-projection groups and the routed experts
-        divided, the single shared KV head, the indexer, the shared expert, embedding and head
-        replicated; so the KV extent and the indexer's scratch are whole on every rank."""
-        from engine.errors import PlanError
-
-        hf = dict(cfg.hf_config)
-        v4 = DeepseekV4Config.from_hf_dict(hf)
-        split = {"num_attention_heads": v4.num_heads, "o_groups": v4.o_groups,
-                 "n_routed_experts": v4.n_routed_experts}
-        bad = [f"{k}={v}" for k, v in split.items() if v % size]
-        if bad:
-            raise PlanError(f"tensor_parallel_size={size} does not split {cfg.name}: "
-                            + ", ".join(bad) + f" is not a multiple of {size}")
-        hf.update({k: v // size for k, v in split.items()})
-        return dataclasses.replace(cfg, num_heads=v4.num_heads // size, hf_config=hf)
+        """One rank of ``size`` as the operator splits V4 (tensor_parallel.py): the query heads
+        with their output-projection groups and the routed experts divided; the single shared
+        KV head, the indexer, the shared expert, embedding and head whole on every rank, so the
+        KV extent and the indexer's scratch are whole on every rank."""
+        hf = rank_hf_config(dict(cfg.hf_config), size, cfg.name)
+        return dataclasses.replace(cfg, num_heads=hf["num_attention_heads"], hf_config=hf)
 
     @classmethod
     def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> V4KVLayout:
