@@ -102,7 +102,13 @@ class V4MoE(nn.Module):
         weights, indices = self.route(x, input_ids)
         if isinstance(self.experts, Mxfp4Experts):
             # fused: sorted on the device, one launch per GEMM for all experts, no host sync
-            return self.experts.add_into(x, weights.float(), indices, self.shared_experts(x),
+            base = self.shared_experts(x) if self.add_shared else torch.zeros_like(x)
+            if self.expert_offset or self.experts.shape[0] != self.cfg.n_routed_experts:
+                # this rank's experts only: the other picks run expert 0 at weight 0
+                local = indices - self.expert_offset
+                mine = (local >= 0) & (local < self.experts.shape[0])
+                weights, indices = torch.where(mine, weights, 0), torch.where(mine, local, 0)
+            return self.experts.add_into(x, weights.float(), indices, base,
                                          self.cfg.swiglu_limit, ws)
         k = indices.shape[1]
         flat_e = indices.reshape(-1)

@@ -7,7 +7,8 @@ runs only the experts it holds; rank 0 adds the shared expert; the MoE output is
 The single shared KV head, the compressors, the indexer, the mHC, embedding and head stay whole,
 so every rank writes the same KV into its own pool. Applied once, after the model is built from
 the whole checkpoint: the ranks do not yet read only their slices (a V4-Flash-sized load needs
-that). Quantized (FP8 / MXFP4) layers are refused here: their block scales are not split yet.
+that). FP8 layers are cut with their block-scale grid (a cut must fall on a block boundary or
+inside one block row); MXFP4 experts keep the picks of the other ranks' experts at weight 0.
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ class _Reduced(nn.Module):
         return self.tp.all_reduce(self.inner(*args))
 
 
+class _Flat(nn.Module):
+    """A block-diagonal projection left with one group: [N, 1, in] -> [N, out], as before."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x).flatten(1)
+
+
 def rank_hf_config(hf: dict[str, Any], size: int, name: str) -> dict[str, Any]:
     """``hf`` as one rank of ``size`` sees it (the whole values kept under FULL_KEY)."""
     v4 = DeepseekV4Config.from_hf_dict(hf)
@@ -63,34 +75,56 @@ def whole_hf_config(hf: dict[str, Any]) -> dict[str, Any]:
 def shard_model(model: nn.Module, cfg: DeepseekV4Config, rank: int, tp: Any) -> None:
     """Cut ``model`` (built whole) down to rank ``rank``'s share, in place."""
     size = tp.size
-    if any(isinstance(m, Fp8Linear | Mxfp4Experts) for m in model.modules()):
-        raise PlanError(f"tensor_parallel_size={size}: DeepSeek-V4 with FP8/MXFP4 weights does "
-                        "not split yet; use weight_format=dequantize or one rank")
     heads, groups = cfg.num_heads // size, cfg.o_groups // size
     local = dataclasses.replace(cfg, num_heads=heads, o_groups=groups)
     for mod in model.modules():
         if isinstance(mod, V4Attention):
             d = cfg.head_dim
-            _keep_rows(mod.q_b_proj, "weight", rank * heads * d, heads * d)
+            _cut(mod.q_b_proj, 0, rank * heads * d, heads * d)
             mod.sinks = nn.Parameter(mod.sinks.data[rank * heads:(rank + 1) * heads].clone(),
                                      requires_grad=False)
             per_group = cfg.o_lora_rank
-            _keep_rows(mod.o_a_proj, "weight", rank * groups * per_group, groups * per_group)
+            _cut(mod.o_a_proj, 0, rank * groups * per_group, groups * per_group)
             mod.o_a_proj.groups = groups
-            w = mod.o_b_proj.weight.data
-            cols = slice(rank * groups * per_group, (rank + 1) * groups * per_group)
-            mod.o_b_proj.weight = nn.Parameter(w[:, cols].contiguous(), requires_grad=False)
+            if groups == 1 and isinstance(mod.o_a_proj, Fp8Linear):  # now a plain FP8 linear
+                mod.o_a_proj = _Flat(mod.o_a_proj)
+            _cut(mod.o_b_proj, 1, rank * groups * per_group, groups * per_group)
             mod.o_b_proj = _Reduced(mod.o_b_proj, tp)
             mod.cfg = local
         elif isinstance(mod, V4MoE):
             per = cfg.n_routed_experts // size
             mod.expert_offset = rank * per
-            _keep_rows(mod.experts, "gate_up_proj", rank * per, per)
-            _keep_rows(mod.experts, "down_proj", rank * per, per)
+            names = ["gate_up_proj", "down_proj"]
+            if isinstance(mod.experts, Mxfp4Experts):
+                names += ["gate_up_proj_scale", "down_proj_scale"]
+                mod.experts.shape = (per, *mod.experts.shape[1:])
+            for name in names:
+                _keep_rows(mod.experts, name, rank * per, per)
             mod.add_shared = rank == 0
             mod.reduce = tp.all_reduce
 
 
 def _keep_rows(mod: nn.Module, attr: str, start: int, length: int) -> None:
-    t = getattr(mod, attr).data
-    setattr(mod, attr, nn.Parameter(t[start:start + length].contiguous(), requires_grad=False))
+    _set(mod, attr, getattr(mod, attr).data[start:start + length].contiguous())
+
+
+def _set(mod: nn.Module, attr: str, t: torch.Tensor) -> None:
+    if attr in mod._buffers:
+        mod._buffers[attr] = t
+    else:
+        setattr(mod, attr, nn.Parameter(t, requires_grad=False))
+
+
+def _cut(mod: nn.Module, dim: int, start: int, length: int) -> None:
+    """Keep ``[start, start + length)`` of the weight's ``dim`` (0: rows, 1: columns); an FP8
+    weight keeps the block scales of what it keeps."""
+    w = mod.weight.data
+    _set(mod, "weight", w.narrow(dim, start, length).contiguous())
+    if not isinstance(mod, Fp8Linear):
+        return
+    b = mod.block[dim]
+    first, last = start // b, (start + length - 1) // b
+    if start % b and first != last:
+        raise PlanError(f"DeepSeek-V4 FP8 weight of {tuple(w.shape)} cannot be cut at {start} "
+                        f"(dim {dim}): not on a {b}-wide scale block boundary")
+    _set(mod, "scale", mod.scale.narrow(dim, first, last - first + 1).contiguous())

@@ -112,3 +112,35 @@ def test_a_size_that_does_not_divide_the_experts_is_refused(tmp_path) -> None:
     model.save_pretrained(tmp_path)
     with pytest.raises(PlanError, match="n_routed_experts=5"):
         _engine(tmp_path, 2)
+
+
+def test_fp8_and_mxfp4_weights_split_too(tmp_path) -> None:
+    """The checkpoint as shipped (FP8 projections with 128x128 block scales, MXFP4 experts):
+    the ranks cut the FP8 weights with their scale grid and run their MXFP4 experts only."""
+    from transformers import DeepseekV4Config as HFConfig
+    from transformers import DeepseekV4ForCausalLM
+
+    from tests.engine.deepseek_v4._quantized_ckpt import write_quantized
+    from tests.engine.deepseek_v4.test_deepseek_v4_quantized import RAW
+
+    torch.manual_seed(0)
+    raw = {**RAW, "n_routed_experts": 8, "o_lora_rank": 64}  # even experts; o_a cut in a block
+    model = DeepseekV4ForCausalLM(HFConfig(**raw)).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * (0.3 if "sinks" in name else 0.05))
+    write_quantized(model, tmp_path)
+    g = torch.Generator().manual_seed(3)
+    prompts = {f"p{n}": torch.randint(2, 97, (n,), generator=g).tolist() for n in (5, 29)}
+    ref, ref_logits = _run(_engine(tmp_path, 1), prompts)
+    two = _engine(tmp_path, 2)
+    try:
+        experts = two.runner.model.model.model.layers[1].mlp.experts
+        assert type(experts).__name__ == "Mxfp4Experts" and experts.gate_up_proj.shape[0] == 4
+        got, logits = _run(two, prompts)
+        assert got == ref
+        for r in prompts:
+            torch.testing.assert_close(logits[r], ref_logits[r], rtol=1e-4, atol=1e-4)
+    finally:
+        two.close()
