@@ -39,28 +39,31 @@ def _greedy_and_logits(engine: LLMEngine, prompts: dict[str, list[int]]):
 
 
 @pytest.fixture(scope="module", params=[
-    ("llama", {}),  # 4 heads, 2 KV heads: both split over 2 ranks
-    ("qwen3", {}),  # head_dim 24 != hidden / heads, per-head q/k norms
-    ("qwen3", {"num_key_value_heads": 1}),  # one KV head: replicated on both ranks
-    ("qwen2", {}),  # q/k/v biases split with their heads
-], ids=["llama", "qwen3", "qwen3-kv1", "qwen2"])
+    ("llama", {}, 2),  # 4 heads, 2 KV heads: both split over 2 ranks
+    ("qwen3", {}, 2),  # head_dim 24 != hidden / heads, per-head q/k norms
+    ("qwen3", {"num_key_value_heads": 1}, 2),  # one KV head: replicated on both ranks
+    ("qwen2", {}, 2),  # q/k/v biases split with their heads
+    ("llama", {"attention_bias": True}, 2),  # o_proj's bias added once, by rank 0
+    ("llama", {}, 4),  # 2 KV heads over 4 ranks: each held by two; 88 / 4 = 22 of the MLP
+], ids=["llama", "qwen3", "qwen3-kv1", "qwen2", "llama-bias", "llama-tp4"])
 def checkpoint(request, tmp_path_factory):
-    family, overrides = request.param
+    family, overrides, size = request.param
     folder = tmp_path_factory.mktemp(family)
     build_tiny_model(family, seed=3, **overrides).save_pretrained(folder)
-    return folder
+    return folder, size
 
 
-def test_two_ranks_match_one_rank(checkpoint):
+def test_ranks_match_one_rank(checkpoint):
+    checkpoint, size = checkpoint
     g = torch.Generator().manual_seed(0)
     prompts = {f"len{n}": torch.randint(3, 131, (n,), generator=g).tolist()
                for n in PROMPT_LENGTHS}
     one = LLMEngine.from_config(_config(checkpoint, 1))
     ref_tokens, ref_logits = _greedy_and_logits(one, prompts)
     one_kv = one.kv_layout
-    two = LLMEngine.from_config(_config(checkpoint, 2))
+    two = LLMEngine.from_config(_config(checkpoint, size))
     try:
-        assert two.ranks is not None and len(two.ranks.pids) == 1
+        assert two.ranks is not None and len(two.ranks.pids) == size - 1
         assert all(p.is_alive() for p in two.ranks.procs)
         # each rank plans for its own share: fewer weight bytes, same number of KV blocks
         assert two.plan.term("weights") < one.plan.term("weights")
