@@ -152,7 +152,17 @@ class WorkerSettings:
     tensor_parallel_size: int = field(
         default=1,
         metadata=_doc("Devices (one process each) the engine spans: its heads and MLP split "
-                      "across them; rank 0 schedules and samples. Dense families only."),
+                      "across them; rank 0 schedules and samples (dense families, DeepSeek-V4)."),
+    )
+    share_weights: str = field(
+        default="",
+        metadata=_doc("One-box mode (CUDA only): a handle file path that the workers of one GPU "
+                      "share; the first to start loads the weights and exports them through "
+                      "CUDA IPC, the others map that one copy. '' = each loads its own."),
+    )
+    share_weights_timeout_s: float = field(
+        default=600.0,
+        metadata=_doc("One-box mode: seconds a worker waits for another to export the weights."),
     )
     num_threads: int = field(
         default=0, metadata=_doc("CPU threads torch may use; 0 = torch's default.")
@@ -201,7 +211,7 @@ class WorkerSettings:
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")
         for name in ("kv_staging_gb", "kv_visible_timeout_s", "memory_utilization",
-                     "heartbeat_ttl_s"):
+                     "heartbeat_ttl_s", "share_weights_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
         for name in ("num_blocks", "device_memory_gb", "grace_s", "num_threads", "kv_ttl_s"):

@@ -37,6 +37,7 @@ from engine.sampler import RowState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
+from engine.weight_share import SharedWeights
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class RequestOutput:
     num_output_tokens: int = 0
     # one per new token, when the request asked for logprobs (engine.sampler.TokenLogprobs)
     logprobs: list[Any] | None = None
+    # on the first output of a request with prompt_logprobs: one per prompt token, the first None
+    prompt_logprobs: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -70,14 +73,18 @@ class LLMEngine:
     def __init__(self, ec: EngineConfig, model_config: ModelConfig,
                  weights: dict[str, torch.Tensor], model_fingerprint: str = "",
                  non_torch_bytes: int = 0,
-                 progress: Callable[[str], None] | None = None, ranks: Any = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 shared: SharedWeights | None = None, ranks: Any = None) -> None:
         """``progress``, when given, is told each start-up step in words (the worker prints
-        them: on a small machine the warm-up alone takes tens of seconds). ``ranks``
+        them: on a small machine the warm-up alone takes tens of seconds). ``shared``: the
+        weights are views into one arena (one-box mode), owned here or mapped from another
+        process; the plan counts it as owned weights or as ``weights_mapped``. ``ranks``
         (engine/parallel/ranks.py, with ``tensor_parallel_size`` > 1): the other ranks, already
-        started; ``weights`` are then rank 0's slices and the plan is rank 0's."""
+        started; ``weights`` are then rank 0's share and the plan is rank 0's."""
         self.config = ec
         self.model_config = model_config
         self.model_fingerprint = model_fingerprint
+        self.shared_weights = shared
         self.ranks = ranks
         rank_cfg, shard, family = model_config, None, family_class(model_config)
         if ranks is not None:
@@ -86,10 +93,16 @@ class LLMEngine:
             rank_cfg = family.rank_model_config(model_config, ranks.size)
             if family.tensor_parallel_kv == "heads":
                 shard = ShardPlan(model_config, 0, ranks.size)
-        # quantized payloads count as the model will hold them (stored, or dequantized)
-        weight_bytes = family.resident_weight_bytes(weights, ec)
+        mapped = 0
+        if shared is None:
+            # quantized payloads count as the model will hold them (stored, or dequantized)
+            weight_bytes = family.resident_weight_bytes(weights, ec)
+        else:
+            weight_bytes = shared.nbytes if shared.owned else 0
+            mapped = 0 if shared.owned else shared.nbytes
         self.plan: MemoryPlan = make_plan(rank_cfg, ec, device_memory(ec), weight_bytes,
-                                          non_torch_bytes, library_workspaces(ec))
+                                          non_torch_bytes, library_workspaces(ec),
+                                          mapped_weight_bytes=mapped)
         self.plan.check()
         if progress is not None:
             progress(f"memory plan: {self.plan.total_bytes / 2**20:,.0f} MiB, KV extent "
@@ -134,6 +147,8 @@ class LLMEngine:
                     progress: Callable[[str], None] | None = None) -> LLMEngine:
         from engine.checkpoint import load_checkpoint
 
+        if ec.share_weights:
+            return cls._shared_from_config(ec, progress)
         ranks = None
         try:
             if ec.tensor_parallel_size > 1:
@@ -158,11 +173,29 @@ class LLMEngine:
                 progress(f"loaded {len(ckpt.state_dict)} tensors ({num_bytes / 2**20:,.0f} MiB, "
                          f"{ckpt.config.name})")
             return cls(ec, ckpt.config, ckpt.state_dict, ckpt.model_fingerprint, non_torch,
-                       progress, ranks)
+                       progress, ranks=ranks)
         except BaseException:
             if ranks is not None:
                 ranks.abort()
             raise
+
+    @classmethod
+    def _shared_from_config(cls, ec: EngineConfig,
+                            progress: Callable[[str], None] | None) -> LLMEngine:
+        """One-box mode: load and export the weights, or map another process's export."""
+        from pathlib import Path
+
+        from engine.weight_share import export, load_or_map
+
+        got = load_or_map(ec, progress)
+        engine = cls(ec, got.config, got.weights, got.model_fingerprint, got.non_torch_bytes,
+                     progress, shared=got.shared)
+        if got.shared.owned:  # after the warm-up: importers then measure a settled device
+            export(got.shared, Path(ec.share_weights),
+                   {"model": str(ec.model), "model_fingerprint": got.model_fingerprint})
+            if progress is not None:
+                progress(f"exported the weights for other processes at {ec.share_weights}")
+        return engine
 
     @property
     def kv_cache(self) -> Any:
@@ -204,8 +237,14 @@ class LLMEngine:
             raise DuplicateRequest(f"request id {request_id!r} is already in this engine")
         if len(self.scheduler.waiting) >= ec.max_queue:
             raise QueueFull(f"the waiting queue is full ({ec.max_queue} requests); retry later")
+        if sampling.prompt_logprobs is not None:
+            # Imported KV comes without logits: the prompt is recomputed here instead (the
+            # scheduler refuses the prefix cache for it for the same reason).
+            kv_import = None
         seq = Sequence(request_id, prompt, sampling, self._arrivals, keep_kv=keep_kv,
                        has_kv_import=kv_import is not None, grammar=grammar)
+        if sampling.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None] * len(prompt)
         self._arrivals += 1
         self._seqs[request_id] = seq
         # The seed is fixed now; the generator is one of the per-slot ones, bound at admission
@@ -273,8 +312,15 @@ class LLMEngine:
                 for c in sched.chunks if c.do_sample}
         matchers = {rid: self._seqs[rid].matcher for rid in rows
                     if self._seqs[rid].matcher is not None}
-        sampled = self.runner.execute(sched, params, self._generators, rows, matchers or None)
+        prompts = {c.request_id: self._seqs[c.request_id].prompt_token_ids for c in sched.chunks
+                   if self._seqs[c.request_id].prompt_logprobs is not None}
+        sampled = self.runner.execute(sched, params, self._generators, rows, matchers or None,
+                                      prompts or None)
         logprobs = self.runner.last_logprobs
+        for rid, (first, items) in self.runner.last_prompt_logprobs.items():
+            scores = self._seqs[rid].prompt_logprobs
+            assert scores is not None
+            scores[first : first + len(items)] = items
         for rid, m in matchers.items():
             if not m.accept_token(sampled[rid]):  # the mask allowed it: should never happen
                 log.error("%s: the grammar refused token %d it allowed", rid, sampled[rid])
@@ -283,8 +329,10 @@ class LLMEngine:
         for u in self.scheduler.update_from_output(sched, sampled):
             seq = self._seqs[u.request_id]
             out = self._output(seq, list(u.new_token_ids), u.finished, u.finish_reason)
-            if seq.sampling.logprobs is not None and u.request_id in logprobs:
+            if seq.sampling.logprobs is not None and u.request_id in logprobs and u.new_token_ids:
                 out.logprobs = [logprobs[u.request_id]]
+            if seq.prompt_logprobs is not None:  # the prompt is all computed: hand them out once
+                out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
             outputs.append(out)
             if u.finished:
                 if seq.keep_kv:

@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from engine.errors import PlanError
 from engine.model_config import ModelConfig
 from engine.models.family import KVLayout
+from engine.prompt_logprobs import prompt_logprob_rows, prompt_logprobs_workspace_bytes
 from engine.sampler import sampler_workspace_bytes
 from engine.slot_sampling import slot_sampling_bytes
 from engine.workspace import _align
@@ -31,6 +32,8 @@ class PlanTerm:
     bytes: int
     formula: str
     in_workspace: bool = False  # a slice of the workspace arena, not a separate allocation
+    # memory another process owns and this one maps (shared weights): listed, not in the total
+    mapped: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,12 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return sum(t.bytes for t in self.terms)
+        """What this process owns on the device (mapped terms excluded)."""
+        return sum(t.bytes for t in self.terms if not t.mapped)
+
+    @property
+    def mapped_bytes(self) -> int:
+        return sum(t.bytes for t in self.terms if t.mapped)
 
     @property
     def budget_bytes(self) -> int:
@@ -99,6 +107,7 @@ class MemoryPlan:
             "budget_bytes": self.budget_bytes,
             "total_bytes": self.total_bytes,
             "headroom_bytes": self.headroom_bytes,
+            "mapped_bytes": self.mapped_bytes,
             "max_context": self.max_context,
             "chunk_tokens": self.chunk_tokens,
             "max_batch": self.max_batch,
@@ -110,13 +119,15 @@ class MemoryPlan:
             "kv_tokens_per_gib": self.kv_tokens_per_gib,
             "kv_layout_fingerprint": self.kv_layout.fingerprint,
             "terms": [{"name": t.name, "bytes": t.bytes, "formula": t.formula,
-                       "in_workspace": t.in_workspace} for t in self.terms],
+                       "in_workspace": t.in_workspace, "mapped": t.mapped}
+                      for t in self.terms],
         }
 
     def table(self) -> str:
         rows = [f"{'term':<22}{'bytes':>16}{'GiB':>10}  formula"]
         for t in self.terms:
-            rows.append(f"{t.name:<22}{t.bytes:>16,}{t.bytes / GiB:>10.3f}  {t.formula}")
+            note = "  [mapped: another process owns it; not in the total]" if t.mapped else ""
+            rows.append(f"{t.name:<22}{t.bytes:>16,}{t.bytes / GiB:>10.3f}  {t.formula}{note}")
         rows.append(f"{'total':<22}{self.total_bytes:>16,}{self.total_bytes / GiB:>10.3f}")
         rows.append(f"{'budget':<22}{self.budget_bytes:>16,}{self.budget_bytes / GiB:>10.3f}  "
                     f"{self.memory_utilization} x {self.device_memory_bytes:,} ({self.device})")
@@ -148,6 +159,17 @@ def sampler_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
                     " + vocab x (4 + 8 + 4 + 1) B + bias/stop/top-logprob lists", True)
 
 
+def prompt_logprobs_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
+    """Prompt scoring (engine/prompt_logprobs.py): one decode batch of logits rows reused over
+    the chunk, and the chunk's chosen and top-5 logprobs."""
+    rows = prompt_logprob_rows(ec.chunk_tokens, ec.max_batch)
+    return PlanTerm("ws.prompt_logprobs",
+                    prompt_logprobs_workspace_bytes(model.vocab_size, ec.chunk_tokens,
+                                                    ec.max_batch),
+                    f"min(chunk, max_batch) {rows} x (vocab {model.vocab_size} + 1) x 4 B + "
+                    f"chunk {ec.chunk_tokens} x (8 + 4 + 5 x 4 + 5 x 8) B", True)
+
+
 def slot_sampling_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
     """Per-slot sampling state: token counts and prompt masks for penalties, logit bias and
     min_tokens stop ids (engine/slot_sampling.py)."""
@@ -163,6 +185,7 @@ def common_step_terms(model: ModelConfig, ec: EngineConfig) -> list[PlanTerm]:
         PlanTerm("ws.logits", _align(ec.max_batch * model.vocab_size * 4),
                  f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),
         sampler_term(model, ec),
+        prompt_logprobs_term(model, ec),
         slot_sampling_term(model, ec),
         step_inputs_term(ec),
     ]
@@ -170,9 +193,12 @@ def common_step_terms(model: ModelConfig, ec: EngineConfig) -> list[PlanTerm]:
 
 def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
               weight_bytes: int | None = None, non_torch_bytes: int = 0,
-              library_bytes: int = 0, device_label: str | None = None) -> MemoryPlan:
+              library_bytes: int = 0, device_label: str | None = None,
+              mapped_weight_bytes: int = 0) -> MemoryPlan:
     """The family gives the block geometry and its own terms; the KV extent is the engine's
-    number of blocks times the layout's bytes per block."""
+    number of blocks times the layout's bytes per block. ``mapped_weight_bytes``: the weights
+    live in another process's memory (one-box mode): this plan's ``weights`` term is 0 and a
+    ``weights_mapped`` term lists them outside the total."""
     from engine.models import family_class
 
     family = family_class(model)
@@ -184,6 +210,10 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
         from engine.parallel.rank_runner import comm_terms
 
         terms.extend(comm_terms(model, ec, nccl_measured=non_torch_bytes > 0))
+    if mapped_weight_bytes:
+        terms.insert(1, PlanTerm("weights_mapped", mapped_weight_bytes,
+                                 "one arena of weights exported by another process on this "
+                                 "device (CUDA IPC), mapped here", mapped=True))
     terms.insert(1, PlanTerm(
         "kv_cache", num_blocks * layout.bytes_per_block,
         f"num_blocks {num_blocks} x {layout.bytes_per_block:,} B per block of "
