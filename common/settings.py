@@ -149,6 +149,11 @@ class WorkerSettings:
                       "logged and counted)."),
     )
     seed: int = field(default=0, metadata=_doc("Seed of requests that bring none."))
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata=_doc("Devices (one process each) the engine spans: its heads and MLP split "
+                      "across them; rank 0 schedules and samples (dense families, DeepSeek-V4)."),
+    )
     share_weights: str = field(
         default="",
         metadata=_doc("One-box mode (CUDA only): a handle file path that the workers of one GPU "
@@ -201,6 +206,7 @@ class WorkerSettings:
             "block_size",
             "attn_tile_tokens",
             "max_queue",
+            "tensor_parallel_size",
         ):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")

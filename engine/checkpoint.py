@@ -56,8 +56,11 @@ def load_checkpoint(
     dtype: torch.dtype,
     device: str | torch.device = "cpu",
     progress: bool = True,
+    tensor_parallel: tuple[int, int] | None = None,
 ) -> LoadedCheckpoint:
-    """Reads, validates and casts every weight; raises CheckpointError naming file and tensor."""
+    """Reads, validates and casts every weight; raises CheckpointError naming file and tensor.
+    ``tensor_parallel=(rank, size)``: read only the slices that rank holds (dense families,
+    safetensors; names and full shapes are checked first, as for one rank)."""
     kind, resolved = _resolve(Path(path))
     source: GGUFCheckpoint | SafetensorsCheckpoint
     if kind == "gguf":
@@ -69,6 +72,9 @@ def load_checkpoint(
         config = _hf_config(resolved)
         source = SafetensorsCheckpoint(resolved)
     names = _select_tensors(config, source)
+    slice_of = None
+    if tensor_parallel is not None and tensor_parallel[1] > 1:
+        slice_of = _tensor_parallel_slicer(config, source, *tensor_parallel)
     with tqdm(
         total=len(names),
         desc=f"loading {config.name}",
@@ -86,7 +92,8 @@ def load_checkpoint(
             family = family_class(config)
             keep = None if family.cast_weights_on_load else family.keeps_stored_dtype
             state_dict = source.load(names, dtype, device, tick,
-                                     cast_all=family.cast_weights_on_load, keep_dtype=keep)
+                                     cast_all=family.cast_weights_on_load, keep_dtype=keep,
+                                     slice_of=slice_of)
         else:
             state_dict = source.load(names, dtype, device, tick)
     return LoadedCheckpoint(
@@ -95,6 +102,15 @@ def load_checkpoint(
         source=resolved,
         model_fingerprint=model_fingerprint(config, {n: source.shapes[n] for n in names}),
     )
+
+
+def _tensor_parallel_slicer(cfg: ModelConfig, source: Any, rank: int, size: int) -> Any:
+    family = family_class(cfg)
+    if not isinstance(source, SafetensorsCheckpoint) or not family.supports_tensor_parallel:
+        raise CheckpointError(f"tensor_parallel_size={size}: sharded loading covers the "
+                              "families that split, from safetensors; "
+                              f"{cfg.family} from {source.files[0]} runs on one rank only")
+    return family.tensor_slicer(cfg, rank, size)
 
 
 def expected_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

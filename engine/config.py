@@ -43,6 +43,9 @@ class EngineConfig:
     strict_allocations: bool = False
     cuda_graphs: bool = True  # CUDA + Triton attention: capture decode steps as graphs
     seed: int = 0
+    # Ranks one worker spans (engine/parallel/): one process each, rank 0 schedules and samples.
+    # 1 = the single-process engine, untouched.
+    tensor_parallel_size: int = 1
     # One-box mode: a handle file path shared by the engines of one GPU. The first to start loads
     # the weights and exports them (CUDA IPC); the others map that one copy (weight_share.py).
     share_weights: str = ""
@@ -54,7 +57,7 @@ class EngineConfig:
         if self.weight_format not in ("checkpoint", "dequantize"):
             raise PlanError(f"weight_format must be checkpoint or dequantize; got {self.weight_format!r}")
         for name in ("max_context", "chunk_tokens", "max_batch", "block_size", "attn_tile_tokens",
-                     "max_queue"):
+                     "max_queue", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_context < 2:
@@ -67,6 +70,9 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise PlanError(f"attention_backend must be auto, torch or triton; got "
                             f"{self.attention_backend!r}")
+        if self.share_weights and self.tensor_parallel_size > 1:
+            raise PlanError("share_weights and tensor_parallel_size > 1 do not combine: each rank "
+                            "holds its own share of the weights")
         if self.share_weights_timeout_s <= 0:
             raise PlanError(f"share_weights_timeout_s must be > 0, got "
                             f"{self.share_weights_timeout_s}")
@@ -100,7 +106,9 @@ class EngineConfig:
 
     @property
     def use_cuda_graphs(self) -> bool:
-        return self.cuda_graphs and self.torch_device.type == "cuda" and self.use_triton_attention
+        # Several ranks: decode graphs would have to capture the all-reduce (not done yet).
+        return (self.cuda_graphs and self.torch_device.type == "cuda" and self.use_triton_attention
+                and self.tensor_parallel_size == 1)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -74,30 +74,47 @@ class LLMEngine:
                  weights: dict[str, torch.Tensor], model_fingerprint: str = "",
                  non_torch_bytes: int = 0,
                  progress: Callable[[str], None] | None = None,
-                 shared: SharedWeights | None = None) -> None:
+                 shared: SharedWeights | None = None, ranks: Any = None) -> None:
         """``progress``, when given, is told each start-up step in words (the worker prints
         them: on a small machine the warm-up alone takes tens of seconds). ``shared``: the
         weights are views into one arena (one-box mode), owned here or mapped from another
-        process; the plan counts it as owned weights or as ``weights_mapped``."""
+        process; the plan counts it as owned weights or as ``weights_mapped``. ``ranks``
+        (engine/parallel/ranks.py, with ``tensor_parallel_size`` > 1): the other ranks, already
+        started; ``weights`` are then rank 0's share and the plan is rank 0's."""
         self.config = ec
         self.model_config = model_config
         self.model_fingerprint = model_fingerprint
         self.shared_weights = shared
+        self.ranks = ranks
+        rank_cfg, shard, family = model_config, None, family_class(model_config)
+        if ranks is not None:
+            from engine.parallel.shard_plan import ShardPlan
+
+            rank_cfg = family.rank_model_config(model_config, ranks.size)
+            if family.tensor_parallel_kv == "heads":
+                shard = ShardPlan(model_config, 0, ranks.size)
         mapped = 0
         if shared is None:
             # quantized payloads count as the model will hold them (stored, or dequantized)
-            weight_bytes = family_class(model_config).resident_weight_bytes(weights, ec)
+            weight_bytes = family.resident_weight_bytes(weights, ec)
         else:
             weight_bytes = shared.nbytes if shared.owned else 0
             mapped = 0 if shared.owned else shared.nbytes
-        self.plan: MemoryPlan = make_plan(model_config, ec, device_memory(ec), weight_bytes,
+        self.plan: MemoryPlan = make_plan(rank_cfg, ec, device_memory(ec), weight_bytes,
                                           non_torch_bytes, library_workspaces(ec),
                                           mapped_weight_bytes=mapped)
         self.plan.check()
         if progress is not None:
             progress(f"memory plan: {self.plan.total_bytes / 2**20:,.0f} MiB, KV extent "
                      f"{self.plan.num_blocks} blocks of {ec.block_size} tokens")
-        self.runner = ModelRunner(model_config, ec, weights, self.plan)
+        self.runner = ModelRunner(rank_cfg, ec, weights, self.plan,
+                                  tp=None if ranks is None else ranks.group)
+        self._kv_view: KVLayout = self.plan.kv_layout
+        if ranks is not None:  # the KV store sees the one-rank layout, gathered from the ranks
+            from engine.parallel.kv_gather import ShardedKVLayout
+
+            self._kv_view = ShardedKVLayout(family.kv_layout(model_config, ec), self.runner, shard,
+                                            ranks.group)
         # Every family keeps what a sequence needs to continue in its blocks, so full blocks
         # are shared by prefix hash (the family's layout says where it can resume).
         self.block_manager = BlockManager(self.plan.num_blocks, ec.block_size,
@@ -132,19 +149,35 @@ class LLMEngine:
 
         if ec.share_weights:
             return cls._shared_from_config(ec, progress)
-        non_torch = 0
-        if ec.torch_device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(ec.torch_device)
-            non_torch = total - free - torch.cuda.memory_reserved(ec.torch_device)
-        if progress is not None:
-            progress(f"loading weights from {ec.model}")
-        ckpt = load_checkpoint(ec.model, dtype=ec.torch_dtype, device=ec.torch_device)
-        if progress is not None:
-            num_bytes = sum(t.numel() * t.element_size() for t in ckpt.state_dict.values())
-            progress(f"loaded {len(ckpt.state_dict)} tensors ({num_bytes / 2**20:,.0f} MiB, "
-                     f"{ckpt.config.name})")
-        return cls(ec, ckpt.config, ckpt.state_dict, ckpt.model_fingerprint, non_torch,
-                   progress)
+        ranks = None
+        try:
+            if ec.tensor_parallel_size > 1:
+                from engine.parallel.ranks import Ranks
+                from engine.parallel.shard_plan import check_tensor_parallel
+
+                check_tensor_parallel(ec)  # before any process starts
+                if progress is not None:
+                    progress(f"starting {ec.tensor_parallel_size - 1} more tensor-parallel "
+                             "rank(s)")
+                ranks = Ranks(ec)  # they load their own slices meanwhile
+            non_torch = 0
+            if ec.torch_device.type == "cuda":
+                free, total = torch.cuda.mem_get_info(ec.torch_device)
+                non_torch = total - free - torch.cuda.memory_reserved(ec.torch_device)
+            if progress is not None:
+                progress(f"loading weights from {ec.model}")
+            ckpt = load_checkpoint(ec.model, dtype=ec.torch_dtype, device=ec.torch_device,
+                                   tensor_parallel=(0, ec.tensor_parallel_size))
+            if progress is not None:
+                num_bytes = sum(t.numel() * t.element_size() for t in ckpt.state_dict.values())
+                progress(f"loaded {len(ckpt.state_dict)} tensors ({num_bytes / 2**20:,.0f} MiB, "
+                         f"{ckpt.config.name})")
+            return cls(ec, ckpt.config, ckpt.state_dict, ckpt.model_fingerprint, non_torch,
+                       progress, ranks=ranks)
+        except BaseException:
+            if ranks is not None:
+                ranks.abort()
+            raise
 
     @classmethod
     def _shared_from_config(cls, ec: EngineConfig,
@@ -171,7 +204,14 @@ class LLMEngine:
 
     @property
     def kv_layout(self) -> KVLayout:
-        return self.plan.kv_layout
+        """The layout blocks are exported and imported in (the one-rank layout at any
+        tensor-parallel size; ``plan.kv_layout`` is this rank's storage)."""
+        return self._kv_view
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do with one rank)."""
+        if self.ranks is not None:
+            self.ranks.stop()
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling: SamplingParams,

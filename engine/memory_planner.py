@@ -206,6 +206,10 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
     num_blocks = ec.resolved_num_blocks
     kinds = " + ".join(f"{k.name} {k.layers} x {k.rows} x {k.row_bytes} B" for k in layout.kinds)
     terms = family.plan_terms(model, ec, weight_bytes)
+    if ec.tensor_parallel_size > 1:  # ``model`` is then one rank's share (engine/parallel/)
+        from engine.parallel.rank_runner import comm_terms
+
+        terms.extend(comm_terms(model, ec, nccl_measured=non_torch_bytes > 0))
     if mapped_weight_bytes:
         terms.insert(1, PlanTerm("weights_mapped", mapped_weight_bytes,
                                  "one arena of weights exported by another process on this "

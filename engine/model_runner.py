@@ -64,8 +64,12 @@ class WarmupReport:
 
 class ModelRunner:
     def __init__(self, model_cfg: ModelConfig, ec: EngineConfig, weights: dict[str, torch.Tensor],
-                 plan: MemoryPlan) -> None:
+                 plan: MemoryPlan, tp: Any = None) -> None:
+        """``tp``: this rank's ``engine.parallel.rank_group.RankGroup`` (``model_cfg`` and
+        ``weights`` are then the rank's share). On rank 0 every model call is announced to the
+        other ranks first, so they run the same forward on their shards."""
         self.model_cfg = model_cfg
+        self.tp = tp
         self.ec = ec
         self.plan = plan
         self.device = ec.torch_device
@@ -74,7 +78,8 @@ class ModelRunner:
         self.kv = plan.kv_layout.allocate(plan.num_blocks, self.device)
         self.ws = Workspace(plan.workspace_bytes, self.device)
         family = family_class(model_cfg)
-        self.model = family(model_cfg, weights, ec)
+        self.model = family(model_cfg, weights, ec) if tp is None else \
+            family(model_cfg, weights, ec, tp=tp)
         # Decode graphs need a step whose host-side work is all in the inputs.
         # (an instance may say no where its class could, e.g. for experts looped on the host)
         self.use_graphs = ec.use_cuda_graphs and self.model.uses_cuda_graphs
@@ -185,6 +190,7 @@ class ModelRunner:
                 logits = self.graphs.run(out.chunks)
                 self.num_graph_steps += 1
             else:
+                self._tell("forward", out.chunks, False)
                 batch = self.build_batch(out.chunks)
                 hidden = self.model.forward(batch, self.kv, self.ws)
                 logits = None
@@ -255,6 +261,7 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
             act_peak = torch.cuda.max_memory_allocated(self.device) - base
         self.ws.lock()
+        self._tell("lock")
         if self.use_graphs:
             if progress is not None:
                 progress("capturing CUDA graphs")
@@ -267,6 +274,7 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
             self._device_allocs = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
         self.model.reset(self.kv)
+        self._tell("reset")
         self.num_steps = 0
         self.warmup_report = WarmupReport(self.ws.peak_bytes, self.ws.capacity, act_peak,
                                           self.plan.term("activations"), self._device_allocs)
@@ -290,6 +298,7 @@ class ModelRunner:
             if progress is not None:
                 progress(f"warm-up {k + 1}/{len(steps)}: {names[k] if k < len(names) else ''}")
             self.model.prepare_warmup(self.kv, chunks)
+            self._tell("prepare_warmup", chunks)
             params = {c.request_id: (random if i % 2 else greedy) for i, c in enumerate(chunks)}
             rows = {}
             with torch.inference_mode():
@@ -316,6 +325,7 @@ class ModelRunner:
     def _execute_warmup(self, chunks: list[ScheduledChunk], params: dict[str, SamplingParams],
                         gens: dict[str, torch.Generator], rows: dict[str, RowState]) -> None:
         sampled_ids = [c.request_id for c in chunks]
+        self._tell("forward", chunks, True)
         with torch.inference_mode(), self.ws.scope():
             batch = self.build_batch(chunks)
             batch.slot_mapping.fill_(NULL_BLOCK)  # warm-up writes land in the null block only
@@ -333,6 +343,13 @@ class ModelRunner:
             sample(logits, [params[r] for r in sampled_ids], [gens[r] for r in sampled_ids],
                    self.ws, [rows[r] for r in sampled_ids], self.slot_sampling, self.bitmask,
                    [None] * len(sampled_ids))  # an all-ones mask: the copy and the kernel run
+
+    def _tell(self, op: str, *args: Any) -> None:
+        """Rank 0 of several: have the other ranks do ``op`` too (engine/parallel/follower.py)."""
+        if self.tp is not None and self.tp.is_driver:
+            from engine.parallel.rank_group import Command
+
+            self.tp.send(Command(op, args))
 
     def _check_device_allocations(self) -> None:
         if self._device_allocs is None:

@@ -10,8 +10,9 @@ from pathlib import Path
 from common.help_format import DefaultsHelpFormatter
 from engine.config import EngineConfig
 from engine.errors import EngineError
-from engine.memory_planner import GiB, make_plan
+from engine.memory_planner import GiB, MemoryPlan, make_plan
 from engine.model_config import ModelConfig
+from engine.models import family_class
 
 
 def _model_config(path: str) -> ModelConfig:
@@ -51,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="share of device memory the plan may take")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="plan for a CUDA device (Triton attention, decode graphs) or the CPU path")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="plan one rank of this many devices (--device-memory-gib and "
+                    "--weights-gib are then per device)")
     ap.add_argument("--json", action="store_true", help="print JSON, one entry per term")
     return ap
 
@@ -64,10 +68,15 @@ def main(argv: list[str] | None = None) -> int:
                           max_batch=args.max_batch, block_size=args.block_size,
                           num_blocks=args.num_blocks, attn_tile_tokens=args.attn_tile_tokens,
                           memory_utilization=args.memory_utilization, kv_dtype=args.kv_dtype,
-                          weight_format=args.weight_format)
+                          weight_format=args.weight_format,
+                          tensor_parallel_size=args.tensor_parallel_size)
         weights = None if args.weights_gib is None else int(args.weights_gib * GiB)
-        plan = make_plan(mc, ec, int(args.device_memory_gib * GiB), weights,
-                         device_label=f"planned {args.device_memory_gib:g} GiB device")
+        tp = ec.tensor_parallel_size
+        rank_mc = mc if tp == 1 else family_class(mc).rank_model_config(mc, tp)
+        label = f"planned {args.device_memory_gib:g} GiB device" + (
+            f", one of {tp} ranks" if tp > 1 else "")
+        plan = make_plan(rank_mc, ec, int(args.device_memory_gib * GiB), weights,
+                         device_label=label)
     except EngineError as e:
         print(f"bulkhead plan: {e}", file=sys.stderr)
         return 2
@@ -77,9 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model {mc.name} ({mc.family}), dtype {args.dtype}, max_context {ec.max_context}, "
               f"chunk {ec.chunk_tokens}, max_batch {ec.max_batch}, kv_dtype {ec.kv_dtype}")
         print(plan.table())
+        if ec.tensor_parallel_size > 1:
+            print(_per_rank(plan, ec.tensor_parallel_size))
         if not plan.fits:
             print("\nDOES NOT FIT: " + str(_safe_check(plan)))
     return 0 if plan.fits else 1
+
+
+def _per_rank(plan: MemoryPlan, tp: int) -> str:
+    """The figures an operator compares with a peer's start-up log, one rank of ``tp``."""
+    return (f"per rank (each of {tp}): weights {plan.term('weights') / GiB:.2f} GiB, KV "
+            f"{plan.term('kv_cache') / GiB:.2f} GiB = {plan.kv_tokens:,} tokens, workspace "
+            f"{plan.workspace_bytes / GiB:.2f} GiB, activations "
+            f"{plan.term('activations') / GiB:.2f} GiB, communication "
+            f"{(plan.term('tp.allreduce_staging') + plan.term('tp.nccl_buffers')) / GiB:.2f} GiB")
 
 
 def _safe_check(plan) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -50,12 +51,15 @@ class SafetensorsCheckpoint:
         on_tensor: Callable[[str], None] | None = None,
         cast_all: bool = True,
         keep_dtype: Callable[[str], bool] | None = None,
+        slice_of: Callable[[str], Any] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Reads ``names``, casts floats to ``dtype`` and moves them to ``device``.
 
         ``cast_all=False`` leaves non-float payloads (fp8, ints) in their stored dtype;
         ``keep_dtype(name)`` True leaves that tensor as stored too (fp32 block scales, which a
-        bf16 cast would round).
+        bf16 cast would round). ``slice_of(name)`` (tensor parallelism,
+        engine/parallel/shard_plan.py) returns the ``TensorSlice`` a rank holds, or None for the
+        whole tensor: only those bytes are read from the file.
         """
         wanted = set(names)
         out: dict[str, torch.Tensor] = {}
@@ -66,7 +70,8 @@ class SafetensorsCheckpoint:
             try:
                 with safe_open(str(file), framework="pt", device="cpu") as f:
                     for name in selected:
-                        tensor = f.get_tensor(name)
+                        part = slice_of(name) if slice_of is not None else None
+                        tensor = f.get_tensor(name) if part is None else _read_slice(f, name, part)
                         target = dtype if cast_all or tensor.dtype in _CASTABLE else tensor.dtype
                         if keep_dtype is not None and keep_dtype(name):
                             target = tensor.dtype
@@ -78,6 +83,15 @@ class SafetensorsCheckpoint:
             except (OSError, RuntimeError, ValueError, SafetensorError) as e:
                 raise CheckpointError(f"cannot read tensors from {file}: {e}") from e
         return out
+
+
+def _read_slice(f: Any, name: str, part: Any) -> torch.Tensor:
+    """Rows ``part.start : part.start + part.length`` of dim ``part.dim`` (0 or 1), read alone."""
+    view = f.get_slice(name)
+    if part.zero:
+        return torch.zeros(view.get_shape(), dtype=f.get_tensor(name).dtype)
+    end = part.start + part.length
+    return view[part.start:end] if part.dim == 0 else view[:, part.start:end]
 
 
 def _index_files(folder: Path) -> dict[str, Path]:

@@ -67,6 +67,7 @@ class UpOptions:
     max_context: int = 0
     max_batch: int = 0
     chunk_tokens: int = 0
+    tensor_parallel_size: int = 0  # ranks each worker spans
     extra_worker_args: tuple[str, ...] = ()
     extra_router_args: tuple[str, ...] = ()
 
@@ -155,7 +156,7 @@ def _thread_env(opts: UpOptions) -> dict[str, str]:
 
 def _limit_flags(opts: UpOptions) -> tuple[str, ...]:
     flags: list[str] = []
-    for name in ("max_context", "max_batch", "chunk_tokens"):
+    for name in ("max_context", "max_batch", "chunk_tokens", "tensor_parallel_size"):
         value = getattr(opts, name)
         if value < 0:
             raise LaunchError(f"--{name.replace('_', '-')}: {value} must be >= 1 (0 = default)")
@@ -271,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "per worker (0 = the workers' setting, 8).")
     p.add_argument("--chunk-tokens", type=int, default=0, help="Most tokens computed in one "
                    "engine step (0 = the workers' setting, 512).")
+    p.add_argument("--tensor-parallel-size", type=int, default=0, help="Devices (processes) "
+                   "each worker spans (0 = the workers' setting, 1).")
     p.add_argument("--log-dir", default="", help="Where each process's log goes ('' = "
                    "$XDG_STATE_HOME/bulkhead/up-PORT, i.e. ~/.local/state/bulkhead/up-PORT, "
                    "replaced by the next start on that port).")
@@ -297,7 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      prefill_port=args.prefill_port, decode_port=args.decode_port,
                      config=args.config, log_dir=args.log_dir,
                      startup_timeout_s=args.startup_timeout, max_context=args.max_context,
-                     max_batch=args.max_batch, chunk_tokens=args.chunk_tokens)
+                     max_batch=args.max_batch, chunk_tokens=args.chunk_tokens,
+                     tensor_parallel_size=args.tensor_parallel_size)
     stop_requested: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -84,7 +84,7 @@ class WorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "model_name", "compat", "max_context", "chunk_tokens", "max_batch", "num_running", "num_waiting", "max_queue", "free_kv_tokens", "memory_planned_bytes", "memory_headroom_bytes", "steps_completed", "tokens_advanced", "address", "total_kv_tokens")
+    __slots__ = ("worker_id", "role", "model_name", "compat", "max_context", "chunk_tokens", "max_batch", "num_running", "num_waiting", "max_queue", "free_kv_tokens", "memory_planned_bytes", "memory_headroom_bytes", "steps_completed", "tokens_advanced", "address", "total_kv_tokens", "tensor_parallel_size")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class WorkerInfo(_message.Message):
     TOKENS_ADVANCED_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     model_name: str
@@ -119,7 +120,8 @@ class WorkerInfo(_message.Message):
     tokens_advanced: int
     address: str
     total_kv_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., model_name: _Optional[str] = ..., compat: _Optional[_Union[Compatibility, _Mapping]] = ..., max_context: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., free_kv_tokens: _Optional[int] = ..., memory_planned_bytes: _Optional[int] = ..., memory_headroom_bytes: _Optional[int] = ..., steps_completed: _Optional[int] = ..., tokens_advanced: _Optional[int] = ..., address: _Optional[str] = ..., total_kv_tokens: _Optional[int] = ...) -> None: ...
+    tensor_parallel_size: int
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., model_name: _Optional[str] = ..., compat: _Optional[_Union[Compatibility, _Mapping]] = ..., max_context: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., free_kv_tokens: _Optional[int] = ..., memory_planned_bytes: _Optional[int] = ..., memory_headroom_bytes: _Optional[int] = ..., steps_completed: _Optional[int] = ..., tokens_advanced: _Optional[int] = ..., address: _Optional[str] = ..., total_kv_tokens: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "deadline_unix_s")

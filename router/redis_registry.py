@@ -161,8 +161,9 @@ class RedisRegistry(StaticRegistry):
                                               WorkerClient(info.address, self.deadlines,
                                                            self.access),
                                               key=key, heartbeat=info)
-        log.info("worker %s (%s) registered at %s: max_context=%d max_batch=%d", name,
-                 info.role, info.address, info.max_context, info.max_batch)
+        log.info("worker %s (%s) registered at %s: max_context=%d max_batch=%d tp=%d", name,
+                 info.role, info.address, info.max_context, info.max_batch,
+                 max(info.tensor_parallel_size, 1))
 
     def _registration_problem(self, key: str, info: WorkerStatus) -> str:
         """Why a worker publishing `info` under `key` may not join ('' when it may)."""

@@ -169,8 +169,8 @@ class StaticRegistry:
         if not w.healthy:
             info = w.last_info
             assert info is not None
-            log.info("worker %s (%s) is up: max_context=%d max_batch=%d", w.address,
-                     w.role, info.max_context, info.max_batch)
+            log.info("worker %s (%s) is up: max_context=%d max_batch=%d tp=%d", w.address,
+                     w.role, info.max_context, info.max_batch, max(info.tensor_parallel_size, 1))
         w.healthy, w.problem = True, ""
 
     def _set_problem(self, w: _Worker, problem: str) -> None:

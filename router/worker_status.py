@@ -57,6 +57,7 @@ class WorkerStatus:
     memory_headroom_bytes: int = 0
     steps_completed: int = 0   # liveness: these two advance while the engine makes progress
     tokens_advanced: int = 0
+    tensor_parallel_size: int = 0  # ranks its engine spans; 0 from a worker older than the field
 
 
 def _copy(cls: type, msg: object) -> dict[str, object]:

@@ -65,6 +65,7 @@ class WorkerRuntime:
         self.loop.stop()
         if self.kv_store is not None:
             self.kv_store.close()
+        self.engine.close()  # the other tensor-parallel ranks, if any
 
 
 def _tokenizer_fingerprint(model: str) -> str:
@@ -205,7 +206,8 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
             memory_headroom_bytes=max(plan.headroom_bytes, 0),
             steps_completed=s.steps_completed, tokens_advanced=s.tokens_advanced,
             address=self.rt.settings.address,
-            total_kv_tokens=self.rt.engine.block_manager.num_usable_blocks * ec.block_size)
+            total_kv_tokens=self.rt.engine.block_manager.num_usable_blocks * ec.block_size,
+            tensor_parallel_size=ec.tensor_parallel_size)
 
     async def Abort(self, request: pb.AbortRequest,
                     context: grpc.aio.ServicerContext) -> pb.AbortResponse:

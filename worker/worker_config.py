@@ -38,5 +38,6 @@ class WorkerConfig:
             device_memory_bytes=int(s.device_memory_gb * (1 << 30)) or None,
             memory_utilization=s.memory_utilization, strict_allocations=s.strict_allocations,
             seed=s.seed, share_weights=s.share_weights,
-            share_weights_timeout_s=s.share_weights_timeout_s)
+            share_weights_timeout_s=s.share_weights_timeout_s,
+            tensor_parallel_size=s.tensor_parallel_size)
         return cls(settings, engine, settings.store)

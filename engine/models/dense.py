@@ -8,6 +8,7 @@ engine.attention (tiled, workspace-backed); no step builds anything whose size d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -77,8 +78,12 @@ def _fuse_projections(layer: _Layer, weights: dict[str, torch.Tensor], prefix: s
 
 class DenseDecoder:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], rope: RotaryTable,
-                 attn_shape: AttentionShape, fused: bool = False) -> None:
+                 attn_shape: AttentionShape, fused: bool = False, tp: Any = None) -> None:
+        """``tp`` (engine/parallel/rank_group.py ``RankGroup``, or None for one rank): ``cfg``
+        and ``weights`` are then this rank's share (engine/parallel/shard_plan.py), and the
+        partial sums of o_proj and down_proj are all-reduced."""
         self.cfg = cfg
+        self.tp = tp
         # fused: the Triton elementwise kernels of kernels.fused (norm+residual, rope+KV write,
         # SiLU-and-multiply) instead of the PyTorch ops; same numbers, ~3x fewer kernels a layer.
         self.fused = fused and rope.rotary_dim == cfg.head_dim
@@ -137,12 +142,16 @@ class DenseDecoder:
             k_cache, v_cache = kv.layer(i)
             attn = torch.empty_like(q)
             paged_attention(q, k_cache, v_cache, batch, self.scale, attn, ws, self.attn_shape)
-            x = residual + F.linear(attn.view(n, h * d), layer.o, layer.o_bias)
+            x = residual + self._reduced(F.linear(attn.view(n, h * d), layer.o, layer.o_bias))
             residual = x
             y = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
-            x = residual + F.linear(self.act(F.linear(y, layer.gate)) * F.linear(y, layer.up),
-                                    layer.down)
+            x = residual + self._reduced(
+                F.linear(self.act(F.linear(y, layer.gate)) * F.linear(y, layer.up), layer.down))
         return x
+
+    def _reduced(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel projection's output summed over the ranks (itself on one rank)."""
+        return partial if self.tp is None else self.tp.all_reduce(partial)
 
     def _forward_fused(self, batch: StepBatch, kv: KVCache, ws: Workspace) -> torch.Tensor:
         """``forward`` with the fused kernels: the residual stream is updated in place by the
@@ -172,14 +181,14 @@ class DenseDecoder:
                                    batch.slot_mapping, k_cache, v_cache, torch.empty_like(q))
             attn = torch.empty_like(q_rot)
             paged_attention(q_rot, k_cache, v_cache, batch, self.scale, attn, ws, self.attn_shape)
-            x = F.linear(attn.view(n, h * d), layer.o, layer.o_bias)
+            x = self._reduced(F.linear(attn.view(n, h * d), layer.o, layer.o_bias))
             y = add_rms_norm(x, residual, layer.post_norm, eps, torch.empty_like(residual))
             gate_up = F.linear(y, layer.gate_up)  # [N, 2 I]
             inter = gate_up.shape[1] // 2
             gate, up = gate_up[:, :inter], gate_up[:, inter:]
             act = silu_and_mul(gate, up, gate.new_empty(n, inter)) if self.act is F.silu \
                 else self.act(gate) * up
-            x = F.linear(act, layer.down)
+            x = self._reduced(F.linear(act, layer.down))
         assert x is not None
         return residual.add_(x)
 

@@ -3,7 +3,7 @@ in paged blocks (engine/kv_cache.py), the plan terms of a dense decoder, CUDA-gr
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -83,13 +83,27 @@ def dense_activation_bytes(cfg: ModelConfig, chunk: int, max_batch: int, elem: i
 
 class DenseFamily(ModelFamily):
     uses_cuda_graphs: ClassVar[bool] = True
+    supports_tensor_parallel: ClassVar[bool] = True
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineConfig) -> None:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineConfig,
+                 tp: Any = None) -> None:
         rope = RotaryTable(cfg.rope, cfg.head_dim, ec.max_context, cfg.max_position_embeddings,
                            ec.torch_dtype, ec.torch_device)
         shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, ec.block_size,
                                ec.attn_tile_tokens)
-        self.decoder = DenseDecoder(cfg, weights, rope, shape, fused=ec.use_triton_attention)
+        self.decoder = DenseDecoder(cfg, weights, rope, shape, fused=ec.use_triton_attention, tp=tp)
+
+    @classmethod
+    def rank_model_config(cls, cfg: ModelConfig, size: int) -> ModelConfig:
+        from engine.parallel.shard_plan import ShardPlan
+
+        return ShardPlan(cfg, 0, size).rank_config
+
+    @classmethod
+    def tensor_slicer(cls, cfg: ModelConfig, rank: int, size: int) -> Any:
+        from engine.parallel.shard_plan import ShardPlan
+
+        return ShardPlan(cfg, rank, size).slice_of
 
     @classmethod
     def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> DenseKVLayout:

@@ -113,6 +113,12 @@ class ModelFamily(ABC):
     uses_cuda_graphs: ClassVar[bool] = False
     #: pad rows of a graph step copy row 0 instead of writing to the null block (per-slot state)
     graph_pads_copy_first: ClassVar[bool] = False
+    #: whether the family runs split over ranks (engine/parallel/): its constructor then takes
+    #: ``tp`` (a ``RankGroup``) and the loader reads each rank's slices
+    supports_tensor_parallel: ClassVar[bool] = False
+    #: how the ranks hold the KV: "heads" (each its own KV heads; blocks are gathered on export)
+    #: or "replicated" (each the whole KV, written identically; rank 0's blocks are exported)
+    tensor_parallel_kv: ClassVar[str] = "heads"
 
     @classmethod
     @abstractmethod
@@ -122,6 +128,22 @@ class ModelFamily(ABC):
     @abstractmethod
     def plan_terms(cls, cfg: ModelConfig, ec: EngineConfig,
                    weight_bytes: int | None) -> list[PlanTerm]: ...
+
+    @classmethod
+    def rank_model_config(cls, cfg: ModelConfig, size: int) -> ModelConfig:
+        """The model as one of ``size`` tensor-parallel ranks holds it (what the planner plans
+        per rank); raises PlanError naming the field that does not split by ``size``."""
+        from engine.errors import PlanError
+
+        raise PlanError(f"tensor_parallel_size={size}: family {cfg.family} has no split over "
+                        "ranks")
+
+    @classmethod
+    def tensor_slicer(cls, cfg: ModelConfig, rank: int, size: int) -> Any:
+        """``name -> TensorSlice | None`` (engine/parallel/shard_plan.py): what the loader
+        reads of each tensor for ``rank``; None = every tensor whole (the family slices at
+        construction)."""
+        return None
 
     @classmethod
     def checkpoint_tensors(cls, cfg: ModelConfig,

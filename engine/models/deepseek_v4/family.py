@@ -9,6 +9,7 @@ Never allocates cache memory after construction.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import torch
@@ -44,6 +45,7 @@ from engine.models.deepseek_v4.step_peak import (
     deepseek_v4_kernels_peak_bytes,
     deepseek_v4_kernels_step_bytes,
 )
+from engine.models.deepseek_v4.tensor_parallel import rank_hf_config, shard_model, whole_hf_config
 from engine.models.family import CacheKind, KVLayout, ModelFamily
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace, _align
@@ -110,18 +112,24 @@ class DeepseekV4Family(ModelFamily):
     uses_cuda_graphs: ClassVar[bool] = False
     graph_pads_copy_first: ClassVar[bool] = True  # pad rows must not touch slot 0's window ring
     cast_weights_on_load: ClassVar[bool] = False  # FP8/FP4 payloads and scales kept as stored
+    supports_tensor_parallel: ClassVar[bool] = True  # dequantized weights (tensor_parallel.py)
+    tensor_parallel_kv: ClassVar[str] = "replicated"  # one shared KV head: whole on every rank
 
     @staticmethod
     def keeps_stored_dtype(name: str) -> bool:
         return name.endswith((".scale", "_scale_inv", "_proj_scale"))
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineConfig,
-                 backend: V4Backend | None = None) -> None:
-        self.cfg = DeepseekV4Config.from_hf_dict(dict(cfg.hf_config))
+                 backend: V4Backend | None = None, tp: Any = None) -> None:
+        """``tp`` (engine/parallel/rank_group.py, or None): ``cfg`` is then a rank's
+        (``rank_model_config``) and ``weights`` the whole checkpoint, cut down after loading."""
+        self.cfg = DeepseekV4Config.from_hf_dict(whole_hf_config(dict(cfg.hf_config)))
         # the engine hands its weights dict over: experts leave it as they are stacked
         self.model = DeepseekV4Model.from_state_dict(self.cfg, weights, ec.torch_dtype,
                                                      ec.torch_device, backend, ec.weight_format,
                                                      consume=True)
+        if tp is not None:
+            shard_model(self.model, self.cfg, tp.rank, tp)
         self.uses_cuda_graphs = all(isinstance(layer.mlp.experts, Mxfp4Experts)
                                     for layer in self.model.model.layers)
 
@@ -129,6 +137,15 @@ class DeepseekV4Family(ModelFamily):
     def resident_weight_bytes(cls, weights: dict[str, torch.Tensor], ec: EngineConfig) -> int:
         """Quantized payloads as the model will hold them: stored, or dequantized to dtype."""
         return resident_weight_bytes(weights, ec.torch_dtype, ec.weight_format)
+
+    @classmethod
+    def rank_model_config(cls, cfg: ModelConfig, size: int) -> ModelConfig:
+        """One rank of ``size`` as the operator splits V4 (tensor_parallel.py): the query heads
+        with their output-projection groups and the routed experts divided; the single shared
+        KV head, the indexer, the shared expert, embedding and head whole on every rank, so the
+        KV extent and the indexer's scratch are whole on every rank."""
+        hf = rank_hf_config(dict(cfg.hf_config), size, cfg.name)
+        return dataclasses.replace(cfg, num_heads=hf["num_attention_heads"], hf_config=hf)
 
     @classmethod
     def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> V4KVLayout:

@@ -9,6 +9,8 @@ bf16/fp32 experts run the per-expert loop below (a host sync per step: the eager
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,6 +74,11 @@ class V4MoE(nn.Module):
         self.gate = _Router(cfg, self.is_hash)
         self.experts = _Experts(cfg)
         self.shared_experts = _SharedExpert(cfg)
+        # tensor parallelism (tensor_parallel.py): this rank's experts start at expert_offset,
+        # only rank 0 adds the shared expert, and ``reduce`` sums the ranks' outputs
+        self.expert_offset = 0
+        self.add_shared = True
+        self.reduce: Any = None
 
     def route(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, hidden] -> (weights [N, k] (scaled), expert indices [N, k])."""
@@ -87,10 +94,21 @@ class V4MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor, ws: object | None = None) -> torch.Tensor:
         # x: [N, hidden] -> [N, hidden]
+        if self.reduce is not None:
+            return self.reduce(self._forward(x, input_ids, ws))
+        return self._forward(x, input_ids, ws)
+
+    def _forward(self, x: torch.Tensor, input_ids: torch.Tensor, ws: object | None) -> torch.Tensor:
         weights, indices = self.route(x, input_ids)
         if isinstance(self.experts, Mxfp4Experts):
             # fused: sorted on the device, one launch per GEMM for all experts, no host sync
-            return self.experts.add_into(x, weights.float(), indices, self.shared_experts(x),
+            base = self.shared_experts(x) if self.add_shared else torch.zeros_like(x)
+            if self.expert_offset or self.experts.shape[0] != self.cfg.n_routed_experts:
+                # this rank's experts only: the other picks run expert 0 at weight 0
+                local = indices - self.expert_offset
+                mine = (local >= 0) & (local < self.experts.shape[0])
+                weights, indices = torch.where(mine, weights, 0), torch.where(mine, local, 0)
+            return self.experts.add_into(x, weights.float(), indices, base,
                                          self.cfg.swiglu_limit, ws)
         k = indices.shape[1]
         flat_e = indices.reshape(-1)
@@ -101,15 +119,17 @@ class V4MoE(nn.Module):
         out = torch.zeros_like(x)
         inter = self.cfg.moe_intermediate_size
         offset = 0
+        first, num_local = self.expert_offset, self.experts.gate_up_proj.shape[0]
         for e, cnt in enumerate(counts):
-            if cnt == 0:
+            if cnt == 0 or not first <= e < first + num_local:  # none, or another rank's
+                offset += cnt
                 continue
             tok = token_of[offset : offset + cnt]
-            gu = F.linear(x[tok], self.experts.gate_up_proj[e])  # [cnt, 2I]
+            gu = F.linear(x[tok], self.experts.gate_up_proj[e - first])  # [cnt, 2I]
             y = F.linear(
                 _clamped_swiglu(gu[:, :inter], gu[:, inter:], self.cfg.swiglu_limit),
-                self.experts.down_proj[e],
+                self.experts.down_proj[e - first],
             )
             out.index_add_(0, tok, (y * w_sorted[offset : offset + cnt, None]).to(out.dtype))
             offset += cnt
-        return out + self.shared_experts(x)
+        return out + self.shared_experts(x) if self.add_shared else out
