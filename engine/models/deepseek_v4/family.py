@@ -23,8 +23,10 @@ from engine.models.deepseek_v4.kv_pool import (
     DeepseekV4KVPool,
     block_bytes_by_kind,
     check_block_size,
+    resume_window_bytes,
     slot_carry_bytes,
     v4_fingerprint,
+    window_section_bytes,
 )
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.quant_weights import (
@@ -44,8 +46,9 @@ from engine.workspace import Workspace, _align
 
 
 class V4KVLayout(KVLayout):
-    """Blocks of ``block_size`` tokens holding window rows, compressed entries, indexer keys and
-    the CSA carry of every layer (see kv_pool.py); resumable at block boundaries."""
+    """Blocks of ``block_size`` tokens holding the compressed entries, indexer keys and CSA
+    carry of every layer (see kv_pool.py); resumable at block ends that have a window snapshot
+    (resume_windows.py). An exported block carries a window section: the snapshot or zeros."""
 
     def __init__(self, cfg: DeepseekV4Config, ec: EngineConfig) -> None:
         check_block_size(cfg, ec.block_size)
@@ -64,6 +67,16 @@ class V4KVLayout(KVLayout):
     @property
     def fingerprint(self) -> str:
         return v4_fingerprint(self.cfg, self.block_size, self.dtype, self.fp8)
+
+    @property
+    def export_bytes_per_block(self) -> int:
+        return self.bytes_per_block + window_section_bytes(self.cfg, self.dtype, self.fp8)
+
+    def can_resume_after(self, kv: DeepseekV4KVPool, block_id: int) -> bool:
+        return kv.can_resume_after(block_id)
+
+    def resumable_tokens(self, kv: DeepseekV4KVPool, block_ids: list[int], num_tokens: int) -> int:
+        return kv.resumable_tokens(block_ids, num_tokens)
 
     def allocate(self, num_blocks: int, device: torch.device) -> DeepseekV4KVPool:
         return DeepseekV4KVPool(self.cfg, num_blocks, self.block_size, self.max_batch, self.dtype,
@@ -121,6 +134,10 @@ class DeepseekV4Family(ModelFamily):
             PlanTerm("slot_carry", slot_carry_bytes(v4, ec.max_batch, ec.torch_dtype),
                      f"max_batch {ec.max_batch} x layers x (window ring {v4.sliding_window} x "
                      f"head_dim {v4.head_dim} + open compressor window: 2 x rate x width) x dtype"),
+            PlanTerm("resume_windows", resume_window_bytes(v4, ec.max_batch, dtype, ec.kv_dtype == "fp8"),
+                     f"4 x max_batch {ec.max_batch} snapshots x layers {v4.num_layers} x window "
+                     f"{v4.sliding_window} x head_dim {v4.head_dim} row "
+                     + ("(1 B + fp32 scale)" if ec.kv_dtype == "fp8" else "x dtype")),
         ]
         scratch = deepseek_v4_step_scratch_bytes(v4, ec.chunk_tokens, ec.max_context,
                                                  ec.max_batch, ec.torch_dtype,
@@ -170,3 +187,4 @@ class DeepseekV4Family(ModelFamily):
     def reset(self, kv: DeepseekV4KVPool) -> None:
         for slot in range(kv.max_batch):
             kv.reset_slot(slot)
+        kv.reset_windows()
