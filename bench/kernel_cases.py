@@ -15,22 +15,8 @@ from functools import partial
 
 import torch
 
-from kernels.indexer_topk import IndexerTiles, indexer_topk, indexer_topk_workspace_bytes
-from kernels.indexer_topk_ref import indexer_topk_naive, indexer_topk_ref
-from kernels.paged_attention import (
-    PagedTiles,
-    default_decode_splits,
-    paged_attention,
-    paged_decode_attention,
-    paged_decode_workspace_bytes,
-)
-from kernels.paged_attention_ref import paged_attention_ref
-from kernels.sparse_attention import (
-    SparseTiles,
-    sparse_attention,
-    sparse_attention_workspace_bytes,
-)
-from kernels.sparse_attention_ref import sparse_attention_ref
+# every kernel and its reference through the package's public names
+import kernels as K  # every kernel and its reference, by their public names
 
 MIB = 1024**2
 NOMINAL_TFLOPS = 790.0  # bf16 dense on an H200, as the issue states it
@@ -47,10 +33,10 @@ class BenchShapes:
     topk: int = 512
     contexts: tuple[int, ...] = (16384, 153600, 262144, 1048576)
     sweep_context: int = 262144
-    tiles: IndexerTiles = IndexerTiles()
+    tiles: K.IndexerTiles = K.IndexerTiles()
     ref_row_block: int = 256
-    index_candidates: tuple[IndexerTiles, ...] = tuple(
-        IndexerTiles(block_m=m, block_n=n, num_warps=w, num_stages=s)
+    index_candidates: tuple[K.IndexerTiles, ...] = tuple(
+        K.IndexerTiles(block_m=m, block_n=n, num_warps=w, num_stages=s)
         for (m, n, w, s) in ((64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2), (64, 256, 8, 2),
                              (128, 64, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2))
     )
@@ -60,9 +46,9 @@ class BenchShapes:
     window: int = 128
     sparse_topk: int = 512
     sparse_splits: tuple[int, ...] = (2, 4, 8)
-    sparse_candidates: tuple[SparseTiles, ...] = (
-        SparseTiles(64, 32, 8, 2), SparseTiles(64, 64, 8, 2), SparseTiles(64, 32, 8, 3),
-        SparseTiles(32, 64, 8, 2), SparseTiles(16, 64, 4, 2), SparseTiles(16, 32, 4, 3),
+    sparse_candidates: tuple[K.SparseTiles, ...] = (
+        K.SparseTiles(64, 32, 8, 2), K.SparseTiles(64, 64, 8, 2), K.SparseTiles(64, 32, 8, 3),
+        K.SparseTiles(32, 64, 8, 2), K.SparseTiles(16, 64, 4, 2), K.SparseTiles(16, 32, 4, 3),
     )
     prefill_cases: tuple[tuple[int, int], ...] = ((4096, 4096), (4096, 32768), (512, 8192))
     decode_cases: tuple[tuple[int, int], ...] = (
@@ -70,9 +56,9 @@ class BenchShapes:
     paged_heads: tuple[int, int] = (32, 8)
     paged_dim: int = 128
     block_size: int = 16
-    paged_candidates: tuple[PagedTiles, ...] = (
-        PagedTiles(64, 64, 4, 2), PagedTiles(128, 64, 8, 2), PagedTiles(128, 32, 8, 3),
-        PagedTiles(64, 32, 4, 3),
+    paged_candidates: tuple[K.PagedTiles, ...] = (
+        K.PagedTiles(64, 64, 4, 2), K.PagedTiles(128, 64, 8, 2), K.PagedTiles(128, 32, 8, 3),
+        K.PagedTiles(64, 32, 4, 3),
     )
     check_rows: int = 128  # rows compared against the (slow) references in attention cases
 
@@ -80,14 +66,14 @@ class BenchShapes:
     def smoke() -> BenchShapes:
         return BenchShapes(
             rows=24, heads=3, dim=32, topk=16, contexts=(400,), sweep_context=400,
-            tiles=IndexerTiles(tile_w=64, block_m=16, block_n=32),
+            tiles=K.IndexerTiles(tile_w=64, block_m=16, block_n=32),
             ref_row_block=8,
-            index_candidates=(IndexerTiles(tile_w=64, block_m=16, block_n=32),
-                              IndexerTiles(tile_w=64, block_m=16, block_n=16)),
+            index_candidates=(K.IndexerTiles(tile_w=64, block_m=16, block_n=32),
+                              K.IndexerTiles(tile_w=64, block_m=16, block_n=16)),
             sparse_cases=((6, 400),), sparse_heads=3, sparse_dim=32, window=8, sparse_topk=16,
-            sparse_candidates=(SparseTiles(16, 16, 4, 2),),
+            sparse_candidates=(K.SparseTiles(16, 16, 4, 2),),
             prefill_cases=((20, 20), (7, 50)), decode_cases=((2, 50),), paged_heads=(4, 2),
-            paged_dim=32, block_size=4, paged_candidates=(PagedTiles(16, 16, 4, 2),),
+            paged_dim=32, block_size=4, paged_candidates=(K.PagedTiles(16, 16, 4, 2),),
             check_rows=4,
         )
 
@@ -150,7 +136,7 @@ def _fp8_figures(sh: BenchShapes, context: int, call: Callable, timer: Timer, ch
     q8, k8 = q.to(torch.float8_e4m3fn), k.to(torch.float8_e4m3fn)
     call(q8, k8, w, kv_end, sh.topk, q_scale=qs, k_scale=ks)
     if check:
-        _, ref_i = indexer_topk_ref(q8, k8, w, kv_end, sh.topk, row_block=sh.ref_row_block,
+        _, ref_i = K.indexer_topk_ref(q8, k8, w, kv_end, sh.topk, row_block=sh.ref_row_block,
                                     q_scale=qs, k_scale=ks)
         res["fp8_indices_identical"] = bool(torch.equal(ref_i, out_i))
     q, k, w, kv_end = _indexer_inputs(sh, num_keys, context, integer=False, seed=2)
@@ -161,13 +147,13 @@ def _fp8_figures(sh: BenchShapes, context: int, call: Callable, timer: Timer, ch
     flops = 2 * sh.rows * sh.heads * sh.dim * num_keys
     res["fp8_pct_of_bf16_limit"] = 100 * flops / (NOMINAL_TFLOPS * 1e9) / res["fp8_ms_randn"]
     if check:
-        _, ref_i = indexer_topk_ref(q8, k8, w, kv_end, sh.topk, row_block=sh.ref_row_block,
+        _, ref_i = K.indexer_topk_ref(q8, k8, w, kv_end, sh.topk, row_block=sh.ref_row_block,
                                     q_scale=qs, k_scale=ks)
         res["fp8_randn_index_agreement"] = float((ref_i == out_i).float().mean())
     return res
 
 
-def _indexer_row(sh: BenchShapes, context: int, tiles: IndexerTiles, timer: Timer, check: bool,
+def _indexer_row(sh: BenchShapes, context: int, tiles: K.IndexerTiles, timer: Timer, check: bool,
                  naive: bool, fp8: bool) -> dict:
     rows, heads, dim, topk, dev = sh.rows, sh.heads, sh.dim, sh.topk, _device()
     num_keys = context // 4
@@ -175,24 +161,24 @@ def _indexer_row(sh: BenchShapes, context: int, tiles: IndexerTiles, timer: Time
     flops = 2 * rows * heads * dim * num_keys
     row["flop_limit_ms"] = flops / (NOMINAL_TFLOPS * 1e9)
     q, k, w, kv_end = _indexer_inputs(sh, num_keys, context, integer=True, seed=1)
-    peak, (scores, idx) = _peak_above(partial(indexer_topk, q, k, w, kv_end, topk, tiles=tiles))
+    peak, (scores, idx) = _peak_above(partial(K.indexer_topk, q, k, w, kv_end, topk, tiles=tiles))
     row["peak_mib"] = peak
-    need = indexer_topk_workspace_bytes(rows, heads, dim, num_keys, topk, tiles=tiles)
+    need = K.indexer_topk_workspace_bytes(rows, heads, dim, num_keys, topk, tiles=tiles)
     row["workspace_mib"] = need / MIB
     ws = torch.empty(need, dtype=torch.uint8, device=dev)
     out_s = torch.empty(rows, topk, device=dev)
     out_i = torch.empty(rows, topk, device=dev, dtype=torch.int32)
-    call = partial(indexer_topk, out_indices=out_i, out_scores=out_s, workspace=ws, tiles=tiles)
+    call = partial(K.indexer_topk, out_indices=out_i, out_scores=out_s, workspace=ws, tiles=tiles)
     row["ms_int"] = timer(partial(call, q, k, w, kv_end, topk), 300)
     if check:
-        ref_s, ref_i = indexer_topk_ref(q, k, w, kv_end, topk, row_block=sh.ref_row_block)
+        ref_s, ref_i = K.indexer_topk_ref(q, k, w, kv_end, topk, row_block=sh.ref_row_block)
         row["indices_identical"] = bool(torch.equal(ref_i, idx))
         row["scores_identical"] = bool(torch.equal(ref_s, scores))
     q, k, w, kv_end = _indexer_inputs(sh, num_keys, context, integer=False, seed=2)
     row["ms_randn"] = timer(partial(call, q, k, w, kv_end, topk), 300)
     if check:
         call(q, k, w, kv_end, topk)
-        ref_s, ref_i = indexer_topk_ref(q, k, w, kv_end, topk, row_block=sh.ref_row_block)
+        ref_s, ref_i = K.indexer_topk_ref(q, k, w, kv_end, topk, row_block=sh.ref_row_block)
         fin = torch.isfinite(ref_s)
         row["randn_max_score_diff"] = float((ref_s[fin] - out_s[fin]).abs().max())
         row["randn_index_agreement"] = float((ref_i == out_i).float().mean())
@@ -202,11 +188,11 @@ def _indexer_row(sh: BenchShapes, context: int, tiles: IndexerTiles, timer: Time
         row |= _fp8_figures(sh, context, call, timer, check, out_i)
     if naive:
         try:
-            npeak, _ = _peak_above(partial(indexer_topk_naive, q, k, w, kv_end, topk))
+            npeak, _ = _peak_above(partial(K.indexer_topk_naive, q, k, w, kv_end, topk))
             row["naive_peak_mib"] = npeak
             t0 = time.perf_counter()
             for _ in range(3):
-                indexer_topk_naive(q, k, w, kv_end, topk)
+                K.indexer_topk_naive(q, k, w, kv_end, topk)
             _sync()
             row["naive_ms"] = (time.perf_counter() - t0) / 3 * 1e3
         except torch.cuda.OutOfMemoryError:
@@ -214,7 +200,7 @@ def _indexer_row(sh: BenchShapes, context: int, tiles: IndexerTiles, timer: Time
     return row
 
 
-def bench_indexer(sh: BenchShapes, tiles: IndexerTiles, timer: Timer, check: bool, naive: bool,
+def bench_indexer(sh: BenchShapes, tiles: K.IndexerTiles, timer: Timer, check: bool, naive: bool,
                   fp8: bool) -> list[dict]:
     out = []
     for context in sh.contexts:
@@ -232,7 +218,7 @@ def sweep_indexer_tiles(sh: BenchShapes, timer: Timer) -> list[dict]:
     out = []
     for tiles in sh.index_candidates:
         try:
-            ms = timer(partial(indexer_topk, q, k, w, kv_end, sh.topk, tiles=tiles), 200)
+            ms = timer(partial(K.indexer_topk, q, k, w, kv_end, sh.topk, tiles=tiles), 200)
         except Exception as exc:  # a configuration that does not compile is reported
             out.append({**asdict(tiles), "error": type(exc).__name__ + ": " + str(exc)[:200]})
             continue
@@ -241,7 +227,7 @@ def sweep_indexer_tiles(sh: BenchShapes, timer: Timer) -> list[dict]:
     return out
 
 
-def bench_indexer_split(sh: BenchShapes, tiles: IndexerTiles, timer: Timer) -> dict:
+def bench_indexer_split(sh: BenchShapes, tiles: K.IndexerTiles, timer: Timer) -> dict:
     """Time of the scoring kernel alone vs the whole call (where the time goes)."""
     from kernels import _indexer_triton as it
 
@@ -258,7 +244,7 @@ def bench_indexer_split(sh: BenchShapes, tiles: IndexerTiles, timer: Timer) -> d
                 block_n=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
             )
 
-    total = timer(partial(indexer_topk, q, k, w, kv_end, sh.topk, tiles=tiles), 200)
+    total = timer(partial(K.indexer_topk, q, k, w, kv_end, sh.topk, tiles=tiles), 200)
     part = timer(scores_only, 200)
     return {"context": sh.sweep_context, "total_ms": total, "scores_ms": part,
             "merge_ms": total - part}
@@ -284,7 +270,7 @@ def bench_sparse(sh: BenchShapes, timer: Timer, check: bool, copy_tb_s: float) -
                             dtype=torch.int32)
         sinks = torch.randn(heads, device=dev, generator=g)
         res = torch.empty_like(q)
-        call = partial(sparse_attention, q, win, w_start, w_end, scale=dim**-0.5, out=res,
+        call = partial(K.sparse_attention, q, win, w_start, w_end, scale=dim**-0.5, out=res,
                        compressed_kv=comp, indices=idx, sinks=sinks)
         timed = {tiles: timer(partial(call, tiles=tiles), 150) for tiles in sh.sparse_candidates}
         best = min(timed, key=timed.__getitem__)
@@ -293,7 +279,7 @@ def bench_sparse(sh: BenchShapes, timer: Timer, check: bool, copy_tb_s: float) -
         splits = {}
         if num_rows < 1024:  # few rows: try splitting each row's entries over programs
             for n in sh.sparse_splits:
-                ws = torch.empty(sparse_attention_workspace_bytes(num_rows, heads, dim, n),
+                ws = torch.empty(K.sparse_attention_workspace_bytes(num_rows, heads, dim, n),
                                  dtype=torch.uint8, device=dev)
                 splits[n] = timer(partial(call, tiles=best, num_splits=n, workspace=ws), 150)
         entries = window + topk
@@ -309,12 +295,12 @@ def bench_sparse(sh: BenchShapes, timer: Timer, check: bool, copy_tb_s: float) -
                "ms_per_splits": {n: round(v, 4) for n, v in splits.items()} or None}
         if splits:
             best_split = min(splits, key=splits.__getitem__)
-            ws = torch.empty(sparse_attention_workspace_bytes(num_rows, heads, dim, best_split),
+            ws = torch.empty(K.sparse_attention_workspace_bytes(num_rows, heads, dim, best_split),
                              dtype=torch.uint8, device=dev)
             call(tiles=best, num_splits=best_split, workspace=ws)  # check the split path too
         if check:
             n = min(num_rows, sh.check_rows)
-            ref = sparse_attention_ref(q[:n], win, w_start[:n], w_end[:n], scale=dim**-0.5,
+            ref = K.sparse_attention_ref(q[:n], win, w_start[:n], w_end[:n], scale=dim**-0.5,
                                        compressed_kv=comp, indices=idx[:n], sinks=sinks)
             row["rel_err_vs_ref"] = _rel(res[:n], ref)
         out.append(row)
@@ -344,7 +330,7 @@ def bench_paged(sh: BenchShapes, timer: Timer, check: bool, copy_tb_s: float) ->
     for q_len, context in sh.prefill_cases:
         q, kc, vc, bt, qsl, ctx = _paged_setup(sh, 1, context, q_len)
         res = torch.empty_like(q)
-        call = partial(paged_attention, q, kc, vc, bt, qsl, ctx, scale, res)
+        call = partial(K.paged_attention, q, kc, vc, bt, qsl, ctx, scale, res)
         timed = {t: timer(partial(call, tiles=t), 150) for t in sh.paged_candidates}
         best = min(timed, key=timed.__getitem__)
         ms = timed[best]
@@ -358,7 +344,7 @@ def bench_paged(sh: BenchShapes, timer: Timer, check: bool, copy_tb_s: float) ->
                "ms_per_tiles": {f"{t.block_m},{t.block_n},{t.num_warps},{t.num_stages}":
                                 round(v, 4) for t, v in timed.items()}}
         if check and q_len * context <= 512 * 8192:
-            row["rel_err_vs_ref"] = _rel(res, paged_attention_ref(q, kc, vc, bt, qsl, ctx, scale))
+            row["rel_err_vs_ref"] = _rel(res, K.paged_attention_ref(q, kc, vc, bt, qsl, ctx, scale))
         out.append(row)
         print(json.dumps(row), flush=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() \
@@ -366,10 +352,10 @@ def bench_paged(sh: BenchShapes, timer: Timer, check: bool, copy_tb_s: float) ->
     for num_seqs, context in sh.decode_cases:
         q, kc, vc, bt, qsl, ctx = _paged_setup(sh, num_seqs, context, 1)
         res = torch.empty_like(q)
-        splits = default_decode_splits(num_seqs, hkv, context, sms)
-        ws = torch.empty(max(paged_decode_workspace_bytes(num_seqs, hq, dim, splits), 1),
+        splits = K.default_decode_splits(num_seqs, hkv, context, sms)
+        ws = torch.empty(max(K.paged_decode_workspace_bytes(num_seqs, hq, dim, splits), 1),
                          dtype=torch.uint8, device=q.device)
-        ms = timer(partial(paged_decode_attention, q, kc, vc, bt, ctx, scale, res,
+        ms = timer(partial(K.paged_decode_attention, q, kc, vc, bt, ctx, scale, res,
                            num_splits=splits, workspace=ws), 200)
         kv_bytes = 2 * num_seqs * context * hkv * dim * 2
         row = {"kind": "decode", "batch": num_seqs, "context": context, "splits": splits,
@@ -377,7 +363,7 @@ def bench_paged(sh: BenchShapes, timer: Timer, check: bool, copy_tb_s: float) ->
                "bytes_limit_ms": kv_bytes / (copy_tb_s * 1e9)}
         if check:
             n = min(num_seqs, 4)
-            ref = paged_attention_ref(q[:n], kc, vc, bt[:n], qsl[: n + 1], ctx[:n], scale)
+            ref = K.paged_attention_ref(q[:n], kc, vc, bt[:n], qsl[: n + 1], ctx[:n], scale)
             row["rel_err_vs_ref"] = _rel(res[:n], ref)
         out.append(row)
         print(json.dumps(row), flush=True)

@@ -149,6 +149,16 @@ class WorkerSettings:
                       "logged and counted)."),
     )
     seed: int = field(default=0, metadata=_doc("Seed of requests that bring none."))
+    share_weights: str = field(
+        default="",
+        metadata=_doc("One-box mode (CUDA only): a handle file path that the workers of one GPU "
+                      "share; the first to start loads the weights and exports them through "
+                      "CUDA IPC, the others map that one copy. '' = each loads its own."),
+    )
+    share_weights_timeout_s: float = field(
+        default=600.0,
+        metadata=_doc("One-box mode: seconds a worker waits for another to export the weights."),
+    )
     num_threads: int = field(
         default=0, metadata=_doc("CPU threads torch may use; 0 = torch's default.")
     )
@@ -195,7 +205,7 @@ class WorkerSettings:
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")
         for name in ("kv_staging_gb", "kv_visible_timeout_s", "memory_utilization",
-                     "heartbeat_ttl_s"):
+                     "heartbeat_ttl_s", "share_weights_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
         for name in ("num_blocks", "device_memory_gb", "grace_s", "num_threads", "kv_ttl_s"):

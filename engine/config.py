@@ -43,6 +43,10 @@ class EngineConfig:
     strict_allocations: bool = False
     cuda_graphs: bool = True  # CUDA + Triton attention: capture decode steps as graphs
     seed: int = 0
+    # One-box mode: a handle file path shared by the engines of one GPU. The first to start loads
+    # the weights and exports them (CUDA IPC); the others map that one copy (weight_share.py).
+    share_weights: str = ""
+    share_weights_timeout_s: float = 600.0  # how long a mapping engine waits for the export
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *_DTYPES):
@@ -63,6 +67,9 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise PlanError(f"attention_backend must be auto, torch or triton; got "
                             f"{self.attention_backend!r}")
+        if self.share_weights_timeout_s <= 0:
+            raise PlanError(f"share_weights_timeout_s must be > 0, got "
+                            f"{self.share_weights_timeout_s}")
         if not 0.1 <= self.memory_utilization <= 1.0:
             raise PlanError(f"memory_utilization must be in [0.1, 1], got {self.memory_utilization}")
         if self.num_blocks is not None and self.num_blocks < self.blocks_per_seq + 1:

@@ -37,6 +37,7 @@ from engine.sampler import RowState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
+from engine.weight_share import SharedWeights
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +71,26 @@ class LLMEngine:
     def __init__(self, ec: EngineConfig, model_config: ModelConfig,
                  weights: dict[str, torch.Tensor], model_fingerprint: str = "",
                  non_torch_bytes: int = 0,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 shared: SharedWeights | None = None) -> None:
         """``progress``, when given, is told each start-up step in words (the worker prints
-        them: on a small machine the warm-up alone takes tens of seconds)."""
+        them: on a small machine the warm-up alone takes tens of seconds). ``shared``: the
+        weights are views into one arena (one-box mode), owned here or mapped from another
+        process; the plan counts it as owned weights or as ``weights_mapped``."""
         self.config = ec
         self.model_config = model_config
         self.model_fingerprint = model_fingerprint
-        # quantized payloads count as the model will hold them (stored, or dequantized)
-        weight_bytes = family_class(model_config).resident_weight_bytes(weights, ec)
+        self.shared_weights = shared
+        mapped = 0
+        if shared is None:
+            # quantized payloads count as the model will hold them (stored, or dequantized)
+            weight_bytes = family_class(model_config).resident_weight_bytes(weights, ec)
+        else:
+            weight_bytes = shared.nbytes if shared.owned else 0
+            mapped = 0 if shared.owned else shared.nbytes
         self.plan: MemoryPlan = make_plan(model_config, ec, device_memory(ec), weight_bytes,
-                                          non_torch_bytes, library_workspaces(ec))
+                                          non_torch_bytes, library_workspaces(ec),
+                                          mapped_weight_bytes=mapped)
         self.plan.check()
         if progress is not None:
             progress(f"memory plan: {self.plan.total_bytes / 2**20:,.0f} MiB, KV extent "
@@ -119,6 +130,8 @@ class LLMEngine:
                     progress: Callable[[str], None] | None = None) -> LLMEngine:
         from engine.checkpoint import load_checkpoint
 
+        if ec.share_weights:
+            return cls._shared_from_config(ec, progress)
         non_torch = 0
         if ec.torch_device.type == "cuda":
             free, total = torch.cuda.mem_get_info(ec.torch_device)
@@ -132,6 +145,24 @@ class LLMEngine:
                      f"{ckpt.config.name})")
         return cls(ec, ckpt.config, ckpt.state_dict, ckpt.model_fingerprint, non_torch,
                    progress)
+
+    @classmethod
+    def _shared_from_config(cls, ec: EngineConfig,
+                            progress: Callable[[str], None] | None) -> LLMEngine:
+        """One-box mode: load and export the weights, or map another process's export."""
+        from pathlib import Path
+
+        from engine.weight_share import export, load_or_map
+
+        got = load_or_map(ec, progress)
+        engine = cls(ec, got.config, got.weights, got.model_fingerprint, got.non_torch_bytes,
+                     progress, shared=got.shared)
+        if got.shared.owned:  # after the warm-up: importers then measure a settled device
+            export(got.shared, Path(ec.share_weights),
+                   {"model": str(ec.model), "model_fingerprint": got.model_fingerprint})
+            if progress is not None:
+                progress(f"exported the weights for other processes at {ec.share_weights}")
+        return engine
 
     @property
     def kv_cache(self) -> Any:

@@ -31,6 +31,8 @@ class PlanTerm:
     bytes: int
     formula: str
     in_workspace: bool = False  # a slice of the workspace arena, not a separate allocation
+    # memory another process owns and this one maps (shared weights): listed, not in the total
+    mapped: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,12 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return sum(t.bytes for t in self.terms)
+        """What this process owns on the device (mapped terms excluded)."""
+        return sum(t.bytes for t in self.terms if not t.mapped)
+
+    @property
+    def mapped_bytes(self) -> int:
+        return sum(t.bytes for t in self.terms if t.mapped)
 
     @property
     def budget_bytes(self) -> int:
@@ -99,6 +106,7 @@ class MemoryPlan:
             "budget_bytes": self.budget_bytes,
             "total_bytes": self.total_bytes,
             "headroom_bytes": self.headroom_bytes,
+            "mapped_bytes": self.mapped_bytes,
             "max_context": self.max_context,
             "chunk_tokens": self.chunk_tokens,
             "max_batch": self.max_batch,
@@ -110,13 +118,15 @@ class MemoryPlan:
             "kv_tokens_per_gib": self.kv_tokens_per_gib,
             "kv_layout_fingerprint": self.kv_layout.fingerprint,
             "terms": [{"name": t.name, "bytes": t.bytes, "formula": t.formula,
-                       "in_workspace": t.in_workspace} for t in self.terms],
+                       "in_workspace": t.in_workspace, "mapped": t.mapped}
+                      for t in self.terms],
         }
 
     def table(self) -> str:
         rows = [f"{'term':<22}{'bytes':>16}{'GiB':>10}  formula"]
         for t in self.terms:
-            rows.append(f"{t.name:<22}{t.bytes:>16,}{t.bytes / GiB:>10.3f}  {t.formula}")
+            note = "  [mapped: another process owns it; not in the total]" if t.mapped else ""
+            rows.append(f"{t.name:<22}{t.bytes:>16,}{t.bytes / GiB:>10.3f}  {t.formula}{note}")
         rows.append(f"{'total':<22}{self.total_bytes:>16,}{self.total_bytes / GiB:>10.3f}")
         rows.append(f"{'budget':<22}{self.budget_bytes:>16,}{self.budget_bytes / GiB:>10.3f}  "
                     f"{self.memory_utilization} x {self.device_memory_bytes:,} ({self.device})")
@@ -170,9 +180,12 @@ def common_step_terms(model: ModelConfig, ec: EngineConfig) -> list[PlanTerm]:
 
 def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
               weight_bytes: int | None = None, non_torch_bytes: int = 0,
-              library_bytes: int = 0, device_label: str | None = None) -> MemoryPlan:
+              library_bytes: int = 0, device_label: str | None = None,
+              mapped_weight_bytes: int = 0) -> MemoryPlan:
     """The family gives the block geometry and its own terms; the KV extent is the engine's
-    number of blocks times the layout's bytes per block."""
+    number of blocks times the layout's bytes per block. ``mapped_weight_bytes``: the weights
+    live in another process's memory (one-box mode): this plan's ``weights`` term is 0 and a
+    ``weights_mapped`` term lists them outside the total."""
     from engine.models import family_class
 
     family = family_class(model)
@@ -180,6 +193,10 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
     num_blocks = ec.resolved_num_blocks
     kinds = " + ".join(f"{k.name} {k.layers} x {k.rows} x {k.row_bytes} B" for k in layout.kinds)
     terms = family.plan_terms(model, ec, weight_bytes)
+    if mapped_weight_bytes:
+        terms.insert(1, PlanTerm("weights_mapped", mapped_weight_bytes,
+                                 "one arena of weights exported by another process on this "
+                                 "device (CUDA IPC), mapped here", mapped=True))
     terms.insert(1, PlanTerm(
         "kv_cache", num_blocks * layout.bytes_per_block,
         f"num_blocks {num_blocks} x {layout.bytes_per_block:,} B per block of "

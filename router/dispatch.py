@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from router.background import BackgroundTasks
 from router.choice_runner import ChoiceDelta, ChoiceRunner, ChoiceSpec
@@ -137,11 +137,9 @@ class Dispatcher:
         return Sampling(max_tokens=max_tokens, temperature=job.temperature, top_p=job.top_p,
                         top_k=job.top_k, stop_token_ids=tuple(stop_ids),
                         ignore_eos=job.ignore_eos, seed=seed,
-                        presence_penalty=job.presence_penalty,
-                        frequency_penalty=job.frequency_penalty,
-                        repetition_penalty=job.repetition_penalty,
-                        logit_bias=tuple(dict(job.logit_bias).items()), min_p=job.min_p,
-                        min_tokens=min(job.min_tokens, max_tokens), logprobs=job.logprobs,
+                        shaping=replace(job.shaping,
+                                        min_tokens=min(job.shaping.min_tokens, max_tokens)),
+                        logprobs=job.logprobs,
                         grammar_kind=job.grammar_kind, grammar_spec=job.grammar_spec)
 
     def context_limit(self) -> int:

@@ -25,6 +25,7 @@ from router.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFi
 from router.settings import RouterSettings
 from router.tokenizer_port import RouterTokenizer
 from router.tool_calls import plan_tools
+from router.worker_codec import LogitShaping
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,7 @@ class GenerationJob:
     stream: bool
     include_usage: bool
     return_token_ids: bool
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    min_p: float = 0.0
-    min_tokens: int = 0
+    shaping: LogitShaping = LogitShaping()
     logprobs: int | None = None   # None: none; k: each token's logprob and the top k
     echo: bool = False            # completions: the prompt's text before the completion
     grammar_kind: str = ""        # constrained decoding (worker/grammar_cache.py), "" = none
@@ -97,10 +93,11 @@ def _common(req: _SamplingFields, settings: RouterSettings) -> dict[str, object]
         stream=req.stream,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         return_token_ids=req.return_token_ids,
-        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-        repetition_penalty=req.repetition_penalty,
-        logit_bias=_logit_bias(req.logit_bias, settings),
-        min_p=req.min_p, min_tokens=req.min_tokens)
+        shaping=LogitShaping(
+            presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
+            logit_bias=_logit_bias(req.logit_bias, settings),
+            min_p=req.min_p, min_tokens=req.min_tokens))
 
 
 MAX_LOGIT_BIAS = 300   # the engine's per-slot buffer holds this many entries
@@ -124,7 +121,7 @@ def _logit_bias(given: dict[str, float] | None, settings: RouterSettings
             raise invalid_request(f"logit_bias: token id {token} is outside [0, 2**31)",
                                   "logit_bias")
         out.append((token, float(bias)))
-    return tuple(sorted(out))
+    return tuple(sorted(dict(out).items()))  # "1" and "01" name one token: the last wins
 
 
 def _check_min_tokens(count: int, max_tokens: int | None) -> None:

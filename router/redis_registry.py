@@ -26,15 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from google.protobuf.message import DecodeError
 from redis.exceptions import RedisError
 
 from common.redact import public_url
 from common.worker_registry import SCAN_PATTERN, role_of_key, url_problem
-from proto import bulkhead_pb2 as pb
-from router.registry import StaticRegistry, _Worker, compat_diff
+from router.registry import StaticRegistry, _Worker
 from router.settings import RouterSettings
 from router.worker_client import CallDeadlines, WorkerAccess, WorkerClient
+from router.worker_status import WorkerStatus, status_from_bytes
 
 log = logging.getLogger("bulkhead.router.registry")
 
@@ -129,7 +128,7 @@ class RedisRegistry(StaticRegistry):
         """Drop registered workers whose key is gone; refresh the others' heartbeat info."""
         for w in [w for w in self._workers.values() if w.key]:
             raw = found.get(w.key)
-            info = _parse(raw) if raw is not None else None
+            info = status_from_bytes(raw) if raw is not None else None
             if raw is None and w.healthy and time.monotonic() < self._grace_until_s:
                 continue  # the registry lost its keys; this worker still answers GetInfo
             if raw is None:
@@ -145,7 +144,7 @@ class RedisRegistry(StaticRegistry):
                 w.heartbeat = info
 
     def _register(self, key: str, raw: bytes) -> None:
-        info = _parse(raw)
+        info = status_from_bytes(raw)
         if info is None:
             self._refuse(key, "", key, "its value is not a serialized bulkhead.v1.WorkerInfo")
             return
@@ -165,7 +164,7 @@ class RedisRegistry(StaticRegistry):
         log.info("worker %s (%s) registered at %s: max_context=%d max_batch=%d", name,
                  info.role, info.address, info.max_context, info.max_batch)
 
-    def _registration_problem(self, key: str, info: pb.WorkerInfo) -> str:
+    def _registration_problem(self, key: str, info: WorkerStatus) -> str:
         """Why a worker publishing `info` under `key` may not join ('' when it may)."""
         role = role_of_key(key)
         if role not in ROLES or info.role != role:
@@ -184,7 +183,7 @@ class RedisRegistry(StaticRegistry):
         if ref is not None:
             ref_info = ref.last_info
             assert ref_info is not None
-            diff = compat_diff(info.compat, ref_info.compat)
+            diff = info.compat.diff(ref_info.compat)
             if diff:
                 return f"{'; '.join(diff)} (against {ref.role} worker {ref.address})"
         return ""
@@ -198,13 +197,6 @@ class RedisRegistry(StaticRegistry):
         if self._refused.get(key, ("", ""))[1] != reason:
             log.warning("worker %s refused: %s", name, reason)
         self._refused[key] = (address, reason)
-
-
-def _parse(raw: bytes) -> pb.WorkerInfo | None:
-    try:
-        return pb.WorkerInfo.FromString(raw)
-    except DecodeError:
-        return None
 
 
 def build_registry(settings: RouterSettings, deadlines: CallDeadlines,

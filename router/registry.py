@@ -4,8 +4,8 @@
 fixed list of addresses (flags / env) and polls each worker's GetInfo on start-up and every
 `poll_interval_s`; `RedisRegistry` (router/redis_registry.py) adds the workers that register in
 Redis with a heartbeat.  A worker whose reported role differs from its configured one is refused,
-and a prefill/decode pair whose Compatibility messages differ is never paired (the policy
-compares `compat_key`); both are logged once with the field that differs.  A worker that has work
+and a prefill/decode pair whose compatibility values differ is never paired (the policy
+compares `Compat.key()`); both are logged once with the field that differs.  A worker that has work
 but whose engine made no progress for `stall_timeout_s` is not routed to (router/liveness.py);
 a slow GetInfo alone is not a dead worker.  This module must never block a request on a poll.
 """
@@ -22,32 +22,17 @@ from typing import Protocol
 
 import grpc
 
-from proto import bulkhead_pb2 as pb
 from router.errors import WorkerCallError
 from router.liveness import LivenessState, Progress, judge_liveness
-from router.policy import CompatKey, WorkerLoad
+from router.policy import WorkerLoad
 from router.worker_client import CallDeadlines, WorkerAccess, WorkerClient
+from router.worker_status import WorkerStatus
 
 log = logging.getLogger("bulkhead.router.registry")
 
-COMPAT_FIELDS = ("model_fingerprint", "tokenizer_fingerprint", "dtype", "block_size",
-                 "lmcache_chunk_size", "kv_layout_fingerprint")
-
-
-def compat_key(compat: pb.Compatibility) -> CompatKey:
-    return (compat.model_fingerprint, compat.tokenizer_fingerprint, compat.dtype,
-            int(compat.block_size), int(compat.lmcache_chunk_size), compat.kv_layout_fingerprint)
-
-
-def compat_diff(a: pb.Compatibility, b: pb.Compatibility) -> list[str]:
-    """Fields that differ, as 'field: a != b'."""
-    return [f"{name}: {getattr(a, name)!r} != {getattr(b, name)!r}"
-            for name in COMPAT_FIELDS if getattr(a, name) != getattr(b, name)]
-
-
-def progress_of(info: pb.WorkerInfo) -> Progress:
-    return Progress(int(info.steps_completed), int(info.tokens_advanced), int(info.num_running),
-                    int(info.num_waiting))
+def progress_of(info: WorkerStatus) -> Progress:
+    return Progress(info.steps_completed, info.tokens_advanced, info.num_running,
+                    info.num_waiting)
 
 
 class WorkerRegistry(Protocol):
@@ -57,7 +42,7 @@ class WorkerRegistry(Protocol):
     async def stop(self) -> None: ...
     async def refresh(self) -> None: ...
     def loads(self) -> list[WorkerLoad]: ...
-    def info(self, address: str) -> pb.WorkerInfo | None: ...
+    def info(self, address: str) -> WorkerStatus | None: ...
     def client(self, address: str) -> WorkerClient: ...
     def track(self, address: str) -> contextlib.AbstractContextManager[None]: ...
     def problems(self) -> dict[str, str]: ...
@@ -72,17 +57,17 @@ class _Worker:
     address: str
     role: str
     client: WorkerClient
-    info: pb.WorkerInfo | None = None
+    info: WorkerStatus | None = None
     healthy: bool = False
     problem: str = "not polled yet"
     num_inflight: int = 0
     missed_polls: int = 0  # consecutive GetInfo deadlines while otherwise healthy
     key: str = ""          # its registry key; '' = configured by address
-    heartbeat: pb.WorkerInfo | None = None  # last WorkerInfo published under `key`
+    heartbeat: WorkerStatus | None = None  # last WorkerInfo published under `key`
     liveness: LivenessState | None = None
 
     @property
-    def last_info(self) -> pb.WorkerInfo | None:
+    def last_info(self) -> WorkerStatus | None:
         return self.info if self.info is not None else self.heartbeat
 
 
@@ -142,7 +127,7 @@ class StaticRegistry:
         self._check_pairs()
         await self._close_retired()
 
-    def _poll_problem(self, w: _Worker, res: pb.WorkerInfo | BaseException) -> str:
+    def _poll_problem(self, w: _Worker, res: WorkerStatus | BaseException) -> str:
         """What this GetInfo answer says is wrong with `w` ('' = nothing)."""
         if (isinstance(res, WorkerCallError) and res.code == grpc.StatusCode.DEADLINE_EXCEEDED
                 and w.healthy and (w.key or w.missed_polls + 1 < MAX_MISSED_POLLS)):
@@ -164,12 +149,12 @@ class StaticRegistry:
             return f"reports role {res.role!r}, configured as {w.role!r}"
         return ""
 
-    def _liveness_problem(self, w: _Worker, res: pb.WorkerInfo | BaseException,
+    def _liveness_problem(self, w: _Worker, res: WorkerStatus | BaseException,
                           now_s: float) -> str:
         """'' while `w` is idle or its progress counters advance: from this GetInfo answer, or
         when it did not come, from the heartbeat (a registered worker) or the last answer.
         Mixing the sources is safe: a stalled engine's counters are frozen in all of them."""
-        seen = res if isinstance(res, pb.WorkerInfo) else (
+        seen = res if isinstance(res, WorkerStatus) else (
             w.heartbeat if w.heartbeat is not None else w.info)
         if seen is None:
             return ""
@@ -215,7 +200,7 @@ class StaticRegistry:
         for p in (w for w in up if w.role == "prefill"):
             for d in (w for w in up if w.role == "decode"):
                 assert p.info is not None and d.info is not None
-                diff = compat_diff(p.info.compat, d.info.compat)
+                diff = p.info.compat.diff(d.info.compat)
                 line = f"prefill {p.address} / decode {d.address} incompatible: {'; '.join(diff)}"
                 if diff and line not in self._logged:
                     self._logged.add(line)
@@ -231,15 +216,15 @@ class StaticRegistry:
             if info is None:
                 continue
             out.append(WorkerLoad(
-                address=w.address, role=w.role, max_context=int(info.max_context),
-                max_batch=int(info.max_batch), max_queue=int(info.max_queue),
-                num_running=int(info.num_running), num_waiting=int(info.num_waiting),
-                num_inflight=w.num_inflight, free_kv_tokens=int(info.free_kv_tokens),
-                compat_key=compat_key(info.compat), healthy=w.healthy,
-                total_kv_tokens=int(info.total_kv_tokens)))
+                address=w.address, role=w.role, max_context=info.max_context,
+                max_batch=info.max_batch, max_queue=info.max_queue,
+                num_running=info.num_running, num_waiting=info.num_waiting,
+                num_inflight=w.num_inflight, free_kv_tokens=info.free_kv_tokens,
+                compat_key=info.compat.key(), healthy=w.healthy,
+                total_kv_tokens=info.total_kv_tokens))
         return out
 
-    def info(self, address: str) -> pb.WorkerInfo | None:
+    def info(self, address: str) -> WorkerStatus | None:
         w = self._find(address)
         return None if w is None else w.last_info
 

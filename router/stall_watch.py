@@ -16,17 +16,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proto import bulkhead_pb2 as pb
 from router.liveness import LivenessState, Progress, judge_liveness
+from router.worker_status import WorkerStatus
 
 
 @dataclass(frozen=True)
 class StallWatch:
     """`health(address)`: '' while the registry routes to it, else its problem; `info(address)`:
-    its last WorkerInfo (poll or heartbeat) or None."""
+    its last WorkerStatus (poll or heartbeat) or None."""
 
     health: Callable[[str], str]
-    info: Callable[[str], pb.WorkerInfo | None]
+    info: Callable[[str], WorkerStatus | None]
     stall_timeout_s: float
     interval_s: float
 
@@ -40,8 +40,8 @@ class StallWatch:
                 return problem
             info = self.info(address)
             if info is not None:
-                seen = Progress(int(info.steps_completed), int(info.tokens_advanced),
-                                max(1, int(info.num_running)), int(info.num_waiting))
+                seen = Progress(info.steps_completed, info.tokens_advanced,
+                                max(1, info.num_running), info.num_waiting)
                 verdict = judge_liveness(state, seen, time.monotonic(), self.stall_timeout_s)
                 if not verdict.is_alive:
                     return verdict.problem

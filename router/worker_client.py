@@ -6,7 +6,7 @@ or when the caller stops early.  `WorkerAccess` is what the router presents to w
 shared internal token (sent as `authorization: Bearer <token>` metadata on every call; checked
 by worker/auth.py) and, when set, the CA that makes the channel TLS.  This module must never
 block forever, never log the token and never import torch. Proto messages stop here: callers
-hand in and get back router/worker_codec.py's dataclasses (WorkerInfo excepted, for now).
+hand in and get back router/worker_codec.py's dataclasses (router/worker_status.py for GetInfo).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from router.worker_codec import (
     prefill_request,
     prefilled_from_proto,
 )
+from router.worker_status import WorkerStatus, status_from_proto
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,9 @@ class WorkerClient:
         except grpc.aio.AioRpcError as exc:
             raise WorkerCallError(self.address, phase, exc.code(), exc.details() or "") from None
 
-    async def get_info(self) -> pb.WorkerInfo:
-        return await self._unary(self._stub.GetInfo, pb.WorkerInfoRequest(), "info",
-                                 self._deadlines.info_s)
+    async def get_info(self) -> WorkerStatus:
+        return status_from_proto(await self._unary(self._stub.GetInfo, pb.WorkerInfoRequest(),
+                                                   "info", self._deadlines.info_s))
 
     async def lookup(self, prompt_token_ids: Sequence[int]) -> int:
         resp = await self._unary(self._stub.Lookup,

@@ -13,6 +13,19 @@ from proto import bulkhead_pb2 as pb
 
 
 @dataclass(frozen=True)
+class LogitShaping:
+    """What reshapes the logits before sampling: penalties, biases, floors.  One value travels
+    from the validated request (router/job.py) into every choice's Sampling unchanged."""
+
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_p: float = 0.0
+    min_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class Sampling:
     """How one choice samples; the worker checks the ranges (InvalidRequest -> 400)."""
 
@@ -23,12 +36,7 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None  # None: the worker's own seed
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    min_p: float = 0.0
-    min_tokens: int = 0
+    shaping: LogitShaping = LogitShaping()
     logprobs: int | None = None  # None: none; k: each token's logprob and the top k
     grammar_kind: str = ""       # constrained decoding (worker/grammar_cache.py), "" = none
     grammar_spec: str = ""
@@ -95,13 +103,14 @@ class Chunk:
 
 
 def sampling_to_proto(s: Sampling) -> pb.SamplingParams:
+    sh = s.shaping
     msg = pb.SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                             top_k=s.top_k, stop_token_ids=list(s.stop_token_ids),
-                            ignore_eos=s.ignore_eos, presence_penalty=s.presence_penalty,
-                            frequency_penalty=s.frequency_penalty,
-                            repetition_penalty=s.repetition_penalty,
-                            logit_bias=dict(s.logit_bias), min_p=s.min_p,
-                            min_tokens=s.min_tokens)
+                            ignore_eos=s.ignore_eos, presence_penalty=sh.presence_penalty,
+                            frequency_penalty=sh.frequency_penalty,
+                            repetition_penalty=sh.repetition_penalty,
+                            logit_bias=dict(sh.logit_bias), min_p=sh.min_p,
+                            min_tokens=sh.min_tokens)
     if s.seed is not None:
         msg.seed = s.seed
     if s.logprobs is not None:

@@ -144,12 +144,11 @@ def test_a_broken_rule_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 # Where proto messages may be read or built (docs/architecture.md, "one codec per edge"): on the
-# router's side the gRPC client, its codec and the readers of WorkerInfo (registry, stall watch:
-# it arrives as a message from GetInfo and from Redis, not yet decoded); on the workers' side the
-# servicers, the worker codec and the registration that publishes WorkerInfo.
+# router's side the gRPC client, its codec and the decoder of WorkerInfo (GetInfo answers and
+# registry values); on the workers' side the servicers, the worker codec and the registration that
+# publishes WorkerInfo.
 PROTO_EDGE = {
-    "router": {"router.worker_client", "router.worker_codec", "router.registry",
-               "router.redis_registry", "router.stall_watch"},
+    "router": {"router.worker_client", "router.worker_codec", "router.worker_status"},
     "worker": {"worker.codec", "worker.worker_base", "worker.registration"},
     "prefill_worker": {"prefill_worker.server"},
     "decode_worker": {"decode_worker.server"},

@@ -38,7 +38,7 @@ async def fetch_import(store: KVStore | None, prompt: Sequence[int]) -> KVImport
         return None
     if staged is None:
         return None
-    log.debug("KV fetch: %d of %d prompt tokens in %.3f s", loaded, len(prompt),
+    log.info("KV fetch: %d of %d prompt tokens in %.3f s", loaded, len(prompt),
               time.monotonic() - started)
     return _block_import(store, loaded, staged)
 

@@ -55,10 +55,16 @@ def _fuse_projections(layer: _Layer, weights: dict[str, torch.Tensor], prefix: s
     """Concatenate q/k/v and gate/up into one weight each, dropping the originals from
     ``weights`` (the engine owns that dict) so each layer's old copies are freed before the next
     layer's are made: start-up never holds two copies of the model."""
-    layer.qkv = torch.cat([layer.q, layer.k, layer.v])
+    # Weights shared between processes (engine/weight_share.py) come already concatenated in
+    # one arena, the parts being row views of it: use them as they are, copying nothing.
+    qkv = weights.pop(prefix + "self_attn.qkv_proj.weight", None)
+    qkv_bias = weights.pop(prefix + "self_attn.qkv_proj.bias", None)
+    gate_up = weights.pop(prefix + "mlp.gate_up_proj.weight", None)
+    layer.qkv = qkv if qkv is not None else torch.cat([layer.q, layer.k, layer.v])
     if layer.q_bias is not None:
-        layer.qkv_bias = torch.cat([layer.q_bias, layer.k_bias, layer.v_bias])
-    layer.gate_up = torch.cat([layer.gate, layer.up])
+        layer.qkv_bias = qkv_bias if qkv_bias is not None else \
+            torch.cat([layer.q_bias, layer.k_bias, layer.v_bias])
+    layer.gate_up = gate_up if gate_up is not None else torch.cat([layer.gate, layer.up])
     layer.q = layer.k = layer.v = layer.gate = layer.up = None
     layer.q_bias = layer.k_bias = layer.v_bias = None
     for name in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",

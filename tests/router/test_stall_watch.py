@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from proto import bulkhead_pb2 as pb
 from router.stall_watch import StallWatch
+from router.worker_status import WorkerStatus
 
 
-def _info(steps: int, running: int = 0) -> pb.WorkerInfo:
-    return pb.WorkerInfo(steps_completed=steps, tokens_advanced=steps * 10, num_running=running)
+def _info(steps: int, running: int = 0) -> WorkerStatus:
+    return WorkerStatus(steps_completed=steps, tokens_advanced=steps * 10, num_running=running)
 
 
 async def test_frozen_counters_are_a_stall_even_when_the_last_report_says_idle() -> None:
@@ -27,7 +27,7 @@ async def test_frozen_counters_are_a_stall_even_when_the_last_report_says_idle()
 async def test_advancing_counters_are_never_a_stall() -> None:
     steps = [0]
 
-    def info(address: str) -> pb.WorkerInfo:
+    def info(address: str) -> WorkerStatus:
         steps[0] += 1
         return _info(steps[0], running=1)
 

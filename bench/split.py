@@ -1,0 +1,248 @@
+"""``python -m bench.split OUT_DIR``: what splitting prefill from decode buys on one GPU.
+
+In one run, against the same random-weight model (bench/synthetic_model.py): arm "split" (a
+prefill and a decode process sharing one copy of the weights, KV through LMCache into Redis) and
+arm "colocated" (one worker doing both), each under the same workload (bench/split_load.py:
+streaming chats while long prompts arrive). Writes ``split.json`` (ITL p50/p99/max overall and
+while a long prompt is prefilled, TTFT of the long prompts, throughput, each process's plan and
+device allocations after warm-up, device memory over time, the handoff of the long prompts as
+the workers logged it) and ``split.png``; with ``--handoff-tokens N`` also the handoff of an
+N-token prompt on its own next to a host memcpy (bench/split_handoff.py).
+
+    python -m bench.split OUT --shape llama3-8b --long-tokens 8192,32768 --duration-s 30
+    python -m bench.split OUT --shape tiny --device cpu --long-tokens 300,600 --chats 2 ...
+
+Never imported by the runtime. The workers run with allocations after warm-up counted and
+logged (not failing the step), so a figure still comes back if one happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.split_arms import (
+    Arm,
+    MemorySampler,
+    WorkerShape,
+    read_device_memory,
+    start_colocated,
+    start_split,
+    worker_log_figures,
+)
+from bench.split_load import Workload, run_workload
+from bench.split_report import plot, summarize
+
+TEMPLATE_TOKENS = 64  # the chat template's tokens around a prompt, with margin
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+def shapes(args: argparse.Namespace) -> dict[str, WorkerShape]:
+    longest = max(args.long_tokens) + TEMPLATE_TOKENS
+    max_context = longest + max(args.output_tokens, args.long_output_tokens)
+    per_long = _blocks(max_context, args.block_size)
+    chats = args.chats * _blocks(args.chat_prompt_chars + TEMPLATE_TOKENS + args.output_tokens,
+                                 args.block_size)
+    batch = args.chats + 4
+    # Two long prompts may be in flight at once (one every few seconds, each seconds long).
+    decode_blocks = chats + 2 * per_long + 1
+    return {
+        "prefill": WorkerShape(max_context, args.chunk_tokens, 4, 2 * per_long + 1,
+                               args.prefill_util),
+        "decode": WorkerShape(max_context, args.chunk_tokens, batch, decode_blocks,
+                              args.decode_util),
+        "colocated": WorkerShape(max_context, args.chunk_tokens, batch, decode_blocks,
+                                 args.colocated_util),
+    }
+
+
+def run_arm(arm: Arm, model_name: str, workload: Workload) -> dict[str, Any]:
+    idle = read_device_memory(arm.pids)  # after start-up, before any request
+    t0 = time.perf_counter()
+    sampler = MemorySampler(arm.pids).start(t0)
+    try:
+        records = asyncio.run(run_workload(arm.url, model_name, workload))
+    finally:
+        memory = sampler.stop()
+    figures = {role: worker_log_figures(path) for role, path in arm.logs.items()}
+    return {"startup_s": round(arm.startup_s, 1), "idle_device_mib": idle,
+            "summary": summarize(records, workload.duration_s), "workers": figures,
+            "memory": memory, "records": records}
+
+
+def _kv_bytes_per_token(model: str) -> int:
+    """K and V of every layer for one token in bf16 (what LMCache's staging pool must hold)."""
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2
+
+
+def _served_model(url: str) -> str:
+    from launch.up import served_model_name
+
+    return served_model_name(url)
+
+
+def _resident_check(arm: dict[str, Any]) -> dict[str, Any]:
+    """Arm split: device memory used vs the weights once + both plans (each plan counts its own
+    CUDA context; the weights are in the prefill plan only)."""
+    plans = [w["plan_mib"] for w in arm["workers"].values()]
+    used = arm["idle_device_mib"].get("total")
+    if used is None or None in plans:
+        return {"ok": None, "why": "nvidia-smi total or a plan line missing"}
+    expected = sum(plans)
+    return {"device_used_mib": used, "plans_mib": plans, "expected_mib": expected,
+            "ratio": round(used / expected, 4), "within_5pct": abs(used / expected - 1) <= 0.05}
+
+
+def _print_arm(name: str, arm: dict[str, Any]) -> None:
+    """The arm's figures as lines a person reads (split.json has everything)."""
+    s = arm["summary"]
+    itl, during = s["itl_ms"], s["itl_ms_while_long_prefill"]
+    print(f"[{name}] started in {arm['startup_s']} s; chats {s['chat_output_tokens_per_s']} "
+          f"tok/s, {s['chats_finished']} finished, {s['num_errors']} errors", flush=True)
+    print(f"[{name}] ITL ms p50/p99/max {itl['p50']}/{itl['p99']}/{itl['max']} (n={itl['count']});"
+          f" while a long prompt is prefilled {during['p50']}/{during['p99']}/{during['max']}",
+          flush=True)
+    for x in s["long_ttft_s"]:
+        print(f"[{name}] long prompt {x['prompt_tokens']} tokens at {x['arrived_s']} s: TTFT "
+              f"{x['ttft_s']} s {x['error']}", flush=True)
+    for role, w in arm["workers"].items():
+        print(f"[{name}] {role}: plan {w['plan_mib']} MiB, weights {w['weights']}, device "
+              f"allocations after warm-up {w['device_allocs_after_warmup']}", flush=True)
+    if "resident_check" in arm:
+        print(f"[{name}] resident: {arm['resident_check']}", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.split", description=__doc__.split("\n")[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--model", default="", help="Checkpoint folder ('' = write --shape there).")
+    p.add_argument("--shape", default="llama3-8b", help="bench.synthetic_model shape.")
+    p.add_argument("--model-dir", default="", help="Where to write it ('' = /dev/shm or tmp).")
+    p.add_argument("--shard-gb", type=float, default=4.0, help="Shard size of a written model.")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--arms", default="split,colocated")
+    p.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=None,
+                   help="Arm split shares one copy of the weights (default: on CUDA).")
+    p.add_argument("--long-tokens", type=lambda s: tuple(int(x) for x in s.split(",")),
+                   default=(8192, 32768))
+    p.add_argument("--long-every-s", type=float, default=6.0)
+    p.add_argument("--first-long-s", type=float, default=4.0)
+    p.add_argument("--long-output-tokens", type=int, default=4)
+    p.add_argument("--chats", type=int, default=16)
+    p.add_argument("--chat-prompt-chars", type=int, default=64)
+    p.add_argument("--output-tokens", type=int, default=256)
+    p.add_argument("--duration-s", type=float, default=30.0)
+    p.add_argument("--chunk-tokens", type=int, default=2048)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--prefill-util", type=float, default=0.4)
+    p.add_argument("--decode-util", type=float, default=0.3)
+    p.add_argument("--colocated-util", type=float, default=0.5)
+    p.add_argument("--handoff-tokens", type=int, default=0,
+                   help="Also time the handoff of a prompt this long on its own (0 = no).")
+    p.add_argument("--redis-maxmemory-mb", type=int, default=40000)
+    p.add_argument("--extra-worker-flag", action="append", default=[],
+                   help="Passed to every worker (repeat), e.g. --extra-worker-flag=--num-threads=1")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top to bottom
+    from launch.launcher import start_redis
+
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="bulkhead-split-"))
+    result: dict[str, Any] = {"args": {k: (str(v) if isinstance(v, Path) else v)
+                                       for k, v in vars(args).items()},
+                              "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
+    model = args.model
+    if not model:
+        from bench.synthetic_model import write_llama
+
+        base = Path(args.model_dir) if args.model_dir else (
+            Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp)
+        t = time.monotonic()
+        model = str(write_llama(base / f"bulkhead-{args.shape}", args.shape, args.device,
+                                args.shard_gb))
+        result["model_write_s"] = round(time.monotonic() - t, 1)
+    share = args.share_weights if args.share_weights is not None else args.device != "cpu"
+    common = ["--device", args.device, "--block-size", str(args.block_size),
+              "--lmcache-chunk-size", "256", "--kv-visible-timeout-s", "120",
+              *args.extra_worker_flag]
+    sh = shapes(args)
+    result["shapes"] = {k: v.__dict__ for k, v in sh.items()}
+    workload = Workload(num_chats=args.chats, chat_prompt_chars=args.chat_prompt_chars,
+                        output_tokens=args.output_tokens, long_tokens=args.long_tokens,
+                        long_every_s=args.long_every_s, first_long_s=args.first_long_s,
+                        long_output_tokens=args.long_output_tokens, duration_s=args.duration_s)
+    redis, redis_url = start_redis(log_dir=out / "logs", maxmemory_mb=args.redis_maxmemory_mb)
+    arms: dict[str, dict[str, Any]] = {}
+    json_path = out / "split.json"
+
+    def save() -> None:
+        """After every arm: a run cut short later still leaves its figures and plot."""
+        body = {**result, "arms": {n: {**{k: v for k, v in a.items() if k != "records"},
+                                       "records": [r.to_json() for r in a.get("records", [])]}
+                                   for n, a in arms.items()}}
+        json_path.write_text(json.dumps(body, default=str))
+        done = {n: a for n, a in arms.items() if "records" in a}
+        if done:
+            plot(out / "split.png", done)
+
+    try:
+        for name in args.arms.split(","):
+            t = time.monotonic()
+            try:
+                if name == "split":
+                    staging = max(args.long_tokens) * _kv_bytes_per_token(model) / 2**30 + 1
+                    flags = [*common, "--kv-staging-gb", f"{staging:.1f}"]
+                    arm = start_split(model, redis_url, sh["prefill"], sh["decode"], flags,
+                                      tmp / "weights.handle", out / "logs", share=share)
+                else:
+                    arm = start_colocated(model, sh["colocated"], common, out / "logs")
+            except Exception as exc:  # noqa: BLE001 - report the arm that failed, keep the rest
+                arms[name] = {"error": repr(exc)[-3000:]}
+                save()
+                continue
+            try:
+                arms[name] = run_arm(arm, _served_model(arm.url), workload)
+            finally:
+                arm.stop()
+            arms[name]["wall_s"] = round(time.monotonic() - t, 1)
+            if name == "split":
+                arms[name]["resident_check"] = _resident_check(arms[name])
+            _print_arm(name, arms[name])
+            save()
+        from bench.split_handoff import host_memcpy_gbps
+
+        longest_bytes = max(args.long_tokens) * _kv_bytes_per_token(model)
+        result["host_memcpy"] = {"bytes": longest_bytes,
+                                 "gbps": round(host_memcpy_gbps(longest_bytes), 2)}
+        if args.handoff_tokens:
+            from bench.split_handoff import measure
+
+            try:
+                result["handoff"] = measure(model, redis_url, args.handoff_tokens, args.device)
+            except Exception as exc:  # noqa: BLE001
+                result["handoff"] = {"error": repr(exc)[-2000:]}
+            print("handoff", json.dumps(result["handoff"]), flush=True)
+    finally:
+        redis.stop(grace_s=5.0)
+        save()
+    return 0 if all("error" not in a for a in arms.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

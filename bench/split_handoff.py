@@ -1,0 +1,75 @@
+"""The KV handoff alone, for one long prompt: its whole blocks (random bytes, the model's dense
+layout) put through a KVStore into Redis until visible, fetched back into host memory, and
+imported into device blocks; beside a host memcpy of the same bytes in the same process.
+What a split pays per long prompt, without the model's compute in the way.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+
+def host_memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
+    """Best of ``repeats`` copies between two pageable host buffers of ``nbytes``."""
+    src = torch.empty(nbytes, dtype=torch.uint8)
+    src.fill_(7)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best / 1e9
+
+
+def measure(model: str, redis_url: str, num_tokens: int, device: str,
+            chunk_size: int = 256) -> dict[str, Any]:
+    from engine.checkpoint import load_model_config
+    from engine.config import EngineConfig
+    from engine.models import family_class
+    from worker.kv_store import KVStore
+
+    cfg = load_model_config(model)
+    ec = EngineConfig(model=model, device=device)
+    layout = family_class(cfg).kv_layout(cfg, ec)
+    num_blocks = num_tokens // layout.block_size
+    tokens = [1000 + (i * 7919) % 100000 for i in range(num_blocks * layout.block_size)]
+    kv = layout.allocate(num_blocks + 1, ec.torch_device)
+    for t in ([kv.data] if hasattr(kv, "data") else []):
+        t.view(torch.uint8).random_()
+    blocks = list(range(1, num_blocks + 1))
+    nbytes = num_blocks * layout.bytes_per_block
+    store = KVStore(redis_url, "handoff-bench", layout, chunk_size=chunk_size,
+                    staging_gb=nbytes / 2**30 + 0.5, ttl_s=600)
+    try:
+        t0 = time.perf_counter()
+        store.put(tokens, kv, blocks)
+        t1 = time.perf_counter()
+        visible = store.wait_visible(tokens, timeout_s=600.0)
+        t2 = time.perf_counter()
+        got, staged = store.fetch(tokens)
+        t3 = time.perf_counter()
+        dst = layout.allocate(num_blocks + 1, ec.torch_device)
+        if staged is not None:
+            store.import_staged(dst, blocks, staged, 0, got)
+        if ec.torch_device.type == "cuda":
+            torch.cuda.synchronize()
+        t4 = time.perf_counter()
+        same = staged is not None and bool(torch.equal(
+            layout.export_blocks(dst, blocks).cpu(), layout.export_blocks(kv, blocks).cpu()))
+    finally:
+        store.close()
+    gb = nbytes / 1e9
+    return {
+        "tokens": len(tokens), "bytes": nbytes, "bytes_per_token": nbytes / len(tokens),
+        "visible_tokens": visible, "fetched_tokens": got, "round_trip_equal": same,
+        "put_s": round(t1 - t0, 3), "visible_s": round(t2 - t1, 3), "fetch_s": round(t3 - t2, 3),
+        "import_s": round(t4 - t3, 3),
+        "put_until_visible_gbps": round(gb / (t2 - t0), 2),
+        "fetch_gbps": round(gb / (t3 - t2), 2),
+        "import_gbps": round(gb / max(t4 - t3, 1e-9), 2),
+        "host_memcpy_gbps": round(host_memcpy_gbps(min(nbytes, 8 << 30)), 2),
+    }

@@ -1,0 +1,57 @@
+"""`python -m bench.split` end to end on the CPU: both arms start as real processes (redis-server,
+prefill + decode + router; one colocated worker + router) on a tiny sharded synthetic model,
+run chats while long prompts arrive, and report what the GPU run reports. The long prompts of
+the split arm really go through the handoff: the prefill worker stores their KV and the decode
+worker fetches it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.split import main as split_main
+from bench.synthetic_model import write_tokenizer
+from launch.launcher import redis_server_path
+
+pytestmark = pytest.mark.slow
+
+
+def test_tokenizer_is_one_token_per_character(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    specials = write_tokenizer(tmp_path, 1000)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert len(tok.encode("abc xyz!").ids) == 8
+    assert tok.get_vocab_size() == 1000
+    assert tok.decode([999]) == "<f999>"  # filler ids decode to their own text
+    assert tok.token_to_id("<|im_end|>") == specials["<|im_end|>"]
+
+
+@pytest.mark.skipif(redis_server_path() is None, reason="redis-server is not installed")
+def test_split_bench_runs_both_arms_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code = split_main([str(out), "--shape", "tiny", "--device", "cpu", "--model-dir",
+                       str(tmp_path), "--shard-gb", "0.0005", "--long-tokens", "300,600",
+                       "--chats", "2", "--output-tokens", "12", "--duration-s", "4",
+                       "--chunk-tokens", "128", "--long-every-s", "1.5", "--first-long-s", "0.5",
+                       "--redis-maxmemory-mb", "256", "--extra-worker-flag=--num-threads=1"])
+    assert code == 0
+    assert len(list((tmp_path / "bulkhead-tiny").glob("*.safetensors"))) > 1
+    result = json.loads((out / "split.json").read_text())
+    assert (out / "split.png").stat().st_size > 10_000
+    assert result["host_memcpy"]["bytes"] == 600 * 2 * 2 * 2 * 32 * 2  # tokens x K,V x layers x kv heads x head_dim x 2 B
+    for name in ("split", "colocated"):
+        arm = result["arms"][name]
+        s = arm["summary"]
+        assert s["num_errors"] == 0 and s["chats_finished"] >= 2
+        assert s["itl_ms"]["count"] > 10 and s["itl_ms"]["p50"] <= s["itl_ms"]["p99"]
+        assert [x["prompt_tokens"] for x in s["long_ttft_s"]][:2] == [319, 619]
+        assert all(x["ttft_s"] > 0 for x in s["long_ttft_s"])
+        assert all(w["device_allocs_after_warmup"] == 0 for w in arm["workers"].values())
+    workers = result["arms"]["split"]["workers"]
+    stored = [p["visible_tokens"] for p in workers["prefill"]["prefills"]]
+    fetched = [f["tokens"] for f in workers["decode"]["fetches"]]
+    assert stored[:2] == [304, 608] and fetched[:2] == [304, 608]  # whole 16-token blocks
+    assert result["arms"]["colocated"]["workers"]["colocated"]["fetches"] == []
