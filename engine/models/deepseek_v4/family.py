@@ -174,6 +174,10 @@ class DeepseekV4Family(ModelFamily):
                 raise InvalidRequest(
                     f"V4 slot {slot} holds {pool.num_tokens[slot]} tokens but the step continues "
                     f"at position {start}", field="cache_slots")
+        # after every restore (a restore touches its snapshot, so it is not the one reused)
+        for i, slot in enumerate(batch.cache_slots):
+            pool.plan_windows(slot, batch.block_tables[i], batch.context_lens[i] - batch.query_len(i),
+                              batch.query_len(i))
         return self.model(batch.input_ids, batch.positions, batch.query_start_loc,
                           batch.cache_slots, pool, ws, batch.block_tables)
 

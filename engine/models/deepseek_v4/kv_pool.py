@@ -88,9 +88,9 @@ class LayerPool:
                      num_prev: int) -> None:
         """After the ring is updated: snapshot the window at the last block end this step of
         ``slot`` reaches (if any). window_kv: [num_prev + C, D], positions from start - num_prev."""
-        if self.index == 0:
-            self.windows.plan_step(slot, table.tolist(), start, window_kv.shape[0] - num_prev,
-                                   self.block_size, num_prev)
+        num_new = window_kv.shape[0] - num_prev
+        if self.index == 0 and not self.windows.take_plan(slot, start, num_new):
+            self.windows.plan_step(slot, table.tolist(), start, num_new, self.block_size)
         self.windows.write(self.index, slot, window_kv)
 
 
@@ -195,6 +195,12 @@ class DeepseekV4KVPool:
             block = int(table[num_tokens // self.block_size - 1])
             self.windows.restore(block, num_tokens, [layer.ring[slot] for layer in self.layers])
         self.num_tokens[slot] = num_tokens
+
+    def plan_windows(self, slot: int, block_ids: list[int], start: int, num_new: int) -> None:
+        """Plan a step's window snapshot from the host block table (no device read). A table too
+        short for the step is left to the model's own check (it names the limit)."""
+        if -(-(start + num_new) // self.block_size) <= len(block_ids):
+            self.windows.plan_step(slot, list(block_ids), start, num_new, self.block_size)
 
     def can_resume_after(self, block: int) -> bool:
         """Whether a sequence can continue at the end of ``block`` (its window is kept)."""

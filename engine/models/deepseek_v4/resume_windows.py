@@ -47,8 +47,10 @@ class ResumeWindows:
         self.slab_of_block: dict[int, int] = {}
         self._block_of_slab: list[int | None] = [None] * num_slabs
         self._lru: OrderedDict[int, None] = OrderedDict((s, None) for s in range(num_slabs))
-        # per slot: this step's snapshot write (window_kv rows, flat slab rows), set at layer 0
+        # per slot: this step's snapshot write (window_kv rows, flat slab rows), and the
+        # (start, num_new) it was planned for
         self._writes: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = {}
+        self._planned: dict[int, tuple[int, int]] = {}
 
     # --- bookkeeping (host) ------------------------------------------------------------------
     def reset(self) -> None:
@@ -56,6 +58,7 @@ class ResumeWindows:
         self._block_of_slab = [None] * self.num_slabs
         self._lru = OrderedDict((s, None) for s in range(self.num_slabs))
         self._writes.clear()
+        self._planned.clear()
 
     def has(self, block: int) -> bool:
         return block in self.slab_of_block
@@ -77,10 +80,13 @@ class ResumeWindows:
         self._lru[slab] = None
         return slab
 
-    def plan_step(self, slot: int, table: list[int], start: int, num_new: int, block_size: int,
-                  num_prev: int) -> None:
-        """Called once per sequence per step (by layer 0): drop the snapshots of blocks this
-        step starts writing, and bind a slab to the last block end the step reaches."""
+    def plan_step(self, slot: int, table: list[int], start: int, num_new: int,
+                  block_size: int) -> None:
+        """Once per sequence per step, before its layers write (the family plans from the host
+        block table; else layer 0 does): drop the snapshots of blocks this step starts writing,
+        and bind a slab to the last block end the step reaches."""
+        self._planned[slot] = (start, num_new)
+        num_prev = min(start, self.window - 1)
         end = start + num_new
         for i in range(-(-start // block_size), -(-end // block_size)):
             self._forget(table[i])
@@ -91,6 +97,11 @@ class ResumeWindows:
         slab = self._bind(table[last // block_size - 1])
         pos = torch.arange(max(0, last - self.window), last, device=self.device)
         self._writes[slot] = (pos - (start - num_prev), slab * self.window + pos - (last - self.window))
+
+    def take_plan(self, slot: int, start: int, num_new: int) -> bool:
+        """Whether this step of ``slot`` was planned already (consumed: a later step with the
+        same positions, e.g. a repeated warm-up step, plans again)."""
+        return self._planned.pop(slot, None) == (start, num_new)
 
     def write(self, layer: int, slot: int, window_kv: torch.Tensor) -> None:
         """window_kv: [num_prev + C, D], the step's window keys of the sequence in ``slot``."""

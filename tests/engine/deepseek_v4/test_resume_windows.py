@@ -22,7 +22,7 @@ def _step(rw: ResumeWindows, table: list[int], start: int, n: int, slot: int = 0
     (row p = [p, p, ...]), so what lands in a slab says which positions it holds."""
     num_prev = min(start, W - 1)
     window_kv = torch.arange(start - num_prev, start + n, dtype=torch.float32)[:, None].expand(-1, D)
-    rw.plan_step(slot, table, start, n, BS, num_prev)
+    rw.plan_step(slot, table, start, n, BS)
     for layer in range(2):
         rw.write(layer, slot, window_kv)
     return window_kv
