@@ -166,6 +166,10 @@ def test_four_sequences_fill_the_pool_and_the_fifth_waits() -> None:
     model, _ = build_hf_v4(SHORT_CONFIGS[0])
     engine = _engine(model, 16, num_blocks=1 + 14, ctx=64, chunk=256, batch=5)
     assert engine.plan.kv_tokens == 14 * 16
+    # the window snapshots beside the blocks are planned at exactly what is allocated
+    kv = engine.runner.kv
+    assert engine.plan.term("resume_windows") == sum(t.numel() * t.element_size()
+                                                     for t in kv.window_tensors()) > 0
     g = torch.Generator().manual_seed(4)
     prompts = {f"s{n}": torch.randint(0, 97, (n,), generator=g).tolist() for n in (30, 41, 50, 25)}
     prompts["late"] = torch.randint(0, 97, (60,), generator=g).tolist()
