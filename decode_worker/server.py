@@ -25,7 +25,13 @@ import grpc
 
 from decode_worker.import_decision import decide_import
 from proto import bulkhead_pb2 as pb
-from worker.codec import logprobs_to_proto, sampling_from_proto, stream_rpc, usage_to_proto
+from worker.codec import (
+    logprobs_to_proto,
+    prompt_logprobs_to_proto,
+    sampling_from_proto,
+    stream_rpc,
+    usage_to_proto,
+)
 from worker.errors import DeadlinePassed
 from worker.worker_base import (
     WorkerServicerBase,
@@ -53,7 +59,7 @@ class DecodeServicer(WorkerServicerBase):
         decision = decide_import(len(prompt), request.has_prefill,
                                  request.kv.kv_layout_fingerprint, request.kv.num_tokens_stored,
                                  self.rt.compat.kv_layout_fingerprint)
-        if decision.fetch:
+        if decision.fetch and sampling.prompt_logprobs is None:  # scoring computes the prompt
             kv_import = await self.prepare_import(prompt)
         else:
             kv_import = None
@@ -70,13 +76,16 @@ class DecodeServicer(WorkerServicerBase):
                     raise DeadlinePassed(f"request {rid} passed its deadline while "
                                          f"decoding") from None
                 logprobs = [logprobs_to_proto(lp) for lp in out.logprobs or ()]
+                prompt_lps = prompt_logprobs_to_proto(out.prompt_logprobs)
                 if not out.finished:
                     if out.new_token_ids:
-                        yield pb.GenerateChunk(token_ids=out.new_token_ids, logprobs=logprobs)
+                        yield pb.GenerateChunk(token_ids=out.new_token_ids, logprobs=logprobs,
+                                               prompt_logprobs=prompt_lps)
                     continue
                 usage = usage_to_proto(out.num_prompt_tokens, out.num_output_tokens,
                                        out.num_cached_tokens, out.num_imported_tokens)
                 yield pb.GenerateChunk(token_ids=out.new_token_ids, logprobs=logprobs,
+                                       prompt_logprobs=prompt_lps,
                                        finish_reason=out.finish_reason or "stop", usage=usage)
                 return
         finally:

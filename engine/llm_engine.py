@@ -54,6 +54,8 @@ class RequestOutput:
     num_output_tokens: int = 0
     # one per new token, when the request asked for logprobs (engine.sampler.TokenLogprobs)
     logprobs: list[Any] | None = None
+    # on the first output of a request with prompt_logprobs: one per prompt token, the first None
+    prompt_logprobs: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -197,8 +199,14 @@ class LLMEngine:
             raise DuplicateRequest(f"request id {request_id!r} is already in this engine")
         if len(self.scheduler.waiting) >= ec.max_queue:
             raise QueueFull(f"the waiting queue is full ({ec.max_queue} requests); retry later")
+        if sampling.prompt_logprobs is not None:
+            # Imported KV comes without logits: the prompt is recomputed here instead (the
+            # scheduler refuses the prefix cache for it for the same reason).
+            kv_import = None
         seq = Sequence(request_id, prompt, sampling, self._arrivals, keep_kv=keep_kv,
                        has_kv_import=kv_import is not None, grammar=grammar)
+        if sampling.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None] * len(prompt)
         self._arrivals += 1
         self._seqs[request_id] = seq
         # The seed is fixed now; the generator is one of the per-slot ones, bound at admission
@@ -266,8 +274,15 @@ class LLMEngine:
                 for c in sched.chunks if c.do_sample}
         matchers = {rid: self._seqs[rid].matcher for rid in rows
                     if self._seqs[rid].matcher is not None}
-        sampled = self.runner.execute(sched, params, self._generators, rows, matchers or None)
+        prompts = {c.request_id: self._seqs[c.request_id].prompt_token_ids for c in sched.chunks
+                   if self._seqs[c.request_id].prompt_logprobs is not None}
+        sampled = self.runner.execute(sched, params, self._generators, rows, matchers or None,
+                                      prompts or None)
         logprobs = self.runner.last_logprobs
+        for rid, (first, items) in self.runner.last_prompt_logprobs.items():
+            scores = self._seqs[rid].prompt_logprobs
+            assert scores is not None
+            scores[first : first + len(items)] = items
         for rid, m in matchers.items():
             if not m.accept_token(sampled[rid]):  # the mask allowed it: should never happen
                 log.error("%s: the grammar refused token %d it allowed", rid, sampled[rid])
@@ -276,8 +291,10 @@ class LLMEngine:
         for u in self.scheduler.update_from_output(sched, sampled):
             seq = self._seqs[u.request_id]
             out = self._output(seq, list(u.new_token_ids), u.finished, u.finish_reason)
-            if seq.sampling.logprobs is not None and u.request_id in logprobs:
+            if seq.sampling.logprobs is not None and u.request_id in logprobs and u.new_token_ids:
                 out.logprobs = [logprobs[u.request_id]]
+            if seq.prompt_logprobs is not None:  # the prompt is all computed: hand them out once
+                out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
             outputs.append(out)
             if u.finished:
                 if seq.keep_kv:

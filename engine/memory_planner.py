@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from engine.errors import PlanError
 from engine.model_config import ModelConfig
 from engine.models.family import KVLayout
+from engine.prompt_logprobs import prompt_logprob_rows, prompt_logprobs_workspace_bytes
 from engine.sampler import sampler_workspace_bytes
 from engine.slot_sampling import slot_sampling_bytes
 from engine.workspace import _align
@@ -158,6 +159,17 @@ def sampler_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
                     " + vocab x (4 + 8 + 4 + 1) B + bias/stop/top-logprob lists", True)
 
 
+def prompt_logprobs_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
+    """Prompt scoring (engine/prompt_logprobs.py): one decode batch of logits rows reused over
+    the chunk, and the chunk's chosen and top-5 logprobs."""
+    rows = prompt_logprob_rows(ec.chunk_tokens, ec.max_batch)
+    return PlanTerm("ws.prompt_logprobs",
+                    prompt_logprobs_workspace_bytes(model.vocab_size, ec.chunk_tokens,
+                                                    ec.max_batch),
+                    f"min(chunk, max_batch) {rows} x (vocab {model.vocab_size} + 1) x 4 B + "
+                    f"chunk {ec.chunk_tokens} x (8 + 4 + 5 x 4 + 5 x 8) B", True)
+
+
 def slot_sampling_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
     """Per-slot sampling state: token counts and prompt masks for penalties, logit bias and
     min_tokens stop ids (engine/slot_sampling.py)."""
@@ -173,6 +185,7 @@ def common_step_terms(model: ModelConfig, ec: EngineConfig) -> list[PlanTerm]:
         PlanTerm("ws.logits", _align(ec.max_batch * model.vocab_size * 4),
                  f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),
         sampler_term(model, ec),
+        prompt_logprobs_term(model, ec),
         slot_sampling_term(model, ec),
         step_inputs_term(ec),
     ]

@@ -21,10 +21,17 @@ from engine.grammar import TokenBitmask
 from engine.memory_planner import MemoryPlan, reserve_allocator_slack
 from engine.model_config import ModelConfig
 from engine.models import family_class
+from engine.prompt_logprobs import (
+    PromptSpan,
+    prompt_logprob_rows,
+    prompt_span,
+    score_prompt_spans,
+)
 from engine.sampler import RowState, TokenLogprobs, sample
 from engine.sampling_params import (
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
+    MAX_PROMPT_LOGPROBS,
     MAX_STOP_TOKEN_IDS,
     SamplingParams,
 )
@@ -78,6 +85,8 @@ class ModelRunner:
         self.slot_sampling = SlotSampling(ec.max_batch, model_cfg.vocab_size, self.device,
                                           stage_tokens=ec.chunk_tokens)
         self.last_logprobs: dict[str, TokenLogprobs] = {}  # the last step's, by request id
+        # the last step's prompt scores: request id -> (prompt position of the first, items)
+        self.last_prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = {}
         self.bitmask = TokenBitmask(ec.max_batch, model_cfg.vocab_size, self.device)
         self.graphs: DecodeGraphs | None = None
         self.num_graph_steps = 0
@@ -158,15 +167,19 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput, params: dict[str, SamplingParams],
                 generators: dict[str, torch.Generator | None],
                 rows: dict[str, RowState] | None = None,
-                matchers: dict[str, Any] | None = None) -> dict[str, int]:
+                matchers: dict[str, Any] | None = None,
+                prompts: Mapping[str, Sequence[int]] | None = None) -> dict[str, int]:
         """Run one step; -> the sampled token of each sampling request. ``rows`` gives each
         sampled request's slot state (penalties, min_tokens); logprobs asked for land in
-        ``last_logprobs``."""
+        ``last_logprobs``. ``prompts``: the prompt of each request with ``prompt_logprobs``;
+        its chunk's scores land in ``last_prompt_logprobs`` as (first position, items)."""
         sampled_ids = [c.request_id for c in out.chunks if c.do_sample]
         self.last_logprobs = {}
+        self.last_prompt_logprobs = {}
+        spans = self._prompt_spans(out.chunks, params, prompts or {})
         with self.ws.scope():
             tokens: list[int] = []
-            if self.graphs is not None and self.graphs.can_run(out.chunks):
+            if not spans and self.graphs is not None and self.graphs.can_run(out.chunks):
                 logits = self.graphs.run(out.chunks)
                 self.num_graph_steps += 1
             else:
@@ -178,6 +191,8 @@ class ModelRunner:
                                           torch.float32, caller="model_runner.logits")
                     self.model.compute_logits(hidden.index_select(0, batch.logits_indices),
                                               logits)
+                if spans:
+                    self._score_prompts(hidden, spans)
             if sampled_ids:
                 for row, rid in enumerate(sampled_ids):
                     if rid in self.capture_logits:  # off the hot path: tests and scoring only
@@ -193,6 +208,27 @@ class ModelRunner:
         self.num_steps += 1
         self._check_device_allocations()
         return dict(zip(sampled_ids, tokens, strict=True))
+
+    def _prompt_spans(self, chunks: list[ScheduledChunk], params: Mapping[str, SamplingParams],
+                      prompts: Mapping[str, Sequence[int]]) -> list[PromptSpan]:
+        spans = []
+        row = 0
+        for c in chunks:
+            k = params[c.request_id].prompt_logprobs
+            if k is not None and c.request_id in prompts:
+                span = prompt_span(c.request_id, row, c.start, c.num_tokens,
+                                   prompts[c.request_id], k)
+                if span is not None:
+                    spans.append(span)
+            row += c.num_tokens
+        return spans
+
+    def _score_prompts(self, hidden: torch.Tensor, spans: list[PromptSpan]) -> None:
+        rows = prompt_logprob_rows(self.ec.chunk_tokens, self.ec.max_batch)
+        scored = score_prompt_spans(hidden, spans, rows, self.model_cfg.vocab_size,
+                                    self.model.compute_logits, self.ws)
+        self.last_prompt_logprobs = {s.request_id: (s.start + 1, scored[s.request_id])
+                                     for s in spans}
 
     # -- warm-up --------------------------------------------------------------------------------
     def warmup(self, progress: Callable[[str], None] | None = None) -> WarmupReport:
@@ -244,7 +280,8 @@ class ModelRunner:
                      logit_bias=tuple((t % vocab, 1.0) for t in range(MAX_LOGIT_BIAS)),
                      stop_token_ids=tuple(t % vocab for t in range(MAX_STOP_TOKEN_IDS)),
                      min_tokens=1, logprobs=MAX_LOGPROBS, max_tokens=2)
-        greedy = SamplingParams(temperature=0.0, **extra)
+        # greedy rows also score their prompt rows (the largest chunk scores all of its rows)
+        greedy = SamplingParams(temperature=0.0, prompt_logprobs=MAX_PROMPT_LOGPROBS, **extra)
         random = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.05, seed=0, **extra)
         prompt = (0,) * min(self.ec.chunk_tokens, self.ec.max_context - 1)
         for k, chunks in enumerate(steps):
@@ -283,6 +320,13 @@ class ModelRunner:
             logits = self.ws.take((len(sampled_ids), self.model_cfg.vocab_size), torch.float32,
                                   caller="model_runner.logits")
             self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
+            # every row of a chunk scored as a prompt row (targets: token 0, valid for any vocab)
+            spans = self._prompt_spans(chunks, params, {
+                c.request_id: (0,) * (c.start + c.num_tokens + 1) for c in chunks})
+            if spans:
+                score_prompt_spans(hidden, spans, prompt_logprob_rows(self.ec.chunk_tokens,
+                                                                      self.ec.max_batch),
+                                   self.model_cfg.vocab_size, self.model.compute_logits, self.ws)
             sample(logits, [params[r] for r in sampled_ids], [gens[r] for r in sampled_ids],
                    self.ws, [rows[r] for r in sampled_ids], self.slot_sampling, self.bitmask,
                    [None] * len(sampled_ids))  # an all-ones mask: the copy and the kernel run

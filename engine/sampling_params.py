@@ -15,6 +15,7 @@ from engine.errors import InvalidRequest
 MAX_LOGIT_BIAS = 300  # entries of logit_bias a request may carry (OpenAI's limit)
 MAX_STOP_TOKEN_IDS = 64  # stop token ids (user's + EOS) that min_tokens can hold back
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's top_logprobs limit)
+MAX_PROMPT_LOGPROBS = 5  # top alternatives per prompt token (OpenAI's completions limit)
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,19 @@ class SamplingParams:
     min_p: float = 0.0  # drop tokens below min_p x the top token's probability
     min_tokens: int = 0  # stop tokens and EOS are masked until this many tokens are out
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob and the top k
+    # None: none; k >= 0: every prompt token's logprob (the first has none) and the top k
+    # (engine/prompt_logprobs.py); with it, max_tokens may be 0 (score the prompt, generate nothing)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_PROMPT_LOGPROBS:
+            raise InvalidRequest(f"prompt_logprobs must be in [0, {MAX_PROMPT_LOGPROBS}], got "
+                                 f"{self.prompt_logprobs}", "prompt_logprobs")
+        least = 0 if self.prompt_logprobs is not None else 1
+        if self.max_tokens < least:
+            raise InvalidRequest(f"max_tokens must be >= {least}"
+                                 + ("" if least == 0 else " (0 only with prompt logprobs)")
+                                 + f", got {self.max_tokens}", "max_tokens")
         if not 0.0 <= self.temperature <= 100.0:
             raise InvalidRequest(
                 f"temperature must be in [0, 100], got {self.temperature}", "temperature"

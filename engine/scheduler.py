@@ -168,6 +168,10 @@ class Scheduler:
                                              seq.num_computed_tokens)
             if not chunk.do_sample:
                 continue
+            if seq.sampling.max_tokens == 0:  # the prompt was scored; nothing to generate
+                self._finish(seq, "length")
+                updates.append(SeqUpdate(seq.request_id, (), True, "length"))
+                continue
             token = sampled[chunk.request_id]
             seq.output_token_ids.append(token)
             reason = self.finish_reason(seq, token)
@@ -200,7 +204,11 @@ class Scheduler:
     def _admit(self, seq: Sequence) -> bool:
         # Blocks for every token so far plus the one this sequence will sample next; at least the
         # last token is computed so there are logits to sample from.
-        got = self.blocks.allocate(seq.token_ids(), seq.num_tokens + 1, seq.num_tokens - 1)
+        # A sequence that wants prompt logprobs takes no cached prefix: a cached block has KV
+        # but no logits, so every prompt position is computed (its full blocks are still
+        # registered for the next request).
+        reusable = 0 if seq.wants_prompt_logprobs else seq.num_tokens - 1
+        got = self.blocks.allocate(seq.token_ids(), seq.num_tokens + 1, reusable)
         if got is None:
             return False
         seq.block_ids, seq.num_computed_tokens = got

@@ -39,6 +39,13 @@ class Sequence:
     external_first_token: bool = False
     grammar: Any = None  # a compiled xgrammar grammar the output must follow (None: free)
     matcher: Any = None  # its matcher, made at admission (engine/grammar.py)
+    # sampling.prompt_logprobs set: prompt token i's TokenLogprobs at index i (0 stays None),
+    # filled chunk by chunk (a recomputed chunk overwrites) and handed out with the first output
+    prompt_logprobs: list[Any] | None = None
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.sampling.prompt_logprobs is not None
 
     @property
     def num_prompt_tokens(self) -> int:

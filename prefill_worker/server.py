@@ -23,7 +23,12 @@ import grpc
 from engine.llm_engine import RequestOutput
 from prefill_worker.kv_export import export_kept_kv, wait_visible
 from proto import bulkhead_pb2 as pb
-from worker.codec import logprobs_to_proto, sampling_from_proto, unary_rpc
+from worker.codec import (
+    logprobs_to_proto,
+    prompt_logprobs_to_proto,
+    sampling_from_proto,
+    unary_rpc,
+)
 from worker.engine_loop import RequestStream
 from worker.errors import DeadlinePassed, NoTokenSampled, RequestAborted
 from worker.worker_base import (
@@ -54,10 +59,13 @@ class PrefillServicer(WorkerServicerBase):
         grammar = await self.grammar(request.sampling)
         timeout = time_left(request.deadline_unix_s, "the prefill")
         # The engine samples one token and keeps the blocks; the decode worker does the rest.
-        engine_sampling = dataclasses.replace(sampling, max_tokens=1,
+        # max_tokens 0 (only scoring the prompt) stays 0: no token, nothing to hand over.
+        engine_sampling = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, 1),
                                               min_tokens=min(sampling.min_tokens, 1))
         started = time.monotonic()
-        kv_import = await self.prepare_import(prompt)  # a prompt seen before loads, not computes
+        # A prompt seen before loads, not computes; one to score is computed (KV has no logits).
+        kv_import = (await self.prepare_import(prompt) if sampling.prompt_logprobs is None
+                     else None)
         stream = await self.submit(rid, prompt, engine_sampling, keep_kv=True,
                                    kv_import=kv_import, grammar=grammar)
         kept = True
@@ -70,7 +78,7 @@ class PrefillServicer(WorkerServicerBase):
             if final.finish_reason == "abort":
                 kept = False
                 raise RequestAborted(f"request {rid} was aborted")
-            if not final.new_token_ids:
+            if not final.new_token_ids and sampling.max_tokens > 0:
                 raise NoTokenSampled(f"request {rid} finished without a sampled token")
             finish_reason = self._finish_reason(final, sampling.max_tokens)
             visible = 0
@@ -93,10 +101,11 @@ class PrefillServicer(WorkerServicerBase):
         finally:
             if kept:  # cancelled or failed before the export: give the blocks back
                 self.loop.post(lambda engine: engine.abort(rid))
-        first = final.new_token_ids[-1]
+        first = final.new_token_ids[-1] if final.new_token_ids else None
         first_logprobs = (logprobs_to_proto(final.logprobs[-1]) if final.logprobs else None)
         return pb.PrefillResponse(
             first_token_logprobs=first_logprobs,
+            prompt_logprobs=prompt_logprobs_to_proto(final.prompt_logprobs),
             request_id=rid, first_token_id=first,
             kv=pb.KVHandle(num_tokens_stored=visible,
                            kv_layout_fingerprint=self.rt.compat.kv_layout_fingerprint,
@@ -119,7 +128,7 @@ class PrefillServicer(WorkerServicerBase):
         # The engine ran with max_tokens=1, so its "length" says nothing about the request.
         if final.finish_reason == "stop":
             return "stop"
-        return "length" if max_tokens == 1 else ""
+        return "length" if max_tokens <= 1 else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

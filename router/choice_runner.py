@@ -25,7 +25,7 @@ import grpc
 
 from router.background import BackgroundTasks
 from router.errors import WorkerCallError
-from router.logprobs_format import LogprobEntry, entries
+from router.logprobs_format import LogprobEntry, entries, token_text
 from router.metrics import RouterMetrics
 from router.policy import Route
 from router.quarantine import (
@@ -65,6 +65,7 @@ class ChoiceStats:
     finish_reason: str | None = None
     logprobs: list[LogprobEntry] = field(default_factory=list)
     echo_len: int = 0                # leading characters of `text` that echo the prompt
+    prompt_logprobs: list[LogprobEntry] = field(default_factory=list)  # echo with logprobs
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,9 @@ class ChoiceRunner:
         self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop)
         self._tokenizer = tokenizer
         self._last_token_at: float | None = None
+        # the worker scores the prompt (completions echo with logprobs)
+        self._scored = spec.echo and spec.sampling.prompt_logprobs is not None
+        self._echoed = False
 
     def _delta(self, token_ids: list[int], finish_reason: str | None = None,
                logprobs: Sequence[TokenLogprobs] = ()) -> ChoiceDelta:
@@ -136,6 +140,21 @@ class ChoiceRunner:
         lps = entries(self._tokenizer, logprobs)
         self.stats.logprobs.extend(lps)
         return ChoiceDelta(self.spec.index, text, token_ids, finish_reason, lps)
+
+    def _echo(self, prompt_logprobs: Sequence[TokenLogprobs] | None) -> ChoiceDelta:
+        """The delta that opens an echoed choice: the prompt's text and, when the prompt was
+        scored, one logprob entry per prompt token (the first has none, as in OpenAI/vLLM)."""
+        s = self.spec
+        text = self._tokenizer.decode(s.prompt_token_ids)
+        self.stats.text = text
+        self.stats.echo_len = len(text)
+        lps: list[LogprobEntry] = []
+        if prompt_logprobs is not None:
+            lps = [LogprobEntry(token_text(self._tokenizer, s.prompt_token_ids[0]), None, None),
+                   *entries(self._tokenizer, prompt_logprobs)]
+            self.stats.prompt_logprobs = lps
+        self._echoed = True
+        return ChoiceDelta(s.index, text, [], logprobs=lps)
 
     def _abort_later(self, address: str) -> None:
         client = self._clients(address)
@@ -218,16 +237,18 @@ class ChoiceRunner:
 
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:
         s = self.spec
-        if s.echo:
-            prompt_text = self._tokenizer.decode(s.prompt_token_ids)
-            self.stats.text = prompt_text
-            self.stats.echo_len = len(prompt_text)
-            yield ChoiceDelta(s.index, prompt_text, [])
+        if s.echo and not self._scored:  # scored: the echo waits for the prompt's logprobs
+            yield self._echo(None)
         prefilled = None
         if s.route.kind == "split":
             assert s.route.prefill_address is not None
             prefilled = await self._prefill_with_retry(s.route.prefill_address)
         if prefilled is not None:
+            if self._scored and not self._echoed:
+                yield self._echo(prefilled.prompt_logprobs)
+            if prefilled.first_token_id is None:  # max_tokens 0: the prompt was only scored
+                yield self._delta([], prefilled.finish_reason or "length")
+                return
             first_lp = ([prefilled.first_token_logprobs]
                         if prefilled.first_token_logprobs is not None else [])
             delta = self._delta([prefilled.first_token_id], prefilled.finish_reason, first_lp)
@@ -268,6 +289,8 @@ class ChoiceRunner:
                                           "the worker aborted the request")
                 if chunk.usage is not None:
                     self._take_usage(chunk.usage, after is not None)
+                if self._scored and not self._echoed and after is None:
+                    yield self._echo(chunk.prompt_logprobs)
                 delta = self._delta(list(chunk.token_ids), reason, chunk.logprobs)
                 if delta.finish_reason is not None:
                     # a stop string ends the choice while the worker still runs: abort it below

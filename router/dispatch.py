@@ -140,7 +140,8 @@ class Dispatcher:
                         shaping=replace(job.shaping,
                                         min_tokens=min(job.shaping.min_tokens, max_tokens)),
                         logprobs=job.logprobs,
-                        grammar_kind=job.grammar_kind, grammar_spec=job.grammar_spec)
+                        grammar_kind=job.grammar_kind, grammar_spec=job.grammar_spec,
+                        prompt_logprobs=job.prompt_logprobs)
 
     def context_limit(self) -> int:
         """The largest context a healthy decode worker plans for; 503 when there is none."""
@@ -221,7 +222,9 @@ class Dispatcher:
             fp = prompt_fingerprint(prompt)
             if await self.quarantine.contains(fp):
                 raise QuarantinedRequest(fp, KILLS_TO_QUARANTINE)
-            plans.append((prompt, max_tokens, await self._num_cached(prompt)))
+            # a prompt to score is computed in full wherever it runs: nothing of it is cached
+            cached = 0 if job.prompt_logprobs is not None else await self._num_cached(prompt)
+            plans.append((prompt, max_tokens, cached))
 
         leases = contextlib.ExitStack()
         runners = []

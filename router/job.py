@@ -15,7 +15,6 @@ from typing import Any, Literal
 from common.token_bound import min_tokens
 from router.chat_prompt import render_chat
 from router.errors import (
-    ApiError,
     context_length_certainly_exceeded,
     invalid_request,
     model_not_found,
@@ -48,6 +47,8 @@ class GenerationJob:
     shaping: LogitShaping = LogitShaping()
     logprobs: int | None = None   # None: none; k: each token's logprob and the top k
     echo: bool = False            # completions: the prompt's text before the completion
+    # completions echo with logprobs: each prompt token's logprob and top k (the first: null)
+    prompt_logprobs: int | None = None
     grammar_kind: str = ""        # constrained decoding (worker/grammar_cache.py), "" = none
     grammar_spec: str = ""
     tool_format: str | None = None  # chat: parse the output as this tool-call syntax
@@ -55,11 +56,6 @@ class GenerationJob:
     @property
     def num_choices(self) -> int:
         return len(self.prompts) * self.n
-
-
-def _unsupported(param: str, what: str) -> ApiError:
-    return ApiError(400, f"{param}: {what} is not supported by this server.",
-                    "invalid_request_error", param, "unsupported_parameter")
 
 
 def _common(req: _SamplingFields, settings: RouterSettings) -> dict[str, object]:
@@ -203,8 +199,9 @@ def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[
 def completion_job(req: CompletionRequest, settings: RouterSettings,
                    tokenizer: RouterTokenizer, max_context: int | None = None) -> GenerationJob:
     common = _common(req, settings)
-    if req.echo and req.logprobs is not None:
-        raise _unsupported("echo", "echo together with logprobs (prompt logprobs)")
+    if req.max_tokens == 0 and not (req.echo and req.logprobs is not None):
+        raise invalid_request("max_tokens: 0 is only allowed with echo and logprobs (scoring the "
+                              "prompt); otherwise it must be >= 1", "max_tokens")
     vocab_size = getattr(tokenizer, "vocab_size", None)
     p = req.prompt
     raw: list[str | list[int]]
@@ -234,4 +231,6 @@ def completion_job(req: CompletionRequest, settings: RouterSettings,
             prompts.append(_check_ids(item, vocab_size, param))
     _check_min_tokens(req.min_tokens, max_tokens)
     return GenerationJob(kind="completion", prompts=tuple(prompts), max_tokens=max_tokens,
-                         logprobs=req.logprobs, echo=req.echo, **common)  # type: ignore[arg-type]
+                         logprobs=req.logprobs, echo=req.echo,
+                         prompt_logprobs=req.logprobs if req.echo else None,
+                         **common)  # type: ignore[arg-type]

@@ -20,11 +20,12 @@ from router.worker_codec import TokenLogprobs
 
 @dataclass(frozen=True)
 class LogprobEntry:
-    """One generated token: its text, logprob, and the top alternatives (text, logprob)."""
+    """One token: its text, logprob, and the top alternatives (text, logprob). A prompt's first
+    token has neither (None): nothing comes before it to score it."""
 
     token: str
-    logprob: float
-    top: tuple[tuple[str, float], ...]
+    logprob: float | None
+    top: tuple[tuple[str, float], ...] | None
 
 
 def token_text(tokenizer: Decoder, token_id: int) -> str:
@@ -38,13 +39,13 @@ def entries(tokenizer: Decoder, logprobs: Sequence[TokenLogprobs]) -> list[Logpr
             for lp in logprobs]
 
 
-def _item(token: str, logprob: float) -> dict[str, Any]:
+def _item(token: str, logprob: float | None) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
 def chat_logprobs(items: Sequence[LogprobEntry]) -> dict[str, Any]:
     return {"content": [{**_item(e.token, e.logprob),
-                         "top_logprobs": [_item(t, v) for t, v in e.top]} for e in items],
+                         "top_logprobs": [_item(t, v) for t, v in e.top or ()]} for e in items],
             "refusal": None}
 
 
@@ -65,5 +66,5 @@ def completion_logprobs(items: Sequence[LogprobEntry], text_offset: int) -> dict
         text_offset += len(e.token)
     return {"tokens": [e.token for e in items],
             "token_logprobs": [e.logprob for e in items],
-            "top_logprobs": [_by_text(e.top) for e in items],
+            "top_logprobs": [None if e.top is None else _by_text(e.top) for e in items],
             "text_offset": offsets}

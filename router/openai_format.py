@@ -9,6 +9,7 @@ must never await, reach a worker or read settings.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,10 @@ from typing import Any
 from router.choice_runner import ChoiceDelta, ChoiceRunner
 from router.job import GenerationJob
 from router.logprobs_format import chat_logprobs, completion_logprobs
+from router.tool_call_deltas import CallDelta, StreamedCall
 from router.tool_calls import ParsedOutput, ToolCallStream, parse_tool_calls
+
+log = logging.getLogger("bulkhead.router.format")
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -37,18 +41,48 @@ def usage(job: GenerationJob, runners: Sequence[ChoiceRunner]) -> dict[str, Any]
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def tool_calls_json(parsed: ParsedOutput, request_id: str, index: int,
-                    streamed: bool = False) -> list[dict[str, Any]]:
-    """OpenAI tool_calls; ids derive from the request id, choice and position."""
-    out = []
-    for k, c in enumerate(parsed.calls):
-        call: dict[str, Any] = {"id": f"call_{request_id.rsplit('-', 1)[-1][:20]}_{index}_{k}",
-                                "type": "function",
-                                "function": {"name": c.name, "arguments": c.arguments}}
-        if streamed:
-            call = {"index": k, **call}
-        out.append(call)
+def tool_call_id(request_id: str, index: int, k: int) -> str:
+    """The id of choice ``index``'s ``k``-th call: the same streamed and not."""
+    return f"call_{request_id.rsplit('-', 1)[-1][:20]}_{index}_{k}"
+
+
+def streamed_tool_calls(deltas: Sequence[CallDelta], request_id: str,
+                        index: int) -> list[dict[str, Any]]:
+    """OpenAI's streamed tool_calls of one chunk: a call's first piece carries its id, type and
+    name; the arguments fragments of one call in a row are joined."""
+    out: list[dict[str, Any]] = []
+    for d in deltas:
+        if d.name is not None:
+            out.append({"index": d.index, "id": tool_call_id(request_id, index, d.index),
+                        "type": "function", "function": {"name": d.name, "arguments": ""}})
+        elif out and out[-1]["index"] == d.index:
+            out[-1]["function"]["arguments"] += d.arguments
+        else:
+            out.append({"index": d.index, "function": {"arguments": d.arguments}})
     return out
+
+
+def rest_of_calls(parsed: ParsedOutput, streamed: Sequence[StreamedCall]) -> list[CallDelta]:
+    """What the end of the answer adds to the calls already streamed: calls the incremental
+    reader did not find in full, whole."""
+    out: list[CallDelta] = []
+    for k, call in enumerate(parsed.calls):
+        sent = streamed[k] if k < len(streamed) else None
+        if sent is None:
+            out += [CallDelta(k, name=call.name), CallDelta(k, arguments=call.arguments)]
+        elif sent.name == call.name and call.arguments.startswith(sent.arguments):
+            if len(call.arguments) > len(sent.arguments):
+                out.append(CallDelta(k, arguments=call.arguments[len(sent.arguments):]))
+        else:  # an object with a repeated key (json.loads keeps the last value)
+            log.warning("streamed tool call %d differs from the parsed one", k)
+    return out
+
+
+def tool_calls_json(parsed: ParsedOutput, request_id: str, index: int) -> list[dict[str, Any]]:
+    """OpenAI tool_calls of a whole answer; ids derive from the request id, choice and position."""
+    return [{"id": tool_call_id(request_id, index, k), "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}}
+            for k, c in enumerate(parsed.calls)]
 
 
 def full_response(job: GenerationJob, request_id: str, created: int,
@@ -58,8 +92,12 @@ def full_response(job: GenerationJob, request_id: str, created: int,
         choice: dict[str, Any] = {"index": r.spec.index, "logprobs": None,
                                   "finish_reason": r.stats.finish_reason}
         if job.logprobs is not None:
-            choice["logprobs"] = (chat_logprobs(r.stats.logprobs) if job.kind == "chat" else
-                                  completion_logprobs(r.stats.logprobs, r.stats.echo_len))
+            choice["logprobs"] = (
+                chat_logprobs(r.stats.logprobs) if job.kind == "chat" else
+                # echo with logprobs: the prompt's tokens first, from offset 0
+                completion_logprobs(r.stats.prompt_logprobs + r.stats.logprobs, 0)
+                if r.stats.prompt_logprobs else
+                completion_logprobs(r.stats.logprobs, r.stats.echo_len))
         if job.kind == "chat":
             choice["message"] = {"role": "assistant", "content": r.stats.text}
             if job.tool_format is not None:
@@ -137,19 +175,21 @@ class ChunkWriter:
         if self.job.kind == "chat":
             text = d.text
             fmt = self.job.tool_format
+            calls: list[CallDelta] = []
             if fmt is not None:
                 stream = self._tools.setdefault(d.index, ToolCallStream(fmt))
                 text = stream.add(d.text)
-            choice["delta"] = {"content": text} if text else {}
+                calls = stream.take_deltas()
             if fmt is not None and d.finish_reason is not None:
-                rest, parsed = self._tools[d.index].finish()
-                if rest:
-                    choice["delta"] = {"content": text + rest}
-                if parsed.calls:
-                    choice["delta"]["tool_calls"] = tool_calls_json(parsed, self.request_id,
-                                                                    d.index, streamed=True)
-                    if d.finish_reason == "stop":
-                        choice["finish_reason"] = "tool_calls"
+                rest, parsed = stream.finish()
+                text += rest
+                calls += rest_of_calls(parsed, stream.calls.calls)
+                if parsed.calls and d.finish_reason == "stop":
+                    choice["finish_reason"] = "tool_calls"
+            choice["delta"] = {"content": text} if text else {}
+            if calls:
+                choice["delta"]["tool_calls"] = streamed_tool_calls(calls, self.request_id,
+                                                                    d.index)
         else:
             choice["text"] = d.text
             if self.job.return_token_ids and first_of_choice:

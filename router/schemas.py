@@ -160,5 +160,7 @@ class ChatCompletionRequest(_SamplingFields, RefusedChatFields):
 
 class CompletionRequest(_SamplingFields, RefusedCompletionFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    # 0 scores the prompt only (echo with logprobs, as lm-eval's loglikelihood sends)
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None   # OpenAI's limit
     echo: bool = False

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.errors import invalid_request
+from router.tool_call_deltas import CallDelta, IncrementalCalls
 
 TRIGGERS = {"qwen_3": "<tool_call>", "llama": '{"name": ', "deepseek_v4": "<｜DSML｜tool_calls>"}
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -190,8 +191,12 @@ def _parse_dsml(body: str) -> list[ParsedToolCall]:
 
 
 class ToolCallStream:
-    """Streams one choice's text as content until a tool call may have begun; holds the rest
-    and parses it at the end, so the streamed calls are exactly the non-streamed ones."""
+    """Streams one choice's text as content until a tool call may have begun; from there on the
+    calls stream as they are generated (``take_deltas``: a call's name, then its arguments in
+    fragments, router/tool_call_deltas.py), and the whole text is parsed at the end: the
+    streamed calls are exactly the non-streamed ones. A call the output never completes (cut
+    by max_tokens) has streamed its beginning; the end's parse then finds no calls and the text
+    is content, as in the non-streamed answer."""
 
     def __init__(self, fmt: str) -> None:
         self.fmt = fmt
@@ -199,15 +204,24 @@ class ToolCallStream:
         self._text = ""
         self._sent = 0  # characters of _text already streamed as content
         self._holding = False  # a trigger was seen: nothing more streams as content
+        self.calls = IncrementalCalls(fmt)
+        self._deltas: list[CallDelta] = []
+
+    def take_deltas(self) -> list[CallDelta]:
+        """The call pieces found since the last call of this."""
+        out, self._deltas = self._deltas, []
+        return out
 
     def add(self, text: str) -> str:
         """New text in; the content that may be streamed now out."""
         self._text += text
         if self._holding:
+            self._deltas += self.calls.feed(text)
             return ""
         at = self._text.find(self._trigger, self._sent)
         if at >= 0:
             self._holding = True
+            self._deltas += self.calls.feed(self._text[at:])
             return self._release(at)
         # keep back a tail that could be the start of the trigger
         end = len(self._text)

@@ -7,6 +7,7 @@ It never touches the network (the client does) and never imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from proto import bulkhead_pb2 as pb
@@ -40,6 +41,9 @@ class Sampling:
     logprobs: int | None = None  # None: none; k: each token's logprob and the top k
     grammar_kind: str = ""       # constrained decoding (worker/grammar_cache.py), "" = none
     grammar_spec: str = ""
+    # None: none; k: each prompt token's logprob and top k (completions echo with logprobs);
+    # with it max_tokens may be 0
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,12 +79,13 @@ class KVHandle:
 class Prefilled:
     """A finished Prefill: the first token and the KV handed over with it."""
 
-    first_token_id: int
+    first_token_id: int | None  # None: max_tokens was 0, the prompt was only scored
     finish_reason: str | None  # set when the first token already ends the choice
     num_cached_tokens: int
     num_computed_tokens: int
     kv: KVHandle
     first_token_logprobs: TokenLogprobs | None = None
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # entry i scores prompt token i + 1
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Chunk:
     finish_reason: str | None = None
     usage: Usage | None = None
     logprobs: tuple[TokenLogprobs, ...] = ()
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # entry i scores prompt token i + 1
 
 
 def sampling_to_proto(s: Sampling) -> pb.SamplingParams:
@@ -117,6 +123,8 @@ def sampling_to_proto(s: Sampling) -> pb.SamplingParams:
         msg.logprobs = s.logprobs
     if s.grammar_kind:
         msg.grammar_kind, msg.grammar_spec = s.grammar_kind, s.grammar_spec
+    if s.prompt_logprobs is not None:
+        msg.prompt_logprobs = s.prompt_logprobs
     return msg
 
 
@@ -135,11 +143,15 @@ def prefill_request(item: WorkItem) -> pb.PrefillRequest:
 def generate_request(item: WorkItem, after: Prefilled | None = None) -> pb.GenerateRequest:
     """A Generate of ``item``; ``after``: the prefill it continues (the stream then starts
     after ``after.first_token_id``)."""
+    sampling = item.sampling
+    if after is not None:  # the prefill worker scored the prompt already
+        sampling = dataclasses.replace(sampling, prompt_logprobs=None)
     msg = pb.GenerateRequest(request_id=item.request_id,
                              prompt_token_ids=list(item.prompt_token_ids),
-                             sampling=sampling_to_proto(item.sampling),
+                             sampling=sampling_to_proto(sampling),
                              deadline_unix_s=item.deadline_unix_s)
     if after is not None:
+        assert after.first_token_id is not None, "a scoring-only prefill has nothing to continue"
         msg.has_prefill = True
         msg.first_token_id = after.first_token_id
         msg.kv.CopyFrom(pb.KVHandle(num_tokens_stored=after.kv.num_tokens_stored,
@@ -152,8 +164,10 @@ def prefilled_from_proto(msg: pb.PrefillResponse) -> Prefilled:
     kv = KVHandle(int(msg.kv.num_tokens_stored), msg.kv.kv_layout_fingerprint, msg.kv.store_url)
     first_lp = (logprobs_from_proto(msg.first_token_logprobs)
                 if msg.HasField("first_token_logprobs") else None)
-    return Prefilled(int(msg.first_token_id), msg.finish_reason or None,
-                     int(msg.num_cached_tokens), int(msg.num_computed_tokens), kv, first_lp)
+    first = int(msg.first_token_id) if msg.HasField("first_token_id") else None
+    return Prefilled(first, msg.finish_reason or None,
+                     int(msg.num_cached_tokens), int(msg.num_computed_tokens), kv, first_lp,
+                     tuple(logprobs_from_proto(lp) for lp in msg.prompt_logprobs))
 
 
 def chunk_from_proto(msg: pb.GenerateChunk) -> Chunk:
@@ -162,4 +176,5 @@ def chunk_from_proto(msg: pb.GenerateChunk) -> Chunk:
         usage = Usage(int(msg.usage.cached_tokens), int(msg.usage.loaded_kv_tokens),
                       int(msg.usage.recomputed_tokens))
     return Chunk(tuple(int(t) for t in msg.token_ids), msg.finish_reason or None, usage,
-                 tuple(logprobs_from_proto(lp) for lp in msg.logprobs))
+                 tuple(logprobs_from_proto(lp) for lp in msg.logprobs),
+                 tuple(logprobs_from_proto(lp) for lp in msg.prompt_logprobs))

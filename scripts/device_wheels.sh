@@ -23,6 +23,7 @@ WHEELS=(
   opentelemetry-api==1.40.0 opentelemetry-sdk==1.40.0 opentelemetry-semantic-conventions==0.61b0
   importlib-metadata==8.7.1 cufile-python==0.2.0 blake3==1.0.11
   cryptography==48.0.0 cffi==2.0.0 pycparser==3.0
+  xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2  # constrained decoding (bench.grammar, workers)
 )
 PLATFORMS=()
 for p in manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \

@@ -45,7 +45,8 @@ def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
     """proto -> engine SamplingParams; raises engine.errors.InvalidRequest naming the field.
 
     proto3 cannot tell "unset" from 0: a ``top_p`` of 0 means unset (off), as the proto says
-    1 = off and 0 is outside (0, 1]. ``max_tokens`` of 0 is refused (it is required)."""
+    1 = off and 0 is outside (0, 1]. ``max_tokens`` of 0 is refused unless ``prompt_logprobs``
+    is set (then the prompt is only scored)."""
     return SamplingParams(
         max_tokens=int(msg.max_tokens),
         temperature=float(msg.temperature),
@@ -61,12 +62,23 @@ def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
         min_p=float(msg.min_p),
         min_tokens=int(msg.min_tokens),
         logprobs=int(msg.logprobs) if msg.HasField("logprobs") else None,
+        prompt_logprobs=(int(msg.prompt_logprobs) if msg.HasField("prompt_logprobs")
+                         else None),
     )
 
 
 def logprobs_to_proto(lp: TokenLogprobs) -> pb.TokenLogprobs:
     return pb.TokenLogprobs(token_id=lp.token_id, logprob=lp.logprob,
                             top_ids=[t for t, _ in lp.top], top_logprobs=[v for _, v in lp.top])
+
+
+def prompt_logprobs_to_proto(items: list[TokenLogprobs | None] | None) -> list[pb.TokenLogprobs]:
+    """The engine's per-prompt-token list (entry 0 is None: the first token has no logprob)
+    -> the wire's, which starts at prompt token 1."""
+    if not items:
+        return []
+    assert items[0] is None and all(lp is not None for lp in items[1:])
+    return [logprobs_to_proto(lp) for lp in items[1:] if lp is not None]
 
 
 @dataclass(frozen=True)

@@ -83,13 +83,18 @@ def test_streamed_deltas_reassemble_the_non_streamed_calls(e2e: E2E) -> None:
             content += c.delta.content or ""
             finish = c.finish_reason or finish
             for d in c.delta.tool_calls or []:
-                slot = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                if d.index not in calls:  # a call's first delta: its id, type and name
+                    assert d.id and d.type == "function" and d.function.name
+                slot = calls.setdefault(d.index, {"name": "", "arguments": "", "pieces": 0})
                 slot["name"] += d.function.name or ""
                 slot["arguments"] += d.function.arguments or ""
+                slot["pieces"] += bool(d.function.arguments)
     assert finish == whole.finish_reason == "tool_calls"
     assert [calls[i] for i in sorted(calls)] == [
-        {"name": c.function.name, "arguments": c.function.arguments}
-        for c in whole.message.tool_calls]
+        {"name": c.function.name, "arguments": c.function.arguments,
+         "pieces": calls[i]["pieces"]} for i, c in enumerate(whole.message.tool_calls)]
+    # the arguments streamed as they were generated, not in one piece at the end
+    assert all(c["pieces"] > 1 for c in calls.values())
     assert content == (whole.message.content or "")
 
 
