@@ -23,8 +23,8 @@ from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.indexer import V4Indexer
 from engine.models.deepseek_v4.kv_pool import LayerPool
-from engine.models.deepseek_v4.norms import RMSNorm, unweighted_rms_norm
-from engine.models.deepseek_v4.rope import V4Rotary, apply_rope
+from engine.models.deepseek_v4.norms import RMSNorm, unweighted_rms_norm, unweighted_rms_norm_
+from engine.models.deepseek_v4.rope import V4Rotary, apply_rope_
 from engine.models.deepseek_v4.sparse_attention import v4_attention_torch
 
 
@@ -120,9 +120,11 @@ class V4Attention(nn.Module):
         h, d = cfg.num_heads, cfg.head_dim
         cos, sin = rope
         q_res = self.q_a_norm(self.q_a_proj(x))  # [N, q_lora_rank]
-        q = unweighted_rms_norm(self.q_b_proj(q_res).view(n, h, d), cfg.rms_norm_eps)
-        q = apply_rope(q, cos, sin)  # [N, H, D]
-        kv = apply_rope(self.kv_norm(self.kv_proj(x)), cos, sin)  # [N, D]
+        q = self.q_b_proj(q_res).view(n, h, d)
+        q = (unweighted_rms_norm_(q, cfg.rms_norm_eps) if backend.attention == "kernels"
+             else unweighted_rms_norm(q, cfg.rms_norm_eps))
+        q = apply_rope_(q, cos, sin)  # [N, H, D] (fresh tensors: rotated in place)
+        kv = apply_rope_(self.kv_norm(self.kv_proj(x)), cos, sin)  # [N, D]
         t = _StepRows(q=q, kv=kv)
         if self.compressor is not None:
             t.kv_c, t.gate_c = self.compressor.project(x)
@@ -151,7 +153,7 @@ class V4Attention(nn.Module):
         if batched:
             attend_batched(backend, out, q, seqs, cfg.sliding_window, self.sinks, cfg.head_dim**-0.5,
                            self._rate)
-        out = apply_rope(out, cos, -sin)  # undo the rotation V picked up (K == V)
+        out = apply_rope_(out, cos, -sin)  # undo the rotation V picked up (K == V)
         grouped = self.o_a_proj(out.view(n, cfg.o_groups, -1))
         return self.o_b_proj(grouped)
 

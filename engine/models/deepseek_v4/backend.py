@@ -12,8 +12,10 @@ sparse attention core.
 (the kernels package's Triton GEMMs and fused MoE; CUDA default) or ``torch`` (their PyTorch
 references, which dequantize per call; CPU default).
 
-The attention choice also decides the mHC Sinkhorn normalisation (``kernels``: one Triton kernel,
-``kernels.sinkhorn``; otherwise its PyTorch reference), the largest count of small kernels a step.
+``mhc`` picks how the mHC stream passes run (Sinkhorn, the collapse before a block, the merge
+after it): ``kernels`` (``kernels.sinkhorn`` and ``kernels.hc_streams``) or ``torch`` (their
+references, transformers' formulation); ``auto`` follows the attention's choice. They are the
+largest count of small kernels in a decode step and, in PyTorch, a tenth of a prefill chunk.
 
 Never decides anything from mutable global state: the choice is a frozen value handed down.
 """
@@ -29,6 +31,7 @@ from engine.models.deepseek_v4.indexer import indexer_topk_torch
 _INDEXERS = ("auto", "torch", "kernels", "kernels_ref", "naive")
 _ATTENTIONS = ("auto", "torch", "kernels", "kernels_ref")
 _GEMMS = ("auto", "torch", "kernels")
+_MHCS = ("auto", "torch", "kernels")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class V4Backend:
     indexer: str = "auto"
     attention: str = "auto"
     gemm: str = "auto"
+    mhc: str = "auto"
 
     def __post_init__(self) -> None:
         if self.indexer not in _INDEXERS:
@@ -44,14 +48,18 @@ class V4Backend:
             raise ValueError(f"V4Backend.attention={self.attention!r} not in {_ATTENTIONS}")
         if self.gemm not in _GEMMS:
             raise ValueError(f"V4Backend.gemm={self.gemm!r} not in {_GEMMS}")
+        if self.mhc not in _MHCS:
+            raise ValueError(f"V4Backend.mhc={self.mhc!r} not in {_MHCS}")
 
     def resolved(self, device: torch.device) -> V4Backend:
-        """'auto' -> 'kernels' on CUDA, 'torch' elsewhere."""
+        """'auto' -> 'kernels' on CUDA, 'torch' elsewhere (mhc: as the attention resolves)."""
         default = "kernels" if device.type == "cuda" else "torch"
+        attention = default if self.attention == "auto" else self.attention
         return V4Backend(
             indexer=default if self.indexer == "auto" else self.indexer,
-            attention=default if self.attention == "auto" else self.attention,
+            attention=attention,
             gemm=default if self.gemm == "auto" else self.gemm,
+            mhc=("kernels" if attention == "kernels" else "torch") if self.mhc == "auto" else self.mhc,
         )
 
 
@@ -141,11 +149,20 @@ def attend_batched(
         if idx:
             kw["indices"] = torch.cat(idx)
         else:
-            kw["compressed_start"] = torch.cat(c_start).to(dev)
-            kw["compressed_end"] = torch.cat(c_end).to(dev)
+            kw["compressed_start"] = to_device(torch.cat(c_start), dev)
+            kw["compressed_end"] = to_device(torch.cat(c_end), dev)
     if backend.attention == "kernels_ref":
         from kernels.sparse_attention_ref import sparse_attention_ref as fn
     else:
         from kernels.sparse_attention import sparse_attention as fn
-    fn(q, window_kv, torch.cat(w_start).to(dev), torch.cat(w_end).to(dev), scale=scale, out=out,
-       sinks=sinks, **kw)
+    fn(q, window_kv, to_device(torch.cat(w_start), dev), to_device(torch.cat(w_end), dev),
+       scale=scale, out=out, sinks=sinks, **kw)
+
+
+def to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A host tensor on ``dev`` without a stream sync: a copy from pageable memory waits for
+    the device to finish its queue, which stalls a prefill chunk once per layer and sequence;
+    from pinned memory it is queued like a kernel."""
+    if dev.type != "cuda":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)

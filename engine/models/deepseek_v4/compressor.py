@@ -66,17 +66,18 @@ class V4Compressor(nn.Module):
             nk[1:, :r] = ck[:-1, :, :d]
             ng[1:, :r] = cg[:-1, :, :d]
             if e0 > 0:  # the previous window's Ca slice, kept in the block that holds it
-                prev = cp.block_of_window(table, torch.tensor([e0 - 1], device=table.device))
-                nk[0, :r] = cp.ov_kv[prev[0]]
-                ng[0, :r] = cp.ov_gate[prev[0]]
+                b = (e0 - 1) * r // cp.block_size
+                nk[0, :r] = cp.ov_kv.index_select(0, table[b : b + 1])[0]
+                ng[0, :r] = cp.ov_gate.index_select(0, table[b : b + 1])[0]
             # every block keeps the Ca slice of its last closed window (what a sequence resuming
-            # at the block's end needs); the chunk's last window also goes to its block
+            # at the block's end needs); the chunk's last window also goes to its block. The
+            # other windows' slices go to the null block (never read) rather than through a
+            # boolean selection, whose size the host would have to wait for.
             w = torch.arange(e0, e0 + nw, device=table.device)
             last = ((w + 1) * r % cp.block_size == 0) | (w == e0 + nw - 1)
-            sel = w[last]
-            blocks = cp.block_of_window(table, sel)
-            cp.ov_kv[blocks] = ck[sel - e0, :, :d].to(cp.ov_kv.dtype)
-            cp.ov_gate[blocks] = cg[sel - e0, :, :d]
+            blocks = torch.where(last, cp.block_of_window(table, w), 0)
+            cp.ov_kv.index_copy_(0, blocks, ck[:, :, :d].to(cp.ov_kv.dtype))
+            cp.ov_gate.index_copy_(0, blocks, cg[:, :, :d].contiguous())
             ck, cg = nk, ng
         weights = cg.softmax(dim=1, dtype=torch.float32).to(ck.dtype)
         comp = self.kv_norm((ck * weights).sum(dim=1))  # [nw, d]

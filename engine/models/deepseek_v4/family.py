@@ -40,6 +40,10 @@ from engine.models.deepseek_v4.sizing import (
     deepseek_v4_weight_bytes,
     deepseek_v4_workspace_bytes,
 )
+from engine.models.deepseek_v4.step_peak import (
+    deepseek_v4_kernels_peak_bytes,
+    deepseek_v4_kernels_step_bytes,
+)
 from engine.models.family import CacheKind, KVLayout, ModelFamily
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace, _align
@@ -87,6 +91,26 @@ class V4KVLayout(KVLayout):
 
     def import_blocks(self, kv: DeepseekV4KVPool, block_ids: list[int], data: torch.Tensor) -> None:
         kv.import_blocks(block_ids, data)
+
+
+def _activations_term(v4: DeepseekV4Config, ec: EngineConfig, scratch: dict[str, int],
+                      kernels: bool) -> PlanTerm:
+    """The step's transient peak: on the kernels path the tensors alive together at each moment
+    of the step (step_peak.py; entries bounded by the pool), else the looser part-by-part bound
+    of the PyTorch path (sizing.py)."""
+    if not kernels:
+        return PlanTerm("activations", deepseek_v4_step_peak_bytes(scratch),
+                        "mHC streams + max(attention parts, MoE, final norm) at chunk "
+                        f"{ec.chunk_tokens} against {ec.max_context}: "
+                        + ", ".join(f"{k}={v}" for k, v in scratch.items()))
+    kv_tokens = (ec.resolved_num_blocks - 1) * ec.block_size
+    parts = deepseek_v4_kernels_step_bytes(v4, ec.chunk_tokens, ec.max_context, ec.max_batch,
+                                           ec.torch_dtype, kv_tokens, ec.kv_dtype == "fp8")
+    return PlanTerm("activations", deepseek_v4_kernels_peak_bytes(parts),
+                    "max(resident + attention, resident + MoE, mHC mix, mHC merge, final norm) "
+                    f"at chunk {ec.chunk_tokens}, batch {ec.max_batch}, context {ec.max_context},"
+                    f" entries of at most {kv_tokens} pool tokens: "
+                    + ", ".join(f"{k}={v}" for k, v in parts.items()))
 
 
 class DeepseekV4Family(ModelFamily):
@@ -150,13 +174,7 @@ class DeepseekV4Family(ModelFamily):
                 "max(tiled indexer top-k scratch + [rows, topk] outputs, fused MXFP4 MoE "
                 "scratch: tokens x top_k x (16 + (hidden + intermediate) x dtype) B) (kernels' "
                 "size functions)", True))
-        terms += [
-            *common_step_terms(cfg, ec),
-            PlanTerm("activations", deepseek_v4_step_peak_bytes(scratch),
-                     "mHC streams + max(attention parts, MoE, final norm) at chunk "
-                     f"{ec.chunk_tokens} against {ec.max_context}: "
-                     + ", ".join(f"{k}={v}" for k, v in scratch.items())),
-        ]
+        terms += [*common_step_terms(cfg, ec), _activations_term(v4, ec, scratch, kernels)]
         return terms
 
     def forward(self, batch: StepBatch, kv: Any, ws: Workspace | None) -> torch.Tensor:

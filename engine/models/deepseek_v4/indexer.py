@@ -14,7 +14,7 @@ from torch import nn
 
 from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.rope import apply_rope
+from engine.models.deepseek_v4.rope import apply_rope_
 
 INDEXER_KV_TILE = 2048  # compressed entries scored per tile
 INDEXER_Q_TILE = 512  # query rows per tile (scratch ~ rows x heads x tile fp32)
@@ -43,7 +43,7 @@ class V4Indexer(V4Compressor):
         softmax scales folded in (relu(a) * s == relu(a * s) for s > 0)."""
         n = q_residual.shape[0]
         q = self.q_b_proj(q_residual).view(n, self.n_heads, self.dim)
-        q = apply_rope(q, cos, sin)
+        q = apply_rope_(q, cos, sin)  # a fresh projection: rotated in place
         w = self.scorer.weights_proj(x).float() * (self.n_heads**-0.5 * self.dim**-0.5)
         return q, w
 

@@ -160,7 +160,12 @@ class DeepseekV4KVPool:
         if block_ids is None:
             assert self.static_tables is not None, "no block table given and no static tables"
             block_ids = self.static_tables[slot]
-        return torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
+        table = torch.tensor(list(block_ids), dtype=torch.long)
+        if self.device.type != "cuda":
+            return table
+        # from pinned memory: a pageable copy would wait for the device's queue (a host sync
+        # per sequence and step)
+        return table.pin_memory().to(self.device, non_blocking=True)
 
     def reset_slot(self, slot: int) -> None:
         """Forget a slot's sequence (no tensor work: stale data is never read past num_tokens)."""

@@ -14,8 +14,22 @@ from torch import nn
 
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.norms import unweighted_rms_norm
+from kernels.hc_streams import hc_collapse, hc_merge
+from kernels.hc_streams_ref import hc_collapse_ref, hc_merge_ref
 from kernels.sinkhorn import sinkhorn
 from kernels.sinkhorn_ref import sinkhorn_ref
+
+
+def _mixes(streams: torch.Tensor, fn: torch.Tensor, eps: float, kernels: bool) -> torch.Tensor:
+    """``linear(rms_norm(flattened streams in fp32), fn)`` [N, rows] fp32. ``kernels``: the
+    norm's scale applied to the product instead of the input (a linear map commutes with a
+    per-row scale), so one fp32 copy of the streams exists instead of three (the prefill peak)."""
+    flat = streams.flatten(1)
+    if not kernels:
+        return F.linear(unweighted_rms_norm(flat.float(), eps), fn.float())
+    xf = flat.float()
+    sq = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_()  # no [N, hc * hidden] temporary
+    return F.linear(xf, fn.float()).mul_(torch.rsqrt(sq.div_(flat.shape[-1]).add_(eps)))
 
 
 class HyperConnection(nn.Module):
@@ -30,9 +44,10 @@ class HyperConnection(nn.Module):
     def forward(self, streams: torch.Tensor, kernels: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams: [N, hc, hidden] -> post [N, hc] fp32, comb [N, hc, hc] fp32, collapsed [N, hidden].
-        ``kernels``: Sinkhorn as one Triton kernel (the loop is ~6 x iters small kernels)."""
+        ``kernels``: Sinkhorn and the collapse as Triton kernels (the Sinkhorn loop is ~6 x iters
+        small kernels; the collapse in PyTorch materialises an fp32 [N, hc, hidden] product)."""
         m = self.hc
-        mixes = F.linear(unweighted_rms_norm(streams.flatten(1).float(), self.norm_eps), self.fn.float())
+        mixes = _mixes(streams, self.fn, self.norm_eps, kernels)
         pre_w, post_w, comb_w = mixes.split([m, m, m * m], dim=-1)
         pre_b, post_b, comb_b = self.base.split([m, m, m * m])
         s_pre, s_post, s_comb = self.scale.unbind(0)
@@ -41,14 +56,24 @@ class HyperConnection(nn.Module):
         logits = comb_w.view(-1, m, m) * s_comb + comb_b.view(m, m)
         comb = (sinkhorn(logits, self.iters, self.eps, torch.empty_like(logits)) if kernels
                 else sinkhorn_ref(logits, self.iters, self.eps))
-        collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
-        return post, comb, collapsed
+        return post, comb, collapse(pre, streams, kernels)
 
 
-def hc_merge(post: torch.Tensor, comb: torch.Tensor, block_out: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
-    """New streams ``post * out + comb^T @ streams``: [N, hc, hidden] in the streams' dtype."""
-    dt = streams.dtype
-    return post.to(dt).unsqueeze(-1) * block_out.unsqueeze(-2) + torch.matmul(comb.to(dt).transpose(-1, -2), streams)
+def collapse(pre: torch.Tensor, streams: torch.Tensor, kernels: bool) -> torch.Tensor:
+    """``sum_j pre_j * stream_j`` [N, hidden] in the streams' dtype."""
+    if not kernels:
+        return hc_collapse_ref(pre, streams)
+    out = torch.empty(streams.shape[0], streams.shape[2], dtype=streams.dtype, device=streams.device)
+    return hc_collapse(pre.contiguous(), streams, out)
+
+
+def merge(post: torch.Tensor, comb: torch.Tensor, block_out: torch.Tensor, streams: torch.Tensor,
+          kernels: bool) -> torch.Tensor:
+    """New streams ``post * out + comb^T @ streams``: [N, hc, hidden] in the streams' dtype
+    (``kernels``: one pass over the streams instead of a batched 4 x 4 matmul per token)."""
+    if not kernels:
+        return hc_merge_ref(post, comb, block_out, streams)
+    return hc_merge(post.contiguous(), comb, block_out, streams, torch.empty_like(streams))
 
 
 class HyperHead(nn.Module):
@@ -62,7 +87,7 @@ class HyperHead(nn.Module):
         self.hc_base = nn.Parameter(torch.zeros(m, dtype=torch.float32))
         self.hc_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
 
-    def forward(self, streams: torch.Tensor) -> torch.Tensor:
-        mixes = F.linear(unweighted_rms_norm(streams.flatten(1).float(), self.norm_eps), self.hc_fn.float())
+    def forward(self, streams: torch.Tensor, kernels: bool = False) -> torch.Tensor:
+        mixes = _mixes(streams, self.hc_fn, self.norm_eps, kernels)
         pre = torch.sigmoid(mixes * self.hc_scale.float() + self.hc_base.float()) + self.eps
-        return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+        return collapse(pre, streams, kernels)

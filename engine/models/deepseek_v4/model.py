@@ -18,7 +18,7 @@ from engine.models.deepseek_v4.attention import SeqSpan, V4Attention
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool
-from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, hc_merge
+from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, merge
 from engine.models.deepseek_v4.moe import V4MoE
 from engine.models.deepseek_v4.norms import RMSNorm
 from engine.models.deepseek_v4.quant_modules import Fp8Linear, Mxfp4Experts, swap_quantized_modules
@@ -187,7 +187,7 @@ class DeepseekV4Model(nn.Module):
             spans.append(SeqSpan(b, e, slot, cache.num_tokens[slot], table))
         x = self.model.embed_tokens(input_ids)  # [N, hidden]
         streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [N, hc, hidden]
-        kernels = backend.attention == "kernels"  # the per-token Sinkhorn follows attention's choice
+        kernels = backend.mhc == "kernels"  # mHC's Sinkhorn, collapse and merge
         ropes = {
             True: self.main_rotary(positions, x.dtype),
             False: self.compress_rotary(positions, x.dtype),
@@ -199,13 +199,13 @@ class DeepseekV4Model(nn.Module):
                 layer.input_layernorm(collapsed), ropes[attn.layer_type == SLIDING],
                 self.compress_rotary, spans, lc, backend, ws,
             )
-            streams = hc_merge(post, comb, a, streams)
+            streams = merge(post, comb, a, streams, kernels)
             post, comb, collapsed = layer.ffn_hc(streams, kernels)
             m = layer.mlp(layer.post_attention_layernorm(collapsed), input_ids, ws)
-            streams = hc_merge(post, comb, m, streams)
+            streams = merge(post, comb, m, streams, kernels)
         for sp in spans:
             cache.num_tokens[sp.slot] = sp.start_pos + (sp.end - sp.begin)
-        return self.model.norm(self.model.hc_head(streams))
+        return self.model.norm(self.model.hc_head(streams, kernels))
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -49,3 +49,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     r2 = x2 * c + x1 * s
     rotated = torch.stack((r1, r2), dim=-1).flatten(-2).to(x.dtype)
     return torch.cat([x[..., : -2 * half], rotated], dim=-1)
+
+
+def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rope` written into ``x`` (same values): only the rope slice is rewritten,
+    where the copying form copies all of a [tokens, heads, 512] query tensor to change its last
+    64 channels. For tensors the caller owns (fresh projections, attention outputs)."""
+    half = cos.shape[-1]
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)
+    c = cos.float().reshape(shape)
+    s = sin.float().reshape(shape)
+    rope = x[..., -2 * half :]
+    x1, x2 = rope[..., 0::2].float(), rope[..., 1::2].float()
+    rope.copy_(torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2))
+    return x

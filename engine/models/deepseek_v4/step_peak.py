@@ -1,0 +1,84 @@
+"""The transient peak of one DeepSeek-V4 step on the kernels path (CUDA: Triton attention,
+indexer, mHC and fused MoE), tensor by tensor, for the memory planner's ``activations`` term.
+
+Each part names the tensors that are alive together at one moment of the step, as the model's
+code holds them (docs/memory.md gives the same formulas). ``sizing.py`` keeps the looser
+part-by-part bound of the PyTorch path (CPU). Pure arithmetic on the config; never allocates.
+Keep it in step with attention.py, mhc.py, moe.py and model.py: a tensor added to the step
+there is a term here, or the GPU test of plan tightness fails.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
+
+
+def deepseek_v4_kernels_step_bytes(
+    cfg: DeepseekV4Config | Any, chunk_tokens: int, max_context: int, max_batch: int,
+    dtype: torch.dtype = torch.bfloat16, kv_tokens: int | None = None, kv_fp8: bool = False,
+) -> dict[str, int]:
+    """Bytes by moment of the step at ``chunk_tokens`` scheduled tokens (``n``, at least
+    ``max_batch``) over ``S = min(max_batch, n)`` sequences of at most ``max_context`` tokens,
+    whose compressed entries together are bounded by the pool (``kv_tokens``, when known)."""
+    cfg = DeepseekV4Config.coerce(cfg)
+    n = max(chunk_tokens, max_batch)
+    seqs = min(max_batch, n)
+    e, f = torch.empty((), dtype=dtype).element_size(), 4
+    hid, hc, h, d, r = cfg.hidden_size, cfg.hc_mult, cfg.num_heads, cfg.head_dim, cfg.rope_head_dim
+    tokens = seqs * max_context if kv_tokens is None else min(seqs * max_context, kv_tokens)
+    rates = [cfg.rate(t) for t in cfg.layer_types if t != SLIDING]
+    entries = tokens // min(rates) if rates else 0  # every sequence's entries of one layer
+
+    def read_tmp(dim: int) -> int:
+        """Reading FP8 rows out of the blocks: the bytes, their fp32 widening, the scaled copy."""
+        return entries * (dim + 4 + 2 * dim * f) if kv_fp8 else 0
+
+    out: dict[str, int] = {}
+    # the embedding output, the streams, the block's collapsed input and its normed copy, the
+    # previous attention and MoE outputs (the layer loop's variables hold them until they are
+    # reassigned), mHC weights, both rope tables, the step's ids and positions: alive while a
+    # block runs
+    out["resident"] = n * hid * e * (5 + hc) + n * (hc + hc * hc) * f + 2 * n * r * e + 2 * n * 8
+    # an mHC's mixing input: one fp32 copy of the flattened streams (next to the streams)
+    out["mhc_mix"] = n * hid * e * (2 + hc) + n * hc * hid * f + n * (2 * hc + hc * hc) * f * 3
+    # the merge after a block: old and new streams, the block output, the collapsed input
+    out["mhc_merge"] = n * hid * e * (3 + 2 * hc)
+    # attention, above "resident": queries [n, H, D]; fp32 rope temporaries on their last R
+    # channels (both halves, both rotated halves, the interleaved result)
+    q = n * h * d * e
+    rope = 3 * n * h * r * f
+    csa = cfg.uses_csa
+    hi, di, k = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
+    rest = n * (cfg.q_lora_rank + d) * e  # low-rank query, shared K=V
+    if rates:  # compressor projections (CSA: two series of width 2D)
+        rest += 2 * n * (2 * d if csa else d) * e
+    if csa:  # indexer queries and weights, its compressor projections, top-k ids (clone + table)
+        rest += n * hi * di * e + n * hi * f + 2 * n * 2 * di * e + n * k * (4 + 4 + 8)
+    window = 2 * (seqs * (cfg.sliding_window - 1) + n) * d * e  # per-sequence windows + the table
+    comp_rows = n + max(rates, default=0)
+    compressor = comp_rows * (2 * d if csa else d) * (5 * e + 3 * f) if rates else 0
+    o_proj = n * (cfg.o_groups * cfg.o_lora_rank + hid) * e
+    late = max(compressor, read_tmp(d),  # compressing / reading the entries out of the blocks
+               entries * d * e,  # the batched attention's table of every sequence's entries
+               entries * di * e + read_tmp(di) if csa else 0,  # the indexer's keys
+               rope, o_proj)  # de-rotating the output / the output projections
+    early = n * cfg.q_lora_rank * e + rope  # rotating the queries, before the output exists
+    out["attention"] = q + max(early, q + rest + window + entries * d * e + late)
+    inter, ne, kx = cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.num_experts_per_tok
+    # router scores (softplus, biased), routing ids/weights, the shared expert's gate/up and
+    # their clamped SwiGLU temporaries, its output
+    out["moe"] = 3 * n * ne * f + n * kx * 24 + 6 * n * inter * e + 2 * n * hid * e
+    # the final collapse and RMSNorm (fp32 temporaries of [n, hidden])
+    out["final_norm"] = n * hid * e * (2 + hc) + n * hid * (3 * f + e)
+    return out
+
+
+def deepseek_v4_kernels_peak_bytes(parts: dict[str, int]) -> int:
+    """The step's transient peak: the largest of its moments (attention and MoE run on top of
+    the resident tensors; the mHC passes and the final norm hold what they need themselves)."""
+    return max(parts["resident"] + parts["attention"], parts["resident"] + parts["moe"],
+               parts["mhc_mix"], parts["mhc_merge"], parts["final_norm"])

@@ -1,0 +1,63 @@
+"""DeepSeek-V4's mHC stream passes as single kernels: the merge after a block (``post * out +
+comb^T @ streams``) and the collapse before one (``sum_j pre_j * stream_j``). In PyTorch the
+merge is a batched 4 x 4 matmul per token that cuBLAS runs at a few percent of bandwidth, and
+the collapse materialises an fp32 ``[N, m, D]`` product; here each reads the streams once and
+writes its output once. ``kernels.hc_streams_ref`` is the specification; no scratch, both write
+into ``out``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._checks import check_tensor
+from kernels._triton_support import require_triton
+from kernels.errors import KernelArgumentError
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_streams(name: str, streams: torch.Tensor) -> tuple[int, int, int]:
+    check_tensor(name, "streams", streams, shape=(None, None, None), dtypes=_DTYPES,
+                 device=streams.device)
+    n, m, d = streams.shape
+    if not 1 <= m <= 16:
+        raise KernelArgumentError(name, "streams", f"must be [N, m, D] with 1 <= m <= 16, got {list(streams.shape)}")
+    return n, m, d
+
+
+def hc_merge(post: torch.Tensor, comb: torch.Tensor, block_out: torch.Tensor,
+             streams: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """post [N, m] fp32, comb [N, m, m] fp32, block_out [N, D], streams [N, m, D],
+    out [N, m, D] (streams' dtype; must not alias streams) -> out (see ``hc_merge_ref``)."""
+    name = "hc_merge"
+    n, m, d = _check_streams(name, streams)
+    dev = streams.device
+    check_tensor(name, "post", post, shape=(n, m), dtypes=(torch.float32,), device=dev)
+    check_tensor(name, "comb", comb, shape=(n, m, m), dtypes=(torch.float32,), device=dev)
+    check_tensor(name, "block_out", block_out, shape=(n, d), dtypes=(streams.dtype,), device=dev)
+    check_tensor(name, "out", out, shape=(n, m, d), dtypes=(streams.dtype,), device=dev)
+    if out.data_ptr() == streams.data_ptr():
+        raise KernelArgumentError(name, "out", "must not alias streams (other programs read them)")
+    require_triton(name, dev)
+    from kernels._hc_streams_triton import launch_hc_merge
+
+    if n and d:
+        launch_hc_merge(post, comb, block_out, streams, out)
+    return out
+
+
+def hc_collapse(pre: torch.Tensor, streams: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """pre [N, m] fp32, streams [N, m, D], out [N, D] (streams' dtype) -> out
+    (see ``hc_collapse_ref``)."""
+    name = "hc_collapse"
+    n, m, d = _check_streams(name, streams)
+    dev = streams.device
+    check_tensor(name, "pre", pre, shape=(n, m), dtypes=(torch.float32,), device=dev)
+    check_tensor(name, "out", out, shape=(n, d), dtypes=(streams.dtype,), device=dev)
+    require_triton(name, dev)
+    from kernels._hc_streams_triton import launch_hc_collapse
+
+    if n and d:
+        launch_hc_collapse(pre, streams, out)
+    return out
