@@ -22,11 +22,23 @@ REPO = Path(__file__).resolve().parents[1]
 
 def corpus_files(root: Path = REPO) -> list[Path]:
     """The repository's text the tokenizer learns from, in a fixed order."""
+    # the project's own text only: no hidden folders (.git, a .venv's site-packages, whose
+    # files need not be UTF-8), no generated stubs, nothing large
     files = [p for ext in ("py", "md", "json", "yaml", "toml")
              for p in sorted(root.rglob(f"*.{ext}"))
-             if ".git" not in p.parts and "_pb2" not in p.name and p.stat().st_size < 1 << 20]
+             if not any(part.startswith(".") or part in ("site-packages", "build", "dist")
+                        for part in p.relative_to(root).parts[:-1])
+             and "_pb2" not in p.name and p.stat().st_size < 1 << 20 and _is_utf8(p)]
     assert files, f"no text files under {root} to train a tokenizer on"
     return files
+
+
+def _is_utf8(path: Path) -> bool:
+    try:
+        path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def train_tokenizer(folder: Path, vocab_size: int) -> dict[str, int]:
