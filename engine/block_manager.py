@@ -22,11 +22,15 @@ def chain_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True,
+                 can_resume_after: Callable[[int], bool] | None = None) -> None:
         assert num_blocks >= 2, "need at least the null block and one usable block"
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_cache = enable_prefix_cache
+        # whether a sequence can continue at the end of a block (the layout's answer): a prefix
+        # hit is cut back to the last block where it can
+        self._can_resume_after = can_resume_after or (lambda block: True)
         self._ref_counts = [0] * num_blocks
         self._block_hash: list[bytes | None] = [None] * num_blocks
         self._hash_to_block: dict[bytes, int] = {}
@@ -66,6 +70,8 @@ class BlockManager:
         ``token_ids`` up to ``max_cached_tokens``. Returns (block_ids, num_cached_tokens), or None
         (and changes nothing) when the pool cannot hold it."""
         cached = self.match_prefix(token_ids)[: max_cached_tokens // self.block_size]
+        while cached and not self._can_resume_after(cached[-1]):
+            cached.pop()
         num_new = self.blocks_needed(num_tokens) - len(cached)
         revived = sum(1 for b in cached if self._ref_counts[b] == 0)
         if num_new + revived > self.num_free_blocks:

@@ -117,8 +117,10 @@ class LLMEngine:
                                             ranks.group)
         # Every family keeps what a sequence needs to continue in its blocks, so full blocks
         # are shared by prefix hash (the family's layout says where it can resume).
-        self.block_manager = BlockManager(self.plan.num_blocks, ec.block_size,
-                                          ec.enable_prefix_cache)
+        layout = self.plan.kv_layout
+        self.block_manager = BlockManager(
+            self.plan.num_blocks, ec.block_size, ec.enable_prefix_cache,
+            lambda block: layout.can_resume_after(self.runner.kv, block))
         eos = model_config.eos_token_ids
         self.scheduler = Scheduler(
             SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos)),

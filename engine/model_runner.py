@@ -188,6 +188,7 @@ class ModelRunner:
             if not spans and self.graphs is not None and self.graphs.can_run(out.chunks):
                 self.model.before_graph_step(self.kv, out.chunks)
                 logits = self.graphs.run(out.chunks)
+                self.model.after_graph_step(self.kv, out.chunks)
                 self.num_graph_steps += 1
             else:
                 self._tell("forward", out.chunks, False)

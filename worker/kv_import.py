@@ -56,6 +56,7 @@ def _block_import(store: KVStore, loaded: int, staged: torch.Tensor) -> KVImport
         except Exception as exc:  # never let an import take the engine thread down
             log.error("KV import into blocks failed, recomputing: %s", exc)
             return 0
-        return n
+        # a layout may resume only at some block ends (V4: those with a window snapshot)
+        return store.layout.resumable_tokens(kv, block_ids, n)
 
     return load

@@ -77,7 +77,7 @@ class KVStore:
             model_name=model_name,
             engine_layout=layout.fingerprint,
             block_size=layout.block_size,
-            bytes_per_block=layout.bytes_per_block,
+            bytes_per_block=layout.export_bytes_per_block,
             chunk_size=chunk_size,
             staging_gb=staging_gb,
             blocking_timeout_s=blocking_timeout_s,

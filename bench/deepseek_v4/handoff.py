@@ -3,10 +3,16 @@ and the time of each leg, against the host memcpy rate measured in the same run.
 
 For each prompt length: a V4-Flash-shaped pool (``--config``, default the real 43-layer
 config's layout; only the KV layout matters here, no weights are built) holds the prompt's
-blocks filled with random bytes on the device; a "prefill" KVStore puts them and waits until
+blocks filled with random bytes on the device, SYNTHESISED at full size rather than computed
+by a prefill (a 255k-token V4-Flash prefill is not what this measures), plus a random window
+snapshot at the last full block, where a prefill leaves one (resume_windows.py); a "prefill"
+KVStore puts them and waits until
 they are visible in the remote store; a second "decode" KVStore (its own LMCache engine) fetches
 the longest stored prefix into host memory and imports it into other blocks of a second pool.
-The imported blocks are compared byte for byte with the exported ones. The remote store is a
+The imported blocks (and the window) are compared byte for byte with the exported ones, and
+the decode side must be able to resume at the end of the last one. Bytes moved count what
+LMCache stores: each block's bytes plus its window section (the snapshot, or zeros: flag 0).
+The remote store is a
 redis-server when one is installed, else LMCache's ``lm://`` server (``--store-url`` to use
 another). ``--tiny`` runs the same path on a toy config on the CPU (a smoke test).
 
@@ -86,13 +92,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       block_size=args.block_size, attn_tile_tokens=args.block_size,
                       max_context=max(prompts) + 1, kv_dtype=args.kv_dtype)
     layout = family_class(mc).kv_layout(mc, ec)
-    bs, bpb = layout.block_size, layout.bytes_per_block
+    bs, bpb, xbpb = layout.block_size, layout.bytes_per_block, layout.export_bytes_per_block
     num_blocks = 1 + math.ceil(max(prompts) / bs)
     res: dict[str, Any] = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "torch": torch.__version__, "config": "tiny" if args.tiny else args.config,
         "layers": mc.num_layers, "dtype": args.dtype, "kv_dtype": args.kv_dtype,
         "block_size": bs, "bytes_per_block": bpb, "bytes_per_token": bpb / bs,
+        "export_bytes_per_block": xbpb, "export_bytes_per_token": xbpb / bs,
         "kinds": [vars(k) for k in layout.kinds], "chunk_size": args.chunk, "rows": []}
     src = layout.allocate(num_blocks, dev)
     dst = layout.allocate(num_blocks, dev)
@@ -103,7 +110,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not url:
         server, url = start_kv_server(log_dir=Path(args.log_dir) if args.log_dir else None)
     res["store"] = url.split("://")[0]
-    res["memcpy"] = memcpy_rates(min(bpb * (num_blocks - 1), args.memcpy_bytes), dev)
+    res["memcpy"] = memcpy_rates(min(xbpb * (num_blocks - 1), args.memcpy_bytes), dev)
     name = f"v4-handoff-{int(time.time())}"
     prefill = KVStore(url, name, layout, chunk_size=args.chunk, staging_gb=args.staging_gb)
     decode = KVStore(url, name, layout, chunk_size=args.chunk, staging_gb=args.staging_gb)
@@ -113,6 +120,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tokens = torch.randint(0, 100_000, (n,), generator=gen).tolist()
             blocks = list(range(1, 1 + n // bs))
             targets = list(reversed(blocks))  # other blocks on the decode side
+            src.reset_windows()
+            dst.reset_windows()
+            # the window a prefill leaves at the end of the prompt's last full block
+            last = layout.export_blocks(src, blocks[-1:])
+            last[:, bpb:-1].random_()
+            last[:, -1] = 1
+            layout.import_blocks(src, blocks[-1:], last)
             allocs0 = _allocs(dev)
             _sync(dev)
             t0 = time.perf_counter()
@@ -129,11 +143,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             k = loaded // bs
             same = bool(staged is not None and torch.equal(
                 layout.export_blocks(dst, targets[:k]).cpu(), layout.export_blocks(src, blocks[:k]).cpu()))
-            moved = k * bpb
+            resumable = layout.resumable_tokens(dst, targets, loaded) if staged is not None else 0
+            moved = k * xbpb
             res["rows"].append({
                 "prompt_tokens": n, "stored_tokens": visible, "loaded_tokens": loaded,
-                "recompute_tokens": n - loaded, "bytes_moved": moved,
-                "bytes_per_token": moved / max(loaded, 1), "bit_exact": same,
+                "resumable_tokens": resumable, "recompute_tokens": n - resumable,
+                "bytes_moved": moved, "bytes_per_token": moved / max(loaded, 1), "bit_exact": same,
                 "put_s": t1 - t0, "visible_s": t2 - t1, "fetch_s": t3 - t2, "import_s": t4 - t3,
                 "handoff_s": t4 - t0,
                 "handoff_GBps": moved / (t4 - t0) / 1e9 if t4 > t0 else None,

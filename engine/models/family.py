@@ -44,15 +44,17 @@ class KVLayout(ABC):
 
     Contract:
     - ``block_size`` tokens per block; a sequence holds ``ceil(tokens / block_size)`` blocks and
-      block 0 is the null block (never handed out). Everything a sequence needs to continue at a
-      multiple of ``resume_granularity`` tokens is inside its blocks, so full blocks can be
-      shared by prefix hash and exported / imported one by one.
+      block 0 is the null block (never handed out). A sequence can continue at a multiple of
+      ``resume_granularity`` tokens from its blocks where ``can_resume_after`` its last block
+      holds (a layout may keep part of that state beside the blocks and export it with them),
+      so full blocks can be shared by prefix hash and exported / imported one by one.
     - ``kinds`` describes each kind of data with its geometry; ``bytes_per_block`` is their sum
       and is what the planner multiplies by the number of blocks.
     - ``fingerprint`` changes whenever the bytes of a block would mean something else; two
       engines exchange blocks only when their fingerprints are equal.
     - ``allocate`` makes the storage once; ``export_blocks`` / ``import_blocks`` copy whole
-      blocks out of / into it as ``[n, bytes_per_block]`` uint8 rows, never touching others.
+      blocks out of / into it as ``[n, export_bytes_per_block]`` uint8 rows, never touching
+      other blocks.
     """
 
     block_size: int
@@ -70,6 +72,22 @@ class KVLayout(ABC):
         return self.bytes_per_block / self.block_size
 
     @property
+    def export_bytes_per_block(self) -> int:
+        """Bytes of one exported block (``export_blocks`` rows); at least ``bytes_per_block``: a
+        layout may add what a sequence needs to resume there but that it keeps outside blocks."""
+        return self.bytes_per_block
+
+    def can_resume_after(self, kv: Any, block_id: int) -> bool:
+        """Whether a sequence whose prefix ends with this full block can continue there (the
+        engine's prefix cache stops its hits at the last block where this holds)."""
+        return True
+
+    def resumable_tokens(self, kv: Any, block_ids: list[int], num_tokens: int) -> int:
+        """Of ``num_tokens`` leading tokens just imported into ``block_ids``, how many a sequence
+        can continue from (an import is cut back to it)."""
+        return num_tokens
+
+    @property
     def resume_granularity(self) -> int:
         """A sequence can continue from its blocks at multiples of this many tokens (imports and
         prefix hits are rounded down to it)."""
@@ -85,11 +103,11 @@ class KVLayout(ABC):
 
     @abstractmethod
     def export_blocks(self, kv: Any, block_ids: list[int]) -> torch.Tensor:
-        """Copies of the blocks: [len(block_ids), bytes_per_block] uint8 on the KV's device."""
+        """Copies of the blocks: [len(block_ids), export_bytes_per_block] uint8 on the KV's device."""
 
     @abstractmethod
     def import_blocks(self, kv: Any, block_ids: list[int], data: torch.Tensor) -> None:
-        """Write ``data`` ([n, bytes_per_block] uint8, any device) into the blocks."""
+        """Write ``data`` ([n, export_bytes_per_block] uint8, any device) into the blocks."""
 
 
 class ModelFamily(ABC):
@@ -196,6 +214,10 @@ class ModelFamily(ABC):
     def before_graph_step(self, kv: Any, chunks: list[ScheduledChunk]) -> None:  # noqa: B027
         """Before a decode step replayed as a CUDA graph (which runs no host code of the
         family's ``forward``): the host-side bookkeeping ``forward`` would have done."""
+
+    def after_graph_step(self, kv: Any, chunks: list[ScheduledChunk]) -> None:  # noqa: B027
+        """After a replayed decode step: host-driven device work ``forward`` would have done
+        after the model (e.g. copies out of per-slot state the graph updated)."""
 
     def reset(self, kv: Any) -> None:  # noqa: B027 - optional hook
         """After the warm-up: forget every per-sequence state it left."""

@@ -2,7 +2,7 @@
 head_dim 512, partial interleaved RoPE, per-head sinks, grouped output projection.
 
 Parameter names follow transformers' ``DeepseekV4Attention``. Reads and writes each sequence's
-blocks and slot carry in :class:`DeepseekV4KVPool`; never allocates cache memory.
+blocks, window snapshots and slot carry in :class:`DeepseekV4KVPool`; never allocates cache memory.
 """
 
 from __future__ import annotations
@@ -216,8 +216,8 @@ class V4Attention(nn.Module):
         self, sp: SeqSpan, t: _StepRows, rotary: V4Rotary, cache: LayerPool,
         backend: V4Backend, ws: object | None,
     ) -> SeqAttention:
-        """Extends the sequence's state with this chunk (window ring and window rows of its
-        blocks, compressor entries, indexer keys) and returns what its attention needs: the
+        """Extends the sequence's state with this chunk (window ring and the window snapshot
+        at a block end, compressor entries, indexer keys) and returns what its attention needs: the
         window keys, the sequence's compressed entries gathered from its blocks, and for CSA
         the top-k entry indices (which may live in ``ws``)."""
         c, n0, slot, win = sp.end - sp.begin, sp.start_pos, sp.slot, self.cfg.sliding_window
@@ -228,13 +228,8 @@ class V4Attention(nn.Module):
         window_kv = torch.cat([ring[prev_pos], t.kv])  # [num_prev + C, D]
         keep = min(c, win)
         ring[torch.arange(n0 + c - keep, n0 + c, device=dev) % win] = t.kv[c - keep :]
-        # the keys of each block's last window_rows tokens also go to the block; the other rows
-        # go to the null block's rows (never read): a boolean selection would size its result
-        # on the host, a sync per sequence and layer that stalls a prefill chunk
-        bs, wr = cache.block_size, cache.window.rows
-        pos = torch.arange(n0, n0 + c, device=dev)
-        off = pos % bs - (bs - wr)
-        cache.window.write(torch.where(off >= 0, sp.table[pos // bs] * wr + off, off % wr), t.kv)
+        # the window at the last block end this step reaches becomes a resume point
+        cache.write_window(slot, sp.table, n0, window_kv, num_prev)
         topk_idx = comp = None
         if self.compressor is not None:
             assert cache.compressor is not None

@@ -63,16 +63,12 @@ class DecodeRows:
 
 
 def write_window(cache: LayerPool, rows: DecodeRows, kv: torch.Tensor) -> None:
-    """The token's rotated K=V into its slot's window ring and, in the block's last
-    ``window.rows`` positions, into its block. kv: [B, D]."""
+    """The token's rotated K=V into its slot's window ring. kv: [B, D]. (A block end's window
+    snapshot is copied out of the ring after the step: DeepseekV4KVPool.snapshot_from_rings.)"""
     w = cache.ring.shape[1]
     kv = kv[rows.writer]
     ring = cache.ring.view(-1, cache.ring.shape[-1])
     ring.index_copy_(0, rows.slots * w + rows.positions % w, kv.to(ring.dtype))
-    bs, wr = cache.block_size, cache.window.rows
-    off = rows.positions % bs
-    dst = rows.block_of(rows.positions, bs) * wr + off - (bs - wr)
-    cache.window.write(torch.where(off >= bs - wr, dst, NULL_ROW), kv)
 
 
 def compress_decode(comp: V4Compressor, kv: torch.Tensor, gate: torch.Tensor,

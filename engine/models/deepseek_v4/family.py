@@ -25,8 +25,10 @@ from engine.models.deepseek_v4.kv_pool import (
     DeepseekV4KVPool,
     block_bytes_by_kind,
     check_block_size,
+    resume_window_bytes,
     slot_carry_bytes,
     v4_fingerprint,
+    window_section_bytes,
 )
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
@@ -54,8 +56,9 @@ GRAPH_POOL_SLACK = 42 << 20  # one 2 MiB small-pool and two 20 MiB large-pool se
 
 
 class V4KVLayout(KVLayout):
-    """Blocks of ``block_size`` tokens holding window rows, compressed entries, indexer keys and
-    the CSA carry of every layer (see kv_pool.py); resumable at block boundaries."""
+    """Blocks of ``block_size`` tokens holding the compressed entries, indexer keys and CSA
+    carry of every layer (see kv_pool.py); resumable at block ends that have a window snapshot
+    (resume_windows.py). An exported block carries a window section: the snapshot or zeros."""
 
     def __init__(self, cfg: DeepseekV4Config, ec: EngineConfig) -> None:
         check_block_size(cfg, ec.block_size)
@@ -74,6 +77,16 @@ class V4KVLayout(KVLayout):
     @property
     def fingerprint(self) -> str:
         return v4_fingerprint(self.cfg, self.block_size, self.dtype, self.fp8)
+
+    @property
+    def export_bytes_per_block(self) -> int:
+        return self.bytes_per_block + window_section_bytes(self.cfg, self.dtype, self.fp8)
+
+    def can_resume_after(self, kv: DeepseekV4KVPool, block_id: int) -> bool:
+        return kv.can_resume_after(block_id)
+
+    def resumable_tokens(self, kv: DeepseekV4KVPool, block_ids: list[int], num_tokens: int) -> int:
+        return kv.resumable_tokens(block_ids, num_tokens)
 
     def allocate(self, num_blocks: int, device: torch.device) -> DeepseekV4KVPool:
         return DeepseekV4KVPool(self.cfg, num_blocks, self.block_size, self.max_batch, self.dtype,
@@ -171,6 +184,10 @@ class DeepseekV4Family(ModelFamily):
             PlanTerm("slot_carry", slot_carry_bytes(v4, ec.max_batch, ec.torch_dtype),
                      f"max_batch {ec.max_batch} x layers x (window ring {v4.sliding_window} x "
                      f"head_dim {v4.head_dim} + open compressor window: 2 x rate x width) x dtype"),
+            PlanTerm("resume_windows", resume_window_bytes(v4, ec.max_batch, dtype, ec.kv_dtype == "fp8"),
+                     f"4 x max_batch {ec.max_batch} snapshots x layers {v4.num_layers} x window "
+                     f"{v4.sliding_window} x head_dim {v4.head_dim} row "
+                     + ("(1 B + fp32 scale)" if ec.kv_dtype == "fp8" else "x dtype")),
         ]
         scratch = deepseek_v4_step_scratch_bytes(v4, ec.chunk_tokens, ec.max_context,
                                                  ec.max_batch, ec.torch_dtype,
@@ -205,8 +222,17 @@ class DeepseekV4Family(ModelFamily):
         for i, slot in enumerate(batch.cache_slots):
             start = batch.context_lens[i] - batch.query_len(i)
             _bind_slot(pool, slot, start, firsts[i], batch.block_tables[i])
-        return self.model(batch.input_ids, batch.positions, batch.query_start_loc,
-                          batch.cache_slots, pool, ws, batch.block_tables, batch.block_tables_t)
+        # after every restore (a restore touches its snapshot, so it is not the one reused)
+        for i, slot in enumerate(batch.cache_slots):
+            pool.plan_windows(slot, batch.block_tables[i], batch.context_lens[i] - batch.query_len(i),
+                              batch.query_len(i))
+        hidden = self.model(batch.input_ids, batch.positions, batch.query_start_loc,
+                            batch.cache_slots, pool, ws, batch.block_tables, batch.block_tables_t)
+        if all(batch.query_len(i) == 1 for i in range(batch.num_seqs)):
+            # the batched decode step writes only the rings: its planned snapshots come from them
+            for slot in batch.cache_slots:
+                pool.snapshot_from_rings(slot)
+        return hidden
 
     def before_graph_step(self, kv: DeepseekV4KVPool, chunks: list[Any]) -> None:
         """The bookkeeping of :meth:`forward` and of the model's step for a graph replay: bind
@@ -214,8 +240,14 @@ class DeepseekV4Family(ModelFamily):
         for c in chunks:
             _bind_slot(kv, c.cache_slot, c.start, c.is_first, c.block_ids)
             kv.check_room(c.cache_slot, c.num_tokens, torch.as_tensor(c.block_ids))
-        for c in chunks:
+        for c in chunks:  # after every restore, as in forward
+            kv.plan_windows(c.cache_slot, list(c.block_ids), c.start, c.num_tokens)
             kv.num_tokens[c.cache_slot] = c.start + c.num_tokens
+
+    def after_graph_step(self, kv: DeepseekV4KVPool, chunks: list[Any]) -> None:
+        """The replay wrote the rings only: take this step's planned window snapshots."""
+        for c in chunks:
+            kv.snapshot_from_rings(c.cache_slot)
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden, out)
@@ -227,6 +259,7 @@ class DeepseekV4Family(ModelFamily):
     def reset(self, kv: DeepseekV4KVPool) -> None:
         for slot in range(kv.max_batch):
             kv.reset_slot(slot)
+        kv.reset_windows()
 
 
 def _bind_slot(pool: DeepseekV4KVPool, slot: int, start: int, first: bool,

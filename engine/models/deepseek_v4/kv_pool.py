@@ -1,16 +1,16 @@
 """DeepSeek-V4's attention state in blocks of one pool allocated at start-up.
 
 A block covers ``block_size`` tokens (a multiple of every compression rate, so no compressor
-window straddles two blocks) and holds, per layer:
-- ``window``: the rotated K(=V) of the block's last ``min(sliding_window, block_size)`` tokens,
-  so a sequence that resumes at the block's end finds its sliding window there;
-- compressed layers: the ``block_size / rate`` compressed entries whose windows lie in the block;
+window straddles two blocks) and holds, per compressed layer:
+- the ``block_size / rate`` compressed entries whose windows lie in the block;
 - CSA layers: as many indexer keys, and the compressor carry at the block's end: the overlap
   state (Ca slice and gate of the block's last window) of the compressor and of the indexer.
 At a block boundary no compressor window is open, so that carry is ALL the compressor state
-there: a block holds everything a sequence needs to continue at its end (prefix sharing, and
-import of stored blocks, resume at block boundaries). Stored entries and window keys are the
-model dtype or FP8 e4m3 with one fp32 scale per row (``fp8=True``); carry stays exact.
+there. The sliding window at a block's end is NOT in the block: it lives in a small separate
+pool of snapshots (:mod:`.resume_windows`) taken at the last block end each step reaches, so a
+sequence resumes (prefix hit, import of stored blocks) at a block end that has a snapshot.
+Stored entries and window keys are the model dtype or FP8 e4m3 with one fp32 scale per row
+(``fp8=True``); carry stays exact.
 
 Per running sequence (``max_batch`` slots, small and fixed): the window ring of the last
 ``sliding_window`` keys and the open compressor window's raw projections (< rate tokens).
@@ -29,10 +29,10 @@ import torch
 
 from engine.errors import InvalidRequest, PlanError
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
+from engine.models.deepseek_v4.paged_rows import FP8, FP8_MAX, PagedRows
+from engine.models.deepseek_v4.resume_windows import ResumeWindows, num_resume_slabs
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
-
+__all__ = ["FP8", "FP8_MAX", "DeepseekV4KVPool", "LayerPool", "CompressorPool"]
 
 def block_multiple(cfg: DeepseekV4Config) -> int:
     """Block sizes must be multiples of this: the lcm of the compression rates in use."""
@@ -45,42 +45,6 @@ def check_block_size(cfg: DeepseekV4Config, block_size: int) -> None:
     if block_size % m:
         raise PlanError(f"block_size={block_size} must be a multiple of {m} (the lcm of this "
                         "model's compression rates) so that no compressor window straddles blocks")
-
-
-class PagedRows:
-    """``[num_blocks, rows, dim]`` rows, addressed flat as ``block * rows + i``; model dtype, or
-    FP8 with a per-row fp32 scale."""
-
-    def __init__(self, num_blocks: int, rows: int, dim: int, dtype: torch.dtype, fp8: bool,
-                 device: torch.device) -> None:
-        self.rows, self.dim, self.dtype = rows, dim, dtype
-        self.data = torch.zeros(num_blocks, rows, dim, dtype=FP8 if fp8 else dtype, device=device)
-        self.scale = torch.zeros(num_blocks, rows, dtype=torch.float32, device=device) if fp8 else None
-
-    @staticmethod
-    def row_bytes(dim: int, dtype: torch.dtype, fp8: bool) -> int:
-        return dim + 4 if fp8 else dim * torch.empty((), dtype=dtype).element_size()
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.data] if self.scale is None else [self.data, self.scale]
-
-    def write(self, idx: torch.Tensor, x: torch.Tensor) -> None:
-        """x: [n, dim] into flat rows ``idx`` [n]."""
-        flat = self.data.view(-1, self.dim)
-        if self.scale is None:
-            flat.index_copy_(0, idx, x.to(self.dtype))
-            return
-        s = x.float().abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX
-        # copied as bytes: not every device implements index_copy_ for float8
-        flat.view(torch.uint8).index_copy_(0, idx, (x.float() / s[:, None]).to(FP8).view(torch.uint8))
-        self.scale.view(-1).index_copy_(0, idx, s)
-
-    def read(self, idx: torch.Tensor) -> torch.Tensor:
-        """Rows ``idx`` [n] -> [n, dim] in the model dtype."""
-        if self.scale is None:
-            return self.data.view(-1, self.dim).index_select(0, idx)
-        rows = self.data.view(-1, self.dim).view(torch.uint8).index_select(0, idx).view(FP8)
-        return (rows.float() * self.scale.view(-1).index_select(0, idx)[:, None]).to(self.dtype)
 
 
 @dataclass
@@ -114,10 +78,20 @@ class CompressorPool:
 @dataclass
 class LayerPool:
     block_size: int
-    window: PagedRows  # min(W, block_size) rows per block: the block's last tokens' keys
+    index: int  # the layer's index: layer 0 plans each step's window snapshots
+    windows: ResumeWindows  # shared by all layers
     ring: torch.Tensor  # [max_batch, W, D]; position p of a running sequence at p % W
     compressor: CompressorPool | None
     indexer: CompressorPool | None
+
+    def write_window(self, slot: int, table: torch.Tensor, start: int, window_kv: torch.Tensor,
+                     num_prev: int) -> None:
+        """After the ring is updated: snapshot the window at the last block end this step of
+        ``slot`` reaches (if any). window_kv: [num_prev + C, D], positions from start - num_prev."""
+        num_new = window_kv.shape[0] - num_prev
+        if self.index == 0 and not self.windows.take_plan(slot, start, num_new):
+            self.windows.plan_step(slot, table.tolist(), start, num_new, self.block_size)
+        self.windows.write(self.index, slot, window_kv)
 
 
 def _compressor_pool(num_blocks: int, block_size: int, max_batch: int, rate: int, dim: int,
@@ -149,12 +123,13 @@ class DeepseekV4KVPool:
         self.cfg, self.num_blocks, self.block_size = cfg, num_blocks, block_size
         self.max_batch, self.dtype, self.fp8 = max_batch, dtype, fp8
         self.device = torch.device(device)
-        self.window_rows = min(cfg.sliding_window, block_size)
         self.num_tokens = [0] * max_batch
         self.static_tables: list[list[int]] | None = None
         self.layers: list[LayerPool] = []
         dev = self.device
-        for lt in cfg.layer_types:
+        self.windows = ResumeWindows(cfg.num_layers, num_resume_slabs(max_batch),
+                                     cfg.sliding_window, cfg.head_dim, dtype, fp8, dev)
+        for i, lt in enumerate(cfg.layer_types):
             comp = idx = None
             if lt != SLIDING:
                 rate = cfg.rate(lt)
@@ -164,7 +139,7 @@ class DeepseekV4KVPool:
                     idx = _compressor_pool(num_blocks, block_size, max_batch, rate,
                                            cfg.index_head_dim, True, dtype, fp8, dev)
             self.layers.append(LayerPool(
-                block_size, PagedRows(num_blocks, self.window_rows, cfg.head_dim, dtype, fp8, dev),
+                block_size, i, self.windows,
                 torch.zeros(max_batch, cfg.sliding_window, cfg.head_dim, dtype=dtype, device=dev),
                 comp, idx))
 
@@ -214,25 +189,51 @@ class DeepseekV4KVPool:
 
     def restore_slot(self, slot: int, table: torch.Tensor, num_tokens: int) -> None:
         """Make ``slot`` continue a sequence whose first ``num_tokens`` tokens (a multiple of
-        the block size) are in the blocks of ``table``: the window ring from the blocks' window
-        rows; no compressor window is open at a block boundary, so the open buffers stay empty."""
+        the block size) are in the blocks of ``table``: the window ring from the snapshot at
+        the last block's end; no compressor window is open at a block boundary, so the open
+        buffers stay empty."""
         if num_tokens % self.block_size:
             raise InvalidRequest(
                 f"V4 resumes only at block boundaries: {num_tokens} is not a multiple of "
                 f"block_size={self.block_size}", field="num_computed_tokens")
-        w, b, wr = self.cfg.sliding_window, self.block_size, self.window_rows
-        pos = torch.arange(max(0, num_tokens - w), num_tokens, device=self.device)
-        rows = table[pos // b] * wr + (pos % b - (b - wr))
-        for layer in self.layers:
-            layer.ring[slot, pos % w] = layer.window.read(rows)
+        if num_tokens:
+            block = int(table[num_tokens // self.block_size - 1])
+            self.windows.restore(block, num_tokens, [layer.ring[slot] for layer in self.layers])
         self.num_tokens[slot] = num_tokens
+
+    def plan_windows(self, slot: int, block_ids: list[int], start: int, num_new: int) -> None:
+        """Plan a step's window snapshot from the host block table (no device read). A table too
+        short for the step is left to the model's own check (it names the limit)."""
+        if -(-(start + num_new) // self.block_size) <= len(block_ids):
+            self.windows.plan_step(slot, list(block_ids), start, num_new, self.block_size)
+
+    def can_resume_after(self, block: int) -> bool:
+        """Whether a sequence can continue at the end of ``block`` (its window is kept)."""
+        return self.windows.has(block)
+
+    def resumable_tokens(self, block_ids: list[int], num_tokens: int) -> int:
+        """The longest prefix of at most ``num_tokens`` tokens in ``block_ids`` that a sequence
+        can continue from: it ends at a block end with a window snapshot (or is empty)."""
+        for n in range(num_tokens // self.block_size, 0, -1):
+            if self.windows.has(block_ids[n - 1]):
+                return n * self.block_size
+        return 0
+
+    def snapshot_from_rings(self, slot: int) -> None:
+        """After a decode step (batched or a graph replay, which write only the rings): the
+        window snapshot planned for ``slot`` this step, copied out of its rings."""
+        for i, layer in enumerate(self.layers):
+            self.windows.write_from_ring(i, slot, layer.ring[slot])
+        self.windows.finish_step(slot)
+
+    def reset_windows(self) -> None:
+        self.windows.reset()
 
     # --- sizes and layout -------------------------------------------------------------------
     def block_tensors(self) -> list[torch.Tensor]:
         """Every tensor indexed by block first, in the fixed export order."""
         out: list[torch.Tensor] = []
         for layer in self.layers:
-            out += layer.window.tensors()
             for cp in (layer.compressor, layer.indexer):
                 if cp is not None:
                     out += cp.block_tensors()
@@ -247,12 +248,21 @@ class DeepseekV4KVPool:
                     out += [cp.buf_kv, cp.buf_gate]
         return out
 
+    def window_tensors(self) -> list[torch.Tensor]:
+        return [t for p in self.windows.layers for t in p.tensors()]
+
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.block_tensors() + self.slot_tensors())
+        return sum(t.numel() * t.element_size()
+                   for t in self.block_tensors() + self.slot_tensors() + self.window_tensors())
 
     @property
     def bytes_per_block(self) -> int:
         return sum(t[0].numel() * t.element_size() for t in self.block_tensors())
+
+    @property
+    def export_bytes_per_block(self) -> int:
+        """An exported block: its bytes and a window section (a snapshot, or zeros)."""
+        return self.bytes_per_block + self.windows.section_bytes
 
     @property
     def fingerprint(self) -> str:
@@ -262,12 +272,12 @@ class DeepseekV4KVPool:
         idx = torch.as_tensor(block_ids, dtype=torch.long, device=self.device)
         parts = [t.view(torch.uint8).index_select(0, idx).reshape(len(block_ids), -1)
                  for t in self.block_tensors()]
-        return torch.cat(parts, dim=1)
+        return torch.cat(parts + [self.windows.export(block_ids)], dim=1)
 
     def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
-        if data.dim() != 2 or data.shape != (len(block_ids), self.bytes_per_block):
+        if data.dim() != 2 or data.shape != (len(block_ids), self.export_bytes_per_block):
             raise InvalidRequest(f"V4 block data {tuple(data.shape)}, expected "
-                                 f"({len(block_ids)}, {self.bytes_per_block})", field="kv")
+                                 f"({len(block_ids)}, {self.export_bytes_per_block})", field="kv")
         idx = torch.as_tensor(block_ids, dtype=torch.long, device=self.device)
         data = data.to(self.device)
         off = 0
@@ -276,11 +286,12 @@ class DeepseekV4KVPool:
             dst = t.view(torch.uint8)
             dst.index_copy_(0, idx, data[:, off:off + n].reshape(len(block_ids), *dst.shape[1:]))
             off += n
+        self.windows.import_(block_ids, data[:, off:])
 
 
 def v4_fingerprint(cfg: DeepseekV4Config, block_size: int, dtype: torch.dtype, fp8: bool) -> str:
     """Identifies what a block's bytes mean; both sides of a transfer must agree on it."""
-    desc = (f"v4-blocks-v1;dtype={str(dtype).removeprefix('torch.')};fp8={int(fp8)};"
+    desc = (f"v4-blocks-v2;dtype={str(dtype).removeprefix('torch.')};fp8={int(fp8)};"
             f"bs={block_size};hd={cfg.head_dim};ihd={cfg.index_head_dim};win={cfg.sliding_window};"
             f"csa={cfg.csa_rate};hca={cfg.hca_rate};"
             f"layers={','.join(t[0] for t in cfg.layer_types)};rope={cfg.rope_head_dim}")
@@ -293,10 +304,8 @@ def block_bytes_by_kind(cfg: DeepseekV4Config, block_size: int, dtype: torch.dty
     check_block_size(cfg, block_size)
     e = torch.empty((), dtype=dtype).element_size()
     row = PagedRows.row_bytes
-    n_comp = sum(t != SLIDING for t in cfg.layer_types)
     n_csa = sum(t == CSA for t in cfg.layer_types)
-    out = {"sliding_window": (cfg.num_layers, min(cfg.sliding_window, block_size),
-                              row(cfg.head_dim, dtype, fp8))}
+    out: dict[str, tuple[int, int, int]] = {}
     for lt, name in ((CSA, "csa_entries"), ("heavily_compressed_attention", "hca_entries")):
         n = sum(t == lt for t in cfg.layer_types)
         if n:
@@ -305,8 +314,19 @@ def block_bytes_by_kind(cfg: DeepseekV4Config, block_size: int, dtype: torch.dty
         r = cfg.csa_rate
         out["indexer_keys"] = (n_csa, block_size // r, row(cfg.index_head_dim, dtype, fp8))
         out["compressor_carry"] = (n_csa, r, (cfg.head_dim + cfg.index_head_dim) * (e + 4))
-    del n_comp
     return out
+
+
+def resume_window_bytes(cfg: DeepseekV4Config, max_batch: int, dtype: torch.dtype,
+                        fp8: bool) -> int:
+    """The window snapshots: slabs x layers x sliding_window rows (see resume_windows.py)."""
+    return (num_resume_slabs(max_batch) * cfg.num_layers * cfg.sliding_window
+            * PagedRows.row_bytes(cfg.head_dim, dtype, fp8))
+
+
+def window_section_bytes(cfg: DeepseekV4Config, dtype: torch.dtype, fp8: bool) -> int:
+    """The window section of an exported block: one snapshot and its 1-byte flag."""
+    return cfg.num_layers * cfg.sliding_window * PagedRows.row_bytes(cfg.head_dim, dtype, fp8) + 1
 
 
 def slot_carry_bytes(cfg: DeepseekV4Config, max_batch: int, dtype: torch.dtype) -> int:
@@ -334,4 +354,5 @@ def deepseek_v4_cache_bytes(cfg: DeepseekV4Config, max_batch: int, max_context: 
     out = {k: num_blocks * n * rows * rb
            for k, (n, rows, rb) in block_bytes_by_kind(cfg, bs, dtype, fp8).items()}
     out["slot_carry"] = slot_carry_bytes(cfg, max_batch, dtype)
+    out["resume_windows"] = resume_window_bytes(cfg, max_batch, dtype, fp8)
     return out

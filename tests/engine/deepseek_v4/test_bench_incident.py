@@ -24,7 +24,8 @@ def test_largest_context_is_the_last_that_fits() -> None:
     weights = 86_109_162_764  # the full-depth model measured on the H200
     h200 = int(139.8 * GiB)
     assert largest_context(cfg, _args(), weights, h200) == 1 << 20  # bf16 blocks of 256 fit 1M
-    small = int(105 * GiB)
+    # 1M takes ~90 GiB of plan since the window rows left the blocks: 95 GiB cuts it short
+    small = int(95 * GiB)
     ctx = largest_context(cfg, _args(), weights, small)
     assert 0 < ctx < 1 << 20 and ctx % 256 == 0
     assert plan_for(cfg, ctx, _args(), weights, small)[0].fits

@@ -140,11 +140,17 @@ def test_export_import_blocks_continues_identically(hf_v4: tuple[str, torch.nn.M
     full = PROMPT_LEN // bs
     assert full >= 1
     data = src.export_blocks(src.static_tables[1][:full])
-    assert data.dtype == torch.uint8 and tuple(data.shape) == (full, src.bytes_per_block)
+    # each block's bytes + its window section (flag 1: the window snapshot at its end; every
+    # 9-token chunk here crosses one block end, so each block got one)
+    assert data.dtype == torch.uint8 and tuple(data.shape) == (full, src.export_bytes_per_block)
+    assert data[:, -1].tolist() == [1] * full
     dst = DeepseekV4KVPool.for_slots(cfg, max_batch=3, max_context=64, dtype=torch.float32, device="cpu")
-    ptrs = [t.data_ptr() for t in dst.block_tensors() + dst.slot_tensors()]
+    ptrs = [t.data_ptr() for t in dst.block_tensors() + dst.slot_tensors() + dst.window_tensors()]
     dst.import_blocks(dst.static_tables[2][:full], data)
-    assert [t.data_ptr() for t in dst.block_tensors() + dst.slot_tensors()] == ptrs
+    assert [t.data_ptr() for t in dst.block_tensors() + dst.slot_tensors()
+            + dst.window_tensors()] == ptrs
+    table = dst.table(2, None)
+    assert dst.resumable_tokens(table.tolist(), PROMPT_LEN) == full * bs
     dst.restore_slot(2, dst.table(2, None), full * bs)
     tail = _prefill(ours, dst, ids[full * bs:], 2, 5)
     torch.testing.assert_close(tail[-1], logits[-1], atol=ATOL, rtol=1e-4)

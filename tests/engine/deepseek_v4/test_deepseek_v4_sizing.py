@@ -29,12 +29,15 @@ def test_flash_cache_bytes_by_role() -> None:
     assert got["csa_entries"] == blocks * 32 * 512 * 2  # 128 / 4 entries a block
     assert got["hca_entries"] == blocks * 1 * 512 * 2
     assert got["indexer_keys"] == blocks * 32 * 128 * 2
-    assert got["sliding_window"] == blocks * 3 * 128 * 512 * 2  # window 128 = the whole block
+    # no window rows in blocks: 4 x max_batch snapshots of the 128-row window beside them
+    assert "sliding_window" not in got
+    assert got["resume_windows"] == 4 * 2 * 3 * 128 * 512 * 2
     assert got["compressor_carry"] == blocks * 4 * (512 + 128) * (2 + 4)
     assert got["slot_carry"] == 2 * (3 * 128 * 512 * 2 + 2 * 4 * 1024 * 2 + 2 * 4 * 256 * 2
                                      + 2 * 128 * 512 * 2)
     fp8 = deepseek_v4_cache_bytes(cfg, max_batch=2, max_context=1 << 20, fp8=True)
     assert fp8["csa_entries"] == blocks * 32 * (512 + 4)
+    assert fp8["resume_windows"] == 4 * 2 * 3 * 128 * (512 + 4)
 
 
 @pytest.mark.parametrize("backend", ["kernels", "torch"])
