@@ -13,20 +13,15 @@ import time
 
 import torch
 
+from bench.synthetic_model import SHAPES as _SYNTHETIC
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.sampling_params import SamplingParams
 
-SHAPES = {
-    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                      rope_theta=500000.0, max_position_embeddings=131072),
-    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                         rope_theta=100000.0, max_position_embeddings=8192,
-                         tie_word_embeddings=True),
-}
+# the engine benches build weights in memory; SmolLM2 ties its head to the embedding
+SHAPES = {"llama3-8b": _SYNTHETIC["llama3-8b"],
+          "smollm2-135m": {**_SYNTHETIC["smollm2-135m"], "tie_word_embeddings": True}}
 
 
 def _hf_model(shape: str):

@@ -137,18 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Arm split shares one copy of the weights (default: on CUDA).")
     p.add_argument("--long-tokens", type=lambda s: tuple(int(x) for x in s.split(",")),
                    default=(8192, 32768))
-    p.add_argument("--long-every-s", type=float, default=6.0)
-    p.add_argument("--first-long-s", type=float, default=4.0)
-    p.add_argument("--long-output-tokens", type=int, default=4)
-    p.add_argument("--chats", type=int, default=16)
-    p.add_argument("--chat-prompt-chars", type=int, default=64)
-    p.add_argument("--output-tokens", type=int, default=256)
-    p.add_argument("--duration-s", type=float, default=30.0)
-    p.add_argument("--chunk-tokens", type=int, default=2048)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--prefill-util", type=float, default=0.4)
-    p.add_argument("--decode-util", type=float, default=0.3)
-    p.add_argument("--colocated-util", type=float, default=0.5)
+    # the workload and the workers' sizes: plain numbers, typed by their defaults
+    for flag, default in (("--long-every-s", 6.0), ("--first-long-s", 4.0),
+                          ("--long-output-tokens", 4), ("--chats", 16),
+                          ("--chat-prompt-chars", 64), ("--output-tokens", 256),
+                          ("--duration-s", 30.0), ("--chunk-tokens", 2048), ("--block-size", 16),
+                          ("--prefill-util", 0.4), ("--decode-util", 0.3),
+                          ("--colocated-util", 0.5)):
+        p.add_argument(flag, type=type(default), default=default)
     p.add_argument("--handoff-tokens", type=int, default=0,
                    help="Also time the handoff of a prompt this long on its own (0 = no).")
     p.add_argument("--redis-maxmemory-mb", type=int, default=40000)

@@ -271,6 +271,16 @@ def add_report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     rep.add_argument("--docs", default="docs")
 
 
+def run_or_report(p: argparse.ArgumentParser,
+                  sub: argparse._SubParsersAction[argparse.ArgumentParser], argv: list[str] | None,
+                  run: Callable[[argparse.Namespace], int],
+                  report: Callable[[argparse.Namespace], int]) -> int:
+    """Add the ``report`` subcommand, parse ``argv`` and run the chosen command."""
+    add_report_parser(sub)
+    args = p.parse_args(argv)
+    return report(args) if args.cmd == "report" else run(args)
+
+
 def report_results(args: argparse.Namespace, begin: str, end: str,
                    render: Callable[[dict[str, Any]], str], heading: str) -> int:
     """A benchmark's ``report`` command: its results JSON (``args.results``) rendered into

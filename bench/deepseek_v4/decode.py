@@ -31,10 +31,10 @@ import torch
 
 from bench.deepseek_v4.context import (
     _sync,
-    add_report_parser,
     flash_config,
     random_init_,
     report_results,
+    run_or_report,
 )
 from bench.deepseek_v4.decode_report import report_table
 from bench.deepseek_v4.quantized_weights import (
@@ -371,9 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="decode eagerly (default: CUDA graphs where the family allows them)")
     r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
     r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; {TINY})")
-    add_report_parser(sub)
-    args = p.parse_args(argv)
-    return _cmd_report(args) if args.cmd == "report" else _cmd_run(args)
+    return run_or_report(p, sub, argv, _cmd_run, _cmd_report)
 
 
 if __name__ == "__main__":

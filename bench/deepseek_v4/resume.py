@@ -37,10 +37,10 @@ from bench.deepseek_v4.context import (
     _device_allocs,
     _planned,
     _sync,
-    add_report_parser,
     flash_config,
     random_init_,
     report_results,
+    run_or_report,
 )
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
@@ -367,9 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="compare the last logits with a prefill of cached+new from 0")
     r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; shapes {TINY_SHAPES}, chunk 8)")
-    add_report_parser(sub)
-    args = p.parse_args(argv)
-    return _cmd_report(args) if args.cmd == "report" else _cmd_resume(args)
+    return run_or_report(p, sub, argv, _cmd_resume, _cmd_report)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ def import_rank_rows(runner: Any, shard: Any, group: RankGroup, block_ids: list[
     [n, full bytes per block] uint8; broadcast from there) and write them into its blocks.
     ``shard`` None: every rank holds the whole KV (replicated) and writes all of it."""
     rank_bytes = runner.plan.kv_layout.bytes_per_block
-    if shard is None:
-        buf = data if data is not None else torch.empty((len(block_ids), rank_bytes),
+    if shard is None:  # exported rows may carry more than the blocks (a V4 window snapshot)
+        row_bytes = runner.plan.kv_layout.export_bytes_per_block
+        buf = data if data is not None else torch.empty((len(block_ids), row_bytes),
                                                         dtype=torch.uint8)
         group.broadcast_cpu(buf)
         runner.plan.kv_layout.import_blocks(runner.kv, block_ids, buf)
@@ -76,6 +77,16 @@ class ShardedKVLayout(KVLayout):
     @property
     def resume_granularity(self) -> int:
         return self.full.resume_granularity
+
+    @property
+    def export_bytes_per_block(self) -> int:
+        return self.full.export_bytes_per_block
+
+    def can_resume_after(self, kv: Any, block_id: int) -> bool:
+        return self.full.can_resume_after(self.runner.kv, block_id)  # rank 0's bookkeeping
+
+    def resumable_tokens(self, kv: Any, block_ids: list[int], num_tokens: int) -> int:
+        return self.full.resumable_tokens(self.runner.kv, block_ids, num_tokens)
 
     def allocate(self, num_blocks: int, device: torch.device) -> Any:
         raise AssertionError("each rank allocates its own KV (engine/parallel/rank_runner.py)")

@@ -57,6 +57,15 @@ def build_tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.M
     return model
 
 
+def saved_tiny_model(tmp_path_factory: Any, family: str, tag: str, seed: int = 0
+                     ) -> tuple[torch.nn.Module, Any]:
+    """build_tiny_model saved as an HF folder: (model, folder), for module-scoped fixtures."""
+    model = build_tiny_model(family, seed=seed)
+    folder = tmp_path_factory.mktemp(tag)
+    model.save_pretrained(folder)
+    return model, folder
+
+
 @pytest.fixture
 def make_tiny_checkpoint(tmp_path: Path) -> Callable[..., Path]:
     """Factory: ``make_tiny_checkpoint("qwen3", sharded=True, tie_word_embeddings=True)`` writes

@@ -11,16 +11,13 @@ import torch
 from engine.errors import InvalidRequest
 from engine.prompt_logprobs import prompt_logprobs_workspace_bytes
 from engine.sampling_params import SamplingParams
-from tests.engine.conftest import build_tiny_model
+from tests.engine.conftest import build_tiny_model, saved_tiny_model
 from tests.engine.test_engine_vs_transformers import make_engine
 
 
 @pytest.fixture(scope="module")
 def qwen2(tmp_path_factory):
-    model = build_tiny_model("qwen2", seed=3)
-    folder = tmp_path_factory.mktemp("qwen2-plp")
-    model.save_pretrained(folder)
-    return model, folder
+    return saved_tiny_model(tmp_path_factory, "qwen2", "qwen2-plp", seed=3)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 
 from engine.errors import InvalidRequest
 from engine.sampling_params import SamplingParams
-from tests.engine.conftest import build_tiny_model
+from tests.engine.conftest import saved_tiny_model
 from tests.engine.test_engine_vs_transformers import make_engine, run_all
 
 EOS = 2
@@ -17,10 +17,7 @@ EOS = 2
 
 @pytest.fixture(scope="module")
 def qwen2(tmp_path_factory):
-    model = build_tiny_model("qwen2")
-    folder = tmp_path_factory.mktemp("qwen2-proc")
-    model.save_pretrained(folder)
-    return model, folder
+    return saved_tiny_model(tmp_path_factory, "qwen2", "qwen2-proc")
 
 
 @pytest.fixture(scope="module")

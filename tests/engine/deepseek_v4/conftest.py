@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import torch
 
+from engine.step_batch import StepBatch
+
 _BASE: dict[str, Any] = {
     "vocab_size": 97,
     "hidden_size": 32,
@@ -123,3 +125,19 @@ def hf_v4(request: pytest.FixtureRequest) -> tuple[str, torch.nn.Module, dict[st
 def v4_builder() -> Callable[..., tuple[torch.nn.Module, dict[str, Any]]]:
     """``v4_builder(name, seed=0)`` -> (transformers model, raw config dict)."""
     return build_hf_v4
+
+
+def step_batch(seqs: list[tuple[list[int], int, int]],
+               tables: dict[int, list[int]]) -> StepBatch:
+    """A runner StepBatch from host lists: seqs are (this step's token ids, start position,
+    slot); ``tables[slot]``: that slot's blocks."""
+    ids, pos, qsl, ctx, slots = [], [], [0], [], []
+    for toks, start, slot in seqs:
+        ids += toks
+        pos += list(range(start, start + len(toks)))
+        qsl.append(qsl[-1] + len(toks))
+        ctx.append(start + len(toks))
+        slots.append(slot)
+    return StepBatch(torch.tensor(ids), torch.tensor(pos), torch.zeros(len(ids), dtype=torch.long),
+                     qsl, ctx, [tables[s] for s in slots], slots,
+                     torch.tensor([q - 1 for q in qsl[1:]]))

@@ -19,6 +19,7 @@ from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.family import DeepseekV4Family
 from engine.scheduler import ScheduledChunk
 from engine.step_batch import StepBatch
+from tests.engine.deepseek_v4.conftest import step_batch
 
 BS = 8  # lcm of the config's rates (4, 8)
 WIDTH = 6  # blocks per sequence in the static table (48 tokens)
@@ -26,17 +27,7 @@ TABLES = {0: [7, 8, 9, 10, 11], 2: [1, 2, 3, 4, 5, 6], 3: [12, 13, 14, 15]}
 
 
 def _eager_batch(seqs: list[tuple[list[int], int, int]]) -> StepBatch:
-    """seqs: (token ids, start position, slot) -> the runner's StepBatch (host lists)."""
-    ids, pos, qsl, ctx, slots = [], [], [0], [], []
-    for toks, start, slot in seqs:
-        ids += toks
-        pos += list(range(start, start + len(toks)))
-        qsl.append(qsl[-1] + len(toks))
-        ctx.append(start + len(toks))
-        slots.append(slot)
-    return StepBatch(torch.tensor(ids), torch.tensor(pos), torch.zeros(len(ids), dtype=torch.long),
-                     qsl, ctx, [TABLES[s] for s in slots], slots,
-                     torch.tensor([q - 1 for q in qsl[1:]]))
+    return step_batch(seqs, TABLES)
 
 
 def _graph_batch(chunks: list[ScheduledChunk], bs: int) -> StepBatch:

@@ -15,23 +15,14 @@ from engine.errors import InvalidRequest
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.family import DeepseekV4Family
 from engine.step_batch import StepBatch
+from tests.engine.deepseek_v4.conftest import step_batch
 
 BS = 8  # lcm of the config's rates (4, 8)
 TABLES = {0: list(range(6, 11)), 1: list(range(1, 6))}  # 5 blocks of 8 = 40 tokens per slot
 
 
 def _batch(seqs: list[tuple[list[int], int, int]]) -> StepBatch:
-    """seqs: (token ids of this step, start position, slot)."""
-    ids, pos, qsl, ctx, slots = [], [], [0], [], []
-    for toks, start, slot in seqs:
-        ids += toks
-        pos += list(range(start, start + len(toks)))
-        qsl.append(qsl[-1] + len(toks))
-        ctx.append(start + len(toks))
-        slots.append(slot)
-    n = len(ids)
-    return StepBatch(torch.tensor(ids), torch.tensor(pos), torch.zeros(n, dtype=torch.long), qsl, ctx,
-                     [TABLES[s] for s in slots], slots, torch.tensor([q - 1 for q in qsl[1:]]))
+    return step_batch(seqs, TABLES)
 
 
 def test_interleaved_sequences_match_generate(v4_builder: Callable[..., Any]) -> None:

@@ -26,9 +26,11 @@ def _config(folder, tp: int, **kw) -> EngineConfig:
     return EngineConfig(**base)
 
 
-def _greedy_and_logits(engine: LLMEngine, prompts: dict[str, list[int]]):
+def greedy_and_logits(engine: LLMEngine, prompts: dict[str, list[int]],
+                      new_tokens: int = NEW_TOKENS):
+    """Each prompt's final logits (scored alone), then its greedy tokens (all run together)."""
     logits = {rid: engine.final_logits(p, request_id=f"score-{rid}") for rid, p in prompts.items()}
-    sp = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     for rid, p in prompts.items():
         engine.add_request(rid, p, sp)
     tokens: dict[str, list[int]] = {rid: [] for rid in prompts}
@@ -59,7 +61,7 @@ def test_ranks_match_one_rank(checkpoint):
     prompts = {f"len{n}": torch.randint(3, 131, (n,), generator=g).tolist()
                for n in PROMPT_LENGTHS}
     one = LLMEngine.from_config(_config(checkpoint, 1))
-    ref_tokens, ref_logits = _greedy_and_logits(one, prompts)
+    ref_tokens, ref_logits = greedy_and_logits(one, prompts)
     one_kv = one.kv_layout
     two = LLMEngine.from_config(_config(checkpoint, size))
     try:
@@ -69,7 +71,7 @@ def test_ranks_match_one_rank(checkpoint):
         assert two.plan.term("weights") < one.plan.term("weights")
         assert two.plan.num_blocks == one.plan.num_blocks
         assert two.plan.term("tp.allreduce_staging") > 0
-        tokens, logits = _greedy_and_logits(two, prompts)
+        tokens, logits = greedy_and_logits(two, prompts)
         assert tokens == ref_tokens
         for rid in prompts:
             torch.testing.assert_close(logits[rid], ref_logits[rid], rtol=1e-4, atol=1e-4)
@@ -82,19 +84,22 @@ def test_ranks_match_one_rank(checkpoint):
     assert all(not p.is_alive() for p in two.ranks.procs)
 
 
+def export_kept(engine: LLMEngine, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+    """Prefill ``prompt`` keeping its KV ("keep"; the caller releases it): its full blocks and
+    their exported bytes."""
+    engine.add_request("keep", prompt, SamplingParams(max_tokens=1, temperature=0.0),
+                       keep_kv=True)
+    while engine.has_unfinished():
+        engine.step()
+    block_ids, num_tokens = engine.kept_kv("keep")
+    full = block_ids[: num_tokens // engine.config.block_size]
+    return full, engine.kv_layout.export_blocks(engine.kv_cache, full)
+
+
 def _check_kv_round_trip(one: LLMEngine, two: LLMEngine, prompt: list[int]) -> None:
     """Blocks a two-rank engine exports equal the one-rank engine's for the same prompt, and
     importing them back into other blocks restores them on every rank."""
-    sp = SamplingParams(max_tokens=1, temperature=0.0)
-    exported = []
-    for engine in (one, two):
-        engine.add_request("keep", prompt, sp, keep_kv=True)
-        while engine.has_unfinished():
-            engine.step()
-        block_ids, num_tokens = engine.kept_kv("keep")
-        full = block_ids[: num_tokens // engine.config.block_size]
-        exported.append((engine, full, engine.kv_layout.export_blocks(engine.kv_cache, full)))
-    (_, _, ref), (_, ids, got) = exported
+    (_, ref), (ids, got) = export_kept(one, prompt), export_kept(two, prompt)
     assert got.shape == ref.shape
     torch.testing.assert_close(got.view(torch.float32), ref.view(torch.float32), rtol=1e-4,
                                atol=1e-4)

@@ -13,6 +13,7 @@ from engine.errors import PlanError
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.engine.deepseek_v4 import conftest as v4
+from tests.engine.parallel.test_tensor_parallel_engine import export_kept, greedy_and_logits
 
 NEW = 10
 
@@ -37,15 +38,7 @@ def _engine(folder, tp: int, **kw) -> LLMEngine:
 
 
 def _run(engine: LLMEngine, prompts: dict[str, list[int]]):
-    logits = {r: engine.final_logits(p, request_id="score-" + r) for r, p in prompts.items()}
-    sp = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
-    for r, p in prompts.items():
-        engine.add_request(r, p, sp)
-    got: dict[str, list[int]] = {r: [] for r in prompts}
-    while engine.has_unfinished():
-        for o in engine.step():
-            got[o.request_id] += o.new_token_ids
-    return got, logits
+    return greedy_and_logits(engine, prompts, NEW)
 
 
 def test_two_ranks_match_one_rank(checkpoint) -> None:
@@ -72,18 +65,15 @@ def test_two_ranks_match_one_rank(checkpoint) -> None:
 def _check_kv_handoff(one: LLMEngine, two: LLMEngine, prompt: list[int]) -> None:
     """Blocks exported at two ranks equal one rank's; imported into fresh blocks of the two-rank
     engine (every rank), a request resumed from them decodes as from scratch."""
-    sp = SamplingParams(max_tokens=1, temperature=0)
     rows = []
     for engine in (one, two):
-        engine.add_request("keep", prompt, sp, keep_kv=True)
-        while engine.has_unfinished():
-            engine.step()
-        ids, num = engine.kept_kv("keep")
-        full = ids[: num // 16]
-        rows.append(engine.kv_layout.export_blocks(engine.kv_cache, full))
+        rows.append(export_kept(engine, prompt)[1])
         engine.release("keep")
     assert two.kv_layout.fingerprint == one.kv_layout.fingerprint
-    torch.testing.assert_close(rows[1].view(torch.float32), rows[0].view(torch.float32),
+    # each exported row ends with its window snapshot's 1-byte flag; the rest is fp32 values
+    assert torch.equal(rows[1][:, -1], rows[0][:, -1])
+    torch.testing.assert_close(rows[1][:, :-1].contiguous().view(torch.float32),
+                               rows[0][:, :-1].contiguous().view(torch.float32),
                                rtol=1e-4, atol=1e-4)
     data = rows[1]
 
