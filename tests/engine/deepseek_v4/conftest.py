@@ -74,19 +74,17 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "index_topk": 2,
         "scoring_func": "sigmoid",
     },
-    "flash_rates_window128": {
-        # V4-Flash's real rates and window at toy widths; prompts of ~380 tokens close two (then three) HCA
-        # windows and ~95 CSA windows, with index_topk 8 of them chosen per query
-        "num_hidden_layers": 3,
-        "layer_types": ["heavily_compressed_attention", "compressed_sparse_attention", "sliding_attention"],
-        "mlp_layer_types": ["hash_moe", "moe", "moe"],
-        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
-        "hc_mult": 2,
-        "sliding_window": 128,
-        "o_groups": 2,
-        "index_topk": 8,
-        "rope_parameters": {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 32},
-    },
+}
+# V4-Flash's real rates and window at toy widths (the first config's layer kinds in another
+# order); prompts of ~380 tokens close two (then three) HCA windows and ~95 CSA windows, with
+# index_topk 8 of them chosen per query
+CONFIGS["flash_rates_window128"] = {
+    **CONFIGS["s-csa-hca_yarn_hc2"],
+    "layer_types": ["heavily_compressed_attention", "compressed_sparse_attention", "sliding_attention"],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+    "sliding_window": 128,
+    "index_topk": 8,
+    "rope_parameters": {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 32},
 }
 # The per-config test matrix runs over these; the real-rates config has its own longer test.
 SHORT_CONFIGS = ("s-csa-hca_yarn_hc2", "csa-hca-csa-s_hc3_topk_all", "legacy_fields_hc1_csa8")
