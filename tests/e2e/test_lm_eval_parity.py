@@ -3,8 +3,8 @@
 hand-written loglikelihood requests through router + prefill + decode processes, and the
 numbers equal transformers' on the same fp32 checkpoint and the same token ids (lm-eval's own
 context/continuation split). Prompts long enough for the split route and short ones for the
-decode route are both in the set. (lm-eval's ``hf`` backend would need ``accelerate`` as well;
-the reference here is the forward that backend runs.)"""
+decode route are both in the set. The multiple-choice task also runs through lm-eval's own
+``hf`` backend on the same checkpoint: same loglikelihoods, same accuracy."""
 
 from __future__ import annotations
 
@@ -134,3 +134,12 @@ def test_multiple_choice_task_accuracy_equals_transformers(e2e: E2E, tmp_path,
         correct += int(max(range(len(ref)), key=ref.__getitem__) == doc["answer"])
     acc = out["results"]["bulkhead_tiny_mc"]["acc,none"]
     assert acc == pytest.approx(correct / len(MC_DOCS))
+    # lm-eval's own transformers backend on the same checkpoint and task
+    hf = simple_evaluate(
+        model="hf", model_args=f"pretrained={e2e.folder},dtype=float32,device=cpu",
+        tasks=["bulkhead_tiny_mc"], task_manager=TaskManager(include_path=str(tmp_path / "tasks")),
+        batch_size=4, log_samples=True)
+    for s in hf["samples"]["bulkhead_tiny_mc"]:
+        assert served[s["doc_id"]] == pytest.approx([float(r[0][0]) for r in s["resps"]],
+                                                     abs=1e-3)
+    assert hf["results"]["bulkhead_tiny_mc"]["acc,none"] == pytest.approx(acc)
