@@ -37,7 +37,7 @@ def import_rank_rows(runner: Any, shard: Any, group: RankGroup, block_ids: list[
     [n, full bytes per block] uint8; broadcast from there) and write them into its blocks.
     ``shard`` None: every rank holds the whole KV (replicated) and writes all of it."""
     rank_bytes = runner.plan.kv_layout.bytes_per_block
-    if shard is None:  # exported rows may carry more than the blocks (a V4 window snapshot)
+    if shard is None:  # an exported row may carry more than the block (export_bytes_per_block)
         row_bytes = runner.plan.kv_layout.export_bytes_per_block
         buf = data if data is not None else torch.empty((len(block_ids), row_bytes),
                                                         dtype=torch.uint8)
