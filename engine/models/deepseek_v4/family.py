@@ -226,13 +226,8 @@ class DeepseekV4Family(ModelFamily):
         for i, slot in enumerate(batch.cache_slots):
             pool.plan_windows(slot, batch.block_tables[i], batch.context_lens[i] - batch.query_len(i),
                               batch.query_len(i))
-        hidden = self.model(batch.input_ids, batch.positions, batch.query_start_loc,
-                            batch.cache_slots, pool, ws, batch.block_tables, batch.block_tables_t)
-        if all(batch.query_len(i) == 1 for i in range(batch.num_seqs)):
-            # the batched decode step writes only the rings: its planned snapshots come from them
-            for slot in batch.cache_slots:
-                pool.snapshot_from_rings(slot)
-        return hidden
+        return self.model(batch.input_ids, batch.positions, batch.query_start_loc,
+                          batch.cache_slots, pool, ws, batch.block_tables, batch.block_tables_t)
 
     def before_graph_step(self, kv: DeepseekV4KVPool, chunks: list[Any]) -> None:
         """The bookkeeping of :meth:`forward` and of the model's step for a graph replay: bind

@@ -206,6 +206,8 @@ class DeepseekV4Model(nn.Module):
             rows = DecodeRows(torch.tensor(list(cache_slots), device=input_ids.device),
                               positions, tables.to(device=input_ids.device, dtype=torch.long))
             hidden = self.forward_decode(input_ids, rows, cache, ws)
+            for slot in cache_slots:  # the step wrote only the rings: snapshots come from them
+                cache.snapshot_from_rings(slot)
         else:
             hidden = self._layers(input_ids, positions, cache, ws, lambda attn, x, rope, lc: attn(
                 x, rope, self.compress_rotary, spans, lc, backend, ws))
