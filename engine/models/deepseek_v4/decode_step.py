@@ -17,6 +17,7 @@ Python, call ``.item()``/``.tolist()``, or build a tensor from host data.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -43,12 +44,13 @@ class DecodeRows:
     def num_rows(self) -> int:
         return int(self.slots.shape[0])
 
-    @property
+    @cached_property
     def writer(self) -> torch.Tensor:
         """[B]: for each row, the first row of the same slot (itself, except for a CUDA graph's
         pad rows, which copy row 0). Values written to the pool are taken from that row, so
         duplicate writes to one place carry identical bits: a pad row's own results may differ
-        from row 0's in the last bit (another GEMM row), which would make the write racy."""
+        from row 0's in the last bit (another GEMM row), which would make the write racy.
+        Computed once per step (every layer's writes use it)."""
         same = self.slots[:, None] == self.slots[None, :]
         return same.to(torch.int8).argmax(dim=1)
 

@@ -1,0 +1,108 @@
+"""The DeepSeek-V4 decode step's layer loop with its small per-token work fused (CUDA, or the
+Triton interpreter): a few launches where the unfused step (model._layers) makes hundreds.
+
+* mHC between two blocks: ``kernels.hc_decode`` merges the previous block into the streams and
+  computes the next block's gates, Sinkhorn matrix, collapse and input RMSNorm (2 launches
+  instead of ~25); the last one collapses through the model's head and applies its final norm.
+* the attention's row work: ``kernels.rope_norm`` for q_a's RMSNorm, the queries' norm + RoPE,
+  the shared KV's norm + RoPE written straight into the window ring, the indexer queries' RoPE
+  and the output's inverse RoPE (1 launch each instead of ~10).
+
+Decode only (one token per sequence; the prefill path is untouched) and numerically the same
+formulas as the unfused step, rounded at the same points; reductions run in another order, so
+results agree to rounding, not bit for bit. Must never loop over sequences or read device
+values on the host (the step is captured as a CUDA graph).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.config import SLIDING
+from engine.models.deepseek_v4.decode_step import DecodeRows
+from kernels.hc_decode import hc_decode, hc_decode_partial_shape
+from kernels.rope_norm import rope_norm
+
+if TYPE_CHECKING:
+    from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, LayerPool
+    from engine.models.deepseek_v4.model import DeepseekV4Model
+
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+def fused_decode_layers(model: DeepseekV4Model, input_ids: torch.Tensor, rows: DecodeRows,
+                        cache: DeepseekV4KVPool, ws: object | None,
+                        backend: V4Backend) -> torch.Tensor:
+    """model._layers for a decode step, fused: input_ids [B] -> hidden [B, hidden] after the
+    mHC head and the final norm."""
+    cfg = model.cfg
+    layers = model.model.layers
+    emb = model.model.embed_tokens(input_ids)  # [B, hidden]
+    n, m, d = emb.shape[0], cfg.hc_mult, emb.shape[1]
+    streams = emb.unsqueeze(1).expand(-1, m, -1).contiguous()  # [B, m, hidden]
+    # ping-pong targets of the merges (a merge must not write the streams it reads); the gates
+    # and the block input are rewritten each boundary: every reader runs before the rewrite
+    bufs = (torch.empty_like(streams), torch.empty_like(streams))
+    f32 = dict(dtype=torch.float32, device=emb.device)
+    partial = torch.empty(hc_decode_partial_shape(n, m, d), **f32)
+    head_partial = torch.empty(hc_decode_partial_shape(n, m, d, head=True), **f32)
+    post, comb = torch.empty(n, m, **f32), torch.empty(n, m, m, **f32)
+    x = torch.empty_like(emb)
+    ropes = {}
+    for main, rotary in ((True, model.main_rotary), (False, model.compress_rotary)):
+        cos, sin = rotary(rows.positions, emb.dtype)
+        ropes[main] = ((cos, sin), (cos, -sin))  # forward, inverse (the output's un-rotation)
+    common = dict(iters=cfg.hc_sinkhorn_iters, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
+
+    def boundary(s: torch.Tensor, hc, norm_w: torch.Tensor, out: torch.Tensor | None,
+                 k: int) -> torch.Tensor:
+        merge = None if out is None else (post, comb, out)
+        return hc_decode(s, hc.fn, hc.base, hc.scale, norm_w, **common, partial=partial, x=x,
+                         post=post, comb=comb, merge=merge, merged=bufs[k % 2])
+
+    s = boundary(streams, layers[0].attn_hc, layers[0].input_layernorm.weight, None, 0)
+    k = 0
+    for i, (layer, lc) in enumerate(zip(layers, cache.layers, strict=True)):
+        attn = layer.self_attn
+        rope, inv = ropes[attn.layer_type == SLIDING]
+        a = attn.forward_decode(x, rope, model.compress_rotary, rows, lc, backend, inv_rope=inv)
+        s = boundary(s, layer.ffn_hc, layer.post_attention_layernorm.weight, a, k)
+        k += 1
+        mo = layer.mlp(x, input_ids, ws)
+        if i + 1 < len(layers):
+            nxt = layers[i + 1]
+            s = boundary(s, nxt.attn_hc, nxt.input_layernorm.weight, mo, k)
+            k += 1
+    head = model.model.hc_head
+    hc_decode(s, head.hc_fn, head.hc_base, head.hc_scale, model.model.norm.weight, **common,
+              partial=head_partial, x=x, merge=(post, comb, mo), merged=bufs[k % 2], head=True)
+    return x
+
+
+def rms_norm_row(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Weighted RMSNorm of [N, D] rows in place, one launch (rope_norm with no rotated channels)."""
+    empty = t.new_empty(t.shape[0], 0)
+    return rope_norm(t, empty, empty, t, norm=True, weight=weight, eps=eps)
+
+
+def rotate_(t: torch.Tensor, rope: Rope, norm: bool = False, eps: float = 1e-6) -> torch.Tensor:
+    """(Unweighted norm and) RoPE of [N, H, D] rows in place."""
+    return rope_norm(t, rope[0], rope[1], t, norm=norm, eps=eps)
+
+
+def write_window_fused(cache: LayerPool, rows: DecodeRows, kv_raw: torch.Tensor,
+                       weight: torch.Tensor, eps: float, rope: Rope) -> bool:
+    """The shared KV's RMSNorm + RoPE written straight into the slot's window ring (row i takes
+    the values of its writer row, as decode_step.write_window). False where the ring's dtype
+    differs from the KV's (the unfused write casts; the caller then takes that path)."""
+    if cache.ring.dtype != kv_raw.dtype:
+        return False
+    w = cache.ring.shape[1]
+    ring = cache.ring.view(-1, cache.ring.shape[-1])
+    # a writer row has the same slot and position as the row it writes for: same cos/sin
+    rope_norm(kv_raw, rope[0], rope[1], ring, norm=True, weight=weight, eps=eps,
+              src_rows=rows.writer, dst_rows=rows.slots * w + rows.positions % w)
+    return True
