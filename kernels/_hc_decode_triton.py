@@ -1,14 +1,16 @@
-"""Triton kernels of ``kernels.hc_decode``: two launches between two blocks of a decode step.
+"""Triton kernels of ``kernels.hc_decode``: three launches between two blocks of a decode step.
 
 1. ``_hc_mix_kernel``, one program per (token, slice of the hidden dim): merges the previous
    block into the slice of the streams (optional), then its partial dot products with every
    row of ``fn`` and its partial sum of squares -> ``partial[token, slice, :]``. Split over the
    hidden dim because ``fn`` (24 x 16384 fp32 at V4-Flash) is the bytes to stream, and one
    program per token would leave all but B SMs idle at batch 1.
-2. ``_hc_finish_kernel``, one program per token: sums the partials, the gates (sigmoid),
-   Sinkhorn on the m x m matrix in registers, then the collapse and the weighted RMSNorm over
-   the hidden dim (two passes: the norm needs the whole row; the second re-reads the streams
-   from cache rather than reading back its own stores).
+2. ``_hc_finish_kernel``, one program per (token, slice): sums the partials into the gates
+   (sigmoid) and Sinkhorn on the m x m matrix in registers (every slice redoes this tiny work
+   rather than waiting for one program; slice 0 stores post and comb), then its slice of the
+   collapse and the slice's sum of squares.
+3. ``_hc_norm_kernel``, per (token, slice): the weighted RMSNorm of the collapse in place.
+   One program per token for 2 and 3 took ~20 us at batch 1 (a 4 x 4096 row walked by one SM).
 Nothing allocates here.
 """
 
@@ -21,7 +23,6 @@ import triton.language as tl
 from kernels._triton_support import cdiv, next_pow2
 
 HC_MIX_BLOCK_D = 64  # hidden channels per mix program: fn tile rows x m x 64 fp32 in registers
-HC_FINISH_BLOCK_D = 512  # hidden channels per step of the finish loop
 
 
 @triton.jit
@@ -59,19 +60,20 @@ def _hc_mix_kernel(s_ptr, fn_ptr, part_ptr, post_ptr, comb_ptr, bo_ptr, out_ptr,
     dots = tl.sum(tl.sum(f * s[None, :, :], axis=2), axis=1)  # [R]
     sq = tl.sum(tl.sum(s * s, axis=1), axis=0)
     dots = tl.where(r == rows, sq, dots)
-    tl.store(part_ptr + (tok * num_slices + sl) * (rows + 1) + r, dots, mask=r <= rows)
+    tl.store(part_ptr + (tok * num_slices + sl) * (rows + 2) + r, dots, mask=r <= rows)
 
 
 @triton.jit(do_not_specialize=["iters"])
-def _hc_finish_kernel(part_ptr, s_ptr, base_ptr, scale_ptr, w_ptr, post_ptr, comb_ptr, x_ptr,
+def _hc_finish_kernel(part_ptr, s_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, x_ptr,
                       m, d, rows, num_slices, iters, hc_eps, norm_eps,
                       stride_sn, stride_sr, stride_xn,
                       HEAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
                       BLOCK_D: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
+    sl_id = tl.program_id(1)
     sl = tl.arange(0, BLOCK_S)
     ok_s = sl < num_slices
-    part = part_ptr + tok * num_slices * (rows + 1) + sl * (rows + 1)  # [S] row starts
+    part = part_ptr + tok * num_slices * (rows + 2) + sl * (rows + 2)  # [S] row starts
     sq = tl.sum(tl.load(part + rows, mask=ok_s, other=0.0), axis=0)
     inv = 1.0 / tl.sqrt(sq / (m * d) + norm_eps)
     j = tl.arange(0, BLOCK_M)
@@ -85,7 +87,8 @@ def _hc_finish_kernel(part_ptr, s_ptr, base_ptr, scale_ptr, w_ptr, post_ptr, com
                               other=0.0), axis=0) * inv
         post = 2.0 * tl.sigmoid(post * tl.load(scale_ptr + 1)
                                 + tl.load(base_ptr + m + j, mask=ok_m, other=0.0))
-        tl.store(post_ptr + tok * m + j, post, mask=ok_m)
+        if sl_id == 0:
+            tl.store(post_ptr + tok * m + j, post, mask=ok_m)
         ok_c = ok_m[:, None] & ok_m[None, :]
         cidx = 2 * m + j[:, None] * m + j[None, :]  # [M(i), M(k)] row of fn / base
         c = tl.sum(tl.load(part[:, None, None] + cidx[None, :, :],
@@ -99,27 +102,34 @@ def _hc_finish_kernel(part_ptr, s_ptr, base_ptr, scale_ptr, w_ptr, post_ptr, com
         for _ in range(iters - 1):
             c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
             c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
-        tl.store(comb_ptr + tok * m * m + j[:, None] * m + j[None, :], c, mask=ok_c)
-    # collapse (rounded to the streams' dtype, as the reference) and its weighted RMSNorm
-    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for d0 in range(0, d, BLOCK_D):
-        cols = d0 + tl.arange(0, BLOCK_D)
-        ok = ok_m[:, None] & (cols < d)[None, :]
-        s = tl.load(s_ptr + tok * stride_sn + j[:, None] * stride_sr + cols[None, :], mask=ok,
-                    other=0.0).to(tl.float32)
-        col = tl.sum(pre[:, None] * s, axis=0).to(x_ptr.dtype.element_ty).to(tl.float32)
-        acc += col * col
-    rn = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / d + norm_eps)
-    for d0 in range(0, d, BLOCK_D):
-        cols = d0 + tl.arange(0, BLOCK_D)
-        ok_d = cols < d
-        ok = ok_m[:, None] & ok_d[None, :]
-        s = tl.load(s_ptr + tok * stride_sn + j[:, None] * stride_sr + cols[None, :], mask=ok,
-                    other=0.0).to(tl.float32)
-        col = tl.sum(pre[:, None] * s, axis=0).to(x_ptr.dtype.element_ty).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=ok_d, other=0.0)
-        tl.store(x_ptr + tok * stride_xn + cols, (col * rn * w).to(x_ptr.dtype.element_ty),
-                 mask=ok_d)
+        if sl_id == 0:
+            tl.store(comb_ptr + tok * m * m + j[:, None] * m + j[None, :], c, mask=ok_c)
+    # this slice of the collapse, rounded to the streams' dtype as the reference, and its
+    # share of the RMSNorm's sum of squares (the norm itself: _hc_norm_kernel)
+    cols = sl_id * BLOCK_D + tl.arange(0, BLOCK_D)
+    ok_d = cols < d
+    s = tl.load(s_ptr + tok * stride_sn + j[:, None] * stride_sr + cols[None, :],
+                mask=ok_m[:, None] & ok_d[None, :], other=0.0).to(tl.float32)
+    col = tl.sum(pre[:, None] * s, axis=0).to(x_ptr.dtype.element_ty)
+    tl.store(x_ptr + tok * stride_xn + cols, col, mask=ok_d)
+    colf = col.to(tl.float32)
+    tl.store(part_ptr + (tok * num_slices + sl_id) * (rows + 2) + rows + 1,
+             tl.sum(colf * colf, axis=0))
+
+
+@triton.jit
+def _hc_norm_kernel(part_ptr, w_ptr, x_ptr, d, rows, num_slices, norm_eps, stride_xn,
+                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    sl = tl.arange(0, BLOCK_S)
+    sq = tl.sum(tl.load(part_ptr + (tok * num_slices + sl) * (rows + 2) + rows + 1,
+                        mask=sl < num_slices, other=0.0), axis=0)
+    rn = 1.0 / tl.sqrt(sq / d + norm_eps)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    ok = cols < d
+    x = tl.load(x_ptr + tok * stride_xn + cols, mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0)
+    tl.store(x_ptr + tok * stride_xn + cols, (x * rn * w).to(x_ptr.dtype.element_ty), mask=ok)
 
 
 def num_slices(d: int) -> int:
@@ -153,9 +163,12 @@ def launch_hc_decode(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor
             BLOCK_D=HC_MIX_BLOCK_D, num_warps=4,
         )
         src = streams
-    _hc_finish_kernel[(n,)](
-        partial, src, base, scale, norm_weight, partial if post is None else post,
+    bs = max(2, next_pow2(ns))
+    _hc_finish_kernel[(n, ns)](
+        partial, src, base, scale, partial if post is None else post,
         partial if comb is None else comb, x, m, d, rows, ns, iters, hc_eps, norm_eps,
-        src.stride(0), src.stride(1), x.stride(0), HEAD=head, BLOCK_M=bm,
-        BLOCK_S=max(2, next_pow2(ns)), BLOCK_D=min(HC_FINISH_BLOCK_D, next_pow2(d)), num_warps=4,
+        src.stride(0), src.stride(1), x.stride(0), HEAD=head, BLOCK_M=bm, BLOCK_S=bs,
+        BLOCK_D=HC_MIX_BLOCK_D, num_warps=4,
     )
+    _hc_norm_kernel[(n, ns)](partial, norm_weight, x, d, rows, ns, norm_eps, x.stride(0),
+                             BLOCK_S=bs, BLOCK_D=HC_MIX_BLOCK_D, num_warps=2)

@@ -1,4 +1,4 @@
-"""DeepSeek-V4's mHC work between two blocks of a decode step in two launches: the merge of
+"""DeepSeek-V4's mHC work between two blocks of a decode step in three launches: the merge of
 the previous block into the streams (optional), the next block's mixing weights (a projection
 of the streams), its gates and Sinkhorn matrix, the collapse and the block's input RMSNorm.
 Unfused that is ~25 small kernels per block boundary (casts, norms, a cuBLAS fp32 GEMV, the
@@ -22,9 +22,10 @@ HC_MIX_SLICE = 64  # = _hc_decode_triton.HC_MIX_BLOCK_D (kept here so sizing nee
 
 
 def hc_decode_partial_shape(n: int, m: int, d: int, head: bool = False) -> tuple[int, int, int]:
-    """Shape of the fp32 ``partial`` scratch: [tokens, hidden slices, fn rows + 1]."""
+    """Shape of the fp32 ``partial`` scratch: [tokens, hidden slices, fn rows + 2] (the slice's
+    dot products, its sum of squares, its collapse's sum of squares)."""
     rows = m if head else (2 + m) * m
-    return (n, cdiv(d, HC_MIX_SLICE), rows + 1)
+    return (n, cdiv(d, HC_MIX_SLICE), rows + 2)
 
 
 def hc_decode(

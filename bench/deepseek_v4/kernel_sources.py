@@ -21,14 +21,17 @@ _NO_WORK = {"empty", "empty_like", "empty_strided", "new_empty", "detach", "lift
             "resolve_neg", "set_", "record_stream", "is_same_size", "sym_size", "sym_stride"}
 _OURS = ("/engine/", "/kernels/")
 
-_FAMILIES = (  # first match wins: (family, name fragments)
-    ("Triton: mHC fused (hc_decode)", ("_hc_mix", "_hc_finish")),
+_TRITON = (  # a Triton kernel is named after its function ("_name_kernel"); first match wins
+    ("Triton: mHC fused (hc_decode)", ("_hc_mix", "_hc_finish", "_hc_norm")),
     ("Triton: norm+RoPE (rope_norm)", ("_rope_norm",)),
     ("Triton: mHC merge/collapse/Sinkhorn", ("_hc_merge", "_hc_collapse", "_sinkhorn")),
     ("Triton: FP8 GEMM/GEMV", ("_fp8_",)),
     ("Triton: MoE", ("_moe_",)),
     ("Triton: sparse attention", ("_sparse_attention",)),
-    ("Triton: other", ("_kernel",)),
+    ("Triton: compressor (compress_decode)", ("_compress",)),
+    ("Triton: other", ("",)),
+)
+_OTHERS = (  # PyTorch's and cuBLAS's kernels
     ("cuBLAS GEMM", ("gemm", "gemv", "nvjet", "cutlass", "cublas", "xmma", "splitK")),
     ("top-k / sort", ("topk", "TopK", "sort", "Sort", "radix")),
     ("softmax", ("softmax", "SoftMax")),
@@ -41,7 +44,7 @@ _FAMILIES = (  # first match wins: (family, name fragments)
 
 
 def kernel_family(name: str) -> str:
-    for family, fragments in _FAMILIES:
+    for family, fragments in _TRITON if name.startswith("_") else _OTHERS:
         if any(f in name for f in fragments):
             return family
     return "other"

@@ -66,10 +66,10 @@ def test_hc_decode_names_the_bad_argument(interpret):
     with pytest.raises(KernelArgumentError, match="fn"):
         _run(p | {"fn": p["fn"][:, :-1]}, None, False)
     with pytest.raises(KernelArgumentError, match="post"):
-        hc_decode(**p, iters=3, hc_eps=1e-6, norm_eps=1e-6, partial=torch.empty(2, 1, 25),
+        hc_decode(**p, iters=3, hc_eps=1e-6, norm_eps=1e-6, partial=torch.empty(2, 1, 26),
                   x=torch.empty(2, 16))
     with pytest.raises(KernelArgumentError, match="merged"):
-        hc_decode(**p, iters=3, hc_eps=1e-6, norm_eps=1e-6, partial=torch.empty(2, 1, 25),
+        hc_decode(**p, iters=3, hc_eps=1e-6, norm_eps=1e-6, partial=torch.empty(2, 1, 26),
                   x=torch.empty(2, 16), post=torch.empty(2, 4), comb=torch.empty(2, 4, 4),
                   merge=merge, merged=p["streams"])
     with pytest.raises(KernelArgumentError, match="iters"):
