@@ -21,7 +21,12 @@ from engine.models.deepseek_v4.backend import (
 )
 from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
-from engine.models.deepseek_v4.decode_fused import rms_norm_row, rotate_, write_window_fused
+from engine.models.deepseek_v4.decode_fused import (
+    compress_decode_fused,
+    rms_norm_row,
+    rotate_,
+    write_window_fused,
+)
 from engine.models.deepseek_v4.decode_step import (
     DecodeRows,
     attend_decode,
@@ -166,17 +171,17 @@ class V4Attention(nn.Module):
         t = self._project_fused(x, rope, rows, cache) if fused else self._project(x, rope, backend)
         if t.kv is not None:
             write_window(cache, rows, t.kv)
+        compress = compress_decode_fused if fused else compress_decode
         comp = None
         if self.compressor is not None:
             assert cache.compressor is not None and t.kv_c is not None and t.gate_c is not None
-            compress_decode(self.compressor, t.kv_c, t.gate_c, cache.compressor, rows,
-                            compress_rotary)
+            compress(self.compressor, t.kv_c, t.gate_c, cache.compressor, rows, compress_rotary)
             topk = None
             if isinstance(self.compressor, V4CSACompressor):
                 ix = self.compressor.indexer
                 assert cache.indexer is not None and t.kv_i is not None and t.gate_i is not None
                 assert t.idx_q is not None and t.idx_w is not None
-                compress_decode(ix, t.kv_i, t.gate_i, cache.indexer, rows, compress_rotary)
+                compress(ix, t.kv_i, t.gate_i, cache.indexer, rows, compress_rotary)
                 topk = indexer_topk_decode(t.idx_q, t.idx_w, cache.indexer.entries, rows, ix.rate,
                                            cache.block_size, cfg.index_topk)
             crow, visible = compressed_rows(cache.compressor, rows, topk)

@@ -4,6 +4,8 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
 * mHC between two blocks: ``kernels.hc_decode`` merges the previous block into the streams and
   computes the next block's gates, Sinkhorn matrix, collapse and input RMSNorm (2 launches
   instead of ~25); the last one collapses through the model's head and applies its final norm.
+* each compressor (and the indexer's): ``kernels.compress_decode``, the window update, the
+  gated sum, norm and RoPE of a closed window's entry (2 launches + the pool write, not ~40).
 * the attention's row work: ``kernels.rope_norm`` for q_a's RMSNorm, the queries' norm + RoPE,
   the shared KV's norm + RoPE written straight into the window ring, the indexer queries' RoPE
   and the output's inverse RoPE (1 launch each instead of ~10).
@@ -22,13 +24,16 @@ import torch
 
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import SLIDING
-from engine.models.deepseek_v4.decode_step import DecodeRows
+from engine.models.deepseek_v4.decode_step import DecodeRows, compress_decode
+from kernels.compress_decode import compress_decode as compress_decode_kernel
 from kernels.hc_decode import hc_decode, hc_decode_partial_shape
 from kernels.rope_norm import rope_norm
 
 if TYPE_CHECKING:
-    from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, LayerPool
+    from engine.models.deepseek_v4.compressor import V4Compressor
+    from engine.models.deepseek_v4.kv_pool import CompressorPool, DeepseekV4KVPool, LayerPool
     from engine.models.deepseek_v4.model import DeepseekV4Model
+    from engine.models.deepseek_v4.rope import V4Rotary
 
 Rope = tuple[torch.Tensor, torch.Tensor]
 
@@ -106,3 +111,22 @@ def write_window_fused(cache: LayerPool, rows: DecodeRows, kv_raw: torch.Tensor,
     rope_norm(kv_raw, rope[0], rope[1], ring, norm=True, weight=weight, eps=eps,
               src_rows=rows.writer, dst_rows=rows.slots * w + rows.positions % w)
     return True
+
+
+def compress_decode_fused(comp: V4Compressor, kv: torch.Tensor, gate: torch.Tensor,
+                          cp: CompressorPool, rows: DecodeRows, rotary: V4Rotary) -> None:
+    """decode_step.compress_decode through ``kernels.compress_decode``; the entry rows are then
+    written by the pool (FP8 or not). The unfused function where the buffers' dtype differs
+    from the projections'."""
+    if cp.buf_kv.dtype != kv.dtype:
+        compress_decode(comp, kv, gate, cp, rows, rotary)
+        return
+    n, d = kv.shape[0], comp.dim
+    out = kv.new_empty(n, d)
+    dst = torch.empty(n, dtype=torch.long, device=kv.device)
+    compress_decode_kernel(
+        kv, gate, rows.writer, rows.slots, rows.positions, rows.tables, cp.buf_kv, cp.buf_gate,
+        comp.position_bias, comp.kv_norm.weight, comp.kv_norm.eps, rotary.inv_freq,
+        float(rotary.scale), cp.block_size, ent=torch.empty_like(out), out=out, dst=dst,
+        ov_kv=cp.ov_kv, ov_gate=cp.ov_gate)
+    cp.entries.write(dst, out)

@@ -26,3 +26,5 @@ def test_kernels_backend_under_triton_interpreter() -> None:
     assert float(m.group(1)) < 1e-4  # the fused decode step (decode_fused.py)
     assert float(m.group(2)) < 1e-4
     assert 0 < int(m.group(3)) <= int(m.group(4))
+    dec = re.search(r"fused_decode_maxdiff=(\S+)", proc.stdout)
+    assert dec and float(dec.group(1)) < 1e-4, proc.stdout
