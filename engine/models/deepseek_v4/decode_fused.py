@@ -109,7 +109,7 @@ def write_window_fused(cache: LayerPool, rows: DecodeRows, kv_raw: torch.Tensor,
     ring = cache.ring.view(-1, cache.ring.shape[-1])
     # a writer row has the same slot and position as the row it writes for: same cos/sin
     rope_norm(kv_raw, rope[0], rope[1], ring, norm=True, weight=weight, eps=eps,
-              src_rows=rows.writer, dst_rows=rows.slots * w + rows.positions % w)
+              src_rows=rows.writer, dst_rows=rows.ring_rows(w))
     return True
 
 
