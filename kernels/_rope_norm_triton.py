@@ -18,8 +18,12 @@ def _rope_norm_kernel(x_ptr, cos_ptr, sin_ptr, w_ptr, src_ptr, dst_ptr, out_ptr,
                       DST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
-    src = tl.load(src_ptr + row).to(tl.int64) if SRC else row
-    dst = tl.load(dst_ptr + row).to(tl.int64) if DST else row
+    src = row
+    dst = row
+    if SRC:
+        src = tl.load(src_ptr + row).to(tl.int64)
+    if DST:
+        dst = tl.load(dst_ptr + row).to(tl.int64)
     x_row = x_ptr + src * stride_xn + head * stride_xh
     o_row = out_ptr + dst * stride_on + head * stride_oh
     cols = tl.arange(0, BLOCK_D)
@@ -54,6 +58,8 @@ def launch_rope_norm(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out:
                      src_rows: torch.Tensor | None, dst_rows: torch.Tensor | None) -> None:
     n, h, d = x.shape
     half = cos.shape[1]
+    if half == 0:  # nothing rotates: an empty table may have no address; any valid one will do
+        cos = sin = x
     _rope_norm_kernel[(n, h)](
         x, cos, sin, x if weight is None else weight, x if src_rows is None else src_rows,
         x if dst_rows is None else dst_rows, out, d, half, eps,
