@@ -21,6 +21,8 @@ def rope_norm_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, norm
     if norm:
         x = F.rms_norm(x.float(), (x.shape[-1],), weight, eps).to(x.dtype)
     half = cos.shape[-1]
+    if half == 0:  # a plain RMSNorm
+        return x.clone()
     shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)
     c, s = cos.float().reshape(shape), sin.float().reshape(shape)
     rope = x[..., -2 * half :]

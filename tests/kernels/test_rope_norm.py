@@ -20,7 +20,8 @@ def _cos_sin(n: int, half: int, dtype: torch.dtype, device: str, g: torch.Genera
 
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize("n,h,d,half", [(1, 1, 8, 2), (3, 5, 70, 8), (2, 3, 24, 12), (4, 0, 33, 4)])
+@pytest.mark.parametrize("n,h,d,half", [(1, 1, 8, 2), (3, 5, 70, 8), (2, 3, 24, 12), (4, 0, 33, 4),
+                                        (3, 0, 40, 0)])  # half 0: a plain norm (q_a_norm)
 def test_rope_norm_in_place_matches_reference(interpret, n, h, d, half, norm, weighted):
     if weighted and not norm:
         pytest.skip("a weight needs the norm")
