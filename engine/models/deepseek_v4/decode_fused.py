@@ -6,6 +6,8 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
   instead of ~25); the last one collapses through the model's head and applies its final norm.
 * each compressor (and the indexer's): ``kernels.compress_decode``, the window update, the
   gated sum, norm and RoPE of a closed window's entry (2 launches + the pool write, not ~40).
+* the MoE's routing and its shared expert's clamped SwiGLU: ``kernels.moe_decode`` (one
+  launch each instead of ~10 and ~5); the experts themselves are the fused MXFP4 kernels.
 * the attention's row work: ``kernels.rope_norm`` for q_a's RMSNorm, the queries' norm + RoPE,
   the shared KV's norm + RoPE written straight into the window ring, the indexer queries' RoPE
   and the output's inverse RoPE (1 launch each instead of ~10).
@@ -21,18 +23,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import SLIDING
 from engine.models.deepseek_v4.decode_step import DecodeRows, compress_decode
 from kernels.compress_decode import compress_decode as compress_decode_kernel
 from kernels.hc_decode import hc_decode, hc_decode_partial_shape
+from kernels.moe_decode import clamped_swiglu, moe_route
 from kernels.rope_norm import rope_norm
 
 if TYPE_CHECKING:
     from engine.models.deepseek_v4.compressor import V4Compressor
     from engine.models.deepseek_v4.kv_pool import CompressorPool, DeepseekV4KVPool, LayerPool
     from engine.models.deepseek_v4.model import DeepseekV4Model
+    from engine.models.deepseek_v4.moe import V4MoE
     from engine.models.deepseek_v4.rope import V4Rotary
 
 Rope = tuple[torch.Tensor, torch.Tensor]
@@ -76,7 +81,7 @@ def fused_decode_layers(model: DeepseekV4Model, input_ids: torch.Tensor, rows: D
         a = attn.forward_decode(x, rope, model.compress_rotary, rows, lc, backend, inv_rope=inv)
         s = boundary(s, layer.ffn_hc, layer.post_attention_layernorm.weight, a, k)
         k += 1
-        mo = layer.mlp(x, input_ids, ws)
+        mo = moe_fused(layer.mlp, x, input_ids, ws)
         if i + 1 < len(layers):
             nxt = layers[i + 1]
             s = boundary(s, nxt.attn_hc, nxt.input_layernorm.weight, mo, k)
@@ -130,3 +135,28 @@ def compress_decode_fused(comp: V4Compressor, kv: torch.Tensor, gate: torch.Tens
         float(rotary.scale), cp.block_size, ent=torch.empty_like(out), out=out, dst=dst,
         ov_kv=cp.ov_kv, ov_gate=cp.ov_gate)
     cp.entries.write(dst, out)
+
+
+def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object | None
+              ) -> torch.Tensor:
+    """V4MoE.forward of a decode step with the routing and the shared expert's SwiGLU as one
+    kernel each (``kernels.moe_decode``). The module's own forward where it is not the plain
+    single-device MXFP4 layer (tensor-parallel ranks, bf16 experts)."""
+    from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
+
+    cfg = mlp.cfg
+    if (mlp.reduce is not None or mlp.expert_offset or not mlp.add_shared
+            or not isinstance(mlp.experts, Mxfp4Experts)
+            or mlp.experts.shape[0] != cfg.n_routed_experts):
+        return mlp(x, input_ids, ws)
+    n, k = x.shape[0], cfg.num_experts_per_tok
+    weights = torch.empty(n, k, dtype=torch.float32, device=x.device)
+    experts = torch.empty(n, k, dtype=torch.long, device=x.device)
+    route = dict(hash_table=mlp.gate.tid2eid, token_ids=input_ids) if mlp.is_hash else dict(
+        bias=mlp.gate.e_score_correction_bias)
+    moe_route(F.linear(x, mlp.gate.weight), k, cfg.scoring_func, cfg.routed_scaling_factor,
+              weights=weights, experts=experts, **route)
+    se = mlp.shared_experts
+    gate = se.gate_proj(x)
+    base = se.down_proj(clamped_swiglu(gate, se.up_proj(x), se.limit, torch.empty_like(gate)))
+    return mlp.experts.add_into(x, weights, experts, base, cfg.swiglu_limit, ws)

@@ -171,6 +171,8 @@ def test_kernels_path_under_triton_interpreter(quantized) -> None:
     assert m, proc.stdout
     assert m.group(1) == m.group(2)
     assert 0 < int(m.group(3)) <= int(m.group(4))
+    fused = re.search(r"fused=(\S+)", proc.stdout)
+    assert fused and fused.group(1) == m.group(2), proc.stdout
 
 
 @pytest.mark.parametrize("weight_format", ["checkpoint", "dequantize"])
