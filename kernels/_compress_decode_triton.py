@@ -115,8 +115,8 @@ def _compress_window_kernel(kv_ptr, g_ptr, wr_ptr, slot_ptr, pos_ptr, tab_ptr, b
             # read of the previous slice (possibly the same block) is done first
             tl.debug_barrier()
             own = tl.load(tab_ptr + row * s_tab + e0 * r // block_size)
-            ca_kv = ca_kv.to(tl.float32)
-            ca_g = ca_g.to(tl.float32)
+            ca_kv32 = ca_kv.to(tl.float32)  # new names: a run-time branch may not retype
+            ca_g32 = ca_g.to(tl.float32)
             for w0 in range(0, r, BLOCK_W):
                 i = w0 + tl.arange(0, BLOCK_W)
                 mine = (i == b0)[:, None]
@@ -124,8 +124,8 @@ def _compress_window_kernel(kv_ptr, g_ptr, wr_ptr, slot_ptr, pos_ptr, tab_ptr, b
                 src = slot * s_bs + i[:, None] * s_br + cols[None, :]
                 kvt = tl.load(bkv_ptr + src, mask=ok & ~mine, other=0.0).to(tl.float32)
                 gt = tl.load(bg_ptr + src, mask=ok & ~mine, other=0.0).to(tl.float32)
-                kvt = tl.where(mine, ca_kv[None, :], kvt)
-                gt = tl.where(mine, ca_g[None, :], gt)
+                kvt = tl.where(mine, ca_kv32[None, :], kvt)
+                gt = tl.where(mine, ca_g32[None, :], gt)
                 gt += tl.load(pb_ptr + i[:, None] * s_pb + cols[None, :], mask=ok, other=0.0)
                 o = own * s_os + i[:, None] * s_or + cols[None, :]
                 tl.store(okv_ptr + o, kvt.to(okv_ptr.dtype.element_ty), mask=ok)
