@@ -53,9 +53,11 @@ def fused_decode_layers(model: DeepseekV4Model, input_ids: torch.Tensor, rows: D
     emb = model.model.embed_tokens(input_ids)  # [B, hidden]
     n, m, d = emb.shape[0], cfg.hc_mult, emb.shape[1]
     streams = emb.unsqueeze(1).expand(-1, m, -1).contiguous()  # [B, m, hidden]
-    # ping-pong targets of the merges (a merge must not write the streams it reads); the gates
-    # and the block input are rewritten each boundary: every reader runs before the rewrite
-    bufs = (torch.empty_like(streams), torch.empty_like(streams))
+    # ping-pong targets of the merges (a merge must not write the streams it reads; the first
+    # merge writes bufs[0], the second the embedding's copy): two copies of the streams live,
+    # as in the unfused loop. The gates and the block input are rewritten each boundary: every
+    # reader runs before the rewrite
+    bufs = (torch.empty_like(streams), streams)
     f32 = dict(dtype=torch.float32, device=emb.device)
     partial = torch.empty(hc_decode_partial_shape(n, m, d), **f32)
     head_partial = torch.empty(hc_decode_partial_shape(n, m, d, head=True), **f32)
