@@ -22,7 +22,7 @@ DRIVER = 0
 class Command:
     """What rank 0 asks of every other rank: ``op`` with its plain-data arguments."""
 
-    op: str  # "forward" | "prepare_warmup" | "reset" | "export" | "import" | "stop"
+    op: str  # "forward" | "prepare_warmup" | "reset" | "export" | "import" | "import_resume" | "stop"
     args: tuple[Any, ...] = ()
 
 
