@@ -94,7 +94,7 @@ def prefill_resume_points(num_tokens: int, block_size: int, chunk: int) -> list[
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from launch.launcher import start_kv_server
+    from launch.launcher import redis_server_path, start_kv_server, start_redis
     from worker.kv_store import KVStore
 
     dev = torch.device(args.device)
@@ -122,8 +122,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t.view(torch.uint8).random_()
     server = None
     url = args.store_url
-    if not url:
-        server, url = start_kv_server(log_dir=Path(args.log_dir) if args.log_dir else None)
+    log_dir = Path(args.log_dir) if args.log_dir else None
+    if not url and redis_server_path() is not None:  # room for every prompt: no LRU eviction
+        server, url = start_redis(log_dir=log_dir, maxmemory_mb=args.redis_maxmemory_mb)
+    elif not url:
+        server, url = start_kv_server(log_dir=log_dir)
     res["store"] = url.split("://")[0]
     res["memcpy"] = memcpy_rates(min(bpb * (num_blocks - 1), args.memcpy_bytes), dev)
     name = f"v4-handoff-{int(time.time())}"
@@ -202,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=4, help="sizes the pool's window slabs")
     ap.add_argument("--staging-gb", type=float, default=8.0, help="LMCache's host staging pool")
     ap.add_argument("--store-url", default=None, help="redis://... (default: start one)")
+    ap.add_argument("--redis-maxmemory-mb", type=int, default=8192,
+                    help="the started redis-server's bound (LRU beyond it)")
     ap.add_argument("--visible-timeout-s", type=float, default=600.0)
     ap.add_argument("--memcpy-bytes", type=int, default=1 << 30)
     ap.add_argument("--device", default="cuda")
