@@ -92,7 +92,7 @@ class ShardedKVLayout(KVLayout):
         return self.full.resume_state_bytes
 
     def export_resume_state(self, kv: Any, block_id: int) -> torch.Tensor | None:
-        # only a replicated KV keeps resume state (V4): rank 0's is every rank's
+        # only a replicated KV keeps resume state beside its blocks: rank 0's is every rank's
         return self.full.export_resume_state(self.runner.kv, block_id)
 
     def import_resume_state(self, kv: Any, block_id: int, data: torch.Tensor) -> None:
