@@ -1,7 +1,8 @@
 """Decode CUDA graphs with several ranks, the parts a CPU can check: on CUDA (NCCL) a rank count
 above one no longer turns the graphs off while gloo stays eager; every rank derives the same
 graph sizes in the same capture order from the engine config it is given; the plan of a rank
-counts the graph pool and the captured collectives' NCCL work, and one rank's plan is as before.
+counts the graph pool and the captured collectives' NCCL work, and one rank's plan is as before;
+the worker setting ``cuda_graphs`` (and ``bulkhead plan --no-cuda-graphs``) turns them off.
 The capture and lockstep replay themselves run in tests/engine/parallel/test_tp_cuda_graphs.py
 (GPU tier)."""
 
@@ -83,3 +84,19 @@ def test_a_rank_plans_its_graph_pool_and_captured_collectives(capsys) -> None:
     assert "6 decode graphs x 72 all-reduces" in two["tp.graph_collectives"]["formula"]
     # the CPU path is eager: neither a pool nor captured collectives
     assert "cuda_graph_pool" not in cpu and "tp.graph_collectives" not in cpu
+
+
+def test_graphs_can_be_turned_off_for_a_worker_and_its_plan(capsys) -> None:
+    import dataclasses
+
+    from common.settings import load_worker_settings
+    from worker.worker_config import WorkerConfig
+
+    for argv, env in ((["--no-cuda-graphs"], {}), ([], {"BULKHEAD_CUDA_GRAPHS": "false"})):
+        s = load_worker_settings("decode", argv, env=env)
+        ec = WorkerConfig.from_settings(dataclasses.replace(s, model="/m", device="cuda")).engine
+        assert ec.cuda_graphs is False and not ec.use_cuda_graphs
+    assert load_worker_settings("decode", [], env={}).cuda_graphs is True
+    eager = _terms(capsys, "--tensor-parallel-size", "2", "--no-cuda-graphs")
+    assert "cuda_graph_pool" not in eager and "tp.graph_collectives" not in eager
+    assert eager["tp.allreduce_staging"]["bytes"] > 0
