@@ -116,6 +116,9 @@ class DecodeGraphs:
             with self.ws.scope():
                 self._step(bs)
             torch.cuda.synchronize(dev)
+            # torch.cuda.graph empties the cache as it enters; doing it first keeps the blocks it
+            # would free out of the measurement (else the pool's growth can read as negative)
+            torch.cuda.empty_cache()
             before_capture = torch.cuda.memory_reserved(dev)
             graph = torch.cuda.CUDAGraph()
             with self.ws.scope(), torch.cuda.graph(graph, pool=pool,

@@ -39,6 +39,7 @@ from engine.models.deepseek_v4.quant_weights import (
     resident_weight_bytes,
 )
 from engine.models.deepseek_v4.sizing import (
+    deepseek_v4_decode_peak_bytes,
     deepseek_v4_step_peak_bytes,
     deepseek_v4_step_scratch_bytes,
     deepseek_v4_weight_bytes,
@@ -226,9 +227,9 @@ class DeepseekV4Family(ModelFamily):
             decode = deepseek_v4_step_scratch_bytes(v4, ec.max_batch, ec.max_context, ec.max_batch,
                                                     ec.torch_dtype, "kernels")
             terms.append(PlanTerm(
-                "cuda_graph_pool", deepseek_v4_step_peak_bytes(decode) + GRAPH_POOL_SLACK,
-                f"activations of a {ec.max_batch}-sequence decode step (the terms above at "
-                f"{ec.max_batch} tokens) + 42 MiB allocator segment granularity"))
+                "cuda_graph_pool", deepseek_v4_decode_peak_bytes(decode) + GRAPH_POOL_SLACK,
+                f"activations of a {ec.max_batch}-sequence decode step (projections, batched decode "
+                f"attention, MoE at {ec.max_batch} tokens) + 42 MiB allocator segment granularity"))
         return terms
 
     def forward(self, batch: StepBatch, kv: Any, ws: Workspace | None) -> torch.Tensor:
