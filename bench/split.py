@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -32,6 +33,7 @@ from bench.split_arms import (
     Arm,
     MemorySampler,
     WorkerShape,
+    label_by_plan,
     read_device_memory,
     start_colocated,
     start_split,
@@ -75,9 +77,12 @@ def run_arm(arm: Arm, model_name: str, workload: Workload) -> dict[str, Any]:
     finally:
         memory = sampler.stop()
     figures = {role: worker_log_figures(path) for role, path in arm.logs.items()}
+    plans = {role: w["plan_mib"] for role, w in figures.items()}
+    memory, labels = label_by_plan(memory, plans)
+    idle = label_by_plan([(0.0, idle)], plans)[0][0][1]
     return {"startup_s": round(arm.startup_s, 1), "idle_device_mib": idle,
             "summary": summarize(records, workload.duration_s), "workers": figures,
-            "memory": memory, "records": records}
+            "memory": memory, "memory_labels": labels, "records": records}
 
 
 def _kv_bytes_per_token(model: str) -> int:
@@ -157,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
     from launch.launcher import start_redis
 
     args = build_parser().parse_args(list(argv) if argv is not None else None)
+    # `timeout` sends SIGTERM: unwind through the finally blocks (workers stopped, JSON saved)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="bulkhead-split-"))
@@ -200,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
     try:
         for name in args.arms.split(","):
             t = time.monotonic()
+            print(f"[{name}] starting at {time.strftime('%H:%M:%S', time.gmtime())} UTC",
+                  flush=True)
             try:
                 if name == "split":
                     staging = max(args.long_tokens) * _kv_bytes_per_token(model) / 2**30 + 1

@@ -55,3 +55,18 @@ def test_split_bench_runs_both_arms_on_cpu(tmp_path: Path) -> None:
     fetched = [f["tokens"] for f in workers["decode"]["fetches"]]
     assert stored[:2] == [304, 608] and fetched[:2] == [304, 608]  # whole 16-token blocks
     assert result["arms"]["colocated"]["workers"]["colocated"]["fetches"] == []
+
+
+def test_memory_samples_under_host_pids_take_the_role_of_the_nearest_plan() -> None:
+    from bench.split_arms import label_by_plan
+
+    samples = [(0.0, {"total": 40000.0, "pid 901": 9000.0, "pid 77": 30500.0}),
+               (0.5, {"total": 40100.0, "pid 901": 9100.0, "pid 77": 30500.0})]
+    out, how = label_by_plan(samples, {"prefill": 30000.0, "decode": 9500.0})
+    assert how.startswith("nearest plan")
+    assert out[1][1] == {"total": 40100.0, "decode": 9100.0, "prefill": 30500.0}
+    # our own pids seen: left as they are; an extra unknown pid: not guessed
+    same, how = label_by_plan([(0.0, {"prefill": 1.0, "pid 5": 2.0})], {"prefill": 1.0})
+    assert how == "by pid" and same[0][1] == {"prefill": 1.0, "pid 5": 2.0}
+    same, how = label_by_plan([(0.0, {"pid 4": 1.0, "pid 5": 2.0})], {"colocated": 1.0})
+    assert how == "unlabelled" and "pid 4" in same[0][1]
