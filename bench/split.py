@@ -127,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", default="", help="Where to write it ('' = /dev/shm or tmp).")
     p.add_argument("--shard-gb", type=float, default=4.0, help="Shard size of a written model.")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--arms", default="split,colocated")
+    p.add_argument("--arms", default="split,colocated",
+                   help="Comma-separated, of split and colocated; '' = none (--handoff-tokens "
+                        "alone).")
     p.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=None,
                    help="Arm split shares one copy of the weights (default: on CUDA).")
     p.add_argument("--long-tokens", type=lambda s: tuple(int(x) for x in s.split(",")),
@@ -151,7 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top to bottom
     from launch.launcher import start_redis
 
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    arm_names = [a for a in args.arms.split(",") if a]
+    if set(arm_names) - {"split", "colocated"}:
+        parser.error(f"--arms: {args.arms!r} names an arm other than split and colocated")
     # `timeout` sends SIGTERM: unwind through the finally blocks (workers stopped, JSON saved)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out: Path = args.out
@@ -199,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
             plot(out / "split.png", done)
 
     try:
-        for name in args.arms.split(","):
+        for name in arm_names:
             t = time.monotonic()
             print(f"[{name}] starting at {time.strftime('%H:%M:%S', time.gmtime())} UTC",
                   flush=True)
