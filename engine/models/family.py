@@ -10,6 +10,7 @@ KV only in ``KVLayout.allocate`` (once, at start-up) and their weights at constr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -170,10 +171,11 @@ class ModelFamily(ABC):
                         "ranks")
 
     @classmethod
-    def tensor_slicer(cls, cfg: ModelConfig, rank: int, size: int) -> Any:
+    def tensor_slicer(cls, cfg: ModelConfig, rank: int, size: int,
+                      shapes: Mapping[str, tuple[int, ...]]) -> Any:
         """``name -> TensorSlice | None`` (engine/parallel/shard_plan.py): what the loader
-        reads of each tensor for ``rank``; None = every tensor whole (the family slices at
-        construction)."""
+        reads of each tensor for ``rank`` (``shapes``: every tensor's shape in the checkpoint);
+        None = every tensor whole (the family slices at construction)."""
         return None
 
     @classmethod
