@@ -17,6 +17,8 @@ from kernels.fused import add_rms_norm, rope_and_cache, silu_and_mul
 from kernels.fused_ref import add_rms_norm_ref, rope_and_cache_ref, silu_and_mul_ref
 from kernels.hc_decode import hc_decode, hc_decode_partial_shape
 from kernels.hc_decode_ref import hc_decode_ref
+from kernels.indexer_decode import indexer_decode_scores
+from kernels.indexer_decode_ref import indexer_decode_scores_ref
 from kernels.indexer_topk import (
     DEFAULT_TILES,
     IndexerTiles,
@@ -66,6 +68,8 @@ __all__ = [
     "hc_decode",
     "hc_decode_partial_shape",
     "hc_decode_ref",
+    "indexer_decode_scores",
+    "indexer_decode_scores_ref",
     "moe_route",
     "moe_route_ref",
     "rope_norm",

@@ -26,6 +26,7 @@ from kernels import _compress_decode_triton as comp
 from kernels import _fp8_linear_triton as fp8
 from kernels import _fused_triton as fused
 from kernels import _hc_decode_triton as hcd
+from kernels import _indexer_decode_triton as idxd
 from kernels import _indexer_triton as idx
 from kernels import _moe_decode_triton as moed
 from kernels import _mxfp4_moe_triton as moe
@@ -193,6 +194,11 @@ def _decode_specs() -> list[KernelSpec]:
                    {"SCORING": 0, "HASH": False, "BLOCK_E": 256, "BLOCK_K": 8}),
         KernelSpec("moe route (hash)", moed._moe_route_kernel, route,
                    {"SCORING": 0, "HASH": True, "BLOCK_E": 256, "BLOCK_K": 8}),
+        KernelSpec("indexer decode scores (64 x 128)", idxd._indexer_decode_kernel,
+                   {"q_ptr": _ptr("bf16"), "w_ptr": _ptr("fp32"), "k_ptr": _ptr("bf16"),
+                    "tab_ptr": _ptr("i64"), "end_ptr": _ptr("i64"), "out_ptr": _ptr("fp32")},
+                   {"F32": False, "BLOCK_H": 64, "BLOCK_D": 128,
+                    "BLOCK_T": idxd.INDEXER_DECODE_BLOCK_T}, num_warps=8),
         KernelSpec("clamped swiglu", moed._clamped_swiglu_kernel,
                    {"g_ptr": _ptr("bf16"), "u_ptr": _ptr("bf16"), "out_ptr": _ptr("bf16"),
                     "limit": "fp32"}, {"BLOCK": 1024}),

@@ -23,6 +23,7 @@ from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.decode_fused import (
     compress_decode_fused,
+    indexer_topk_fused,
     rms_norm_row,
     rotate_,
     write_window_fused,
@@ -182,8 +183,9 @@ class V4Attention(nn.Module):
                 assert cache.indexer is not None and t.kv_i is not None and t.gate_i is not None
                 assert t.idx_q is not None and t.idx_w is not None
                 compress(ix, t.kv_i, t.gate_i, cache.indexer, rows, compress_rotary)
-                topk = indexer_topk_decode(t.idx_q, t.idx_w, cache.indexer.entries, rows, ix.rate,
-                                           cache.block_size, cfg.index_topk)
+                select = indexer_topk_fused if fused else indexer_topk_decode
+                topk = select(t.idx_q, t.idx_w, cache.indexer.entries, rows, ix.rate,
+                              cache.block_size, cfg.index_topk)
             crow, visible = compressed_rows(cache.compressor, rows, topk)
             comp = (cache.compressor.entries, crow, visible)
         out = torch.empty_like(t.q)

@@ -6,6 +6,9 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
   instead of ~25); the last one collapses through the model's head and applies its final norm.
 * each compressor (and the indexer's): ``kernels.compress_decode``, the window update, the
   gated sum, norm and RoPE of a closed window's entry (2 launches + the pool write, not ~40).
+* the CSA indexer's scores of a tile of entries: ``kernels.indexer_decode`` (one launch a tile
+  instead of a key gather, a copy, a matmul and four elementwise kernels); the running top-k
+  over tiles stays in PyTorch.
 * the MoE's routing and its shared expert's clamped SwiGLU: ``kernels.moe_decode`` (one
   launch each instead of ~10 and ~5); the experts themselves are the fused MXFP4 kernels.
 * the attention's row work: ``kernels.rope_norm`` for q_a's RMSNorm, the queries' norm + RoPE,
@@ -27,9 +30,10 @@ import torch.nn.functional as F
 
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import SLIDING
-from engine.models.deepseek_v4.decode_step import DecodeRows, compress_decode
+from engine.models.deepseek_v4.decode_step import DecodeRows, compress_decode, indexer_topk_decode
 from kernels.compress_decode import compress_decode as compress_decode_kernel
 from kernels.hc_decode import hc_decode, hc_decode_partial_shape
+from kernels.indexer_decode import indexer_decode_scores
 from kernels.moe_decode import clamped_swiglu, moe_route
 from kernels.rope_norm import rope_norm
 
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
     from engine.models.deepseek_v4.kv_pool import CompressorPool, DeepseekV4KVPool, LayerPool
     from engine.models.deepseek_v4.model import DeepseekV4Model
     from engine.models.deepseek_v4.moe import V4MoE
+    from engine.models.deepseek_v4.paged_rows import PagedRows
     from engine.models.deepseek_v4.rope import V4Rotary
 
 Rope = tuple[torch.Tensor, torch.Tensor]
@@ -162,3 +167,20 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
     gate = se.gate_proj(x)
     base = se.down_proj(clamped_swiglu(gate, se.up_proj(x), se.limit, torch.empty_like(gate)))
     return mlp.experts.add_into(x, weights, experts, base, cfg.swiglu_limit, ws)
+
+
+def indexer_topk_fused(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows, rows: DecodeRows,
+                       rate: int, block_size: int, topk: int) -> torch.Tensor:
+    """decode_step.indexer_topk_decode with each tile scored by ``kernels.indexer_decode``
+    (straight from the pool's rows); the PyTorch scoring where the keys are FP8."""
+    if keys.scale is not None or keys.data.dtype != q.dtype:
+        return indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk)
+    per = block_size // rate
+    flat = keys.data.view(-1, keys.dim)
+    kv_end = rows.memo(("kv_end", rate), lambda: (rows.positions + 1) // rate)
+
+    def score(first: int, num: int) -> torch.Tensor:
+        out = torch.empty(q.shape[0], num, dtype=torch.float32, device=q.device)
+        return indexer_decode_scores(q, weights, flat, rows.tables, kv_end, first, num, per, out)
+
+    return indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk, score=score)

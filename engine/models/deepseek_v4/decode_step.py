@@ -121,12 +121,14 @@ def compress_decode(comp: V4Compressor, kv: torch.Tensor, gate: torch.Tensor,
 
 def indexer_topk_decode(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows,
                         rows: DecodeRows, rate: int, block_size: int, topk: int,
-                        tile: int = DECODE_INDEXER_TILE) -> torch.Tensor:
+                        tile: int = DECODE_INDEXER_TILE,
+                        score: Callable[[int, int], torch.Tensor] | None = None) -> torch.Tensor:
     """Top-k indexer entries of each row's own sequence -> [B, topk] int64 (-1 = none).
     q: [B, Hi, Di], weights: [B, Hi] fp32 (scales folded). Score as ``indexer_topk_torch``:
     ``sum_h w[h] * relu(q[h] . k)`` in fp32 over the entries closed by the row's position.
     Walks the table width in tiles with a running top-k: scratch ~ B x Hi x tile, never B x
-    Hi x context."""
+    Hi x context. ``score(first, num)``: the tile's scores [B, num] (-inf where not visible)
+    from elsewhere (decode_fused.py's kernel) instead of the PyTorch ops below."""
     b = q.shape[0]
     per = block_size // rate
     num_entries = rows.tables.shape[1] * per
@@ -136,10 +138,13 @@ def indexer_topk_decode(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows,
     for t0 in range(0, num_entries, tile):
         e, flat, hidden = rows.memo(("indexer_tile", t0, tile, per, rate),
                                     lambda t0=t0: _indexer_tile(rows, t0, tile, num_entries, per, rate))
-        k = keys.read(flat).view(b, e.shape[1], -1).float()  # [B, T, Di]
-        sc = torch.einsum("bhd,btd->bht", qf, k)
-        sc = (F.relu(sc) * weights[:, :, None]).sum(dim=1)  # [B, T]
-        sc = sc.masked_fill(hidden, float("-inf"))
+        if score is not None:
+            sc = score(t0, e.shape[1])
+        else:
+            k = keys.read(flat).view(b, e.shape[1], -1).float()  # [B, T, Di]
+            sc = torch.einsum("bhd,btd->bht", qf, k)
+            sc = (F.relu(sc) * weights[:, :, None]).sum(dim=1)  # [B, T]
+            sc = sc.masked_fill(hidden, float("-inf"))
         cand_v = torch.cat([best_v, sc], dim=1)
         cand_i = torch.cat([best_i, e], dim=1)
         best_v, pos = cand_v.topk(min(topk, cand_v.shape[1]), dim=1)
