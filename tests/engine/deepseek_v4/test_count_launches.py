@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("triton")
 
 
+@pytest.mark.slow
 def test_fused_decode_launches_a_third_of_the_kernels() -> None:
     root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
