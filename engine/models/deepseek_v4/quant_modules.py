@@ -16,21 +16,47 @@ from torch import nn
 from engine.errors import CheckpointError
 from kernels.fp8_linear import fp8_grouped_linear, fp8_linear
 from kernels.fp8_linear_ref import fp8_grouped_linear_ref, fp8_linear_ref
+from kernels.fp8_w8a8 import (
+    fp8_grouped_linear_w8a8,
+    fp8_linear_w8a8,
+    fp8_w8a8_scratch_bytes,
+    uses_w8a8,
+)
 from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes
 from kernels.mxfp4_moe_ref import moe_experts_ref
 
 
 class Fp8Linear(nn.Module):
     """``y = x @ dequant(weight)^T``: weight e4m3 ``[out, in]`` (``groups`` > 1: block-diagonal,
-    ``[groups * out/groups, in/groups]``, x ``[N, groups, in/groups]``), scale fp32 grid."""
+    ``[groups * out/groups, in/groups]``, x ``[N, groups, in/groups]``), scale fp32 grid.
+    With kernels, ``W8A8_MIN_ROWS`` rows or more (a prefill chunk) and a bound Workspace
+    (:func:`bind_workspace`), the activations are quantized to e4m3 per 1 x 128 group and the
+    product is FP8 x FP8 (``kernels.fp8_w8a8``); ``w8a8 = False`` keeps the weight-only kernel
+    at every size (the previous path, for comparisons)."""
 
     def __init__(self, weight_shape: tuple[int, int], groups: int = 1) -> None:
         super().__init__()
         self.groups = groups
         self.block = (128, 128)
         self.use_kernels = False
+        self.w8a8 = True
+        self.workspace: object | None = None
         self.register_buffer("weight", torch.empty(weight_shape, dtype=torch.float8_e4m3fn))
         self.register_buffer("scale", torch.empty(0, 0, dtype=torch.float32))
+
+    def _takes_w8a8(self, rows: int) -> bool:
+        return self.w8a8 and self.workspace is not None and uses_w8a8(rows, self.block)
+
+    def _w8a8(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """x [N, G, K] -> out [N, G * N_g] through the w8a8 kernels, scratch from the Workspace."""
+        m, groups, k = x.shape
+        ws = self.workspace
+        with ws.scope():  # type: ignore[attr-defined]
+            scratch = ws.take((fp8_w8a8_scratch_bytes(m, k, groups),), torch.uint8,  # type: ignore[attr-defined]
+                              caller="deepseek_v4.fp8_act_quant")
+            if groups > 1:
+                return fp8_grouped_linear_w8a8(x, self.weight, self.scale, out, scratch, self.block)
+            return fp8_linear_w8a8(x[:, 0], self.weight, self.scale, out, scratch, self.block)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.groups > 1:
@@ -38,13 +64,35 @@ class Fp8Linear(nn.Module):
             if not self.use_kernels:
                 return fp8_grouped_linear_ref(x, self.weight, self.scale, self.block)
             out = torch.empty(x.shape[0], self.weight.shape[0], dtype=x.dtype, device=x.device)
+            if self._takes_w8a8(x.shape[0]):
+                return self._w8a8(x, out)
             return fp8_grouped_linear(x, self.weight, self.scale, out, self.block)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])  # [N, in]
         if not self.use_kernels:
             return fp8_linear_ref(x2, self.weight, self.scale, self.block).view(*lead, -1)
         out = torch.empty(x2.shape[0], self.weight.shape[0], dtype=x.dtype, device=x.device)
+        if self._takes_w8a8(x2.shape[0]):
+            return self._w8a8(x2.unsqueeze(1), out).view(*lead, -1)
         return fp8_linear(x2, self.weight, self.scale, out, self.block).view(*lead, -1)
+
+
+def bind_workspace(model: nn.Module, ws: object | None) -> None:
+    """Hands the engine's Workspace to every FP8 linear of ``model`` (their prefill path takes
+    its activation scratch from it); nothing to do when this one is bound already."""
+    if model.__dict__.get("_fp8_workspace") is ws:
+        return
+    for mod in model.modules():
+        if isinstance(mod, Fp8Linear):
+            mod.workspace = ws
+    model.__dict__["_fp8_workspace"] = ws
+
+
+def set_fp8_w8a8(model: nn.Module, enabled: bool) -> None:
+    """Turns the w8a8 prefill path of every FP8 linear on or off (benchmarks compare both)."""
+    for mod in model.modules():
+        if isinstance(mod, Fp8Linear):
+            mod.w8a8 = enabled
 
 
 class Mxfp4Experts(nn.Module):
