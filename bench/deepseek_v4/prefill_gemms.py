@@ -74,7 +74,7 @@ def bench_projections(m: int, dev: str) -> list[dict[str, Any]]:
 
 def bench_moe(tokens: int, dev: str, variants: list[str]) -> list[dict[str, Any]]:
     from kernels._mxfp4_moe_triton import launch_moe
-    from kernels.mxfp4_moe import _carve, _parts
+    from kernels.mxfp4_moe import _carve, _parts, moe_experts, moe_experts_workspace_bytes
     from kernels.mxfp4_moe_ref import moe_experts_ref
 
     e, hid, inter, top_k = 128, 4096, 2048, 6
@@ -86,13 +86,18 @@ def bench_moe(tokens: int, dev: str, variants: list[str]) -> list[dict[str, Any]
     tw = torch.rand(tokens, top_k, device=dev, generator=g)
     out = torch.empty(tokens, hid, device=dev, dtype=torch.bfloat16)
     buf = _carve(None, _parts(tokens, top_k, hid, inter, e, x.dtype), torch.device(dev))
+    ws8 = torch.empty(moe_experts_workspace_bytes(tokens, top_k, hid, inter, e, x.dtype, True),
+                      dtype=torch.uint8, device=dev)
     ref = moe_experts_ref(x[:64], tw[:64], ids[:64], gu, gus, dn, dns, 7.0)
     flop = 2.0 * tokens * top_k * 3 * hid * inter
     rows = []
-    for v in variants:
-        tiles = tuple(int(t) for t in v.split(",")) if v != "default" else None
+    for v in ["fp8", *variants]:
+        tiles = tuple(int(t) for t in v.split(",")) if v not in ("default", "fp8") else None
 
-        def fn(tiles: Any = tiles) -> None:
+        def fn(tiles: Any = tiles, v: str = v) -> None:
+            if v == "fp8":  # the prefill form, its activation quantization included
+                moe_experts(x, tw, ids, gu, gus, dn, dns, 7.0, out, workspace=ws8, fp8=True)
+                return
             launch_moe(x, ids.view(-1), buf["order"], buf["row_end"], tw.view(-1), gu, gus, dn,
                        dns, 7.0, buf["h"], buf["y"], out, top_k, False, tiles)
 

@@ -88,20 +88,18 @@ def bind_workspace(model: nn.Module, ws: object | None) -> None:
     model.__dict__["_fp8_workspace"] = ws
 
 
-def set_fp8_w8a8(model: nn.Module, enabled: bool) -> None:
-    """Turns the w8a8 prefill path of every FP8 linear on or off (benchmarks compare both)."""
-    for mod in model.modules():
-        if isinstance(mod, Fp8Linear):
-            mod.w8a8 = enabled
 
 
 class Mxfp4Experts(nn.Module):
     """Routed experts as shipped: ``gate_up_proj [E, 2I, H/2]`` / ``down_proj [E, H, I/2]``
-    packed e2m1 bytes with e8m0 byte scales ``[E, 2I, H/32]`` / ``[E, H, I/32]``."""
+    packed e2m1 bytes with e8m0 byte scales ``[E, 2I, H/32]`` / ``[E, H, I/32]``. With
+    kernels, a prefill-sized step runs the FP8 x FP8 form (``kernels.mxfp4_moe.uses_fp8``)
+    unless ``fp8`` is False."""
 
     def __init__(self, num_experts: int, hidden: int, inter: int) -> None:
         super().__init__()
         self.use_kernels = False
+        self.fp8 = True
         self.shape = (num_experts, hidden, inter)
         for name, rows, cols in (("gate_up_proj", 2 * inter, hidden), ("down_proj", hidden, inter)):
             self.register_buffer(name, torch.empty(num_experts, rows, cols // 2, dtype=torch.uint8))
@@ -114,14 +112,26 @@ class Mxfp4Experts(nn.Module):
         if not self.use_kernels:
             out += moe_experts_ref(x, weights, indices, *w, swiglu_limit)
             return out
+        fp8 = None if self.fp8 else False  # None: by the step's size
         if ws is None:
-            return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True)
+            return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True, fp8=fp8)
         e, hid, inter = self.shape
-        need = moe_experts_workspace_bytes(x.shape[0], indices.shape[1], hid, inter, e, x.dtype)
+        need = moe_experts_workspace_bytes(x.shape[0], indices.shape[1], hid, inter, e, x.dtype,
+                                           fp8)
         with ws.scope():  # type: ignore[attr-defined]
             scratch = ws.take((need,), torch.uint8, caller="deepseek_v4.moe_experts")  # type: ignore[attr-defined]
             return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True,
-                               workspace=scratch)
+                               workspace=scratch, fp8=fp8)
+
+
+def set_prefill_fp8(model: nn.Module, enabled: bool) -> None:
+    """Turns the FP8-activation prefill forms of every FP8 linear and MXFP4 expert set on or
+    off (off: the weight-only kernels at every size; benchmarks compare both)."""
+    for mod in model.modules():
+        if isinstance(mod, Fp8Linear):
+            mod.w8a8 = enabled
+        elif isinstance(mod, Mxfp4Experts):
+            mod.fp8 = enabled
 
 
 def swap_quantized_modules(model: nn.Module, kinds: dict[str, str]) -> None:
