@@ -124,14 +124,15 @@ class Mxfp4Experts(nn.Module):
                                workspace=scratch, fp8=fp8)
 
 
-def set_prefill_fp8(model: nn.Module, enabled: bool) -> None:
-    """Turns the FP8-activation prefill forms of every FP8 linear and MXFP4 expert set on or
-    off (off: the weight-only kernels at every size; benchmarks compare both)."""
+def set_prefill_fp8(model: nn.Module, linears: bool, experts: bool | None = None) -> None:
+    """Turns the FP8-activation prefill forms of the FP8 linears and (``experts``, default
+    ``linears``) of the MXFP4 experts on or off (off: the weight-only kernels at every size;
+    benchmarks compare both)."""
     for mod in model.modules():
         if isinstance(mod, Fp8Linear):
-            mod.w8a8 = enabled
+            mod.w8a8 = linears
         elif isinstance(mod, Mxfp4Experts):
-            mod.fp8 = enabled
+            mod.fp8 = linears if experts is None else experts
 
 
 def swap_quantized_modules(model: nn.Module, kinds: dict[str, str]) -> None:
