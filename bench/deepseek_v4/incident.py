@@ -234,6 +234,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sc.step(n_chunk)
     sc.reset(0, with_decodes=False)
     sc.step(min(args.chunk, context))
+    if args.prompt_previous or (args.previous_steps and args.previous == "gemm"):
+        set_prefill_fp8(model, False)  # compile the weight-only GEMMs' prefill tiles too
+        sc.reset(0, with_decodes=False)
+        sc.step(min(args.chunk, context))
     _sync()
     out["warmup_s"] = time.time() - t_begin - out["build_s"]
     set_prefill_fp8(model, args.gemm != "weight-only", args.gemm == "fp8")
