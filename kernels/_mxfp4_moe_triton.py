@@ -255,11 +255,13 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
                down: torch.Tensor, down_scale: torch.Tensor, limit: float, h: torch.Tensor | None,
                y: torch.Tensor, out: torch.Tensor, top_k: int, accumulate: bool,
                tiles: MoeTiles | None = None,
-               fp8_scratch: tuple[torch.Tensor, ...] | None = None) -> None:
+               fp8_scratch: tuple[torch.Tensor, ...] | None = None,
+               fp8_tiles: tuple[int, int, int, int, int] | None = None) -> None:
     """ids [T * k] expert per pair; order [T * k] int64 and row_end [E] int32 are written.
     ``fp8_scratch``: (token codes [T, H], their scales, SwiGLU codes [T * k, I], their scales)
     for the FP8 x FP8 GEMMs of ``_mxfp4_moe_fp8_triton`` (token codes already written); else
-    ``h`` [T * k, I] holds the SwiGLU output of the weight-decoding GEMMs."""
+    ``h`` [T * k, I] holds the SwiGLU output of the weight-decoding GEMMs. ``tiles`` /
+    ``fp8_tiles``: override the tile choice of either form (benchmarks sweep them)."""
     t, hid = x.shape
     e, inter = gate_up.shape[0], down.shape[-1] * 2
     m = t * top_k
@@ -270,14 +272,12 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     f32 = x.dtype == torch.float32 or interpreting()
     ep2 = next_pow2(e)
     if fp8_scratch is not None:
-        from kernels._mxfp4_moe_fp8_triton import launch_moe_fp8_gemms
+        from kernels._mxfp4_moe_fp8_triton import fp8_moe_tiles, launch_moe_fp8_gemms
 
         xq, xs, hq, hs = fp8_scratch
-        fbm, fbn, fwarps, fstages = (32, 32, 4, 1) if interpreting() else (128, 128, 8, 3)
         launch_moe_fp8_gemms(xq, xs, order, row_end, tw, gate_up, gate_up_scale, down,
-                             down_scale, limit, hq, hs, y, top_k,
-                             min(m, triton.cdiv(m, fbm) + e - 1), ep2, not interpreting(),
-                             (fbm, fbn, fwarps, fstages))
+                             down_scale, limit, hq, hs, y, top_k, ep2, not interpreting(),
+                             fp8_tiles or fp8_moe_tiles(interpreting()))
     else:
         assert h is not None
         _moe_gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](

@@ -87,6 +87,7 @@ def moe_experts(
     gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
     down_scale: torch.Tensor, swiglu_limit: float, out: torch.Tensor, *,
     accumulate: bool = False, workspace: torch.Tensor | None = None, fp8: bool | None = None,
+    fp8_tiles: tuple[int, int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """x [T, H] (H a multiple of 32); topk_weights [T, k] fp32; topk_ids [T, k] int64 in
     [0, E); gate_up [E, 2I, H/2] packed e2m1 with gate_up_scale [E, 2I, H/32] e8m0; down
@@ -94,7 +95,9 @@ def moe_experts(
     holds, e.g. the shared expert's output). ``workspace``: uint8 of at least
     ``moe_experts_workspace_bytes`` bytes (allocated here when None). ``fp8``: the prefill form
     (tokens and SwiGLU output quantized to e4m3 per 1 x 128, FP8 x FP8 MMA; None: from
-    :func:`uses_fp8`); ``kernels.mxfp4_moe_ref.moe_experts_fp8_ref`` is its specification."""
+    :func:`uses_fp8`); ``kernels.mxfp4_moe_ref.moe_experts_fp8_ref`` is its specification.
+    ``fp8_tiles``: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of that form, BLOCK_K 32, 64 or
+    128 (None: ``_mxfp4_moe_fp8_triton.fp8_moe_tiles``)."""
     name = "moe_experts"
     dev = x.device
     check_tensor(name, "x", x, shape=(None, None), dtypes=_ACT_DTYPES, device=dev)
@@ -143,5 +146,6 @@ def moe_experts(
         fp8_act_quant(x.unsqueeze(1), buf["xq"].unsqueeze(1), buf["xs"].unsqueeze(1))
     launch_moe(x, topk_ids.view(-1), buf["order"], buf["row_end"], topk_weights.view(-1), *w,
                swiglu_limit, buf.get("h"), buf["y"], out, k, accumulate,
-               fp8_scratch=(buf["xq"], buf["xs"], buf["hq"], buf["hs"]) if fp8 else None)
+               fp8_scratch=(buf["xq"], buf["xs"], buf["hq"], buf["hs"]) if fp8 else None,
+               fp8_tiles=fp8_tiles)
     return out

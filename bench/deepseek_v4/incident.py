@@ -203,6 +203,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sd = synthetic_quantized_state_dict(cfg, dev, torch.bfloat16)
     model = DeepseekV4Model.from_state_dict(cfg, sd, torch.bfloat16, dev, V4Backend(), consume=True)
     sd.clear()
+    if args.moe_fp8_tiles:
+        tiles = tuple(int(t) for t in args.moe_fp8_tiles.split(","))
+        for mod in model.modules():
+            if hasattr(mod, "fp8_tiles"):
+                mod.fp8_tiles = tiles
     _sync()
     weights = sum(t.numel() * t.element_size() for n, t in model.state_dict().items() if "rotary" not in n)
     device_bytes = torch.cuda.get_device_properties(dev).total_memory
@@ -284,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--gemm", default="fp8", choices=["fp8", "fp8-linears", "weight-only"],
                    help="prefill GEMMs of the main sweeps: FP8 activations (>= 128 rows) in the "
                         "linears and experts, in the linears only, or nowhere")
+    r.add_argument("--moe-fp8-tiles", default="",
+                   help="BM,BN,BK,warps,stages of the FP8 experts (empty: the kernel's choice)")
     r.add_argument("--prompt-previous", type=int, default=0,
                    help="steps of the plain prompt again with the weight-only GEMMs (0: none)")
     r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")

@@ -6,7 +6,8 @@ against the new ones in the same process:
 FP8 projections (q_a, q_b, kv, the indexer's q_b, the grouped o_a, o_b, the shared expert's
 gate/up/down): the weight-only kernel (``kernels.fp8_linear``) against the w8a8 path
 (``kernels.fp8_w8a8``: activation quantization + FP8 x FP8 GEMM, both launches timed). The fused
-MXFP4 MoE (128 experts, top-6, uniform random routing) at the tile choices given by ``--moe-tiles``.
+MXFP4 MoE (128 experts, top-6, uniform random routing): the weight-only form and the FP8 form
+(``fp8=True``) at the tile choices given by ``--moe-tiles``.
 Each row prints ms, TFLOP/s and the relative error against the torch reference. Measurement
 only: the engine never imports it.
 """
@@ -91,12 +92,14 @@ def bench_moe(tokens: int, dev: str, variants: list[str]) -> list[dict[str, Any]
     ref = moe_experts_ref(x[:64], tw[:64], ids[:64], gu, gus, dn, dns, 7.0)
     flop = 2.0 * tokens * top_k * 3 * hid * inter
     rows = []
-    for v in ["fp8", *variants]:
-        tiles = tuple(int(t) for t in v.split(",")) if v not in ("default", "fp8") else None
+    for v in variants:
+        spec = v.split(":")[-1]
+        tiles = tuple(int(t) for t in spec.split(",")) if spec not in ("default", "fp8") else None
 
         def fn(tiles: Any = tiles, v: str = v) -> None:
-            if v == "fp8":  # the prefill form, its activation quantization included
-                moe_experts(x, tw, ids, gu, gus, dn, dns, 7.0, out, workspace=ws8, fp8=True)
+            if v.startswith("fp8"):  # the prefill form, its activation quantization included
+                moe_experts(x, tw, ids, gu, gus, dn, dns, 7.0, out, workspace=ws8, fp8=True,
+                            fp8_tiles=tiles)
                 return
             launch_moe(x, ids.view(-1), buf["order"], buf["row_end"], tw.view(-1), gu, gus, dn,
                        dns, 7.0, buf["h"], buf["y"], out, top_k, False, tiles)
@@ -120,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.prefill_gemms")
     p.add_argument("--rows", type=int, default=4096)
     p.add_argument("--out", default="prefill_gemms.json")
-    p.add_argument("--moe-tiles", default="default",
-                   help="';'-separated BLOCK_M,BLOCK_N,BLOCK_K,warps,stages choices ('default')")
+    p.add_argument("--moe-tiles", default="fp8;default",
+                   help="';'-separated MoE forms: 'default' (weight-only, its own tiles), "
+                        "'BM,BN,BK,warps,stages' (weight-only), 'fp8' or 'fp8:BM,BN,BK,warps,stages'")
     args = p.parse_args(argv)
     dev = "cuda"
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -22,22 +22,24 @@ def _experts(e: int, hid: int, inter: int, seed: int, spread: bool = False):
     return (*quantize_mxfp4(a), *quantize_mxfp4(b))
 
 
-def _run(x, topk_w, topk_ids, weights, dev="cpu"):
+def _run(x, topk_w, topk_ids, weights, dev="cpu", tiles=None):
     t, k = topk_ids.shape
     e, hid, inter = weights[0].shape[0], x.shape[1], weights[2].shape[-1] * 2
     out = torch.full((t, hid), float("nan"), dtype=x.dtype, device=dev)
     ws = torch.empty(moe_experts_workspace_bytes(t, k, hid, inter, e, x.dtype, fp8=True),
                      dtype=torch.uint8, device=dev)
-    moe_experts(x, topk_w, topk_ids, *weights, 7.0, out, workspace=ws, fp8=True)
+    moe_experts(x, topk_w, topk_ids, *weights, 7.0, out, workspace=ws, fp8=True, fp8_tiles=tiles)
     return out
 
 
-@pytest.mark.parametrize(("t", "k", "e", "hid", "inter", "ids", "spread"), [
-    (1, 2, 5, 128, 128, None, False),          # one token
-    (3, 3, 7, 256, 128, "skewed", True),       # most experts get no token; shifted groups
-    (129, 2, 4, 128, 256, "repeat", False),    # a token picks one expert twice, a partial tile
+@pytest.mark.parametrize(("t", "k", "e", "hid", "inter", "ids", "spread", "tiles"), [
+    (1, 2, 5, 128, 128, None, False, None),          # one token
+    (3, 3, 7, 256, 128, "skewed", True, None),       # most experts get no token; shifted groups
+    (3, 3, 7, 256, 128, "skewed", True, (16, 64, 128, 4, 1)),  # a K-tile of a whole group
+    (129, 2, 4, 128, 256, "repeat", False, None),    # a token picks one expert twice, partial tile
 ])
-def test_moe_experts_fp8_matches_reference(interpret, t, k, e, hid, inter, ids, spread) -> None:
+def test_moe_experts_fp8_matches_reference(interpret, t, k, e, hid, inter, ids, spread,
+                                           tiles) -> None:
     g = torch.Generator().manual_seed(t * 31 + e)
     weights = _experts(e, hid, inter, t + e, spread)
     x = torch.randn(t, hid, generator=g)
@@ -49,7 +51,7 @@ def test_moe_experts_fp8_matches_reference(interpret, t, k, e, hid, inter, ids, 
     else:
         topk_ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
     topk_w = torch.rand(t, k, generator=g)
-    out = _run(x, topk_w, topk_ids, weights)
+    out = _run(x, topk_w, topk_ids, weights, tiles=tiles)
     want = moe_experts_fp8_ref(x, topk_w, topk_ids, *weights, 7.0)
     torch.testing.assert_close(out, want, rtol=2e-3, atol=2e-3 * want.abs().max().item())
     exact = moe_experts_ref(x, topk_w, topk_ids, *weights, 7.0)  # the price of FP8 activations
@@ -66,13 +68,14 @@ def test_fp8_form_is_chosen_by_size_and_shape() -> None:
 
 
 @pytest.mark.gpu
-def test_moe_experts_fp8_on_cuda(cuda) -> None:
+@pytest.mark.parametrize("tiles", [None, (128, 128, 128, 8, 3), (64, 128, 64, 4, 3)])
+def test_moe_experts_fp8_on_cuda(cuda, tiles) -> None:
     e, hid, inter, t, k = 16, 512, 256, 300, 6
     weights = tuple(w.cuda() for w in _experts(e, hid, inter, 1, spread=True))
     g = torch.Generator().manual_seed(2)
     x = torch.randn(t, hid, generator=g).cuda().bfloat16()
     topk_ids = torch.rand(t, e, generator=g).topk(k, dim=1).indices.cuda()
     topk_w = torch.rand(t, k, generator=g).cuda()
-    out = _run(x, topk_w, topk_ids, weights, "cuda")
+    out = _run(x, topk_w, topk_ids, weights, "cuda", tiles)
     want = moe_experts_fp8_ref(x.float(), topk_w, topk_ids, *weights, 7.0)
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())

@@ -100,6 +100,7 @@ class Mxfp4Experts(nn.Module):
         super().__init__()
         self.use_kernels = False
         self.fp8 = True
+        self.fp8_tiles: tuple[int, int, int, int, int] | None = None  # None: the kernel's choice
         self.shape = (num_experts, hidden, inter)
         for name, rows, cols in (("gate_up_proj", 2 * inter, hidden), ("down_proj", hidden, inter)):
             self.register_buffer(name, torch.empty(num_experts, rows, cols // 2, dtype=torch.uint8))
@@ -114,14 +115,15 @@ class Mxfp4Experts(nn.Module):
             return out
         fp8 = None if self.fp8 else False  # None: by the step's size
         if ws is None:
-            return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True, fp8=fp8)
+            return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True, fp8=fp8,
+                               fp8_tiles=self.fp8_tiles)
         e, hid, inter = self.shape
         need = moe_experts_workspace_bytes(x.shape[0], indices.shape[1], hid, inter, e, x.dtype,
                                            fp8)
         with ws.scope():  # type: ignore[attr-defined]
             scratch = ws.take((need,), torch.uint8, caller="deepseek_v4.moe_experts")  # type: ignore[attr-defined]
             return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True,
-                               workspace=scratch, fp8=fp8)
+                               workspace=scratch, fp8=fp8, fp8_tiles=self.fp8_tiles)
 
 
 def set_prefill_fp8(model: nn.Module, linears: bool, experts: bool | None = None) -> None:
