@@ -31,13 +31,14 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-FP8_MIN_TOKENS = 128  # from here on (a prefill chunk) the expert GEMMs run FP8 x FP8
+FP8_MIN_TOKENS = 128  # the FP8 form is meant for prefill-sized steps, from this many tokens
 
 
 def uses_fp8(num_tokens: int, hidden: int, intermediate: int) -> bool:
-    """True when :func:`moe_experts` at ``num_tokens`` tokens takes the FP8 x FP8 prefill form
-    by default (``fp8=None``): a prefill-sized step, and hidden and intermediate sizes made of
-    whole 128-wide activation groups (every V4 shape; tiny test shapes may not be)."""
+    """True when the FP8 x FP8 prefill form suits a step (callers opt in with ``fp8=True``;
+    the default is the weight-only form): a prefill-sized step, and hidden and intermediate
+    sizes made of whole 128-wide activation groups (every V4 shape; tiny test shapes may not
+    be). On the H200 the form was not yet faster (docs/benchmarks.md)."""
     return num_tokens >= FP8_MIN_TOKENS and hidden % 128 == 0 and intermediate % 128 == 0
 
 
@@ -56,13 +57,12 @@ def _parts(num_tokens: int, top_k: int, hidden: int, intermediate: int, num_expe
 
 def moe_experts_workspace_bytes(num_tokens: int, top_k: int, hidden: int, intermediate: int,
                                 num_experts: int, dtype: torch.dtype = torch.bfloat16,
-                                fp8: bool | None = None) -> int:
+                                fp8: bool = False) -> int:
     """Scratch of :func:`moe_experts` at ``num_tokens`` tokens: the sorted order (pairs x 8 B),
     the expert boundaries (experts x 4 B), the weighted expert outputs (pairs x hidden) in the
     activation dtype, and the SwiGLU output: pairs x intermediate in the activation dtype, or
-    in the FP8 form (``fp8``; None: :func:`uses_fp8`) one byte a value + an fp32 scale per 128,
+    in the FP8 form (``fp8``) one byte a value + an fp32 scale per 128,
     plus the tokens' codes, tokens x hidden x (1 + 4/128) B; 256-B aligned each."""
-    fp8 = uses_fp8(num_tokens, hidden, intermediate) if fp8 is None else fp8
     return sum(_aligned(torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size())
                for _, shape, dt in _parts(num_tokens, top_k, hidden, intermediate, num_experts,
                                           dtype, fp8))
@@ -86,7 +86,7 @@ def moe_experts(
     x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
     down_scale: torch.Tensor, swiglu_limit: float, out: torch.Tensor, *,
-    accumulate: bool = False, workspace: torch.Tensor | None = None, fp8: bool | None = None,
+    accumulate: bool = False, workspace: torch.Tensor | None = None, fp8: bool = False,
     fp8_tiles: tuple[int, int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """x [T, H] (H a multiple of 32); topk_weights [T, k] fp32; topk_ids [T, k] int64 in
@@ -94,8 +94,9 @@ def moe_experts(
     [E, H, I/2] with down_scale [E, H, I/32]; out [T, H] (``accumulate``: added to what it
     holds, e.g. the shared expert's output). ``workspace``: uint8 of at least
     ``moe_experts_workspace_bytes`` bytes (allocated here when None). ``fp8``: the prefill form
-    (tokens and SwiGLU output quantized to e4m3 per 1 x 128, FP8 x FP8 MMA; None: from
-    :func:`uses_fp8`); ``kernels.mxfp4_moe_ref.moe_experts_fp8_ref`` is its specification.
+    (tokens and SwiGLU output quantized to e4m3 per 1 x 128, FP8 x FP8 MMA; hidden and
+    intermediate multiples of 128); ``kernels.mxfp4_moe_ref.moe_experts_fp8_ref`` is its
+    specification.
     ``fp8_tiles``: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of that form, BLOCK_K 32, 64 or
     128 (None: ``_mxfp4_moe_fp8_triton.fp8_moe_tiles``)."""
     name = "moe_experts"
@@ -122,7 +123,6 @@ def moe_experts(
                      ("topk_weights", topk_weights)):
         if not ten.is_contiguous():
             raise KernelArgumentError(name, arg, f"must be contiguous, got strides {ten.stride()}")
-    fp8 = uses_fp8(t, hid, inter) if fp8 is None else fp8
     parts = _parts(t, k, hid, inter, e, x.dtype, fp8)
     if workspace is not None:
         need = moe_experts_workspace_bytes(t, k, hid, inter, e, x.dtype, fp8)

@@ -232,6 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # warm-up: the worst step (last chunk at the full context, decodes at their longest), and a
     # first chunk; allocations are counted from here
     n_chunk = args.chunk - args.decodes
+    set_prefill_fp8(model, args.gemm != "weight-only", args.gemm == "fp8")
     for at in (context - n_chunk, 0):
         sc.reset(at)
         for s in range(1, 1 + sc.decodes):
@@ -239,13 +240,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sc.step(n_chunk)
     sc.reset(0, with_decodes=False)
     sc.step(min(args.chunk, context))
-    if args.prompt_previous or (args.previous_steps and args.previous == "gemm"):
+    if args.gemm != "weight-only" and (args.prompt_previous or (args.previous_steps
+                                                                and args.previous == "gemm")):
         set_prefill_fp8(model, False)  # compile the weight-only GEMMs' prefill tiles too
         sc.reset(0, with_decodes=False)
         sc.step(min(args.chunk, context))
+        set_prefill_fp8(model, True, args.gemm == "fp8")
     _sync()
     out["warmup_s"] = time.time() - t_begin - out["build_s"]
-    set_prefill_fp8(model, args.gemm != "weight-only", args.gemm == "fp8")
+    out["gemm"] = args.gemm
     if args.prompt:
         sweep(sc, "prompt", args, min(args.prompt, context), False, stop_at, out)
     if args.prompt_previous:  # the same prompt with the weight-only GEMMs: the ratio
@@ -286,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--previous-steps", type=int, default=8)
     r.add_argument("--previous", default="gemm", choices=["gemm", "mhc"],
                    help="what --previous-steps turns back: the weight-only GEMMs or the PyTorch mHC")
-    r.add_argument("--gemm", default="fp8", choices=["fp8", "fp8-linears", "weight-only"],
+    r.add_argument("--gemm", default="weight-only", choices=["fp8", "fp8-linears", "weight-only"],
                    help="prefill GEMMs of the main sweeps: FP8 activations (>= 128 rows) in the "
                         "linears and experts, in the linears only, or nowhere")
     r.add_argument("--moe-fp8-tiles", default="",

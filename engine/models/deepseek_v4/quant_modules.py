@@ -22,7 +22,7 @@ from kernels.fp8_w8a8 import (
     fp8_w8a8_scratch_bytes,
     uses_w8a8,
 )
-from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes
+from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes, uses_fp8
 from kernels.mxfp4_moe_ref import moe_experts_ref
 
 
@@ -31,15 +31,15 @@ class Fp8Linear(nn.Module):
     ``[groups * out/groups, in/groups]``, x ``[N, groups, in/groups]``), scale fp32 grid.
     With kernels, ``W8A8_MIN_ROWS`` rows or more (a prefill chunk) and a bound Workspace
     (:func:`bind_workspace`), the activations are quantized to e4m3 per 1 x 128 group and the
-    product is FP8 x FP8 (``kernels.fp8_w8a8``); ``w8a8 = False`` keeps the weight-only kernel
-    at every size (the previous path, for comparisons)."""
+    product is FP8 x FP8 (``kernels.fp8_w8a8``) when ``w8a8`` is set (off by default: with the
+    FP8 experts it was slower on the H200, docs/benchmarks.md; :func:`set_prefill_fp8`)."""
 
     def __init__(self, weight_shape: tuple[int, int], groups: int = 1) -> None:
         super().__init__()
         self.groups = groups
         self.block = (128, 128)
         self.use_kernels = False
-        self.w8a8 = True
+        self.w8a8 = False
         self.workspace: object | None = None
         self.register_buffer("weight", torch.empty(weight_shape, dtype=torch.float8_e4m3fn))
         self.register_buffer("scale", torch.empty(0, 0, dtype=torch.float32))
@@ -93,13 +93,13 @@ def bind_workspace(model: nn.Module, ws: object | None) -> None:
 class Mxfp4Experts(nn.Module):
     """Routed experts as shipped: ``gate_up_proj [E, 2I, H/2]`` / ``down_proj [E, H, I/2]``
     packed e2m1 bytes with e8m0 byte scales ``[E, 2I, H/32]`` / ``[E, H, I/32]``. With
-    kernels, a prefill-sized step runs the FP8 x FP8 form (``kernels.mxfp4_moe.uses_fp8``)
-    unless ``fp8`` is False."""
+    kernels and ``fp8`` (off by default: not yet faster on the H200), a prefill-sized step
+    runs the FP8 x FP8 form (``kernels.mxfp4_moe.uses_fp8``)."""
 
     def __init__(self, num_experts: int, hidden: int, inter: int) -> None:
         super().__init__()
         self.use_kernels = False
-        self.fp8 = True
+        self.fp8 = False
         self.fp8_tiles: tuple[int, int, int, int, int] | None = None  # None: the kernel's choice
         self.shape = (num_experts, hidden, inter)
         for name, rows, cols in (("gate_up_proj", 2 * inter, hidden), ("down_proj", hidden, inter)):
@@ -113,11 +113,11 @@ class Mxfp4Experts(nn.Module):
         if not self.use_kernels:
             out += moe_experts_ref(x, weights, indices, *w, swiglu_limit)
             return out
-        fp8 = None if self.fp8 else False  # None: by the step's size
+        e, hid, inter = self.shape
+        fp8 = self.fp8 and uses_fp8(x.shape[0], hid, inter)
         if ws is None:
             return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True, fp8=fp8,
                                fp8_tiles=self.fp8_tiles)
-        e, hid, inter = self.shape
         need = moe_experts_workspace_bytes(x.shape[0], indices.shape[1], hid, inter, e, x.dtype,
                                            fp8)
         with ws.scope():  # type: ignore[attr-defined]

@@ -175,15 +175,19 @@ def deepseek_v4_workspace_bytes(
     sequence, so the indexer's part does not grow with the number of sequences in a step.
     ``indexer=False``: the indexer runs in PyTorch and takes nothing from the Workspace.
     ``fp8_linears``: the FP8 projections' activation quantization (:func:`fp8_act_quant_bytes`)
-    is one more such frame, taken and released inside each projection."""
+    is one more such frame, taken and released inside each projection. The prefill FP8 forms
+    are opt-in (``quant_modules.set_prefill_fp8``), so their frames are counted whether or not
+    they run, which costs nothing at V4-Flash's shape (the weight-only experts' frame or the
+    indexer's is larger)."""
     cfg = DeepseekV4Config.coerce(cfg)
     moe = fp8_act_quant_bytes(cfg, chunk_tokens) + 256 if fp8_linears else 0
     if mxfp4_experts:
         from kernels.mxfp4_moe import moe_experts_workspace_bytes
 
-        moe = max(moe, moe_experts_workspace_bytes(
+        # either form of the experts may run (the FP8 one is opt-in): the larger of the two
+        moe = max(moe, *(moe_experts_workspace_bytes(
             chunk_tokens, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size,
-            cfg.n_routed_experts, dtype) + 256)
+            cfg.n_routed_experts, dtype, fp8) + 256 for fp8 in (False, True)))
     if not cfg.uses_csa or not indexer:
         return moe
     from kernels.indexer_topk import indexer_topk_workspace_bytes

@@ -51,6 +51,7 @@ for mode in ("kernels", "spec", "weight-only"):
     gemm = "kernels" if mode == "kernels" else "torch"
     ours = DeepseekV4Model.from_state_dict(cfg, ck.state_dict, dtype=torch.float32,
                                            backend=V4Backend("torch", "torch", gemm))
+    qm.set_prefill_fp8(ours, True)  # opt-in (the references ignore it)
     cache = DeepseekV4KVPool.for_slots(cfg, 1, n + 8, torch.float32, "cpu")
     with ws.scope():
         h = ours(ids, torch.arange(n), [0, n], [0], cache, ws=ws)
