@@ -2,6 +2,7 @@
 against the new ones in the same process:
 
     python -m bench.deepseek_v4.prefill_gemms --out prefill_gemms.json      # on the GPU
+    TRITON_INTERPRET=1 python -m bench.deepseek_v4.prefill_gemms --smoke    # CPU, tiny shapes
 
 FP8 projections (q_a, q_b, kv, the indexer's q_b, the grouped o_a, o_b, the shared expert's
 gate/up/down): the weight-only kernel (``kernels.fp8_linear``) against the w8a8 path
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +36,21 @@ V4_PROJECTIONS = [("q_a", 1024, 4096, 1), ("q_b", 32768, 1024, 1), ("kv", 512, 4
 
 
 def _ms(fn: Any) -> float:
+    if not torch.cuda.is_available():  # the CPU smoke (interpreter): one call, wall clock
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=10, rep=50))
 
 
-def bench_projections(m: int, dev: str) -> list[dict[str, Any]]:
+def bench_projections(m: int, dev: str, shrink: int = 1) -> list[dict[str, Any]]:
+    """Every V4-Flash FP8 projection at ``m`` rows (``shrink``: widths divided by it)."""
     g = torch.Generator(device=dev).manual_seed(0)
     rows = []
     for name, n, k, groups in V4_PROJECTIONS:
+        n, k = n // shrink, k // shrink
         w, s = _random_fp8(groups * n, k, dev, g)
         x = torch.randn(m, groups, k, device=dev, generator=g).bfloat16()
         out = torch.empty(m, groups * n, device=dev, dtype=torch.bfloat16)
@@ -73,12 +81,14 @@ def bench_projections(m: int, dev: str) -> list[dict[str, Any]]:
     return rows
 
 
-def bench_moe(tokens: int, dev: str, variants: list[str]) -> list[dict[str, Any]]:
+def bench_moe(tokens: int, dev: str, variants: list[str],
+              shape: tuple[int, int, int, int] = (128, 4096, 2048, 6)) -> list[dict[str, Any]]:
+    """The routed experts (experts, hidden, intermediate, top-k = ``shape``) at ``tokens``."""
     from kernels._mxfp4_moe_triton import launch_moe
     from kernels.mxfp4_moe import _carve, _parts, moe_experts, moe_experts_workspace_bytes
     from kernels.mxfp4_moe_ref import moe_experts_ref
 
-    e, hid, inter, top_k = 128, 4096, 2048, 6
+    e, hid, inter, top_k = shape
     g = torch.Generator(device=dev).manual_seed(1)
     gu, gus = _random_mxfp4(e, 2 * inter, hid, dev, g)
     dn, dns = _random_mxfp4(e, hid, inter, dev, g)
@@ -126,11 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--moe-tiles", default="fp8;default",
                    help="';'-separated MoE forms: 'default' (weight-only, its own tiles), "
                         "'BM,BN,BK,warps,stages' (weight-only), 'fp8' or 'fp8:BM,BN,BK,warps,stages'")
+    p.add_argument("--smoke", action="store_true",
+                   help="CPU under TRITON_INTERPRET=1: 130 rows, widths / 32, 4 small experts")
     args = p.parse_args(argv)
-    dev = "cuda"
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "fp8": bench_projections(args.rows, dev),
-           "moe": bench_moe(args.rows, dev, args.moe_tiles.split(";"))}
+    dev = "cpu" if args.smoke else "cuda"
+    rows = 130 if args.smoke else args.rows
+    res = {"device": "cpu (interpreter)" if args.smoke else torch.cuda.get_device_name(),
+           "torch": torch.__version__,
+           "fp8": bench_projections(rows, dev, 32 if args.smoke else 1),
+           "moe": bench_moe(rows, dev, args.moe_tiles.split(";"),
+                            (4, 128, 128, 2) if args.smoke else (128, 4096, 2048, 6))}
     prev = sum(r["previous"]["ms"] for r in res["fp8"])
     new = sum(r["w8a8"]["ms"] for r in res["fp8"])
     res["fp8_layer_ms"] = {"previous": prev, "w8a8": new}
