@@ -75,28 +75,32 @@ def fp8_act_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> None:
 
 def fp8_linear_w8a8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                     out: torch.Tensor, scratch: torch.Tensor,
-                    block: tuple[int, int] = (128, 128)) -> torch.Tensor:
+                    block: tuple[int, int] = (128, 128),
+                    tiles: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """x [M, K]; weight [N, K] e4m3 (or its bits); scale fp32 [ceil(N/bn), ceil(K/128)];
-    out [M, N]; scratch uint8 of >= ``fp8_w8a8_scratch_bytes(M, K)`` -> out."""
+    out [M, N]; scratch uint8 of >= ``fp8_w8a8_scratch_bytes(M, K)`` -> out. ``tiles``:
+    (BLOCK_M, BLOCK_N, GROUP_M, warps, stages) instead of the built-in choice (benchmarks)."""
     check_tensor("fp8_linear_w8a8", "x", x, shape=(None, None), dtypes=_ACT_DTYPES,
                  device=x.device)
-    _w8a8("fp8_linear_w8a8", x.unsqueeze(1), weight, scale, out, scratch, block)
+    _w8a8("fp8_linear_w8a8", x.unsqueeze(1), weight, scale, out, scratch, block, tiles)
     return out
 
 
 def fp8_grouped_linear_w8a8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                             out: torch.Tensor, scratch: torch.Tensor,
-                            block: tuple[int, int] = (128, 128)) -> torch.Tensor:
+                            block: tuple[int, int] = (128, 128),
+                            tiles: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """Block-diagonal form (``kernels.fp8_linear.fp8_grouped_linear``): x [M, G, K]; weight
     [G * N, K]; out [M, G * N]; scratch of >= ``fp8_w8a8_scratch_bytes(M, K, G)`` bytes."""
     check_tensor("fp8_grouped_linear_w8a8", "x", x, shape=(None, None, None),
                  dtypes=_ACT_DTYPES, device=x.device)
-    _w8a8("fp8_grouped_linear_w8a8", x, weight, scale, out, scratch, block)
+    _w8a8("fp8_grouped_linear_w8a8", x, weight, scale, out, scratch, block, tiles)
     return out
 
 
 def _w8a8(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-          out: torch.Tensor, scratch: torch.Tensor, block: tuple[int, int]) -> None:
+          out: torch.Tensor, scratch: torch.Tensor, block: tuple[int, int],
+          tiles: tuple[int, int, int, int, int] | None) -> None:
     dev = x.device
     m, groups, k = x.shape
     check_tensor(name, "weight", weight, shape=(None, k), dtypes=_W_DTYPES, device=dev)
@@ -129,4 +133,4 @@ def _w8a8(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     s = scratch[off: off + m * groups * nkb * 4].view(torch.float32).view(m, groups, nkb)
     fp8_act_quant(x, q, s)
     launch_fp8_w8a8(q, s, weight.view(torch.uint8), scale, out.view(m, groups, -1), block,
-                    _tiles(m, dev))
+                    tiles or _tiles(m, dev))
