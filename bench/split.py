@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -32,13 +33,14 @@ from bench.split_arms import (
     Arm,
     MemorySampler,
     WorkerShape,
+    label_by_plan,
     read_device_memory,
     start_colocated,
     start_split,
     worker_log_figures,
 )
 from bench.split_load import Workload, run_workload
-from bench.split_report import plot, summarize
+from bench.split_report import plot, resident_check, summarize
 
 TEMPLATE_TOKENS = 64  # the chat template's tokens around a prompt, with margin
 
@@ -75,9 +77,12 @@ def run_arm(arm: Arm, model_name: str, workload: Workload) -> dict[str, Any]:
     finally:
         memory = sampler.stop()
     figures = {role: worker_log_figures(path) for role, path in arm.logs.items()}
+    plans = {role: w["plan_mib"] for role, w in figures.items()}
+    memory, labels = label_by_plan(memory, plans)
+    idle = label_by_plan([(0.0, idle)], plans)[0][0][1]
     return {"startup_s": round(arm.startup_s, 1), "idle_device_mib": idle,
             "summary": summarize(records, workload.duration_s), "workers": figures,
-            "memory": memory, "records": records}
+            "memory": memory, "memory_labels": labels, "records": records}
 
 
 def _kv_bytes_per_token(model: str) -> int:
@@ -93,30 +98,20 @@ def _served_model(url: str) -> str:
     return served_model_name(url)
 
 
-def _resident_check(arm: dict[str, Any]) -> dict[str, Any]:
-    """Arm split: device memory used vs the weights once + both plans (each plan counts its own
-    CUDA context; the weights are in the prefill plan only)."""
-    plans = [w["plan_mib"] for w in arm["workers"].values()]
-    used = arm["idle_device_mib"].get("total")
-    if used is None or None in plans:
-        return {"ok": None, "why": "nvidia-smi total or a plan line missing"}
-    expected = sum(plans)
-    return {"device_used_mib": used, "plans_mib": plans, "expected_mib": expected,
-            "ratio": round(used / expected, 4), "within_5pct": abs(used / expected - 1) <= 0.05}
-
-
 def _print_arm(name: str, arm: dict[str, Any]) -> None:
     """The arm's figures as lines a person reads (split.json has everything)."""
     s = arm["summary"]
     itl, during = s["itl_ms"], s["itl_ms_while_long_prefill"]
+    flight = s["itl_ms_while_long_in_flight"]
     print(f"[{name}] started in {arm['startup_s']} s; chats {s['chat_output_tokens_per_s']} "
           f"tok/s, {s['chats_finished']} finished, {s['num_errors']} errors", flush=True)
     print(f"[{name}] ITL ms p50/p99/max {itl['p50']}/{itl['p99']}/{itl['max']} (n={itl['count']});"
-          f" while a long prompt is prefilled {during['p50']}/{during['p99']}/{during['max']}",
-          flush=True)
+          f" while a long prompt is prefilled {during['p50']}/{during['p99']}/{during['max']};"
+          f" in flight {flight['p50']}/{flight['p99']}/{flight['max']}", flush=True)
     for x in s["long_ttft_s"]:
         print(f"[{name}] long prompt {x['prompt_tokens']} tokens at {x['arrived_s']} s: TTFT "
-              f"{x['ttft_s']} s {x['error']}", flush=True)
+              f"{x['ttft_s']} s, 2nd token {x['second_token_s']} s, last {x['last_token_s']} s "
+              f"{x['error']}", flush=True)
     for role, w in arm["workers"].items():
         print(f"[{name}] {role}: plan {w['plan_mib']} MiB, weights {w['weights']}, device "
               f"allocations after warm-up {w['device_allocs_after_warmup']}", flush=True)
@@ -132,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", default="", help="Where to write it ('' = /dev/shm or tmp).")
     p.add_argument("--shard-gb", type=float, default=4.0, help="Shard size of a written model.")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--arms", default="split,colocated")
+    p.add_argument("--arms", default="split,colocated",
+                   help="Comma-separated, of split and colocated; '' = none (--handoff-tokens "
+                        "alone).")
     p.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=None,
                    help="Arm split shares one copy of the weights (default: on CUDA).")
     p.add_argument("--long-tokens", type=lambda s: tuple(int(x) for x in s.split(",")),
@@ -156,7 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top to bottom
     from launch.launcher import start_redis
 
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    arm_names = [a for a in args.arms.split(",") if a]
+    if set(arm_names) - {"split", "colocated"}:
+        parser.error(f"--arms: {args.arms!r} names an arm other than split and colocated")
+    # `timeout` sends SIGTERM: unwind through the finally blocks (workers stopped, JSON saved)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="bulkhead-split-"))
@@ -173,6 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
         model = str(write_llama(base / f"bulkhead-{args.shape}", args.shape, args.device,
                                 args.shard_gb))
         result["model_write_s"] = round(time.monotonic() - t, 1)
+        if args.device.startswith("cuda"):  # the writer's cached blocks would sit beside the arms
+            import torch
+
+            torch.cuda.empty_cache()
     share = args.share_weights if args.share_weights is not None else args.device != "cpu"
     common = ["--device", args.device, "--block-size", str(args.block_size),
               "--lmcache-chunk-size", "256", "--kv-visible-timeout-s", "120",
@@ -198,8 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
             plot(out / "split.png", done)
 
     try:
-        for name in args.arms.split(","):
+        for name in arm_names:
             t = time.monotonic()
+            print(f"[{name}] starting at {time.strftime('%H:%M:%S', time.gmtime())} UTC",
+                  flush=True)
             try:
                 if name == "split":
                     staging = max(args.long_tokens) * _kv_bytes_per_token(model) / 2**30 + 1
@@ -218,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
                 arm.stop()
             arms[name]["wall_s"] = round(time.monotonic() - t, 1)
             if name == "split":
-                arms[name]["resident_check"] = _resident_check(arms[name])
+                arms[name]["resident_check"] = resident_check(arms[name])
             _print_arm(name, arms[name])
             save()
         from bench.split_handoff import host_memcpy_gbps

@@ -153,6 +153,26 @@ class MemorySampler:
             self._stop.wait(self.interval_s)
 
 
+def label_by_plan(samples: list[tuple[float, dict[str, float]]],
+                  plans: dict[str, float | None]) -> tuple[list[tuple[float, dict[str, float]]], str]:
+    """Where nvidia-smi lists our processes under other pids (a container sees the host's pids),
+    give each unknown ``pid N`` the role whose plan (MiB) is nearest its mean use, when there
+    are as many unknown pids as roles. Returns the samples and how they are labelled."""
+    roles = {r: p for r, p in plans.items() if p}
+    seen = {k for _, m in samples for k in m if k != "total"}
+    if not seen or seen & set(plans) or len(seen) != len(roles):
+        return samples, "by pid" if seen & set(plans) else "unlabelled"
+    mean = {k: sum(m[k] for _, m in samples if k in m) / sum(1 for _, m in samples if k in m)
+            for k in seen}
+    names: dict[str, str] = {}
+    for k in sorted(seen, key=lambda k: -mean[k]):  # largest first takes the largest plan
+        role = min((r for r in roles if r not in names.values()),
+                   key=lambda r: abs(roles[r] - mean[k]))
+        names[k] = role
+    return ([(t, {names.get(k, k): v for k, v in m.items()}) for t, m in samples],
+            "nearest plan (nvidia-smi lists host pids)")
+
+
 def read_device_memory(pids: dict[int, str]) -> dict[str, float]:
     out: dict[str, float] = {}
     try:

@@ -1,6 +1,13 @@
 """Figures of the split benchmark from its stream records: inter-token latency (p50 / p99 / max,
-overall and while a long prompt is being prefilled), TTFT of the long prompts, throughput; and
-the PNG with ITL over time (long prompts marked) and device memory over time, one column per arm.
+overall, while a long prompt is being prefilled, and while one is in flight until its last
+token), TTFT and completion time of the long prompts, throughput; and the PNG with ITL over time
+(long prompts marked) and device memory over time, one column per arm.
+
+In the split arm a long prompt's first token comes from the prefill worker, before the decode
+worker has fetched its KV: the handoff shows in the time to its second token, so "in flight"
+(arrival to last token) is the window that holds both prefill and handoff in either arm.
+
+``python -m bench.split_report split.json`` recomputes the summaries and the PNG of a saved run.
 """
 
 from __future__ import annotations
@@ -31,35 +38,71 @@ def chat_gaps(records: list[StreamRecord]) -> list[tuple[float, float]]:
     return sorted(out)
 
 
-def long_windows(records: list[StreamRecord]) -> list[tuple[float, float]]:
-    """[arrival, first token] of every long prompt (its prefill and handoff)."""
-    return [(r.start_s, r.token_s[0]) for r in records if r.kind == "long" and r.token_s]
+def long_windows(records: list[StreamRecord], *, until_last: bool = False
+                 ) -> list[tuple[float, float]]:
+    """[arrival, first token] of every long prompt (its prefill), or [arrival, last token]
+    (``until_last``: prefill, handoff and its few output tokens)."""
+    return [(r.start_s, r.token_s[-1 if until_last else 0]) for r in records
+            if r.kind == "long" and r.token_s]
+
+
+def _itl(values: list[float]) -> dict[str, Any]:
+    return {"p50": _ms(_pct(values, 0.5)), "p99": _ms(_pct(values, 0.99)),
+            "max": _ms(max(values) if values else None), "count": len(values)}
 
 
 def summarize(records: list[StreamRecord], duration_s: float) -> dict[str, Any]:
     gaps = chat_gaps(records)
-    values = [g for _, g in gaps]
-    windows = long_windows(records)
-    during = [g for t, g in gaps if any(a <= t <= b for a, b in windows)]
+
+    def within(windows: list[tuple[float, float]]) -> list[float]:
+        return [g for t, g in gaps if any(a <= t <= b for a, b in windows)]
+
     chat_tokens = sum(1 for r in records if r.kind == "chat" for t in r.token_s if t <= duration_s)
+    chats = [r for r in records if r.kind == "chat" and r.ttft_s is not None]
     longs = [r for r in records if r.kind == "long"]
     return {
-        "itl_ms": {"p50": _ms(_pct(values, 0.5)), "p99": _ms(_pct(values, 0.99)),
-                   "max": _ms(max(values) if values else None), "count": len(values)},
-        "itl_ms_while_long_prefill": {"p50": _ms(_pct(during, 0.5)),
-                                      "p99": _ms(_pct(during, 0.99)),
-                                      "max": _ms(max(during) if during else None),
-                                      "count": len(during)},
+        "itl_ms": _itl([g for _, g in gaps]),
+        "itl_ms_while_long_prefill": _itl(within(long_windows(records))),
+        "itl_ms_while_long_in_flight": _itl(within(long_windows(records, until_last=True))),
         "long_ttft_s": [{"prompt_tokens": r.prompt_tokens or r.prompt_chars,
                          "arrived_s": round(r.start_s, 2),
                          "ttft_s": None if r.ttft_s is None else round(r.ttft_s, 3),
+                         "second_token_s": (round(r.token_s[1] - r.start_s, 3)
+                                            if len(r.token_s) > 1 else None),
+                         "last_token_s": (round(r.token_s[-1] - r.start_s, 3)
+                                          if r.token_s else None),
                          "error": r.error} for r in longs],
+        "chat_ttft_s": {k: None if v is None else round(v, 3) for k, v in (
+            ("p50", _pct([r.ttft_s for r in chats], 0.5)),
+            ("p99", _pct([r.ttft_s for r in chats], 0.99)),
+            ("max", max((r.ttft_s for r in chats), default=None)))},
         "chat_output_tokens_per_s": round(chat_tokens / duration_s, 1),
         "chats_finished": sum(1 for r in records if r.kind == "chat" and not r.error
                               and r.token_s and r.token_s[-1] <= duration_s),
         "errors": [r.error for r in records if r.error][:10],
         "num_errors": sum(1 for r in records if r.error),
     }
+
+
+def resident_check(arm: dict[str, Any]) -> dict[str, Any]:
+    """Arm split: device memory its processes use (nvidia-smi's total less processes of no role,
+    such as the bench's own CUDA context) against both plans, taken before any request. The
+    prefill plan counts the weights it owns, the decode plan only what it owns: their sum is
+    "weights once + both plans"; a second copy of the weights would add the arena again."""
+    plans = [w["plan_mib"] for w in arm["workers"].values()]
+    idle = arm["idle_device_mib"]
+    used = idle.get("total")
+    if used is None or None in plans:
+        return {"ok": None, "why": "nvidia-smi total or a plan line missing"}
+    others = sum(v for k, v in idle.items() if k.startswith("pid "))
+    arena = max((w["weights"]["mib"] for w in arm["workers"].values() if w.get("weights")),
+                default=0.0)
+    expected = sum(plans)
+    own = used - others
+    return {"device_used_mib": used, "other_processes_mib": others, "arm_used_mib": own,
+            "plans_mib": plans, "expected_mib": expected, "weights_mib": arena,
+            "with_two_copies_mib": expected + arena, "ratio": round(own / expected, 4),
+            "within_5pct": abs(own / expected - 1) <= 0.05}
 
 
 def plot(path: Path, arms: dict[str, dict[str, Any]]) -> None:
@@ -82,11 +125,13 @@ def plot(path: Path, arms: dict[str, dict[str, Any]]) -> None:
                 continue
             c = colors.setdefault(r.prompt_chars, f"C{len(colors) + 1}")
             ax.axvline(r.start_s, color=c, lw=1, ls="--")
-            if r.token_s:
-                ax.axvspan(r.start_s, r.token_s[0], color=c, alpha=0.12)
+            if r.token_s:  # darker: until its first token; lighter: until its last
+                ax.axvspan(r.start_s, r.token_s[0], color=c, alpha=0.18)
+                ax.axvspan(r.token_s[0], r.token_s[-1], color=c, alpha=0.07)
         ax.set_yscale("log")
         ax.set_ylabel("inter-token latency of the chats (ms)")
-        ax.set_title(f"{name}: ITL (dashed: long prompt arrives; shaded: until its 1st token)")
+        ax.set_title(f"{name}: chat ITL; dashed: a long prompt arrives, shaded: until its 1st"
+                     " / last token", fontsize=9)
         handles = [plt.Line2D([], [], color=c, ls="--", label=f"{n:,}-token prompt")
                    for n, c in colors.items()]
         if handles:
@@ -96,7 +141,8 @@ def plot(path: Path, arms: dict[str, dict[str, Any]]) -> None:
         labels = sorted({k for _, m in samples for k in m})
         for label in labels:
             pts = [(t, m[label]) for t, m in samples if label in m]
-            mx.plot([t for t, _ in pts], [v / 1024 for _, v in pts], label=label)
+            mx.plot([t for t, _ in pts], [v / 1024 for _, v in pts],
+                    label=f"{label} (not the arm's)" if label.startswith("pid ") else label)
         plans = {role: w["plan_mib"] for role, w in (arm.get("workers") or {}).items()
                  if w.get("plan_mib")}
         for i, (role, mib) in enumerate(sorted(plans.items())):
@@ -111,3 +157,30 @@ def plot(path: Path, arms: dict[str, dict[str, Any]]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Recompute the summaries (and the PNG beside it) of a saved ``split.json`` in place."""
+    import json
+    import sys
+
+    path = Path((argv if argv is not None else sys.argv[1:])[0])
+    body = json.loads(path.read_text())
+    arms = {}
+    for name, arm in body["arms"].items():
+        if "records" not in arm:
+            continue
+        records = [StreamRecord(r["kind"], r["prompt_chars"], r["start_s"], r["token_s"],
+                                r["output_tokens"], r["prompt_tokens"], r["error"])
+                   for r in arm["records"]]
+        arm["summary"] = summarize(records, float(body["args"]["duration_s"]))
+        if name == "split" and arm.get("workers"):
+            arm["resident_check"] = resident_check(arm)
+        arms[name] = {**arm, "records": records}
+    path.write_text(json.dumps(body, default=str))
+    plot(path.with_suffix(".png"), arms)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

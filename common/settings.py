@@ -148,6 +148,11 @@ class WorkerSettings:
         metadata=_doc("CUDA: a device allocation after warm-up fails the step (else it is "
                       "logged and counted)."),
     )
+    cuda_graphs: bool = field(
+        default=True,
+        metadata=_doc("CUDA: replay decode steps as CUDA graphs (at any tensor-parallel size); "
+                      "false runs them eagerly and frees the plan's graph pool."),
+    )
     seed: int = field(default=0, metadata=_doc("Seed of requests that bring none."))
     tensor_parallel_size: int = field(
         default=1,

@@ -59,8 +59,8 @@ def load_checkpoint(
     tensor_parallel: tuple[int, int] | None = None,
 ) -> LoadedCheckpoint:
     """Reads, validates and casts every weight; raises CheckpointError naming file and tensor.
-    ``tensor_parallel=(rank, size)``: read only the slices that rank holds (dense families,
-    safetensors; names and full shapes are checked first, as for one rank)."""
+    ``tensor_parallel=(rank, size)``: read only the slices that rank holds (the families that
+    split, from safetensors; names and full shapes are checked first, as for one rank)."""
     kind, resolved = _resolve(Path(path))
     source: GGUFCheckpoint | SafetensorsCheckpoint
     if kind == "gguf":
@@ -110,7 +110,7 @@ def _tensor_parallel_slicer(cfg: ModelConfig, source: Any, rank: int, size: int)
         raise CheckpointError(f"tensor_parallel_size={size}: sharded loading covers the "
                               "families that split, from safetensors; "
                               f"{cfg.family} from {source.files[0]} runs on one rank only")
-    return family.tensor_slicer(cfg, rank, size)
+    return family.tensor_slicer(cfg, rank, size, source.shapes)
 
 
 def expected_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -106,9 +106,10 @@ class EngineConfig:
 
     @property
     def use_cuda_graphs(self) -> bool:
-        # Several ranks: decode graphs would have to capture the all-reduce (not done yet).
-        return (self.cuda_graphs and self.torch_device.type == "cuda" and self.use_triton_attention
-                and self.tensor_parallel_size == 1)
+        # Several ranks on CUDA talk over NCCL, whose all-reduce a graph captures; every rank
+        # captures the same sizes in the same order (engine/parallel/follower.py).
+        return (self.cuda_graphs and self.torch_device.type == "cuda"
+                and self.use_triton_attention)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -5,6 +5,12 @@ one arena, the KV cache never moves, and the step's inputs live in static buffer
 once. Capture runs after the worst-case warm-up, all graphs share one private pool (largest batch
 first), and that pool is a term of the memory plan checked against what capture really took.
 Never captures prefill chunks (their shapes vary); those run eagerly.
+
+With several tensor-parallel ranks every rank builds the same graphs (``graph_batch_sizes`` of
+the same engine config, captured largest first), so the NCCL all-reduces inside them pair up:
+rank 0 announces each capture and each replay, the other ranks do the same at once
+(engine/parallel/follower.py). What NCCL keeps on the device for a captured collective lies
+outside PyTorch's pool; ``outside_bytes`` measures it.
 """
 
 from __future__ import annotations
@@ -27,12 +33,23 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
     return sorted(set(out))
 
 
+def capture_order(max_batch: int) -> list[int]:
+    """The batch sizes in the order every rank captures them: largest first, so the smaller
+    graphs reuse the pool's blocks."""
+    return sorted(graph_batch_sizes(max_batch), reverse=True)
+
+
 class DecodeGraphs:
     def __init__(self, forward: Callable[[StepBatch, Workspace, torch.Tensor], None],
                  ws: Workspace,
                  vocab_size: int, max_batch: int, blocks_per_seq: int, block_size: int,
-                 device: torch.device, pad_with_first: bool = False) -> None:
-        self._forward = forward  # (batch, ws, logits_out [bs, vocab]) -> None
+                 device: torch.device, pad_with_first: bool = False,
+                 capture_error_mode: str = "global") -> None:
+        """``capture_error_mode`` "thread_local" with several ranks: ProcessGroupNCCL's
+        watchdog thread polls the events of earlier collectives while this thread captures,
+        which a "global" capture would turn into an error."""
+        self._forward = forward
+        self.capture_error_mode = capture_error_mode  # (batch, ws, logits_out [bs, vocab]) -> None
         self.ws = ws
         self.vocab_size = vocab_size
         self.block_size = block_size
@@ -59,6 +76,8 @@ class DecodeGraphs:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
         self.pool_bytes = 0
+        self.outside_bytes = 0  # device memory capture took outside PyTorch (NCCL's, if any)
+        self.captured: list[int] = []  # batch sizes in capture order
 
     @property
     def static_bytes(self) -> int:
@@ -86,7 +105,10 @@ class DecodeGraphs:
     def capture(self) -> None:
         dev = self.input_ids.device
         pool = torch.cuda.graph_pool_handle()
-        for bs in reversed(self.sizes):
+        torch.cuda.synchronize(dev)
+        free_before = torch.cuda.mem_get_info(dev)[0]
+        reserved_before = torch.cuda.memory_reserved(dev)
+        for bs in capture_order(self.sizes[-1]):
             self._reset_inputs()
             # Eager once on the current stream first (compiles any Triton specialisation for this
             # size). Not on a side stream: blocks cached for a side stream are never reused by
@@ -94,13 +116,21 @@ class DecodeGraphs:
             with self.ws.scope():
                 self._step(bs)
             torch.cuda.synchronize(dev)
+            # torch.cuda.graph empties the cache as it enters; doing it first keeps the blocks it
+            # would free out of the measurement (else the pool's growth can read as negative)
+            torch.cuda.empty_cache()
             before_capture = torch.cuda.memory_reserved(dev)
             graph = torch.cuda.CUDAGraph()
-            with self.ws.scope(), torch.cuda.graph(graph, pool=pool):
+            with self.ws.scope(), torch.cuda.graph(graph, pool=pool,
+                                                   capture_error_mode=self.capture_error_mode):
                 self._logits[bs] = self._step(bs)
             self._graphs[bs] = graph
+            self.captured.append(bs)
             torch.cuda.synchronize(dev)
             self.pool_bytes += torch.cuda.memory_reserved(dev) - before_capture
+        # free memory that went neither to PyTorch's reserve (graph pool, eager steps) nor back
+        taken = free_before - torch.cuda.mem_get_info(dev)[0]
+        self.outside_bytes = max(taken - (torch.cuda.memory_reserved(dev) - reserved_before), 0)
         log.info("captured decode graphs for batch sizes %s (pool %.1f MiB)", self.sizes,
                  self.pool_bytes / 2**20)
 

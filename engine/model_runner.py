@@ -82,7 +82,9 @@ class ModelRunner:
             family(model_cfg, weights, ec, tp=tp)
         # Decode graphs need a step whose host-side work is all in the inputs.
         # (an instance may say no where its class could, e.g. for experts looped on the host)
-        self.use_graphs = ec.use_cuda_graphs and self.model.uses_cuda_graphs
+        # Several ranks: only over NCCL, whose all-reduce a graph can capture (gloo stays eager).
+        self.use_graphs = ec.use_cuda_graphs and self.model.uses_cuda_graphs and (
+            tp is None or tp.can_capture)
         self.num_steps = 0
         # One sampling generator per running slot, made once: creating a CUDA generator takes
         # device memory, so requests re-seed these instead of making their own.
@@ -186,6 +188,7 @@ class ModelRunner:
         with self.ws.scope():
             tokens: list[int] = []
             if not spans and self.graphs is not None and self.graphs.can_run(out.chunks):
+                self._tell("graph_step", out.chunks)  # every rank replays the same graph
                 self.model.before_graph_step(self.kv, out.chunks)
                 logits = self.graphs.run(out.chunks)
                 self.model.after_graph_step(self.kv, out.chunks)
@@ -312,16 +315,27 @@ class ModelRunner:
             self._execute_warmup(chunks, params, gens, rows)
 
     def _capture_graphs(self) -> None:
+        """Capture the decode graphs; on rank 0 of several, the other ranks capture the same
+        sizes in the same order at the same time (their all-reduces pair up)."""
         ec = self.ec
+        self._tell("capture")
         self.graphs = DecodeGraphs(self._forward_logits, self.ws, self.model_cfg.vocab_size,
                                    ec.max_batch, ec.blocks_per_seq, ec.block_size, self.device,
-                                   pad_with_first=self.model.graph_pads_copy_first)
+                                   pad_with_first=self.model.graph_pads_copy_first,
+                                   capture_error_mode="global" if self.tp is None
+                                   else "thread_local")
         with torch.inference_mode():
             self.graphs.capture()
         planned = self.plan.term("cuda_graph_pool")
         if self.graphs.pool_bytes > planned:
             raise PlanError(f"CUDA graph capture took {self.graphs.pool_bytes:,} B, the plan "
                             f"counted {planned:,} B for its pool; refusing to serve on a wrong plan")
+        if self.tp is not None:
+            outside = self.plan.term("tp.graph_collectives")
+            if self.graphs.outside_bytes > outside:
+                log.warning("CUDA graph capture took %d B of device memory outside PyTorch "
+                            "(NCCL's captured collectives, module loads); the plan counted %d B",
+                            self.graphs.outside_bytes, outside)
 
     def _execute_warmup(self, chunks: list[ScheduledChunk], params: dict[str, SamplingParams],
                         gens: dict[str, torch.Generator], rows: dict[str, RowState]) -> None:

@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="share of device memory the plan may take")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="plan for a CUDA device (Triton attention, decode graphs) or the CPU path")
+    ap.add_argument("--no-cuda-graphs", action="store_true",
+                    help="plan eager decode steps (the workers' cuda_graphs: false): no graph pool")
     ap.add_argument("--tensor-parallel-size", type=int, default=1,
                     help="plan one rank of this many devices (--device-memory-gib and "
                     "--weights-gib are then per device)")
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                           num_blocks=args.num_blocks, attn_tile_tokens=args.attn_tile_tokens,
                           memory_utilization=args.memory_utilization, kv_dtype=args.kv_dtype,
                           weight_format=args.weight_format,
-                          tensor_parallel_size=args.tensor_parallel_size)
+                          tensor_parallel_size=args.tensor_parallel_size,
+                          cuda_graphs=not args.no_cuda_graphs)
         weights = None if args.weights_gib is None else int(args.weights_gib * GiB)
         tp = ec.tensor_parallel_size
         rank_mc = mc if tp == 1 else family_class(mc).rank_model_config(mc, tp)

@@ -59,7 +59,8 @@ class SafetensorsCheckpoint:
         ``keep_dtype(name)`` True leaves that tensor as stored too (fp32 block scales, which a
         bf16 cast would round). ``slice_of(name)`` (tensor parallelism,
         engine/parallel/shard_plan.py) returns the ``TensorSlice`` a rank holds, or None for the
-        whole tensor: only those bytes are read from the file.
+        whole tensor: only those bytes are read from the file (none for an ``absent`` slice: the
+        name is then missing from the result).
         """
         wanted = set(names)
         out: dict[str, torch.Tensor] = {}
@@ -71,6 +72,8 @@ class SafetensorsCheckpoint:
                 with safe_open(str(file), framework="pt", device="cpu") as f:
                     for name in selected:
                         part = slice_of(name) if slice_of is not None else None
+                        if part is not None and part.absent:
+                            continue  # another rank's: never read
                         tensor = f.get_tensor(name) if part is None else _read_slice(f, name, part)
                         target = dtype if cast_all or tensor.dtype in _CASTABLE else tensor.dtype
                         if keep_dtype is not None and keep_dtype(name):
@@ -88,8 +91,8 @@ class SafetensorsCheckpoint:
 def _read_slice(f: Any, name: str, part: Any) -> torch.Tensor:
     """Rows ``part.start : part.start + part.length`` of dim ``part.dim`` (0 or 1), read alone."""
     view = f.get_slice(name)
-    if part.zero:
-        return torch.zeros(view.get_shape(), dtype=f.get_tensor(name).dtype)
+    if part.zero:  # an empty read gives the dtype without reading the tensor
+        return torch.zeros(view.get_shape(), dtype=view[0:0].dtype)
     end = part.start + part.length
     return view[part.start:end] if part.dim == 0 else view[:, part.start:end]
 

@@ -37,6 +37,7 @@ class WorkerConfig:
             enable_prefix_cache=s.enable_prefix_cache,
             device_memory_bytes=int(s.device_memory_gb * (1 << 30)) or None,
             memory_utilization=s.memory_utilization, strict_allocations=s.strict_allocations,
+            cuda_graphs=s.cuda_graphs,
             seed=s.seed, share_weights=s.share_weights,
             share_weights_timeout_s=s.share_weights_timeout_s,
             tensor_parallel_size=s.tensor_parallel_size)

@@ -3,6 +3,7 @@ in paged blocks (engine/kv_cache.py), the plan terms of a dense decoder, CUDA-gr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -100,7 +101,8 @@ class DenseFamily(ModelFamily):
         return ShardPlan(cfg, 0, size).rank_config
 
     @classmethod
-    def tensor_slicer(cls, cfg: ModelConfig, rank: int, size: int) -> Any:
+    def tensor_slicer(cls, cfg: ModelConfig, rank: int, size: int,
+                      shapes: Mapping[str, tuple[int, ...]]) -> Any:
         from engine.parallel.shard_plan import ShardPlan
 
         return ShardPlan(cfg, rank, size).slice_of

@@ -17,7 +17,8 @@ import torch
 
 from engine.block_manager import NULL_BLOCK
 from engine.config import EngineConfig
-from engine.parallel.kv_gather import export_rank_rows, import_rank_rows
+from engine.memory_planner import reserve_allocator_slack
+from engine.parallel.kv_gather import export_rank_rows, import_rank_resume, import_rank_rows
 from engine.parallel.rank_group import RankGroup
 from engine.parallel.rank_runner import build_rank_runner, rank_device
 
@@ -67,9 +68,14 @@ def follow(runner, shard, group: RankGroup) -> None:  # noqa: ANN001 - ModelRunn
                 runner.model.prepare_warmup(runner.kv, cmd.args[0])
             elif cmd.op == "lock":
                 runner.ws.lock()
+            elif cmd.op == "capture":  # the same sizes in the same order as rank 0, meanwhile
+                runner._capture_graphs()
+            elif cmd.op == "graph_step":
+                _replay(runner, list(cmd.args[0]))
             elif cmd.op == "reset":
                 runner.model.reset(runner.kv)
                 if cuda:  # the allocation check on every rank, from the end of the warm-up
+                    reserve_allocator_slack(runner.device, runner.plan.term("allocator_slack"))
                     torch.cuda.synchronize(runner.device)
                     runner._device_allocs = torch.cuda.memory_stats(runner.device).get(
                         "num_device_alloc", 0)
@@ -77,8 +83,24 @@ def follow(runner, shard, group: RankGroup) -> None:  # noqa: ANN001 - ModelRunn
                 export_rank_rows(runner, shard, group, list(cmd.args[0]))
             elif cmd.op == "import":
                 import_rank_rows(runner, shard, group, list(cmd.args[0]), None)
+            elif cmd.op == "import_resume":
+                import_rank_resume(runner, group, int(cmd.args[0]), None)
             else:
                 raise RuntimeError(f"rank {group.rank}: unknown command {cmd.op!r}")
+
+
+def _replay(runner, chunks: list) -> None:  # noqa: ANN001 - ModelRunner, ScheduledChunk
+    """Rank 0's graph step on this rank: the same inputs into this rank's static buffers, the
+    same graph replayed (its all-reduces meet rank 0's), the family's host bookkeeping around it.
+    The logits it computes are not read: rank 0 samples."""
+    assert runner.graphs is not None, "graph_step before capture"
+    with runner.ws.scope():
+        runner.model.before_graph_step(runner.kv, chunks)
+        runner.graphs.run(chunks)
+        runner.model.after_graph_step(runner.kv, chunks)
+    runner.num_steps += 1
+    runner.num_graph_steps += 1
+    runner._check_device_allocations()
 
 
 def _exit_with_parent(parent_pid: int) -> None:

@@ -22,7 +22,9 @@ DRIVER = 0
 class Command:
     """What rank 0 asks of every other rank: ``op`` with its plain-data arguments."""
 
-    op: str  # "forward" | "prepare_warmup" | "reset" | "export" | "import" | "stop"
+    # "forward" | "prepare_warmup" | "lock" | "capture" | "graph_step" | "reset" | "export" |
+    # "import" | "import_resume" | "stop"
+    op: str
     args: tuple[Any, ...] = ()
 
 
@@ -48,6 +50,12 @@ class RankGroup:
     @property
     def is_driver(self) -> bool:
         return self.rank == DRIVER
+
+    @property
+    def can_capture(self) -> bool:
+        """Whether a CUDA graph can hold this group's all-reduce (NCCL's can; gloo's runs on the
+        host and stays eager)."""
+        return dist.get_backend() == "nccl"
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum ``t`` over the ranks in place (a row-parallel projection's partial sums)."""

@@ -48,7 +48,8 @@ class Ranks:
         self._stopping = threading.Event()
         # At interpreter exit multiprocessing terminates the ranks: not a death to report.
         atexit.register(self._stopping.set)
-        threading.Thread(target=self._watch, name="tp-rank-watch", daemon=True).start()
+        if self.procs:  # a group of one (a device test of the rank path) has none to watch
+            threading.Thread(target=self._watch, name="tp-rank-watch", daemon=True).start()
         self.group = RankGroup(0, self.size, rank_device(ec, 0), init_file)
 
     @property

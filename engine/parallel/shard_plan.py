@@ -31,12 +31,17 @@ _RANK0_ONLY = ("self_attn.o_proj.bias",)  # added once, after the all-reduce wou
 @dataclass(frozen=True)
 class TensorSlice:
     """Rows ``[start, start + length)`` of dimension ``dim``; ``zero`` = the rank holds zeros
-    of the tensor's shape (a bias only rank 0 adds)."""
+    of the tensor's shape (a bias only rank 0 adds); ``absent`` = the rank does not read the
+    tensor at all (another rank's expert)."""
 
     dim: int
     start: int
     length: int
     zero: bool = False
+    absent: bool = False
+
+
+ABSENT = TensorSlice(0, 0, 0, absent=True)
 
 
 @dataclass(frozen=True)

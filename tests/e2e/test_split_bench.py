@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.split import main as split_main
+from bench.split_report import main as split_report_main
+from bench.split_report import resident_check
 from bench.synthetic_model import write_tokenizer
 from launch.launcher import redis_server_path
 
@@ -49,9 +51,50 @@ def test_split_bench_runs_both_arms_on_cpu(tmp_path: Path) -> None:
         assert s["itl_ms"]["count"] > 10 and s["itl_ms"]["p50"] <= s["itl_ms"]["p99"]
         assert [x["prompt_tokens"] for x in s["long_ttft_s"]][:2] == [319, 619]
         assert all(x["ttft_s"] > 0 for x in s["long_ttft_s"])
+        assert all(x["last_token_s"] >= x["second_token_s"] >= x["ttft_s"]
+                   for x in s["long_ttft_s"])
+        # arrival..last token holds arrival..first token
+        assert s["itl_ms_while_long_in_flight"]["count"] >= s["itl_ms_while_long_prefill"]["count"]
         assert all(w["device_allocs_after_warmup"] == 0 for w in arm["workers"].values())
     workers = result["arms"]["split"]["workers"]
     stored = [p["visible_tokens"] for p in workers["prefill"]["prefills"]]
     fetched = [f["tokens"] for f in workers["decode"]["fetches"]]
     assert stored[:2] == [304, 608] and fetched[:2] == [304, 608]  # whole 16-token blocks
     assert result["arms"]["colocated"]["workers"]["colocated"]["fetches"] == []
+
+    # recomputing a saved run gives the same summaries and redraws the PNG
+    (out / "split.png").unlink()
+    assert split_report_main([str(out / "split.json")]) == 0
+    again = json.loads((out / "split.json").read_text())
+    assert again["arms"]["split"]["summary"] == result["arms"]["split"]["summary"]
+    assert (out / "split.png").stat().st_size > 10_000
+
+
+def test_resident_check_leaves_out_processes_of_no_role() -> None:
+    arm = {"idle_device_mib": {"total": 37106.0, "pid 628": 1522.0, "prefill": 24992.0,
+                               "decode": 10540.0},
+           "workers": {"prefill": {"plan_mib": 26244.0, "weights": {"how": "owned",
+                                                                     "mib": 15317.0}},
+                       "decode": {"plan_mib": 9716.0, "weights": {"how": "mapped",
+                                                                   "mib": 15317.0}}}}
+    got = resident_check(arm)
+    assert got["arm_used_mib"] == 37106.0 - 1522.0 and got["expected_mib"] == 35960.0
+    assert got["within_5pct"] and got["ratio"] == round(35584 / 35960, 4)
+    assert got["with_two_copies_mib"] == 35960.0 + 15317.0
+    arm["idle_device_mib"]["total"] += 15317.0  # a second copy of the weights: caught
+    assert not resident_check(arm)["within_5pct"]
+
+
+def test_memory_samples_under_host_pids_take_the_role_of_the_nearest_plan() -> None:
+    from bench.split_arms import label_by_plan
+
+    samples = [(0.0, {"total": 40000.0, "pid 901": 9000.0, "pid 77": 30500.0}),
+               (0.5, {"total": 40100.0, "pid 901": 9100.0, "pid 77": 30500.0})]
+    out, how = label_by_plan(samples, {"prefill": 30000.0, "decode": 9500.0})
+    assert how.startswith("nearest plan")
+    assert out[1][1] == {"total": 40100.0, "decode": 9100.0, "prefill": 30500.0}
+    # our own pids seen: left as they are; an extra unknown pid: not guessed
+    same, how = label_by_plan([(0.0, {"prefill": 1.0, "pid 5": 2.0})], {"prefill": 1.0})
+    assert how == "by pid" and same[0][1] == {"prefill": 1.0, "pid 5": 2.0}
+    same, how = label_by_plan([(0.0, {"pid 4": 1.0, "pid 5": 2.0})], {"colocated": 1.0})
+    assert how == "unlabelled" and "pid 4" in same[0][1]

@@ -10,6 +10,7 @@ Never allocates cache memory after construction.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -38,6 +39,7 @@ from engine.models.deepseek_v4.quant_weights import (
     resident_weight_bytes,
 )
 from engine.models.deepseek_v4.sizing import (
+    deepseek_v4_decode_peak_bytes,
     deepseek_v4_step_peak_bytes,
     deepseek_v4_step_scratch_bytes,
     deepseek_v4_weight_bytes,
@@ -47,7 +49,13 @@ from engine.models.deepseek_v4.step_peak import (
     deepseek_v4_kernels_peak_bytes,
     deepseek_v4_kernels_step_bytes,
 )
-from engine.models.deepseek_v4.tensor_parallel import rank_hf_config, shard_model, whole_hf_config
+from engine.models.deepseek_v4.tensor_parallel import (
+    cut_model,
+    rank_hf_config,
+    whole_hf_config,
+    wire_model,
+)
+from engine.models.deepseek_v4.tensor_slices import renumber_experts, v4_tensor_slicer
 from engine.models.family import CacheKind, KVLayout, ModelFamily
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace, _align
@@ -58,7 +66,8 @@ GRAPH_POOL_SLACK = 42 << 20  # one 2 MiB small-pool and two 20 MiB large-pool se
 class V4KVLayout(KVLayout):
     """Blocks of ``block_size`` tokens holding the compressed entries, indexer keys and CSA
     carry of every layer (see kv_pool.py); resumable at block ends that have a window snapshot
-    (resume_windows.py). An exported block carries a window section: the snapshot or zeros."""
+    (resume_windows.py). Exported blocks carry no window: a snapshot is the resume state of the
+    block end it belongs to and leaves once (``export_resume_state``)."""
 
     def __init__(self, cfg: DeepseekV4Config, ec: EngineConfig) -> None:
         check_block_size(cfg, ec.block_size)
@@ -79,8 +88,14 @@ class V4KVLayout(KVLayout):
         return v4_fingerprint(self.cfg, self.block_size, self.dtype, self.fp8)
 
     @property
-    def export_bytes_per_block(self) -> int:
-        return self.bytes_per_block + window_section_bytes(self.cfg, self.dtype, self.fp8)
+    def resume_state_bytes(self) -> int:
+        return window_section_bytes(self.cfg, self.dtype, self.fp8)
+
+    def export_resume_state(self, kv: DeepseekV4KVPool, block_id: int) -> torch.Tensor | None:
+        return kv.export_window(block_id)
+
+    def import_resume_state(self, kv: DeepseekV4KVPool, block_id: int, data: torch.Tensor) -> None:
+        kv.import_window(block_id, data)
 
     def can_resume_after(self, kv: DeepseekV4KVPool, block_id: int) -> bool:
         return kv.can_resume_after(block_id)
@@ -135,14 +150,20 @@ class DeepseekV4Family(ModelFamily):
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineConfig,
                  backend: V4Backend | None = None, tp: Any = None) -> None:
         """``tp`` (engine/parallel/rank_group.py, or None): ``cfg`` is then a rank's
-        (``rank_model_config``) and ``weights`` the whole checkpoint, cut down after loading."""
+        (``rank_model_config``) and ``weights`` that rank's slices (``tensor_slicer``)."""
         self.cfg = DeepseekV4Config.from_hf_dict(whole_hf_config(dict(cfg.hf_config)))
+        shard = None
+        if tp is not None:
+            renumber_experts(weights, tp.rank, tp.size, self.cfg.n_routed_experts)
+
+            def shard(skeleton: torch.nn.Module) -> None:
+                cut_model(skeleton, self.cfg, tp.rank, tp.size)
         # the engine hands its weights dict over: experts leave it as they are stacked
         self.model = DeepseekV4Model.from_state_dict(self.cfg, weights, ec.torch_dtype,
                                                      ec.torch_device, backend, ec.weight_format,
-                                                     consume=True)
+                                                     consume=True, shard=shard)
         if tp is not None:
-            shard_model(self.model, self.cfg, tp.rank, tp)
+            wire_model(self.model, self.cfg, tp.rank, tp)
         self.uses_cuda_graphs = all(isinstance(layer.mlp.experts, Mxfp4Experts)
                                     for layer in self.model.model.layers)
 
@@ -159,6 +180,14 @@ class DeepseekV4Family(ModelFamily):
         KV extent and the indexer's scratch are whole on every rank."""
         hf = rank_hf_config(dict(cfg.hf_config), size, cfg.name)
         return dataclasses.replace(cfg, num_heads=hf["num_attention_heads"], hf_config=hf)
+
+    @classmethod
+    def tensor_slicer(cls, cfg: ModelConfig, rank: int, size: int,
+                      shapes: Mapping[str, tuple[int, ...]]) -> Any:
+        """Each rank reads its query heads, output groups and routed experts only
+        (tensor_slices.py), with their FP8 scale rows."""
+        rank_hf_config(dict(cfg.hf_config), size, cfg.name)  # refuses a size that does not split
+        return v4_tensor_slicer(dict(cfg.hf_config), rank, size, shapes)
 
     @classmethod
     def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> V4KVLayout:
@@ -209,9 +238,9 @@ class DeepseekV4Family(ModelFamily):
             decode = deepseek_v4_step_scratch_bytes(v4, ec.max_batch, ec.max_context, ec.max_batch,
                                                     ec.torch_dtype, "kernels")
             terms.append(PlanTerm(
-                "cuda_graph_pool", deepseek_v4_step_peak_bytes(decode) + GRAPH_POOL_SLACK,
-                f"activations of a {ec.max_batch}-sequence decode step (the terms above at "
-                f"{ec.max_batch} tokens) + 42 MiB allocator segment granularity"))
+                "cuda_graph_pool", deepseek_v4_decode_peak_bytes(decode) + GRAPH_POOL_SLACK,
+                f"activations of a {ec.max_batch}-sequence decode step (projections, batched decode "
+                f"attention, MoE at {ec.max_batch} tokens) + 42 MiB allocator segment granularity"))
         return terms
 
     def forward(self, batch: StepBatch, kv: Any, ws: Workspace | None) -> torch.Tensor:

@@ -105,7 +105,7 @@ class DeepseekV4Model(nn.Module):
         cls, cfg: DeepseekV4Config, state_dict: Mapping[str, torch.Tensor],
         dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
         backend: V4Backend | None = None, weight_format: str = "checkpoint",
-        consume: bool = False,
+        consume: bool = False, shard: Callable[[nn.Module], None] | None = None,
     ) -> DeepseekV4Model:
         """The model holding ``state_dict``'s tensors (transformers names, or DeepSeek's own
         layout, renamed and experts merged by :mod:`.weights`). ``weight_format``:
@@ -114,7 +114,8 @@ class DeepseekV4Model(nn.Module):
         their final dtype on ``device`` are adopted, not copied, so loading never holds two
         copies of a weight. Raises CheckpointError naming missing, unexpected or mis-shaped
         tensors. ``consume``: ``state_dict`` is given up (the engine's), and per-expert tensors
-        leave it as soon as they are stacked."""
+        leave it as soon as they are stacked. ``shard``: gives the skeleton one tensor-parallel
+        rank's shapes before the tensors (that rank's slices) are adopted."""
         if weight_format not in WEIGHT_FORMATS:
             raise CheckpointError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
         if is_deepseek_layout(state_dict):
@@ -129,6 +130,8 @@ class DeepseekV4Model(nn.Module):
         with torch.device("meta"):
             model = cls(cfg, backend)
         swap_quantized_modules(model, kinds)
+        if shard is not None:
+            shard(model)
         own = dict(model.named_parameters()) | dict(model.named_buffers())
         own = {k: v for k, v in own.items() if "rotary" not in k}
         missing = sorted(set(own) - set(sd))

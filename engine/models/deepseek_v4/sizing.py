@@ -162,6 +162,15 @@ def fp8_act_quant_bytes(cfg: DeepseekV4Config | Any, tokens: int) -> int:
     return max(fp8_w8a8_scratch_bytes(tokens, k, g) for k, g in inputs)
 
 
+def deepseek_v4_decode_peak_bytes(scratch: dict[str, int]) -> int:
+    """Transient peak of a step that is all decodes (what a captured decode graph runs): the
+    same composition as :func:`deepseek_v4_step_peak_bytes` with decode_step.py's attention
+    only. The chunk path's gathers are sized by every sequence's whole context and never run
+    inside a graph, so counting them in the graph's pool reserved gigabytes it never touches."""
+    attention = scratch["attention_projections"] + scratch.get("decode_batched", 0)
+    return scratch["mhc_streams"] + max(attention, scratch["moe"], scratch["final_norm"])
+
+
 def deepseek_v4_workspace_bytes(
     cfg: DeepseekV4Config | Any, chunk_tokens: int, max_context: int,
     mxfp4_experts: bool = False, dtype: torch.dtype = torch.bfloat16, indexer: bool = True,

@@ -5,10 +5,11 @@ groups that read them (o_a_proj groups, o_b_proj columns; the partial outputs ar
 and its share of the routed experts (the router stays whole: every rank routes every token, and
 runs only the experts it holds; rank 0 adds the shared expert; the MoE output is all-reduced).
 The single shared KV head, the compressors, the indexer, the mHC, embedding and head stay whole,
-so every rank writes the same KV into its own pool. Applied once, after the model is built from
-the whole checkpoint: the ranks do not yet read only their slices (a V4-Flash-sized load needs
-that). FP8 layers are cut with their block-scale grid (a cut must fall on a block boundary or
-inside one block row); MXFP4 experts keep the picks of the other ranks' experts at weight 0.
+so every rank writes the same KV into its own pool. Each rank reads only its slices of the
+checkpoint (``tensor_slices.py``); ``cut_model`` gives the model skeleton (on the meta device,
+before the tensors are adopted) the rank's shapes and ``wire_model`` adds the all-reduces. FP8
+layers are cut with their block-scale grid (a cut must fall on a block boundary or inside one
+block row); MXFP4 experts keep the picks of the other ranks' experts at weight 0.
 """
 
 from __future__ import annotations
@@ -72,11 +73,10 @@ def whole_hf_config(hf: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def shard_model(model: nn.Module, cfg: DeepseekV4Config, rank: int, tp: Any) -> None:
-    """Cut ``model`` (built whole) down to rank ``rank``'s share, in place."""
-    size = tp.size
+def cut_model(model: nn.Module, cfg: DeepseekV4Config, rank: int, size: int) -> None:
+    """Give ``model`` (built whole, on any device, meta included) rank ``rank``'s shapes: its
+    query heads, output groups and routed experts; in place."""
     heads, groups = cfg.num_heads // size, cfg.o_groups // size
-    local = dataclasses.replace(cfg, num_heads=heads, o_groups=groups)
     for mod in model.modules():
         if isinstance(mod, V4Attention):
             d = cfg.head_dim
@@ -86,20 +86,31 @@ def shard_model(model: nn.Module, cfg: DeepseekV4Config, rank: int, tp: Any) -> 
             per_group = cfg.o_lora_rank
             _cut(mod.o_a_proj, 0, rank * groups * per_group, groups * per_group)
             mod.o_a_proj.groups = groups
-            if groups == 1 and isinstance(mod.o_a_proj, Fp8Linear):  # now a plain FP8 linear
-                mod.o_a_proj = _Flat(mod.o_a_proj)
             _cut(mod.o_b_proj, 1, rank * groups * per_group, groups * per_group)
-            mod.o_b_proj = _Reduced(mod.o_b_proj, tp)
-            mod.cfg = local
         elif isinstance(mod, V4MoE):
             per = cfg.n_routed_experts // size
-            mod.expert_offset = rank * per
             names = ["gate_up_proj", "down_proj"]
             if isinstance(mod.experts, Mxfp4Experts):
                 names += ["gate_up_proj_scale", "down_proj_scale"]
                 mod.experts.shape = (per, *mod.experts.shape[1:])
             for name in names:
                 _keep_rows(mod.experts, name, rank * per, per)
+
+
+def wire_model(model: nn.Module, cfg: DeepseekV4Config, rank: int, tp: Any) -> None:
+    """A cut model (``cut_model``, its tensors adopted) as a rank runs it: the row-parallel
+    outputs all-reduced, the experts offset, the shared expert added once (by rank 0)."""
+    size = tp.size
+    local = dataclasses.replace(cfg, num_heads=cfg.num_heads // size,
+                                o_groups=cfg.o_groups // size)
+    for mod in model.modules():
+        if isinstance(mod, V4Attention):
+            if local.o_groups == 1 and isinstance(mod.o_a_proj, Fp8Linear):
+                mod.o_a_proj = _Flat(mod.o_a_proj)  # now a plain FP8 linear
+            mod.o_b_proj = _Reduced(mod.o_b_proj, tp)
+            mod.cfg = local
+        elif isinstance(mod, V4MoE):
+            mod.expert_offset = rank * (cfg.n_routed_experts // size)
             mod.add_shared = rank == 0
             mod.reduce = tp.all_reduce
 
@@ -120,8 +131,8 @@ def _cut(mod: nn.Module, dim: int, start: int, length: int) -> None:
     weight keeps the block scales of what it keeps."""
     w = mod.weight.data
     _set(mod, "weight", w.narrow(dim, start, length).contiguous())
-    if not isinstance(mod, Fp8Linear):
-        return
+    if not isinstance(mod, Fp8Linear) or mod.scale.numel() == 0:
+        return  # a skeleton's empty grid: the adopted tensor brings the rank's rows
     b = mod.block[dim]
     first, last = start // b, (start + length - 1) // b
     if start % b and first != last:
