@@ -10,6 +10,7 @@ import torch
 
 from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes, uses_fp8
 from kernels.mxfp4_moe_ref import moe_experts_fp8_ref, moe_experts_ref, quantize_mxfp4
+from tests.kernels.test_mxfp4_moe import pick_experts
 
 
 def _experts(e: int, hid: int, inter: int, seed: int, spread: bool = False):
@@ -43,13 +44,7 @@ def test_moe_experts_fp8_matches_reference(interpret, t, k, e, hid, inter, ids, 
     g = torch.Generator().manual_seed(t * 31 + e)
     weights = _experts(e, hid, inter, t + e, spread)
     x = torch.randn(t, hid, generator=g)
-    if ids == "skewed":
-        topk_ids = torch.tensor([[1, 5, 6]] * t)
-    elif ids == "repeat":
-        topk_ids = torch.randint(0, e, (t, k), generator=g)
-        topk_ids[0] = 3
-    else:
-        topk_ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    topk_ids = pick_experts(t, k, e, ids, g)
     topk_w = torch.rand(t, k, generator=g)
     out = _run(x, topk_w, topk_ids, weights, tiles=tiles)
     want = moe_experts_fp8_ref(x, topk_w, topk_ids, *weights, 7.0)
