@@ -16,6 +16,12 @@ the last one possibly partial, into host memory) and its engine import hook copi
 sequence's blocks (``import_staged``); ``retrieve`` does both in one call. Either
 says how many leading tokens it filled; the caller recomputes the rest.
 
+Locking. LMCache's engine is not made for concurrent calls, so every call into it (``put``,
+``retrieve``, and on ``lm://`` the lookups and fetches) runs under one lock. On Redis,
+``lookup`` and ``fetch`` do not use LMCache's engine at all (worker/staged_fetch.py reads the
+chunks LMCache wrote, in parallel and straight into the staging tensor): they take no lock, so a
+new request's lookup never waits behind another prompt's fetch, and fetches run side by side.
+
 Access and expiry. The URL may carry a password (``redis://:pw@host:port``) and TLS
 (``rediss://``, ``?ssl_ca_certs=PATH`` for a private CA); both are checked with a PING at
 start-up, and the password never reaches a log: our messages use ``redact_url`` and LMCache's
@@ -53,6 +59,8 @@ from worker.lmcache_redis import (
     expire_on_write,
     redact_lmcache_logs,
 )
+from worker.redis_chunk_reader import RedisChunkReader
+from worker.staged_fetch import fetch_staged, stored_chunks
 from worker.store_reach import check_reachable, redis_client
 
 log = logging.getLogger(__name__)
@@ -93,6 +101,8 @@ class KVStore:
         os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
         check_reachable(self.config.url)
         self._redis = redis_client(self.config.url)  # None for lm://
+        self._reader = None if self._redis is None else RedisChunkReader(
+            self.config.url, timeout_s=self.config.blocking_timeout_s)
         self._lock = threading.Lock()
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
         redact_lmcache_logs()
@@ -101,6 +111,7 @@ class KVStore:
         except BaseException:
             if self._redis is not None:
                 self._redis.close()
+                self._reader.close()
             raise
         redact_lmcache_logs()  # loggers of modules the build imported
         self._closed = False
@@ -192,7 +203,7 @@ class KVStore:
         with self._lock:
             self._check_open()
             # Chunks a peer already stored (a shared system prompt) are not sent again.
-            present = int(self._engine.lookup(tokens, search_range=["RemoteBackend"]))
+            present = self._present(tokens)
             if present:  # reused chunks live on as long as prompts keep reusing them
                 self._refresh_ttl([k for _, e, k in self._chunk_keys(tokens) if e <= present])
             if present >= len(tokens):
@@ -251,9 +262,18 @@ class KVStore:
         tokens = self.stored_prefix(token_ids)
         if not tokens:
             return 0
+        if self._reader is not None:  # no LMCache state: never waits behind a fetch or a put
+            return self._present(tokens)
         with self._lock:
-            self._check_open()
-            return int(self._engine.lookup(tokens, search_range=["RemoteBackend"]))
+            return self._present(tokens)
+
+    def _present(self, tokens: list[int]) -> int:
+        """``lookup`` of block-aligned ``tokens``; on ``lm://`` the caller holds the lock."""
+        self._check_open()
+        if self._reader is not None:
+            present = stored_chunks(self._reader, self.config, self._chunk_keys(tokens))
+            return present[-1][1] if present else 0
+        return int(self._engine.lookup(tokens, search_range=["RemoteBackend"]))
 
     def retrieve(
         self,
@@ -298,7 +318,12 @@ class KVStore:
         from worker.lmcache_connector import HostBlocks
 
         tokens = self.stored_prefix(token_ids)
-        if not tokens or self.lookup(tokens) == 0:
+        if not tokens:
+            return 0, None
+        if self._reader is not None:  # Redis: read without LMCache's engine, lock-free
+            self._check_open()
+            return fetch_staged(self._reader, self.config, self._chunk_keys(tokens))
+        if self.lookup(tokens) == 0:
             return 0, None
         cfg = self.config
         num_blocks = len(tokens) // cfg.block_size
@@ -362,6 +387,7 @@ class KVStore:
                 log.error("LMCache did not close within 10 s; abandoning its threads")
             if self._redis is not None:
                 self._redis.close()
+                self._reader.close()
 
     def __enter__(self) -> KVStore:
         return self
