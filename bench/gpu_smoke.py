@@ -77,7 +77,7 @@ def kv_round_trip(tmp: Path) -> dict[str, Any]:
         blocks = list(range(1, 1 + 1024 // layout.block_size))
         stored = store.store(tokens, kv, blocks)
         n, staged = store.fetch(tokens)
-        same = bool(torch.equal(staged.cuda(), layout.export_blocks(kv, blocks)))
+        same = bool(torch.equal(staged.blocks.cuda(), layout.export_blocks(kv, blocks)))
         store.close()
     finally:
         proc.stop(grace_s=3.0)

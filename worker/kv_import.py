@@ -16,10 +16,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from engine.model_runner import KVImport
 from worker.kv_store import KVStore
+from worker.staged_kv import StagedKV
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +42,8 @@ async def fetch_import(store: KVStore | None, prompt: Sequence[int]) -> KVImport
     return _block_import(store, loaded, staged)
 
 
-def _block_import(store: KVStore, loaded: int, staged: torch.Tensor) -> KVImport:
-    """The import hook: copy the fetched blocks into the sequence's blocks."""
+def _block_import(store: KVStore, loaded: int, staged: StagedKV) -> KVImport:
+    """The import hook: copy the fetched blocks (and resume state) into the sequence's blocks."""
 
     def load(kv: Any, block_ids: list[int], num_prompt_tokens: int,
              num_computed_tokens: int = 0) -> int:

@@ -6,21 +6,22 @@ the engine's layout (any family: ``engine.models.family.KVLayout``) by block tab
 must build it from identical model name, engine layout and chunk size (``layout_fingerprint`` is
 what the router compares) and pass identical token lists: LMCache keys are a prefix-hash chain
 over ``chunk_size``-token chunks. Only whole blocks are stored: a prompt's last partial block is
-recomputed by the decode side, like anything the store lacks.
+recomputed by the decode side, like anything the store lacks. A layout that keeps state beside
+its blocks (V4's window snapshots) has it stored once per resume point under its own Redis key
+(worker/resume_points.py); a prefix then counts as stored up to its last block end that has one.
 
 The prefill side calls ``put`` (gather + hand to LMCache; LMCache writes to Redis in the
 background) and then ``wait_visible`` (poll the remote backend until the prompt is covered or a
 deadline passes), so the router is only told "KV ready" once a decode worker can really read it.
 The decode side calls ``fetch`` off the engine thread (the longest stored prefix, whole chunks,
-the last one possibly partial, into host memory) and its engine import hook copies that into the
-sequence's blocks (``import_staged``); ``retrieve`` does both in one call. Either
-says how many leading tokens it filled; the caller recomputes the rest.
+the last one possibly partial, and its resume point, into host memory) and its engine import hook
+copies that into the sequence's blocks (``import_staged``); ``retrieve`` moves blocks only, in one
+call. Either says how many leading tokens it filled; the caller recomputes the rest.
 
-Locking. LMCache's engine is not made for concurrent calls, so every call into it (``put``,
-``retrieve``, and on ``lm://`` the lookups and fetches) runs under one lock. On Redis,
-``lookup`` and ``fetch`` do not use LMCache's engine at all (worker/staged_fetch.py reads the
-chunks LMCache wrote, in parallel and straight into the staging tensor): they take no lock, so a
-new request's lookup never waits behind another prompt's fetch, and fetches run side by side.
+Locking: calls into LMCache's engine (``put``, ``retrieve``; on ``lm://`` also lookups and
+fetches) run under one lock. On Redis, ``lookup`` and ``fetch`` never enter LMCache's engine
+(worker/staged_fetch.py reads its chunks in parallel straight into host staging): no lock, so a
+lookup never waits behind another prompt's fetch, and fetches overlap.
 
 Access and expiry. The URL may carry a password (``redis://:pw@host:port``) and TLS
 (``rediss://``, ``?ssl_ca_certs=PATH`` for a private CA); both are checked with a PING at
@@ -50,17 +51,20 @@ from typing import Any
 
 import torch
 
-from common.redact import public_url, redact_text, redact_url
+from common.redact import public_url
 from engine.models.family import KVLayout
 from worker.kv_store_config import KVStoreConfig, KVStoreError
+from worker.lmcache_engine import build_lmcache_engine
 from worker.lmcache_redis import (
-    REDIS_KEY_SUFFIXES,
     avoid_redis_close_deadlock,
     expire_on_write,
     redact_lmcache_logs,
+    refresh_ttl,
 )
 from worker.redis_chunk_reader import RedisChunkReader
+from worker.resume_points import ResumePoints
 from worker.staged_fetch import fetch_staged, stored_chunks
+from worker.staged_kv import StagedKV
 from worker.store_reach import check_reachable, redis_client
 
 log = logging.getLogger(__name__)
@@ -85,7 +89,7 @@ class KVStore:
             model_name=model_name,
             engine_layout=layout.fingerprint,
             block_size=layout.block_size,
-            bytes_per_block=layout.export_bytes_per_block,
+            bytes_per_block=layout.bytes_per_block,
             chunk_size=chunk_size,
             staging_gb=staging_gb,
             blocking_timeout_s=blocking_timeout_s,
@@ -107,7 +111,7 @@ class KVStore:
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
         redact_lmcache_logs()
         try:
-            self._engine = self._build_engine()
+            self._engine = build_lmcache_engine(self.config, self._instance_id)
         except BaseException:
             if self._redis is not None:
                 self._redis.close()
@@ -115,61 +119,20 @@ class KVStore:
             raise
         redact_lmcache_logs()  # loggers of modules the build imported
         self._closed = False
+        self.resume_bytes_sent = 0  # resume-point bytes this store has sent (benchmarks)
+        self._resume: ResumePoints | None = None
+        if layout.resume_state_bytes:
+            self._resume = ResumePoints(self._redis, self.config.layout_fingerprint,
+                                        layout.block_size, layout.resume_state_bytes, ttl_s)
+            if self._redis is None:
+                log.warning("KV store %s is not Redis: it has no place for this layout's resume "
+                            "points, so nothing it stores can be resumed (decode recomputes)",
+                            self.public_url)
         wants_ttl = self._redis is not None and self.config.ttl_s > 0
         if wants_ttl and not expire_on_write(self._engine, self.config.ttl_s):
             self.close()
             raise KVStoreError("cannot give LMCache's Redis writes a TTL (its connector "
                                "changed?); set kv_ttl_s=0 to run without expiry")
-
-    def _build_engine(self):  # noqa: ANN202 - LMCacheEngine type lives in a heavy import
-        from lmcache.utils import mock_up_broadcast_fn, mock_up_broadcast_object_fn
-        from lmcache.v1.cache_engine import LMCacheEngineBuilder
-        from lmcache.v1.config import LMCacheEngineConfig
-        from lmcache.v1.metadata import LMCacheMetadata
-
-        cfg = self.config
-        lm_config = LMCacheEngineConfig.from_defaults(
-            chunk_size=cfg.chunk_size,
-            local_cpu=False,
-            max_local_cpu_size=cfg.staging_gb,
-            remote_url=cfg.url,
-            remote_serde="naive",
-            save_unfull_chunk=True,
-            blocking_timeout_secs=cfg.blocking_timeout_s,
-            lmcache_instance_id=self._instance_id,
-        )
-        metadata = LMCacheMetadata(
-            model_name=cfg.model_name,
-            world_size=1,
-            local_world_size=1,
-            worker_id=0,
-            local_worker_id=0,
-            kv_dtype=torch.uint8,
-            kv_shape=(1, 2, cfg.chunk_size, 1, cfg.token_row_bytes),
-            use_mla=False,
-            chunk_size=cfg.chunk_size,
-        )
-        connector = self._make_connector()
-        try:
-            engine = LMCacheEngineBuilder.get_or_create(
-                self._instance_id, lm_config, metadata, connector,
-                mock_up_broadcast_fn, mock_up_broadcast_object_fn,
-            )
-            engine.post_init()
-        except Exception as e:  # LMCache raises assorted types for a bad backend
-            LMCacheEngineBuilder.destroy(self._instance_id)
-            raise KVStoreError(
-                f"could not start LMCache with remote {redact_url(cfg.url)!r}: "
-                f"{redact_text(str(e))}"
-            ) from None  # the chained exception may quote the URL
-        return engine
-
-    def _make_connector(self):  # noqa: ANN202 - an LMCache GPUConnectorInterface
-        """The connector LMCache moves chunks through (a subclass stores another layout)."""
-        from worker.lmcache_connector import BlockConnector
-
-        cfg = self.config
-        return BlockConnector(cfg.block_size, cfg.bytes_per_block, cfg.padded_block_bytes)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -200,40 +163,43 @@ class KVStore:
         tokens = self.stored_prefix(token_ids)
         if not tokens:
             return
+        # Chunks a peer already stored (a shared system prompt) are not sent again.
+        present = self._stored_blocks(tokens)
         with self._lock:
             self._check_open()
-            # Chunks a peer already stored (a shared system prompt) are not sent again.
-            present = self._present(tokens)
             if present:  # reused chunks live on as long as prompts keep reusing them
-                self._refresh_ttl([k for _, e, k in self._chunk_keys(tokens) if e <= present])
-            if present >= len(tokens):
-                return
-            skip = present - present % self.config.chunk_size
-            mask = torch.ones(len(tokens), dtype=torch.bool)
-            mask[:skip] = False
-            self._engine.store(tokens, mask=mask, kv_data=kv_data, layout=self.layout,
-                               block_ids=list(block_ids))
+                refresh_ttl(self._redis, [k for _, e, k in self._chunk_keys(tokens) if e <= present],
+                            self.config.ttl_s, self.public_url)
+            if present < len(tokens):
+                skip = present - present % self.config.chunk_size
+                mask = torch.ones(len(tokens), dtype=torch.bool)
+                mask[:skip] = False
+                self._engine.store(tokens, mask=mask, kv_data=kv_data, layout=self.layout,
+                                   block_ids=list(block_ids))
+            if self._resume is not None:  # synchronous: visible when put returns
+                self.resume_bytes_sent += self._resume.put(tokens, kv_data, block_ids,
+                                                           self.layout)
 
     def wait_visible(self, token_ids: Sequence[int], timeout_s: float) -> int:
         """Poll the remote backend until it holds KV for all of ``token_ids``' whole blocks or
         ``timeout_s`` passes; returns how many leading tokens are visible (what a peer can
-        load)."""
+        load: up to its last resume point)."""
         tokens = self.stored_prefix(token_ids)
         deadline = time.monotonic() + timeout_s
         delay = 0.001
         while True:
-            visible = self.lookup(tokens)
+            visible = self._stored_blocks(tokens)
             if visible < len(tokens) and not self.reachable():
                 # The store is down: nothing will become visible, so do not hold the request
                 # for the whole timeout; the decode side recomputes what is missing.
                 log.warning("KV store %s unreachable: %d of %d tokens visible, not waiting",
                             self.public_url, visible, len(tokens))
-                return visible
+                return self._resumable(tokens, visible)
             if visible >= len(tokens) or time.monotonic() >= deadline:
                 if visible < len(tokens):
                     log.warning("KV store: only %d of %d tokens visible after %.1f s",
                                 visible, len(tokens), timeout_s)
-                return visible
+                return self._resumable(tokens, visible)
             time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
             delay = min(delay * 2, 0.02)
 
@@ -257,23 +223,31 @@ class KVStore:
         return self.wait_visible(token_ids, timeout_s)
 
     def lookup(self, token_ids: Sequence[int]) -> int:
-        """Number of leading tokens of ``token_ids`` whose KV the remote backend holds (whole
-        blocks: the chunks are keyed on the block-aligned prefix)."""
+        """Number of leading tokens of ``token_ids`` a peer can load and continue from: whole
+        blocks the remote backend holds, up to the last one whose end is a stored resume point
+        (every block end, for a layout that keeps nothing beside its blocks)."""
         tokens = self.stored_prefix(token_ids)
+        return self._resumable(tokens, self._stored_blocks(tokens))
+
+    def _stored_blocks(self, tokens: list[int]) -> int:
+        """Leading tokens of the block-aligned ``tokens`` whose blocks LMCache holds."""
         if not tokens:
             return 0
         if self._reader is not None:  # no LMCache state: never waits behind a fetch or a put
-            return self._present(tokens)
-        with self._lock:
-            return self._present(tokens)
-
-    def _present(self, tokens: list[int]) -> int:
-        """``lookup`` of block-aligned ``tokens``; on ``lm://`` the caller holds the lock."""
-        self._check_open()
-        if self._reader is not None:
+            self._check_open()
             present = stored_chunks(self._reader, self.config, self._chunk_keys(tokens))
             return present[-1][1] if present else 0
-        return int(self._engine.lookup(tokens, search_range=["RemoteBackend"]))
+        with self._lock:
+            self._check_open()
+            return int(self._engine.lookup(tokens, search_range=["RemoteBackend"]))
+
+    def _resumable(self, tokens: list[int], stored: int) -> int:
+        if not self.layout.resume_state_bytes:
+            return stored
+        if self._resume is None:
+            return 0
+        ends = self._resume.stored_ends(tokens, stored)
+        return ends[0][0] if ends else 0
 
     def retrieve(
         self,
@@ -308,40 +282,62 @@ class KVStore:
                                         skip_tokens=skip_tokens)
         return skip_fetch + _leading_true(got[skip_fetch:])
 
-    def fetch(self, token_ids: Sequence[int]) -> tuple[int, torch.Tensor | None]:
-        """Load the longest stored prefix of ``token_ids`` into a new host tensor, off the
-        engine thread; ``import_staged`` then copies it into the engine's blocks.
+    def fetch(self, token_ids: Sequence[int]) -> tuple[int, StagedKV | None]:
+        """Load the longest stored prefix of ``token_ids`` that a sequence can continue from
+        into host memory, off the engine thread; ``import_staged`` then copies it into the
+        engine's blocks.
 
-        Returns ``(num_tokens, staged)`` with staged: [num_blocks, bytes_per_block] uint8 on the
-        CPU, one row per block of ``token_ids``; ``(0, None)`` when nothing is stored. Host
-        memory only: the device plan is untouched."""
+        Returns ``(num_tokens, staged)``: the prefix's blocks (whole chunks up to its resume
+        point) and, for a layout that keeps state beside its blocks, that point's state;
+        ``(0, None)`` when nothing usable is stored. Host memory only: the device plan is
+        untouched."""
         from worker.lmcache_connector import HostBlocks
 
         tokens = self.stored_prefix(token_ids)
-        if not tokens:
-            return 0, None
-        if self._reader is not None:  # Redis: read without LMCache's engine, lock-free
-            self._check_open()
-            return fetch_staged(self._reader, self.config, self._chunk_keys(tokens))
-        if self.lookup(tokens) == 0:
+        stored = self._stored_blocks(tokens)
+        ends: list[tuple[int, str]] = []
+        if self.layout.resume_state_bytes and self._resume is not None:
+            ends = self._resume.stored_ends(tokens, stored)
+            target = ends[0][0] if ends else 0
+        else:
+            target = 0 if self.layout.resume_state_bytes else stored
+        if not target:
             return 0, None
         cfg = self.config
-        num_blocks = len(tokens) // cfg.block_size
-        staged = torch.empty(num_blocks, cfg.bytes_per_block, dtype=torch.uint8)
-        loaded = self.retrieve(tokens, staged, list(range(num_blocks)), layout=HostBlocks)
-        return (loaded, staged) if loaded else (0, None)
+        # whole chunks (their keys are those of the full prompt's chain) up to the resume point
+        tokens = tokens[:min(len(tokens), -(-target // cfg.chunk_size) * cfg.chunk_size)]
+        if self._reader is not None:  # Redis: parallel reads into host staging, lock-free
+            self._check_open()
+            loaded, blocks = fetch_staged(self._reader, cfg, self._chunk_keys(tokens))
+        else:
+            num_blocks = len(tokens) // cfg.block_size
+            blocks = torch.empty(num_blocks, cfg.bytes_per_block, dtype=torch.uint8)
+            loaded = self.retrieve(tokens, blocks, list(range(num_blocks)), layout=HostBlocks)
+        if not loaded:
+            return 0, None
+        if not self.layout.resume_state_bytes:
+            return loaded, StagedKV(blocks)
+        assert self._resume is not None
+        for end, key in ends:  # the longest loaded one whose state is still there
+            state = self._resume.get(key) if end <= loaded else None
+            if state is not None:
+                return end, StagedKV(blocks, end, state)
+        return 0, None
 
-    def import_staged(self, kv_data: Any, block_ids: Sequence[int], staged: torch.Tensor,
+    def import_staged(self, kv_data: Any, block_ids: Sequence[int], staged: StagedKV,
                       start: int, end: int) -> None:
         """Copy the fetched blocks of tokens ``[start, end)`` (block-aligned) into the engine's
         ``block_ids``, one chunk of blocks at a time (the host-to-device copy is bounded by a
-        chunk, whatever the prompt's length)."""
+        chunk, whatever the prompt's length), then the resume point's state if it ends there."""
         bs = self.config.block_size
         b0, b1 = -(-start // bs), end // bs
         step = self.config.chunk_size // bs
         for i in range(b0, b1, step):
             j = min(i + step, b1)
-            self.layout.import_blocks(kv_data, list(block_ids[i:j]), staged[i:j])
+            self.layout.import_blocks(kv_data, list(block_ids[i:j]), staged.blocks[i:j])
+        if staged.resume is not None and start < staged.resume_end <= end:
+            self.layout.import_resume_state(kv_data, block_ids[staged.resume_end // bs - 1],
+                                            staged.resume)
 
     def chunk_keys(self, token_ids: Sequence[int]) -> list[tuple[int, int, str]]:
         """``(start, end, key)`` of each chunk of ``token_ids``; a Redis backend stores
@@ -351,21 +347,6 @@ class KVStore:
     def _chunk_keys(self, tokens: list[int]) -> list[tuple[int, int, str]]:
         db = self._engine.token_database
         return [(s, e, k.to_string()) for s, e, k in db.process_tokens(tokens)]
-
-    def _refresh_ttl(self, chunk_keys: Sequence[str]) -> None:
-        """Reset the TTL of stored chunks (both Redis keys of each). Best effort: a store that
-        is down only means they expire on their first schedule."""
-        if self._redis is None or not self.config.ttl_s or not chunk_keys:
-            return
-        try:
-            with self._redis.pipeline(transaction=False) as pipe:
-                for key in chunk_keys:
-                    for suffix in REDIS_KEY_SUFFIXES:
-                        pipe.expire(key + suffix, self.config.ttl_s)
-                pipe.execute()
-        except Exception as exc:  # redis-py raises several types; never fail a store on it
-            log.warning("KV store %s: could not refresh the TTL of %d chunks: %s",
-                        self.public_url, len(chunk_keys), redact_text(str(exc)))
 
     def close(self) -> None:
         """Stop LMCache's threads and drop its connections. Idempotent."""

@@ -94,7 +94,7 @@ def build_runtime(settings: WorkerSettings,
     # store's covers (two workers exchange bytes only if their layouts agree).
     chunk_size = store.chunk_size if store is not None else settings.lmcache_chunk_size
     kv_layout = layout_fingerprint(store_model_name, layout.fingerprint, layout.block_size,
-                                   layout.export_bytes_per_block, chunk_size)
+                                   layout.bytes_per_block, chunk_size)
     kv_store: KVStore | None = None
     if progress is not None:
         progress("warm-up done" + (", connecting the KV store through LMCache"

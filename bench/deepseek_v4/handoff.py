@@ -4,17 +4,19 @@ and the time of each leg, against the host memcpy rate measured in the same run.
 For each prompt length: a V4-Flash-shaped pool (``--config``, default the real 43-layer
 config's layout; only the KV layout matters here, no weights are built) holds the prompt's
 blocks filled with random bytes on the device, SYNTHESISED at full size rather than computed
-by a prefill (a 255k-token V4-Flash prefill is not what this measures), plus a random window
-snapshot at the last full block, where a prefill leaves one (resume_windows.py); a "prefill"
-KVStore puts them and waits until
-they are visible in the remote store; a second "decode" KVStore (its own LMCache engine) fetches
-the longest stored prefix into host memory and imports it into other blocks of a second pool.
-The imported blocks (and the window) are compared byte for byte with the exported ones, and
-the decode side must be able to resume at the end of the last one. Bytes moved count what
-LMCache stores: each block's bytes plus its window section (the snapshot, or zeros: flag 0).
-The remote store is a
-redis-server when one is installed, else LMCache's ``lm://`` server (``--store-url`` to use
-another). ``--tiny`` runs the same path on a toy config on the CPU (a smoke test).
+by a prefill (a 255k-token V4-Flash prefill is not what this measures), plus random window
+snapshots where a prefill in ``--prefill-chunk``-token steps leaves them (the last block end
+each step reaches; the pool keeps the newest ``4 x --max-batch``, resume_windows.py). A
+"prefill" KVStore puts them (blocks through LMCache, each resume point's window as its own Redis
+key) and waits until they are visible in the remote store; a second "decode" KVStore (its own
+LMCache engine) fetches the longest stored prefix that ends at a resume point, with that one
+window, into host memory and imports it into other blocks of a second pool. The imported blocks
+and window are compared byte for byte with the exported ones, and the decode side must be able
+to resume at the end of the last block. Bytes moved: the blocks plus the windows the prefill
+side stored (``stored_*``), and the blocks plus the one window the decode side fetched
+(``fetched_*``). The remote store is a redis-server when one is installed (``--store-url`` to
+use another; an ``lm://`` store has no place for windows: nothing is resumable). ``--tiny`` runs
+the same path on a toy config on the CPU (a smoke test).
 
 Usage: python -m bench.deepseek_v4.handoff --out handoff_v4.json
 """
@@ -80,8 +82,19 @@ def memcpy_rates(nbytes: int, dev: torch.device) -> dict[str, float]:
     return out
 
 
+def prefill_resume_points(num_tokens: int, block_size: int, chunk: int) -> list[int]:
+    """Block ends where a prefill of ``num_tokens`` in ``chunk``-token steps takes a window
+    snapshot: the last block end each step reaches, in order."""
+    ends = []
+    for start in range(0, num_tokens, chunk):
+        end = min(start + chunk, num_tokens) // block_size * block_size
+        if end > start:
+            ends.append(end)
+    return ends
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from launch.launcher import start_kv_server
+    from launch.launcher import redis_server_path, start_kv_server, start_redis
     from worker.kv_store import KVStore
 
     dev = torch.device(args.device)
@@ -90,16 +103,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = [int(p) for p in args.prompts.split(",")]
     ec = EngineConfig(model="bench", device=args.device, dtype=args.dtype,
                       block_size=args.block_size, attn_tile_tokens=args.block_size,
-                      max_context=max(prompts) + 1, kv_dtype=args.kv_dtype)
+                      max_context=max(prompts) + 1, kv_dtype=args.kv_dtype,
+                      max_batch=args.max_batch)
     layout = family_class(mc).kv_layout(mc, ec)
-    bs, bpb, xbpb = layout.block_size, layout.bytes_per_block, layout.export_bytes_per_block
+    bs, bpb, wb = layout.block_size, layout.bytes_per_block, layout.resume_state_bytes
     num_blocks = 1 + math.ceil(max(prompts) / bs)
     res: dict[str, Any] = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "torch": torch.__version__, "config": "tiny" if args.tiny else args.config,
         "layers": mc.num_layers, "dtype": args.dtype, "kv_dtype": args.kv_dtype,
         "block_size": bs, "bytes_per_block": bpb, "bytes_per_token": bpb / bs,
-        "export_bytes_per_block": xbpb, "export_bytes_per_token": xbpb / bs,
+        "resume_state_bytes": wb, "prefill_chunk": args.prefill_chunk,
+        "max_batch": args.max_batch,
         "kinds": [vars(k) for k in layout.kinds], "chunk_size": args.chunk, "rows": []}
     src = layout.allocate(num_blocks, dev)
     dst = layout.allocate(num_blocks, dev)
@@ -107,10 +122,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t.view(torch.uint8).random_()
     server = None
     url = args.store_url
-    if not url:
-        server, url = start_kv_server(log_dir=Path(args.log_dir) if args.log_dir else None)
+    log_dir = Path(args.log_dir) if args.log_dir else None
+    if not url and redis_server_path() is not None:  # room for every prompt: no LRU eviction
+        server, url = start_redis(log_dir=log_dir, maxmemory_mb=args.redis_maxmemory_mb)
+    elif not url:
+        server, url = start_kv_server(log_dir=log_dir)
     res["store"] = url.split("://")[0]
-    res["memcpy"] = memcpy_rates(min(xbpb * (num_blocks - 1), args.memcpy_bytes), dev)
+    res["memcpy"] = memcpy_rates(min(bpb * (num_blocks - 1), args.memcpy_bytes), dev)
     name = f"v4-handoff-{int(time.time())}"
     prefill = KVStore(url, name, layout, chunk_size=args.chunk, staging_gb=args.staging_gb)
     decode = KVStore(url, name, layout, chunk_size=args.chunk, staging_gb=args.staging_gb)
@@ -122,11 +140,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             targets = list(reversed(blocks))  # other blocks on the decode side
             src.reset_windows()
             dst.reset_windows()
-            # the window a prefill leaves at the end of the prompt's last full block
-            last = layout.export_blocks(src, blocks[-1:])
-            last[:, bpb:-1].random_()
-            last[:, -1] = 1
-            layout.import_blocks(src, blocks[-1:], last)
+            # the windows a prefill in steps of prefill_chunk leaves (the pool keeps the newest)
+            for end in prefill_resume_points(n, bs, args.prefill_chunk):
+                window = torch.empty(wb, dtype=torch.uint8, device=dev).random_()
+                layout.import_resume_state(src, blocks[end // bs - 1], window)
+            sent0 = prefill.resume_bytes_sent
             allocs0 = _allocs(dev)
             _sync(dev)
             t0 = time.perf_counter()
@@ -143,15 +161,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             k = loaded // bs
             same = bool(staged is not None and torch.equal(
                 layout.export_blocks(dst, targets[:k]).cpu(), layout.export_blocks(src, blocks[:k]).cpu()))
+            if k:
+                got_w = layout.export_resume_state(dst, targets[k - 1])
+                same = same and got_w is not None and torch.equal(
+                    got_w.cpu(), layout.export_resume_state(src, blocks[k - 1]).cpu())
             resumable = layout.resumable_tokens(dst, targets, loaded) if staged is not None else 0
-            moved = k * xbpb
+            stored_w = prefill.resume_bytes_sent - sent0
+            stored = (n // bs) * bpb + stored_w
+            fetched = k * bpb + (wb if staged is not None and staged.resume is not None else 0)
             res["rows"].append({
                 "prompt_tokens": n, "stored_tokens": visible, "loaded_tokens": loaded,
                 "resumable_tokens": resumable, "recompute_tokens": n - resumable,
-                "bytes_moved": moved, "bytes_per_token": moved / max(loaded, 1), "bit_exact": same,
+                "stored_window_bytes": stored_w, "stored_bytes": stored,
+                "stored_bytes_per_token": stored / max(n // bs * bs, 1),
+                "fetched_bytes": fetched, "fetched_bytes_per_token": fetched / max(loaded, 1),
+                "bit_exact": same,
                 "put_s": t1 - t0, "visible_s": t2 - t1, "fetch_s": t3 - t2, "import_s": t4 - t3,
                 "handoff_s": t4 - t0,
-                "handoff_GBps": moved / (t4 - t0) / 1e9 if t4 > t0 else None,
+                "store_GBps": stored / (t2 - t0) / 1e9 if t2 > t0 else None,
+                "load_GBps": fetched / (t4 - t2) / 1e9 if t4 > t2 else None,
                 "device_allocs_during_handoff": None if allocs0 is None else _allocs(dev) - allocs0,
             })
             print(json.dumps(res["rows"][-1]), flush=True)
@@ -172,8 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-dtype", default="fp8", choices=["auto", "fp8"])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--chunk", type=int, default=1024, help="LMCache chunk (tokens)")
+    ap.add_argument("--prefill-chunk", type=int, default=4096,
+                    help="the prefill's step (the incident's 4096): where windows are left")
+    ap.add_argument("--max-batch", type=int, default=4, help="sizes the pool's window slabs")
     ap.add_argument("--staging-gb", type=float, default=8.0, help="LMCache's host staging pool")
     ap.add_argument("--store-url", default=None, help="redis://... (default: start one)")
+    ap.add_argument("--redis-maxmemory-mb", type=int, default=8192,
+                    help="the started redis-server's bound (LRU beyond it)")
     ap.add_argument("--visible-timeout-s", type=float, default=600.0)
     ap.add_argument("--memcpy-bytes", type=int, default=1 << 30)
     ap.add_argument("--device", default="cuda")

@@ -48,14 +48,17 @@ class KVLayout(ABC):
       block 0 is the null block (never handed out). A sequence can continue at a multiple of
       ``resume_granularity`` tokens from its blocks where ``can_resume_after`` its last block
       holds (a layout may keep part of that state beside the blocks and export it with them),
-      so full blocks can be shared by prefix hash and exported / imported one by one.
+      so full blocks can be shared by prefix hash and exported / imported one by one. What a
+      sequence needs beside the blocks to continue at a block end (``resume_state_bytes`` > 0)
+      travels once per resume point (``export_resume_state`` / ``import_resume_state``), not in
+      every block.
     - ``kinds`` describes each kind of data with its geometry; ``bytes_per_block`` is their sum
       and is what the planner multiplies by the number of blocks.
     - ``fingerprint`` changes whenever the bytes of a block would mean something else; two
       engines exchange blocks only when their fingerprints are equal.
     - ``allocate`` makes the storage once; ``export_blocks`` / ``import_blocks`` copy whole
-      blocks out of / into it as ``[n, export_bytes_per_block]`` uint8 rows, never touching
-      other blocks.
+      blocks out of / into it as ``[n, bytes_per_block]`` uint8 rows, never touching other
+      blocks.
     """
 
     block_size: int
@@ -73,10 +76,20 @@ class KVLayout(ABC):
         return self.bytes_per_block / self.block_size
 
     @property
-    def export_bytes_per_block(self) -> int:
-        """Bytes of one exported block (``export_blocks`` rows); at least ``bytes_per_block``: a
-        layout may add what a sequence needs to resume there but that it keeps outside blocks."""
-        return self.bytes_per_block
+    def resume_state_bytes(self) -> int:
+        """Bytes of the state, kept beside the blocks, that a sequence needs to continue at a
+        block end (0: the blocks are all of it, any full block end is a resume point)."""
+        return 0
+
+    def export_resume_state(self, kv: Any, block_id: int) -> torch.Tensor | None:
+        """[resume_state_bytes] uint8 copy of what a sequence needs beside the blocks to continue
+        at the end of ``block_id``, or None where none is kept (no resume point there)."""
+        return None
+
+    def import_resume_state(self, kv: Any, block_id: int, data: torch.Tensor) -> None:
+        """Make the end of ``block_id`` (its contents just imported) a resume point with
+        ``data`` (``export_resume_state``'s bytes for the same token prefix)."""
+        raise AssertionError(f"{type(self).__name__} keeps no resume state beside its blocks")
 
     def can_resume_after(self, kv: Any, block_id: int) -> bool:
         """Whether a sequence whose prefix ends with this full block can continue there (the
@@ -104,11 +117,11 @@ class KVLayout(ABC):
 
     @abstractmethod
     def export_blocks(self, kv: Any, block_ids: list[int]) -> torch.Tensor:
-        """Copies of the blocks: [len(block_ids), export_bytes_per_block] uint8 on the KV's device."""
+        """Copies of the blocks: [len(block_ids), bytes_per_block] uint8 on the KV's device."""
 
     @abstractmethod
     def import_blocks(self, kv: Any, block_ids: list[int], data: torch.Tensor) -> None:
-        """Write ``data`` ([n, export_bytes_per_block] uint8, any device) into the blocks."""
+        """Write ``data`` ([n, bytes_per_block] uint8, any device) into the blocks."""
 
 
 class ModelFamily(ABC):

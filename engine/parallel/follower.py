@@ -18,7 +18,7 @@ import torch
 from engine.block_manager import NULL_BLOCK
 from engine.config import EngineConfig
 from engine.memory_planner import reserve_allocator_slack
-from engine.parallel.kv_gather import export_rank_rows, import_rank_rows
+from engine.parallel.kv_gather import export_rank_rows, import_rank_resume, import_rank_rows
 from engine.parallel.rank_group import RankGroup
 from engine.parallel.rank_runner import build_rank_runner, rank_device
 
@@ -83,6 +83,8 @@ def follow(runner, shard, group: RankGroup) -> None:  # noqa: ANN001 - ModelRunn
                 export_rank_rows(runner, shard, group, list(cmd.args[0]))
             elif cmd.op == "import":
                 import_rank_rows(runner, shard, group, list(cmd.args[0]), None)
+            elif cmd.op == "import_resume":
+                import_rank_resume(runner, group, int(cmd.args[0]), None)
             else:
                 raise RuntimeError(f"rank {group.rank}: unknown command {cmd.op!r}")
 

@@ -31,15 +31,24 @@ def export_rank_rows(runner: Any, shard: Any, group: RankGroup,
     return group.gather_cpu(rows)
 
 
+def import_rank_resume(runner: Any, group: RankGroup, block_id: int,
+                       data: torch.Tensor | None) -> None:
+    """Every rank of a replicated KV: the resume state at the end of ``block_id`` (``data`` on
+    rank 0, CPU [resume_state_bytes] uint8; broadcast from there)."""
+    layout = runner.plan.kv_layout
+    buf = data if data is not None else torch.empty(layout.resume_state_bytes, dtype=torch.uint8)
+    group.broadcast_cpu(buf)
+    layout.import_resume_state(runner.kv, block_id, buf)
+
+
 def import_rank_rows(runner: Any, shard: Any, group: RankGroup, block_ids: list[int],
                      data: torch.Tensor | None) -> None:
     """Every rank: take its heads out of the one-rank bytes (``data`` on rank 0, CPU
     [n, full bytes per block] uint8; broadcast from there) and write them into its blocks.
     ``shard`` None: every rank holds the whole KV (replicated) and writes all of it."""
     rank_bytes = runner.plan.kv_layout.bytes_per_block
-    if shard is None:  # an exported row may carry more than the block (export_bytes_per_block)
-        row_bytes = runner.plan.kv_layout.export_bytes_per_block
-        buf = data if data is not None else torch.empty((len(block_ids), row_bytes),
+    if shard is None:
+        buf = data if data is not None else torch.empty((len(block_ids), rank_bytes),
                                                         dtype=torch.uint8)
         group.broadcast_cpu(buf)
         runner.plan.kv_layout.import_blocks(runner.kv, block_ids, buf)
@@ -79,8 +88,17 @@ class ShardedKVLayout(KVLayout):
         return self.full.resume_granularity
 
     @property
-    def export_bytes_per_block(self) -> int:
-        return self.full.export_bytes_per_block
+    def resume_state_bytes(self) -> int:
+        return self.full.resume_state_bytes
+
+    def export_resume_state(self, kv: Any, block_id: int) -> torch.Tensor | None:
+        # only a replicated KV keeps resume state beside its blocks: rank 0's is every rank's
+        return self.full.export_resume_state(self.runner.kv, block_id)
+
+    def import_resume_state(self, kv: Any, block_id: int, data: torch.Tensor) -> None:
+        assert self.shard is None, "resume state beside the blocks is kept only replicated"
+        self.group.send(Command("import_resume", (block_id,)))
+        import_rank_resume(self.runner, self.group, block_id, data.contiguous().cpu())
 
     def can_resume_after(self, kv: Any, block_id: int) -> bool:
         return self.full.can_resume_after(self.runner.kv, block_id)  # rank 0's bookkeeping

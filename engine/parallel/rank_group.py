@@ -23,7 +23,7 @@ class Command:
     """What rank 0 asks of every other rank: ``op`` with its plain-data arguments."""
 
     # "forward" | "prepare_warmup" | "lock" | "capture" | "graph_step" | "reset" | "export" |
-    # "import" | "stop"
+    # "import" | "import_resume" | "stop"
     op: str
     args: tuple[Any, ...] = ()
 

@@ -82,8 +82,8 @@ def main() -> None:
                 results[name] = n
                 results[name + ".kv"] = None
                 if staged is not None:
-                    kv = layout.allocate(staged.shape[0] + 1, torch.device("cpu"))
-                    ids = list(range(1, staged.shape[0] + 1))
+                    kv = layout.allocate(staged.num_blocks + 1, torch.device("cpu"))
+                    ids = list(range(1, staged.num_blocks + 1))
                     store.import_staged(kv, ids, staged, 0, n)
                     results[name + ".kv"] = gather_tokens(kv.data, ids, n)
             elif op["kind"] == "lookup":

@@ -35,24 +35,19 @@ LAYOUTS = {
 }
 
 
-def _random_storage(layout, num_blocks: int, seed: int,  # noqa: ANN001, ANN202
-                    windows_at: frozenset[int] = frozenset()):
-    """Random bytes in every block; a layout that keeps resume windows beside its blocks (V4)
-    gets one only at the blocks of ``windows_at`` (the last byte of an exported row flags it)."""
+def _random_storage(layout, num_blocks: int, seed: int):  # noqa: ANN001, ANN202
+    """Random bytes in every block."""
     kv = layout.allocate(num_blocks, torch.device("cpu"))
     g = torch.Generator().manual_seed(seed)
-    ids = list(range(num_blocks))
-    data = torch.randint(0, 256, (num_blocks, layout.export_bytes_per_block), dtype=torch.uint8,
+    data = torch.randint(0, 256, (num_blocks, layout.bytes_per_block), dtype=torch.uint8,
                          generator=g)
-    if layout.export_bytes_per_block > layout.bytes_per_block:
-        data[:, -1] = torch.tensor([b in windows_at for b in ids], dtype=torch.uint8)
-    layout.import_blocks(kv, ids, data)
+    layout.import_blocks(kv, list(range(num_blocks)), data)
     return kv
 
 
 def _connector(layout) -> BlockConnector:  # noqa: ANN001
     cfg = KVStoreConfig(url="redis://h:1", model_name="m", engine_layout=layout.fingerprint,
-                        block_size=layout.block_size, bytes_per_block=layout.export_bytes_per_block,
+                        block_size=layout.block_size, bytes_per_block=layout.bytes_per_block,
                         chunk_size=layout.block_size * 4)
     return BlockConnector(cfg.block_size, cfg.bytes_per_block, cfg.padded_block_bytes)
 
@@ -62,7 +57,7 @@ def test_blocks_round_trip_bit_exact_and_skip_shared_blocks(name: str) -> None:
     layout = LAYOUTS[name]()
     bs = layout.block_size
     conn = _connector(layout)
-    src = _random_storage(layout, 9, seed=1, windows_at=frozenset({5}))
+    src = _random_storage(layout, 9, seed=1)
     src_table = [7, 2, 5, 1, 8]
     start, end = bs, 4 * bs  # blocks 1..3 of the sequence (one chunk's worth)
     obj = SimpleNamespace(tensor=torch.empty(conn.get_shape(end - start), dtype=torch.uint8))
@@ -85,7 +80,7 @@ def test_host_staging_layout_and_misaligned_ranges() -> None:
     src = _random_storage(layout, 5, seed=3)
     obj = SimpleNamespace(tensor=torch.empty(conn.get_shape(16), dtype=torch.uint8))
     conn.from_gpu(obj, 0, 16, kv_data=src, layout=layout, block_ids=[4, 1])
-    staged = torch.zeros(2, layout.export_bytes_per_block, dtype=torch.uint8)
+    staged = torch.zeros(2, layout.bytes_per_block, dtype=torch.uint8)
     conn.to_gpu(obj, 0, 16, kv_data=staged, layout=HostBlocks, block_ids=[0, 1])
     assert torch.equal(staged, layout.export_blocks(src, [4, 1]))
     with pytest.raises(ValueError, match="not whole blocks"):

@@ -66,7 +66,8 @@ GRAPH_POOL_SLACK = 42 << 20  # one 2 MiB small-pool and two 20 MiB large-pool se
 class V4KVLayout(KVLayout):
     """Blocks of ``block_size`` tokens holding the compressed entries, indexer keys and CSA
     carry of every layer (see kv_pool.py); resumable at block ends that have a window snapshot
-    (resume_windows.py). An exported block carries a window section: the snapshot or zeros."""
+    (resume_windows.py). Exported blocks carry no window: a snapshot is the resume state of the
+    block end it belongs to and leaves once (``export_resume_state``)."""
 
     def __init__(self, cfg: DeepseekV4Config, ec: EngineConfig) -> None:
         check_block_size(cfg, ec.block_size)
@@ -87,8 +88,14 @@ class V4KVLayout(KVLayout):
         return v4_fingerprint(self.cfg, self.block_size, self.dtype, self.fp8)
 
     @property
-    def export_bytes_per_block(self) -> int:
-        return self.bytes_per_block + window_section_bytes(self.cfg, self.dtype, self.fp8)
+    def resume_state_bytes(self) -> int:
+        return window_section_bytes(self.cfg, self.dtype, self.fp8)
+
+    def export_resume_state(self, kv: DeepseekV4KVPool, block_id: int) -> torch.Tensor | None:
+        return kv.export_window(block_id)
+
+    def import_resume_state(self, kv: DeepseekV4KVPool, block_id: int, data: torch.Tensor) -> None:
+        kv.import_window(block_id, data)
 
     def can_resume_after(self, kv: DeepseekV4KVPool, block_id: int) -> bool:
         return kv.can_resume_after(block_id)

@@ -260,24 +260,22 @@ class DeepseekV4KVPool:
         return sum(t[0].numel() * t.element_size() for t in self.block_tensors())
 
     @property
-    def export_bytes_per_block(self) -> int:
-        """An exported block: its bytes and a window section (a snapshot, or zeros)."""
-        return self.bytes_per_block + self.windows.section_bytes
-
-    @property
     def fingerprint(self) -> str:
         return v4_fingerprint(self.cfg, self.block_size, self.dtype, self.fp8)
 
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """[n, bytes_per_block] uint8: the blocks' entries, indexer keys and carry (no windows:
+        those leave one resume point at a time, :meth:`export_window`)."""
         idx = torch.as_tensor(block_ids, dtype=torch.long, device=self.device)
-        parts = [t.view(torch.uint8).index_select(0, idx).reshape(len(block_ids), -1)
-                 for t in self.block_tensors()]
-        return torch.cat(parts + [self.windows.export(block_ids)], dim=1)
+        return torch.cat([t.view(torch.uint8).index_select(0, idx).reshape(len(block_ids), -1)
+                          for t in self.block_tensors()], dim=1)
 
     def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
-        if data.dim() != 2 or data.shape != (len(block_ids), self.export_bytes_per_block):
+        """Write [n, bytes_per_block] uint8 into the blocks; their old window snapshots are
+        dropped (the window that goes with the new contents comes by :meth:`import_window`)."""
+        if data.dim() != 2 or data.shape != (len(block_ids), self.bytes_per_block):
             raise InvalidRequest(f"V4 block data {tuple(data.shape)}, expected "
-                                 f"({len(block_ids)}, {self.export_bytes_per_block})", field="kv")
+                                 f"({len(block_ids)}, {self.bytes_per_block})", field="kv")
         idx = torch.as_tensor(block_ids, dtype=torch.long, device=self.device)
         data = data.to(self.device)
         off = 0
@@ -286,12 +284,21 @@ class DeepseekV4KVPool:
             dst = t.view(torch.uint8)
             dst.index_copy_(0, idx, data[:, off:off + n].reshape(len(block_ids), *dst.shape[1:]))
             off += n
-        self.windows.import_(block_ids, data[:, off:])
+        self.windows.forget(block_ids)
+
+    def export_window(self, block: int) -> torch.Tensor | None:
+        """[window_section_bytes] uint8: the window snapshot at the end of ``block`` (what a
+        sequence needs besides the blocks to resume there), or None if none is kept."""
+        return self.windows.export_one(block)
+
+    def import_window(self, block: int, data: torch.Tensor) -> None:
+        """Make the end of ``block`` a resume point with the window ``data`` (export_window's)."""
+        self.windows.import_one(block, data)
 
 
 def v4_fingerprint(cfg: DeepseekV4Config, block_size: int, dtype: torch.dtype, fp8: bool) -> str:
     """Identifies what a block's bytes mean; both sides of a transfer must agree on it."""
-    desc = (f"v4-blocks-v2;dtype={str(dtype).removeprefix('torch.')};fp8={int(fp8)};"
+    desc = (f"v4-blocks-v3;dtype={str(dtype).removeprefix('torch.')};fp8={int(fp8)};"
             f"bs={block_size};hd={cfg.head_dim};ihd={cfg.index_head_dim};win={cfg.sliding_window};"
             f"csa={cfg.csa_rate};hca={cfg.hca_rate};"
             f"layers={','.join(t[0] for t in cfg.layer_types)};rope={cfg.rope_head_dim}")
@@ -325,8 +332,8 @@ def resume_window_bytes(cfg: DeepseekV4Config, max_batch: int, dtype: torch.dtyp
 
 
 def window_section_bytes(cfg: DeepseekV4Config, dtype: torch.dtype, fp8: bool) -> int:
-    """The window section of an exported block: one snapshot and its 1-byte flag."""
-    return cfg.num_layers * cfg.sliding_window * PagedRows.row_bytes(cfg.head_dim, dtype, fp8) + 1
+    """One exported window snapshot (a resume point): every layer's window rows."""
+    return cfg.num_layers * cfg.sliding_window * PagedRows.row_bytes(cfg.head_dim, dtype, fp8)
 
 
 def slot_carry_bytes(cfg: DeepseekV4Config, max_batch: int, dtype: torch.dtype) -> int:

@@ -136,32 +136,35 @@ class ResumeWindows:
         for ring, rows_l in zip(rings, self.layers, strict=True):
             ring[pos % w] = rows_l.read(rows)
 
-    # --- export / import ---------------------------------------------------------------------
+    # --- export / import: one resume point at a time ------------------------------------------
     @property
     def section_bytes(self) -> int:
-        """Bytes of one exported window: every layer's rows (+ scales) and a 1-byte flag."""
-        return sum(t[0].numel() * t.element_size() for p in self.layers for t in p.tensors()) + 1
+        """Bytes of one exported window: every layer's rows (+ FP8 scales)."""
+        return sum(t[0].numel() * t.element_size() for p in self.layers for t in p.tensors())
 
-    def export(self, block_ids: list[int]) -> torch.Tensor:
-        """[n, section_bytes] uint8: each block's snapshot with flag 1, or zeros with flag 0."""
-        slabs = [self.slab_of_block.get(b, -1) for b in block_ids]
-        idx = torch.as_tensor([max(s, 0) for s in slabs], dtype=torch.long, device=self.device)
-        flag = torch.as_tensor([s >= 0 for s in slabs], dtype=torch.uint8, device=self.device)
-        parts = [t.view(torch.uint8).index_select(0, idx).reshape(len(block_ids), -1)
-                 for p in self.layers for t in p.tensors()]
-        return torch.cat([torch.cat(parts, dim=1) * flag[:, None], flag[:, None]], dim=1)
+    def forget(self, block_ids: list[int]) -> None:
+        """Drop the snapshots of blocks whose contents are replaced from outside (an import)."""
+        for block in block_ids:
+            self._forget(block)
 
-    def import_(self, block_ids: list[int], data: torch.Tensor) -> None:
-        """Bind a slab to every block whose row of ``data`` carries a window (flag 1)."""
-        flags = data[:, -1].tolist()
-        for row, (block, flag) in enumerate(zip(block_ids, flags, strict=True)):
-            if not flag:
-                self._forget(block)
-                continue
-            slab, off = self._bind(block), 0
-            for p in self.layers:
-                for t in p.tensors():
-                    n = t[0].numel() * t.element_size()
-                    t.view(torch.uint8)[slab].copy_(
-                        data[row, off:off + n].reshape(t.view(torch.uint8)[slab].shape))
-                    off += n
+    def export_one(self, block: int) -> torch.Tensor | None:
+        """[section_bytes] uint8: the snapshot at the end of ``block``, or None if it has none."""
+        slab = self.slab_of_block.get(block)
+        if slab is None:
+            return None
+        return torch.cat([t.view(torch.uint8)[slab].reshape(-1)
+                          for p in self.layers for t in p.tensors()])
+
+    def import_one(self, block: int, data: torch.Tensor) -> None:
+        """Bind a slab to ``block`` holding the window ``data`` ([section_bytes] uint8, any
+        device) that :meth:`export_one` gave for the same prefix."""
+        if data.dim() != 1 or data.numel() != self.section_bytes:
+            raise InvalidRequest(f"V4 window snapshot of {tuple(data.shape)} bytes, expected "
+                                 f"({self.section_bytes},)", field="kv")
+        slab, off = self._bind(block), 0
+        data = data.to(self.device)
+        for p in self.layers:
+            for t in p.tensors():
+                dst = t.view(torch.uint8)[slab]
+                dst.copy_(data[off:off + dst.numel()].view(dst.shape))
+                off += dst.numel()

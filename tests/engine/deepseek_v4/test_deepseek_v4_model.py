@@ -140,13 +140,16 @@ def test_export_import_blocks_continues_identically(hf_v4: tuple[str, torch.nn.M
     full = PROMPT_LEN // bs
     assert full >= 1
     data = src.export_blocks(src.static_tables[1][:full])
-    # each block's bytes + its window section (flag 1: the window snapshot at its end; every
-    # 9-token chunk here crosses one block end, so each block got one)
-    assert data.dtype == torch.uint8 and tuple(data.shape) == (full, src.export_bytes_per_block)
-    assert data[:, -1].tolist() == [1] * full
+    # each block's entries, indexer keys and carry; the window travels once, for the resume
+    # point (every 9-token chunk here crosses one block end, so each block end has one)
+    assert data.dtype == torch.uint8 and tuple(data.shape) == (full, src.bytes_per_block)
+    window = src.export_window(src.static_tables[1][full - 1])
+    assert window is not None
     dst = DeepseekV4KVPool.for_slots(cfg, max_batch=3, max_context=64, dtype=torch.float32, device="cpu")
     ptrs = [t.data_ptr() for t in dst.block_tensors() + dst.slot_tensors() + dst.window_tensors()]
     dst.import_blocks(dst.static_tables[2][:full], data)
+    assert dst.resumable_tokens(dst.static_tables[2], PROMPT_LEN) == 0  # no window yet
+    dst.import_window(dst.static_tables[2][full - 1], window)
     assert [t.data_ptr() for t in dst.block_tensors() + dst.slot_tensors()
             + dst.window_tensors()] == ptrs
     table = dst.table(2, None)

@@ -1,6 +1,6 @@
 """The window snapshots beside the V4 blocks (engine/models/deepseek_v4/resume_windows.py) as
 plain bookkeeping: which block end a step snapshots, which rows it writes, LRU reuse of slabs,
-a rewritten block losing its snapshot, and the export / import section."""
+a rewritten block losing its snapshot, and the export / import of one resume point."""
 
 from __future__ import annotations
 
@@ -68,13 +68,18 @@ def test_slabs_are_reused_least_recently_used_first_and_rewrites_forget() -> Non
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_export_import_section(fp8: bool) -> None:
+def test_export_import_one_resume_point(fp8: bool) -> None:
     src, dst = _windows(fp8=fp8), _windows(fp8=fp8)
     _step(src, [7, 8], 0, 16)
-    data = src.export([7, 8])
-    assert data.shape == (2, src.section_bytes) and data[:, -1].tolist() == [0, 1]
-    assert not data[0].any()  # no snapshot: zeros
-    dst.import_([3, 4], data)
-    assert (dst.has(3), dst.has(4)) == (False, True)
+    assert src.export_one(7) is None  # no snapshot there: nothing to send
+    data = src.export_one(8)
+    assert data is not None and data.dtype == torch.uint8 and data.shape == (src.section_bytes,)
+    _step(dst, [3, 4], 0, 8)  # block 3 has a snapshot of its own; block 4 gets src's
+    dst.import_one(4, data)
+    assert (dst.has(3), dst.has(4)) == (True, True)
     assert _restored(dst, 4, 16) == _restored(src, 8, 16)
-    assert torch.equal(dst.export([3, 4]), data)
+    assert torch.equal(dst.export_one(4), data)
+    dst.forget([3, 4])  # what a block import does to the blocks it overwrites
+    assert (dst.has(3), dst.has(4)) == (False, False)
+    with pytest.raises(InvalidRequest, match="window snapshot of"):
+        dst.import_one(4, data[:-1])

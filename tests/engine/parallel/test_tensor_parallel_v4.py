@@ -65,21 +65,25 @@ def test_two_ranks_match_one_rank(checkpoint) -> None:
 def _check_kv_handoff(one: LLMEngine, two: LLMEngine, prompt: list[int]) -> None:
     """Blocks exported at two ranks equal one rank's; imported into fresh blocks of the two-rank
     engine (every rank), a request resumed from them decodes as from scratch."""
-    rows = []
+    rows, windows = [], []
     for engine in (one, two):
-        rows.append(export_kept(engine, prompt)[1])
+        ids, data = export_kept(engine, prompt)
+        rows.append(data)
+        # the window at the last block end: the resume point that travels beside the blocks
+        windows.append(engine.kv_layout.export_resume_state(engine.kv_cache, ids[-1]))
         engine.release("keep")
     assert two.kv_layout.fingerprint == one.kv_layout.fingerprint
-    # each exported row ends with its window snapshot's 1-byte flag; the rest is fp32 values
-    assert torch.equal(rows[1][:, -1], rows[0][:, -1])
-    torch.testing.assert_close(rows[1][:, :-1].contiguous().view(torch.float32),
-                               rows[0][:, :-1].contiguous().view(torch.float32),
-                               rtol=1e-4, atol=1e-4)
-    data = rows[1]
+    assert windows[0] is not None and windows[1] is not None
+    for got_, want in ((rows[1], rows[0]), (windows[1], windows[0])):  # fp32 values
+        torch.testing.assert_close(got_.view(torch.float32), want.view(torch.float32),
+                                   rtol=1e-4, atol=1e-4)
+    data, window = rows[1], windows[1]
 
     def kv_import(kv, block_ids, num_prompt_tokens, *, num_computed_tokens=0) -> int:
-        two.kv_layout.import_blocks(kv, list(block_ids[: data.shape[0]]), data)
-        return data.shape[0] * 16
+        ids = list(block_ids[: data.shape[0]])
+        two.kv_layout.import_blocks(kv, ids, data)
+        two.kv_layout.import_resume_state(kv, ids[-1], window)  # on every rank
+        return two.kv_layout.resumable_tokens(kv, ids, data.shape[0] * 16)
 
     sp = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
     two.add_request("resumed", prompt, sp, kv_import=kv_import)
