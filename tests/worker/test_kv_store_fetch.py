@@ -8,9 +8,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
-
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
