@@ -15,6 +15,7 @@ import pytest
 import redis
 import torch
 
+from bench.deepseek_v4.handoff import TINY_CONFIG
 from tests.helpers.redis_server import running_redis
 from tests.worker.test_kv_store import LAYOUT, random_kv, run_peer
 from worker.kv_store_config import worker_environment
@@ -72,3 +73,24 @@ def test_fetch_stops_at_a_chunk_whose_bytes_redis_evicted(redis_url: str,
     assert got["fetch"] == 32  # the read finds the hole and stops before it
     assert torch.equal(got["fetch.kv"], kv[:, :, :32])
     assert LAYOUT["chunk_size"] == 16
+
+
+def test_padded_blocks_arrive_bit_exact(tmp_path: Path) -> None:
+    # V4 in FP8 with blocks of 256: 2,944 B a block, padded to 3,072 in LMCache's chunks, so the
+    # read lands in a strided view of the staging; partial last chunks (1,024 and 2,560 tokens
+    # of chunks of 512 are whole, 2,700 is not) through the V4 handoff bench on the CPU.
+    config = tmp_path / "tiny_v4.json"
+    config.write_text(json.dumps(TINY_CONFIG))
+    out = tmp_path / "h.json"
+    env = {**os.environ, **worker_environment(), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.deepseek_v4.handoff", "--config", str(config),
+         "--device", "cpu", "--dtype", "bfloat16", "--kv-dtype", "fp8", "--block-size", "256",
+         "--prompts", "1100,2700", "--chunk", "512", "--staging-gb", "0.1", "--out", str(out),
+         "--log-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(out.read_text())
+    assert res["bytes_per_block"] % (2 * res["block_size"]) != 0  # the layout is padded
+    for row, n in zip(res["rows"], (1100, 2700), strict=True):
+        assert row["bit_exact"] and row["loaded_tokens"] == n // 256 * 256
