@@ -102,14 +102,17 @@ class RedisChunkReader:
 
         assert num_connections >= 1
         self.num_connections = num_connections
-        # One pool: the same URL handling (password, TLS, db) as the store's other clients.
-        self._pool = redis.ConnectionPool.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=5.0,
-            max_connections=4 * num_connections + 4)
-        self._client = redis.Redis(connection_pool=self._pool)
+        # Same URL handling (password, TLS, db) as the store's other clients. Reads share a
+        # bounded pool (concurrent fetches wait for a connection rather than fail, and never
+        # open more than 4 fetches' worth); lookups have their own, so they never wait for one.
+        opts = {"socket_timeout": timeout_s, "socket_connect_timeout": 5.0}
+        self._pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=4 * num_connections, timeout=timeout_s, **opts)
+        self._client = redis.Redis(connection_pool=redis.ConnectionPool.from_url(url, **opts))
 
     def close(self) -> None:
         self._client.close()
+        self._client.connection_pool.disconnect()
         self._pool.disconnect()
 
     def stored_lengths(self, keys: Sequence[str]) -> list[int]:
