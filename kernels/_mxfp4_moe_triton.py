@@ -252,10 +252,16 @@ def launch_moe_sort(ids: torch.Tensor, order: torch.Tensor, row_end: torch.Tenso
 
 def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end: torch.Tensor,
                tw: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor,
-               down: torch.Tensor, down_scale: torch.Tensor, limit: float, h: torch.Tensor,
+               down: torch.Tensor, down_scale: torch.Tensor, limit: float, h: torch.Tensor | None,
                y: torch.Tensor, out: torch.Tensor, top_k: int, accumulate: bool,
-               tiles: MoeTiles | None = None) -> None:
-    """ids [T * k] expert per pair; order [T * k] int64 and row_end [E] int32 are written."""
+               tiles: MoeTiles | None = None,
+               fp8_scratch: tuple[torch.Tensor, ...] | None = None,
+               fp8_tiles: tuple[int, int, int, int, int] | None = None) -> None:
+    """ids [T * k] expert per pair; order [T * k] int64 and row_end [E] int32 are written.
+    ``fp8_scratch``: (token codes [T, H], their scales, SwiGLU codes [T * k, I], their scales)
+    for the FP8 x FP8 GEMMs of ``_mxfp4_moe_fp8_triton`` (token codes already written); else
+    ``h`` [T * k, I] holds the SwiGLU output of the weight-decoding GEMMs. ``tiles`` /
+    ``fp8_tiles``: override the tile choice of either form (benchmarks sweep them)."""
     t, hid = x.shape
     e, inter = gate_up.shape[0], down.shape[-1] * 2
     m = t * top_k
@@ -265,17 +271,26 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     max_tiles = min(m, triton.cdiv(m, bm) + e - 1)
     f32 = x.dtype == torch.float32 or interpreting()
     ep2 = next_pow2(e)
-    _moe_gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
-        x, order, row_end, gate_up, gate_up_scale, h, e, hid, inter, top_k,
-        x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up_scale.stride(0),
-        gate_up_scale.stride(1), h.stride(0), float(limit),
-        F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-        num_stages=stages)
-    _moe_down_kernel[(max_tiles, triton.cdiv(hid, bn))](
-        h, order, row_end, tw, down, down_scale, y, e, hid, inter,
-        h.stride(0), down.stride(0), down.stride(1), down_scale.stride(0), down_scale.stride(1),
-        y.stride(0), F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-        num_stages=stages)
+    if fp8_scratch is not None:
+        from kernels._mxfp4_moe_fp8_triton import fp8_moe_tiles, launch_moe_fp8_gemms
+
+        xq, xs, hq, hs = fp8_scratch
+        launch_moe_fp8_gemms(xq, xs, order, row_end, tw, gate_up, gate_up_scale, down,
+                             down_scale, limit, hq, hs, y, top_k, ep2, not interpreting(),
+                             fp8_tiles or fp8_moe_tiles(interpreting()))
+    else:
+        assert h is not None
+        _moe_gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
+            x, order, row_end, gate_up, gate_up_scale, h, e, hid, inter, top_k,
+            x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up_scale.stride(0),
+            gate_up_scale.stride(1), h.stride(0), float(limit),
+            F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+            num_stages=stages)
+        _moe_down_kernel[(max_tiles, triton.cdiv(hid, bn))](
+            h, order, row_end, tw, down, down_scale, y, e, hid, inter,
+            h.stride(0), down.stride(0), down.stride(1), down_scale.stride(0),
+            down_scale.stride(1), y.stride(0), F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn,
+            BLOCK_K=bk, num_warps=warps, num_stages=stages)
     block = min(1024, next_pow2(hid))
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
         y, out, hid, top_k, y.stride(0), out.stride(0), ACCUMULATE=accumulate, BLOCK=block)

@@ -31,20 +31,41 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
+FP8_MIN_TOKENS = 128  # the FP8 form is meant for prefill-sized steps, from this many tokens
+
+
+def uses_fp8(num_tokens: int, hidden: int, intermediate: int) -> bool:
+    """True when the FP8 x FP8 prefill form suits a step (callers opt in with ``fp8=True``;
+    the default is the weight-only form): a prefill-sized step, and hidden and intermediate
+    sizes made of whole 128-wide activation groups (every V4 shape; tiny test shapes may not
+    be). On the H200 the form was not yet faster (docs/benchmarks.md)."""
+    return num_tokens >= FP8_MIN_TOKENS and hidden % 128 == 0 and intermediate % 128 == 0
+
+
 def _parts(num_tokens: int, top_k: int, hidden: int, intermediate: int, num_experts: int,
-           dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+           dtype: torch.dtype, fp8: bool = False) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     m = num_tokens * top_k
-    return [("order", (m,), torch.int64), ("row_end", (num_experts,), torch.int32),
-            ("h", (m, intermediate), dtype), ("y", (m, hidden), dtype)]
+    head = [("order", (m,), torch.int64), ("row_end", (num_experts,), torch.int32)]
+    if fp8:  # token codes + scales, SwiGLU output codes + scales, one e4m3 byte a value
+        return head + [("xq", (num_tokens, hidden), torch.uint8),
+                       ("xs", (num_tokens, -(-hidden // 128)), torch.float32),
+                       ("hq", (m, intermediate), torch.uint8),
+                       ("hs", (m, -(-intermediate // 128)), torch.float32),
+                       ("y", (m, hidden), dtype)]
+    return head + [("h", (m, intermediate), dtype), ("y", (m, hidden), dtype)]
 
 
 def moe_experts_workspace_bytes(num_tokens: int, top_k: int, hidden: int, intermediate: int,
-                                num_experts: int, dtype: torch.dtype = torch.bfloat16) -> int:
+                                num_experts: int, dtype: torch.dtype = torch.bfloat16,
+                                fp8: bool = False) -> int:
     """Scratch of :func:`moe_experts` at ``num_tokens`` tokens: the sorted order (pairs x 8 B),
-    the expert boundaries (experts x 4 B), the SwiGLU output (pairs x intermediate) and the
-    weighted expert outputs (pairs x hidden) in the activation dtype; 256-B aligned each."""
+    the expert boundaries (experts x 4 B), the weighted expert outputs (pairs x hidden) in the
+    activation dtype, and the SwiGLU output: pairs x intermediate in the activation dtype, or
+    in the FP8 form (``fp8``) one byte a value + an fp32 scale per 128,
+    plus the tokens' codes, tokens x hidden x (1 + 4/128) B; 256-B aligned each."""
     return sum(_aligned(torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size())
-               for _, shape, dt in _parts(num_tokens, top_k, hidden, intermediate, num_experts, dtype))
+               for _, shape, dt in _parts(num_tokens, top_k, hidden, intermediate, num_experts,
+                                          dtype, fp8))
 
 
 def _carve(workspace: torch.Tensor | None, parts: list[tuple[str, tuple[int, ...], torch.dtype]],
@@ -65,13 +86,19 @@ def moe_experts(
     x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
     down_scale: torch.Tensor, swiglu_limit: float, out: torch.Tensor, *,
-    accumulate: bool = False, workspace: torch.Tensor | None = None,
+    accumulate: bool = False, workspace: torch.Tensor | None = None, fp8: bool = False,
+    fp8_tiles: tuple[int, int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """x [T, H] (H a multiple of 32); topk_weights [T, k] fp32; topk_ids [T, k] int64 in
     [0, E); gate_up [E, 2I, H/2] packed e2m1 with gate_up_scale [E, 2I, H/32] e8m0; down
     [E, H, I/2] with down_scale [E, H, I/32]; out [T, H] (``accumulate``: added to what it
     holds, e.g. the shared expert's output). ``workspace``: uint8 of at least
-    ``moe_experts_workspace_bytes`` bytes (allocated here when None)."""
+    ``moe_experts_workspace_bytes`` bytes (allocated here when None). ``fp8``: the prefill form
+    (tokens and SwiGLU output quantized to e4m3 per 1 x 128, FP8 x FP8 MMA; hidden and
+    intermediate multiples of 128); ``kernels.mxfp4_moe_ref.moe_experts_fp8_ref`` is its
+    specification.
+    ``fp8_tiles``: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of that form, BLOCK_K 32, 64 or
+    128 (None: ``_mxfp4_moe_fp8_triton.fp8_moe_tiles``)."""
     name = "moe_experts"
     dev = x.device
     check_tensor(name, "x", x, shape=(None, None), dtypes=_ACT_DTYPES, device=dev)
@@ -96,9 +123,9 @@ def moe_experts(
                      ("topk_weights", topk_weights)):
         if not ten.is_contiguous():
             raise KernelArgumentError(name, arg, f"must be contiguous, got strides {ten.stride()}")
-    parts = _parts(t, k, hid, inter, e, x.dtype)
+    parts = _parts(t, k, hid, inter, e, x.dtype, fp8)
     if workspace is not None:
-        need = moe_experts_workspace_bytes(t, k, hid, inter, e, x.dtype)
+        need = moe_experts_workspace_bytes(t, k, hid, inter, e, x.dtype, fp8)
         if workspace.dtype != torch.uint8 or workspace.numel() < need or workspace.device != dev:
             raise KernelArgumentError(name, "workspace", f"must be uint8 on {dev} with >= {need} "
                                       f"bytes, got {workspace.dtype} x {workspace.numel()}")
@@ -108,7 +135,17 @@ def moe_experts(
     from kernels._mxfp4_moe_triton import launch_moe
 
     buf = _carve(workspace, parts, dev)
-    launch_moe(x, topk_ids.view(-1), buf["order"], buf["row_end"], topk_weights.view(-1),
-               as_bytes(gate_up), as_bytes(gate_up_scale), as_bytes(down), as_bytes(down_scale), swiglu_limit,
-               buf["h"], buf["y"], out, k, accumulate)
+    w = (as_bytes(gate_up), as_bytes(gate_up_scale), as_bytes(down), as_bytes(down_scale))
+    if fp8:
+        from kernels._mxfp4_moe_fp8_triton import GROUP
+        from kernels.fp8_w8a8 import fp8_act_quant
+
+        if hid % GROUP or inter % GROUP:
+            raise KernelArgumentError(name, "gate_up", f"the FP8 form needs hidden {hid} and "
+                                      f"intermediate {inter} to be multiples of {GROUP}")
+        fp8_act_quant(x.unsqueeze(1), buf["xq"].unsqueeze(1), buf["xs"].unsqueeze(1))
+    launch_moe(x, topk_ids.view(-1), buf["order"], buf["row_end"], topk_weights.view(-1), *w,
+               swiglu_limit, buf.get("h"), buf["y"], out, k, accumulate,
+               fp8_scratch=(buf["xq"], buf["xs"], buf["hq"], buf["hs"]) if fp8 else None,
+               fp8_tiles=fp8_tiles)
     return out

@@ -72,3 +72,29 @@ def moe_experts_ref(
         y = h @ dequantize_mxfp4(down[e], down_scale[e]).t()
         out.index_add_(0, tok, y * topk_weights.reshape(-1)[pairs, None].float())
     return out.to(x.dtype)
+
+
+def moe_experts_fp8_ref(
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
+    down_scale: torch.Tensor, swiglu_limit: float,
+) -> torch.Tensor:
+    """The prefill (FP8) form of :func:`moe_experts_ref`: each token quantized to e4m3 per
+    1 x 128 group (``kernels.fp8_w8a8_ref``), each expert's SwiGLU output likewise, before
+    the exact MXFP4 weights multiply them in fp32."""
+    from kernels.fp8_w8a8_ref import fp8_act_dequant_ref, fp8_act_quant_ref
+
+    t, k = topk_ids.shape
+    xd = fp8_act_dequant_ref(*fp8_act_quant_ref(x))
+    inter = down.shape[-1] * 2
+    out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
+    flat = topk_ids.reshape(-1)
+    for e in flat.unique().tolist():
+        pairs = (flat == e).nonzero().squeeze(1)
+        tok = pairs // k
+        gu = xd[tok] @ dequantize_mxfp4(gate_up[e], gate_up_scale[e]).t()
+        h = clamped_swiglu_ref(gu[:, :inter], gu[:, inter:], swiglu_limit)
+        h = fp8_act_dequant_ref(*fp8_act_quant_ref(h))
+        y = h @ dequantize_mxfp4(down[e], down_scale[e]).t()
+        out.index_add_(0, tok, y * topk_weights.reshape(-1)[pairs, None].float())
+    return out.to(x.dtype)

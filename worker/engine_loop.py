@@ -30,6 +30,31 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def build_on_a_passing_thread(build: Callable[[], T], name: str = "engine-build") -> T:
+    """Run ``build`` (loading, planning, the warm-up) on a thread that has ended when this
+    returns. PyTorch keeps cuBLAS/cuBLASLt handles per host thread and hands a finished thread's
+    handles to the next thread that asks; the warm-up's handles (and the GEMM workspaces keyed by
+    handle and stream) then pass to the engine thread. Warmed up on a thread that stays alive
+    (the main one), the engine thread would create its own at its first request: device memory
+    taken outside the plan after the lock. (On the H200 each worker of the split bench grew
+    64 MiB at its first request with no allocation by PyTorch's allocator; that this was the
+    handles is likely, not yet confirmed on a GPU.)"""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = build()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name=name, daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 class EngineLoopFailed(RuntimeError):
     """The engine thread stopped (a step raised, or the loop was shut down)."""
 

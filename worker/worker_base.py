@@ -35,7 +35,7 @@ from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from worker.auth import AccessError, server_credentials, server_interceptors, warn_if_open
 from worker.codec import abort_with, unary_rpc
-from worker.engine_loop import EngineLoop, RequestStream
+from worker.engine_loop import EngineLoop, RequestStream, build_on_a_passing_thread
 from worker.errors import DeadlinePassed, KVStoreUnavailable, WrongRole
 from worker.grammar_cache import GrammarCache
 from worker.kv_import import fetch_import
@@ -84,7 +84,7 @@ def build_runtime(settings: WorkerSettings,
     ``progress`` is told each step (``StartupProgress`` prints them for ``bulkhead up``)."""
     config = WorkerConfig.from_settings(settings)
     settings, store = config.settings, config.store
-    engine = LLMEngine.from_config(config.engine, progress)
+    engine = build_on_a_passing_thread(lambda: LLMEngine.from_config(config.engine, progress))
     mc = engine.model_config
     kv_dtype = engine.config.torch_dtype
     layout = engine.kv_layout

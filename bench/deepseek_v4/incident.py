@@ -15,9 +15,12 @@ the decodes' one token each and the prompt's next ``chunk - decodes`` tokens. Wa
 plan's worst step (the last chunk against the full context, the decodes at their longest); after
 it, every step's cudaMalloc count must stay zero. Per step: seconds, the measured peak of allocated
 memory against the plan total, the transient part against the activations term. ``--prompt``
-first times a plain prompt (no decodes) from 0 for the prefill figure; ``--previous-steps`` runs
-that many steps again with the previous mHC path (``V4Backend(mhc="torch")``) at the same
-contexts so the gain is a ratio measured in the same process. Benchmark-only.
+first times a plain prompt (no decodes) from 0 for the prefill figure (``--gemm``: the FP8
+activation GEMMs of prefill-sized steps, or the weight-only kernels everywhere), and
+``--prompt-previous`` steps of it again with the weight-only GEMMs; ``--previous-steps`` runs
+that many incident steps again with the previous path (``--previous gemm``: weight-only GEMMs;
+``mhc``: ``V4Backend(mhc="torch")``) at the same contexts, so each gain is a ratio measured in
+the same process. Benchmark-only.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, block_multiple
 from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.models.deepseek_v4.quant_modules import set_prefill_fp8
 from engine.workspace import Workspace
 
 FLASH_43 = "SS" + "CH" * 20 + "C"  # V4-Flash's 43 layers: two sliding, then CSA/HCA alternating
@@ -199,6 +203,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sd = synthetic_quantized_state_dict(cfg, dev, torch.bfloat16)
     model = DeepseekV4Model.from_state_dict(cfg, sd, torch.bfloat16, dev, V4Backend(), consume=True)
     sd.clear()
+    if args.moe_fp8_tiles:
+        tiles = tuple(int(t) for t in args.moe_fp8_tiles.split(","))
+        for mod in model.modules():
+            if hasattr(mod, "fp8_tiles"):
+                mod.fp8_tiles = tiles
     _sync()
     weights = sum(t.numel() * t.element_size() for n, t in model.state_dict().items() if "rotary" not in n)
     device_bytes = torch.cuda.get_device_properties(dev).total_memory
@@ -223,6 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # warm-up: the worst step (last chunk at the full context, decodes at their longest), and a
     # first chunk; allocations are counted from here
     n_chunk = args.chunk - args.decodes
+    set_prefill_fp8(model, args.gemm != "weight-only", args.gemm == "fp8")
     for at in (context - n_chunk, 0):
         sc.reset(at)
         for s in range(1, 1 + sc.decodes):
@@ -230,14 +240,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sc.step(n_chunk)
     sc.reset(0, with_decodes=False)
     sc.step(min(args.chunk, context))
+    if args.gemm != "weight-only" and (args.prompt_previous or (args.previous_steps
+                                                                and args.previous == "gemm")):
+        set_prefill_fp8(model, False)  # compile the weight-only GEMMs' prefill tiles too
+        sc.reset(0, with_decodes=False)
+        sc.step(min(args.chunk, context))
+        set_prefill_fp8(model, True, args.gemm == "fp8")
     _sync()
     out["warmup_s"] = time.time() - t_begin - out["build_s"]
+    out["gemm"] = args.gemm
     if args.prompt:
         sweep(sc, "prompt", args, min(args.prompt, context), False, stop_at, out)
+    if args.prompt_previous:  # the same prompt with the weight-only GEMMs: the ratio
+        set_prefill_fp8(model, False)
+        sweep(sc, "prompt-previous-gemm", args, min(args.prompt, context), False, stop_at, out,
+              args.prompt_previous)
+        set_prefill_fp8(model, args.gemm != "weight-only", args.gemm == "fp8")
     if args.previous_steps:
-        model.backend = V4Backend(mhc="torch")
+        if args.previous == "mhc":
+            model.backend = V4Backend(mhc="torch")
+        else:
+            set_prefill_fp8(model, False)
+        out["previous_kind"] = args.previous
         sweep(sc, "previous-path", args, context, True, stop_at, out, args.previous_steps)
         model.backend = V4Backend()
+        set_prefill_fp8(model, args.gemm != "weight-only", args.gemm == "fp8")
     sweep(sc, "incident", args, context, True, stop_at, out)
     out["seconds"] = time.time() - t_begin
     Path(args.out).write_text(json.dumps(out, indent=1))
@@ -260,6 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--memory-utilization", type=float, default=0.92)
     r.add_argument("--prompt", type=int, default=131072, help="plain prompt timed first (0: skip)")
     r.add_argument("--previous-steps", type=int, default=8)
+    r.add_argument("--previous", default="gemm", choices=["gemm", "mhc"],
+                   help="what --previous-steps turns back: the weight-only GEMMs or the PyTorch mHC")
+    r.add_argument("--gemm", default="weight-only", choices=["fp8", "fp8-linears", "weight-only"],
+                   help="prefill GEMMs of the main sweeps: FP8 activations (>= 128 rows) in the "
+                        "linears and experts, in the linears only, or nowhere")
+    r.add_argument("--moe-fp8-tiles", default="",
+                   help="BM,BN,BK,warps,stages of the FP8 experts (empty: the kernel's choice)")
+    r.add_argument("--prompt-previous", type=int, default=0,
+                   help="steps of the plain prompt again with the weight-only GEMMs (0: none)")
     r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
     r.add_argument("--print-every", type=int, default=16)
     r.add_argument("--device", default="cuda")

@@ -63,9 +63,10 @@ def _run(res: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((r for r in res["runs"] if r["name"] == name), None)
 
 
-def ratio_at_same_contexts(res: dict[str, Any]) -> float | None:
+def ratio_at_same_contexts(res: dict[str, Any], prev_name: str = "previous-path",
+                           new_name: str = "incident") -> float | None:
     """Previous path's seconds over the new path's, over the steps both ran (same contexts)."""
-    prev, new = _run(res, "previous-path"), _run(res, "incident")
+    prev, new = _run(res, prev_name), _run(res, new_name)
     if not prev or not new or not prev["rows"] or not new["rows"]:
         return None
     k = min(len(prev["rows"]), len(new["rows"]))
@@ -141,9 +142,14 @@ def render(res: dict[str, Any]) -> str:
             f"{run['max_transient_over_activations']:.3f} | "
             f"{run['transient_over_formula_here'][0]:.3f}-{run['transient_over_formula_here'][1]:.3f} |")
     ratio = ratio_at_same_contexts(res)
+    what = {"gemm": "weight-only GEMMs at every size", "mhc": "mHC in PyTorch"}
     if ratio is not None:
-        lines += ["", f"Previous path (mHC in PyTorch) over the new one at the same contexts: "
-                      f"{ratio:.2f}x the time."]
+        lines += ["", f"Previous path ({what[res.get('previous_kind', 'mhc')]}) over the new one "
+                      f"at the same contexts: {ratio:.2f}x the time."]
+    ratio = ratio_at_same_contexts(res, "prompt-previous-gemm", "prompt")
+    if ratio is not None:
+        lines += ["", f"Plain prompt, weight-only GEMMs over the FP8-activation ones at the same "
+                      f"contexts: {ratio:.2f}x the time."]
     inc = _run(res, "incident")
     if inc and inc["rows"]:
         rows = inc["rows"]

@@ -61,6 +61,28 @@ def _assert_same_greedy(a: dict[str, list[int]], b: dict[str, list[int]]) -> Non
         assert a[k][:4] == b[k][:4], (k, a[k], b[k])
 
 
+def decode_step_logits(engine: LLMEngine, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 6 added sequences' first decode step, replayed as a graph and run eagerly on the same
+    KV (the other tensor-parallel ranks, if any, told to do each as well: their all-reduces must
+    meet rank 0's). Returns (replayed, eager) logits."""
+    engine.step()  # every prompt fits one 512-token chunk: each has its first token
+    out = engine.scheduler.schedule()
+    assert len(out.chunks) == 6 and all(c.num_tokens == 1 for c in out.chunks)
+    runner = engine.runner
+    assert runner.graphs is not None and runner.graphs.can_run(out.chunks)
+    with torch.inference_mode():
+        with runner.ws.scope():
+            runner._tell("graph_step", out.chunks)
+            replayed = runner.graphs.run(out.chunks).clone()
+        with runner.ws.scope():
+            runner._tell("forward", out.chunks, False)  # same KV writes as the replay
+            batch = runner.build_batch(out.chunks)
+            eager = runner.ws.take((6, vocab), torch.float32, caller="test.logits")
+            runner._forward_logits(batch, runner.ws, eager)
+            eager = eager.clone()
+    return replayed, eager
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_graph_logits_equal_eager_logits(family, dtype):
@@ -78,19 +100,7 @@ def test_graph_logits_equal_eager_logits(family, dtype):
     for i, n in enumerate([1, 5, 33, 100, 250, 7]):
         engine.add_request(f"r{i}", torch.randint(0, 4096, (n,), generator=g).tolist(),
                            SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
-    engine.step()  # all prompts fit one 512-token chunk: every sequence has its first token
-    out = engine.scheduler.schedule()
-    assert len(out.chunks) == 6 and all(c.num_tokens == 1 for c in out.chunks)
-    runner = engine.runner
-    assert runner.graphs is not None and runner.graphs.can_run(out.chunks)
-    with torch.inference_mode():
-        with runner.ws.scope():
-            replayed = runner.graphs.run(out.chunks).clone()
-        with runner.ws.scope():
-            batch = runner.build_batch(out.chunks)
-            eager = runner.ws.take((6, cfg.vocab_size), torch.float32, caller="test.logits")
-            runner._forward_logits(batch, runner.ws, eager)
-            eager = eager.clone()
+    replayed, eager = decode_step_logits(engine, cfg.vocab_size)
     # fp32: Triton's tl.dot runs fp32 inputs as TF32 and the decode split differs between 6
     # rows and the graph's 8, so ~1e-4 (measured on the H200: 1.3e-4 at most), not 1e-6.
     tol = 1e-3 if dtype == "float32" else 3e-2

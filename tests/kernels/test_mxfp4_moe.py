@@ -13,6 +13,17 @@ from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes
 from kernels.mxfp4_moe_ref import E2M1_VALUES, dequantize_mxfp4, moe_experts_ref, quantize_mxfp4
 
 
+def pick_experts(t: int, k: int, e: int, ids: str | None, g: torch.Generator) -> torch.Tensor:
+    """[t, k] expert ids: "skewed" sends every token to experts 1, 5 and 6 (the others get
+    none), "repeat" lets a token pick one expert twice, None draws k distinct experts a token."""
+    if ids == "skewed":
+        return torch.tensor([[1, 5, 6]] * t)
+    if ids == "repeat":
+        picks = torch.randint(0, e, (t, k), generator=g)
+        picks[0] = 3
+        return picks
+    return torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+
 def _experts(e: int, hid: int, inter: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     gu = quantize_mxfp4(torch.randn(e, 2 * inter, hid, generator=g) * 0.1)
@@ -42,13 +53,7 @@ def test_moe_experts_matches_reference(interpret, t, k, e, hid, inter, ids) -> N
     g = torch.Generator().manual_seed(t * 31 + e)
     weights = _experts(e, hid, inter, t + e)
     x = torch.randn(t, hid, generator=g)
-    if ids == "skewed":
-        topk_ids = torch.tensor([[1, 5, 6]] * t)
-    elif ids == "repeat":
-        topk_ids = torch.randint(0, e, (t, k), generator=g)
-        topk_ids[0] = 3
-    else:
-        topk_ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    topk_ids = pick_experts(t, k, e, ids, g)
     topk_w = torch.rand(t, k, generator=g)
     shared = torch.randn(t, hid, generator=g)
     out = shared.clone()

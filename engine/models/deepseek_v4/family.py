@@ -223,12 +223,16 @@ class DeepseekV4Family(ModelFamily):
                                                  "kernels" if kernels else "torch")
         # the fused MXFP4 MoE runs wherever the GEMM kernels do (CUDA), whatever attention runs
         mxfp4 = ec.weight_format == "checkpoint" and fp4 and ec.torch_device.type == "cuda"
-        if kernels or mxfp4:
+        # and so do the FP8 linears, whose prefill form quantizes activations into the Workspace
+        fp8w = ec.weight_format == "checkpoint" and fp8 and ec.torch_device.type == "cuda"
+        if kernels or mxfp4 or fp8w:
             terms.append(PlanTerm("ws.indexer", _align(deepseek_v4_workspace_bytes(
-                v4, max(ec.chunk_tokens, ec.max_batch), ec.max_context, mxfp4, dtype, kernels)),
+                v4, max(ec.chunk_tokens, ec.max_batch), ec.max_context, mxfp4, dtype, kernels,
+                fp8w)),
                 "max(tiled indexer top-k scratch + [rows, topk] outputs, fused MXFP4 MoE "
-                "scratch: tokens x top_k x (16 + (hidden + intermediate) x dtype) B) (kernels' "
-                "size functions)", True))
+                "scratch: tokens x top_k x (16 + (hidden + intermediate) x dtype) B, FP8 "
+                "activation codes + scales: tokens x widest FP8 input x (1 + 4/128) B) "
+                "(kernels' size functions)", True))
         terms += [*common_step_terms(cfg, ec), _activations_term(v4, ec, scratch, kernels)]
         if ec.use_cuda_graphs:
             decode = deepseek_v4_step_scratch_bytes(v4, ec.max_batch, ec.max_context, ec.max_batch,

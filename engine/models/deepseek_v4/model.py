@@ -22,7 +22,12 @@ from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, LayerPool
 from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, merge
 from engine.models.deepseek_v4.moe import V4MoE
 from engine.models.deepseek_v4.norms import RMSNorm
-from engine.models.deepseek_v4.quant_modules import Fp8Linear, Mxfp4Experts, swap_quantized_modules
+from engine.models.deepseek_v4.quant_modules import (
+    Fp8Linear,
+    Mxfp4Experts,
+    bind_workspace,
+    swap_quantized_modules,
+)
 from engine.models.deepseek_v4.quant_weights import (
     WEIGHT_FORMATS,
     dequantize_all,
@@ -235,6 +240,7 @@ class DeepseekV4Model(nn.Module):
         """Embedding, every decoder layer (``attend(attn, x, rope, layer_pool)`` runs the
         attention part), the final mHC head and norm -> hidden [N, hidden]."""
         cfg = self.cfg
+        bind_workspace(self, ws)  # the FP8 linears' prefill path takes its scratch from it
         x = self.model.embed_tokens(input_ids)  # [N, hidden]
         streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [N, hc, hidden]
         kernels = self.backend.resolved(input_ids.device).mhc == "kernels"  # Sinkhorn, collapse, merge

@@ -16,21 +16,47 @@ from torch import nn
 from engine.errors import CheckpointError
 from kernels.fp8_linear import fp8_grouped_linear, fp8_linear
 from kernels.fp8_linear_ref import fp8_grouped_linear_ref, fp8_linear_ref
-from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes
+from kernels.fp8_w8a8 import (
+    fp8_grouped_linear_w8a8,
+    fp8_linear_w8a8,
+    fp8_w8a8_scratch_bytes,
+    uses_w8a8,
+)
+from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes, uses_fp8
 from kernels.mxfp4_moe_ref import moe_experts_ref
 
 
 class Fp8Linear(nn.Module):
     """``y = x @ dequant(weight)^T``: weight e4m3 ``[out, in]`` (``groups`` > 1: block-diagonal,
-    ``[groups * out/groups, in/groups]``, x ``[N, groups, in/groups]``), scale fp32 grid."""
+    ``[groups * out/groups, in/groups]``, x ``[N, groups, in/groups]``), scale fp32 grid.
+    With kernels, ``W8A8_MIN_ROWS`` rows or more (a prefill chunk) and a bound Workspace
+    (:func:`bind_workspace`), the activations are quantized to e4m3 per 1 x 128 group and the
+    product is FP8 x FP8 (``kernels.fp8_w8a8``) when ``w8a8`` is set (off by default: with the
+    FP8 experts it was slower on the H200, docs/benchmarks.md; :func:`set_prefill_fp8`)."""
 
     def __init__(self, weight_shape: tuple[int, int], groups: int = 1) -> None:
         super().__init__()
         self.groups = groups
         self.block = (128, 128)
         self.use_kernels = False
+        self.w8a8 = False
+        self.workspace: object | None = None
         self.register_buffer("weight", torch.empty(weight_shape, dtype=torch.float8_e4m3fn))
         self.register_buffer("scale", torch.empty(0, 0, dtype=torch.float32))
+
+    def _takes_w8a8(self, rows: int) -> bool:
+        return self.w8a8 and self.workspace is not None and uses_w8a8(rows, self.block)
+
+    def _w8a8(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """x [N, G, K] -> out [N, G * N_g] through the w8a8 kernels, scratch from the Workspace."""
+        m, groups, k = x.shape
+        ws = self.workspace
+        with ws.scope():  # type: ignore[attr-defined]
+            scratch = ws.take((fp8_w8a8_scratch_bytes(m, k, groups),), torch.uint8,  # type: ignore[attr-defined]
+                              caller="deepseek_v4.fp8_act_quant")
+            if groups > 1:
+                return fp8_grouped_linear_w8a8(x, self.weight, self.scale, out, scratch, self.block)
+            return fp8_linear_w8a8(x[:, 0], self.weight, self.scale, out, scratch, self.block)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.groups > 1:
@@ -38,22 +64,43 @@ class Fp8Linear(nn.Module):
             if not self.use_kernels:
                 return fp8_grouped_linear_ref(x, self.weight, self.scale, self.block)
             out = torch.empty(x.shape[0], self.weight.shape[0], dtype=x.dtype, device=x.device)
+            if self._takes_w8a8(x.shape[0]):
+                return self._w8a8(x, out)
             return fp8_grouped_linear(x, self.weight, self.scale, out, self.block)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])  # [N, in]
         if not self.use_kernels:
             return fp8_linear_ref(x2, self.weight, self.scale, self.block).view(*lead, -1)
         out = torch.empty(x2.shape[0], self.weight.shape[0], dtype=x.dtype, device=x.device)
+        if self._takes_w8a8(x2.shape[0]):
+            return self._w8a8(x2.unsqueeze(1), out).view(*lead, -1)
         return fp8_linear(x2, self.weight, self.scale, out, self.block).view(*lead, -1)
+
+
+def bind_workspace(model: nn.Module, ws: object | None) -> None:
+    """Hands the engine's Workspace to every FP8 linear of ``model`` (their prefill path takes
+    its activation scratch from it); nothing to do when this one is bound already."""
+    if model.__dict__.get("_fp8_workspace") is ws:
+        return
+    for mod in model.modules():
+        if isinstance(mod, Fp8Linear):
+            mod.workspace = ws
+    model.__dict__["_fp8_workspace"] = ws
+
+
 
 
 class Mxfp4Experts(nn.Module):
     """Routed experts as shipped: ``gate_up_proj [E, 2I, H/2]`` / ``down_proj [E, H, I/2]``
-    packed e2m1 bytes with e8m0 byte scales ``[E, 2I, H/32]`` / ``[E, H, I/32]``."""
+    packed e2m1 bytes with e8m0 byte scales ``[E, 2I, H/32]`` / ``[E, H, I/32]``. With
+    kernels and ``fp8`` (off by default: not yet faster on the H200), a prefill-sized step
+    runs the FP8 x FP8 form (``kernels.mxfp4_moe.uses_fp8``)."""
 
     def __init__(self, num_experts: int, hidden: int, inter: int) -> None:
         super().__init__()
         self.use_kernels = False
+        self.fp8 = False
+        self.fp8_tiles: tuple[int, int, int, int, int] | None = None  # None: the kernel's choice
         self.shape = (num_experts, hidden, inter)
         for name, rows, cols in (("gate_up_proj", 2 * inter, hidden), ("down_proj", hidden, inter)):
             self.register_buffer(name, torch.empty(num_experts, rows, cols // 2, dtype=torch.uint8))
@@ -66,14 +113,28 @@ class Mxfp4Experts(nn.Module):
         if not self.use_kernels:
             out += moe_experts_ref(x, weights, indices, *w, swiglu_limit)
             return out
-        if ws is None:
-            return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True)
         e, hid, inter = self.shape
-        need = moe_experts_workspace_bytes(x.shape[0], indices.shape[1], hid, inter, e, x.dtype)
+        fp8 = self.fp8 and uses_fp8(x.shape[0], hid, inter)
+        if ws is None:
+            return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True, fp8=fp8,
+                               fp8_tiles=self.fp8_tiles)
+        need = moe_experts_workspace_bytes(x.shape[0], indices.shape[1], hid, inter, e, x.dtype,
+                                           fp8)
         with ws.scope():  # type: ignore[attr-defined]
             scratch = ws.take((need,), torch.uint8, caller="deepseek_v4.moe_experts")  # type: ignore[attr-defined]
             return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True,
-                               workspace=scratch)
+                               workspace=scratch, fp8=fp8, fp8_tiles=self.fp8_tiles)
+
+
+def set_prefill_fp8(model: nn.Module, linears: bool, experts: bool | None = None) -> None:
+    """Turns the FP8-activation prefill forms of the FP8 linears and (``experts``, default
+    ``linears``) of the MXFP4 experts on or off (off: the weight-only kernels at every size;
+    benchmarks compare both)."""
+    for mod in model.modules():
+        if isinstance(mod, Fp8Linear):
+            mod.w8a8 = linears
+        elif isinstance(mod, Mxfp4Experts):
+            mod.fp8 = linears if experts is None else experts
 
 
 def swap_quantized_modules(model: nn.Module, kinds: dict[str, str]) -> None:

@@ -146,6 +146,22 @@ def deepseek_v4_step_peak_bytes(scratch: dict[str, int]) -> int:
     return scratch["mhc_streams"] + max(attention, scratch["moe"], scratch["final_norm"])
 
 
+def fp8_act_quant_bytes(cfg: DeepseekV4Config | Any, tokens: int) -> int:
+    """The largest activation-quantization scratch of V4's FP8 linears at ``tokens`` rows (the
+    w8a8 prefill path, ``kernels.fp8_w8a8``): ``tokens x K x (1 + 4 / 128)`` B for the widest
+    input K, which is the output projection's ``o_groups x o_lora_rank`` in V4-Flash (8,192);
+    zero below the path's row threshold."""
+    from kernels.fp8_w8a8 import W8A8_MIN_ROWS, fp8_w8a8_scratch_bytes
+
+    cfg = DeepseekV4Config.coerce(cfg)
+    if tokens < W8A8_MIN_ROWS:
+        return 0
+    h, d, hid = cfg.num_heads, cfg.head_dim, cfg.hidden_size
+    inputs = [(hid, 1), (cfg.q_lora_rank, 1), (cfg.moe_intermediate_size, 1),
+              (h * d // cfg.o_groups, cfg.o_groups), (cfg.o_groups * cfg.o_lora_rank, 1)]
+    return max(fp8_w8a8_scratch_bytes(tokens, k, g) for k, g in inputs)
+
+
 def deepseek_v4_decode_peak_bytes(scratch: dict[str, int]) -> int:
     """Transient peak of a step that is all decodes (what a captured decode graph runs): the
     same composition as :func:`deepseek_v4_step_peak_bytes` with decode_step.py's attention
@@ -158,6 +174,7 @@ def deepseek_v4_decode_peak_bytes(scratch: dict[str, int]) -> int:
 def deepseek_v4_workspace_bytes(
     cfg: DeepseekV4Config | Any, chunk_tokens: int, max_context: int,
     mxfp4_experts: bool = False, dtype: torch.dtype = torch.bfloat16, indexer: bool = True,
+    fp8_linears: bool = False,
 ) -> int:
     """Bytes the family takes from the engine's Workspace in one step (kernels backend): the
     larger of the indexer's scratch with its two [rows, topk] outputs and (``mxfp4_experts``)
@@ -165,14 +182,21 @@ def deepseek_v4_workspace_bytes(
     inside attention and the MoE after it, so they never coexist. The rest of a step's
     transient memory is the ``deepseek_v4_step_scratch_bytes`` activations. Frames are per
     sequence, so the indexer's part does not grow with the number of sequences in a step.
-    ``indexer=False``: the indexer runs in PyTorch and takes nothing from the Workspace."""
+    ``indexer=False``: the indexer runs in PyTorch and takes nothing from the Workspace.
+    ``fp8_linears``: the FP8 projections' activation quantization (:func:`fp8_act_quant_bytes`)
+    is one more such frame, taken and released inside each projection. The prefill FP8 forms
+    are opt-in (``quant_modules.set_prefill_fp8``), so their frames are counted whether or not
+    they run, which costs nothing at V4-Flash's shape (the weight-only experts' frame or the
+    indexer's is larger)."""
     cfg = DeepseekV4Config.coerce(cfg)
-    moe = 0
+    moe = fp8_act_quant_bytes(cfg, chunk_tokens) + 256 if fp8_linears else 0
     if mxfp4_experts:
         from kernels.mxfp4_moe import moe_experts_workspace_bytes
 
-        moe = moe_experts_workspace_bytes(chunk_tokens, cfg.num_experts_per_tok, cfg.hidden_size,
-                                          cfg.moe_intermediate_size, cfg.n_routed_experts, dtype) + 256
+        # either form of the experts may run (the FP8 one is opt-in): the larger of the two
+        moe = max(moe, *(moe_experts_workspace_bytes(
+            chunk_tokens, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size,
+            cfg.n_routed_experts, dtype, fp8) + 256 for fp8 in (False, True)))
     if not cfg.uses_csa or not indexer:
         return moe
     from kernels.indexer_topk import indexer_topk_workspace_bytes

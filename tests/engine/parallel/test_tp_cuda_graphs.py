@@ -19,6 +19,7 @@ from engine.llm_engine import LLMEngine
 from engine.parallel.ranks import Ranks
 from engine.sampling_params import SamplingParams
 from tests.engine.conftest import build_tiny_model
+from tests.engine.test_cuda_graphs import decode_step_logits
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -78,25 +79,8 @@ def _same_start(a: dict[str, list[int]], b: dict[str, list[int]]) -> None:
 
 
 def _step_logits(engine: LLMEngine) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decode step of the 6 sequences, replayed and run eagerly on the same KV (the other
-    ranks, if any, told to do each as well: their all-reduces must meet rank 0's)."""
     _add(engine, 20)
-    engine.step()  # every prompt fits one 512-token chunk: each has its first token
-    out = engine.scheduler.schedule()
-    assert len(out.chunks) == 6 and all(c.num_tokens == 1 for c in out.chunks)
-    runner = engine.runner
-    assert runner.graphs is not None and runner.graphs.can_run(out.chunks)
-    with torch.inference_mode():
-        with runner.ws.scope():
-            runner._tell("graph_step", out.chunks)  # the other ranks replay too
-            replayed = runner.graphs.run(out.chunks).clone()
-        with runner.ws.scope():
-            runner._tell("forward", out.chunks, False)  # and run it eagerly (same KV writes)
-            batch = runner.build_batch(out.chunks)
-            eager = runner.ws.take((6, 4096), torch.float32, caller="test.logits")
-            runner._forward_logits(batch, runner.ws, eager)
-            eager = eager.clone()
-    return replayed, eager
+    return decode_step_logits(engine, 4096)
 
 
 def test_group_of_one_captures_the_all_reduce(checkpoint) -> None:
