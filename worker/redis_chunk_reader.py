@@ -32,6 +32,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from common.redact import redact_text
+
 log = logging.getLogger(__name__)
 
 KV_SUFFIX, META_SUFFIX = "kv_bytes", "metadata"
@@ -120,7 +122,16 @@ class RedisChunkReader:
         present (one round trip); stops at the first absent one."""
         if not keys:
             return []
-        metas = self._client.mget([k + META_SUFFIX for k in keys])
+        import redis
+
+        try:
+            metas = self._client.mget([k + META_SUFFIX for k in keys])
+        except (redis.RedisError, OSError) as exc:
+            # a store that is down holds nothing we can load (as LMCache's lookup answers);
+            # the caller recomputes, and wait_visible probes reachability itself
+            log.warning("KV store lookup failed, counting nothing stored: %s",
+                        redact_text(str(exc)))
+            return []
         lengths = []
         for meta in metas:
             if meta is None or len(meta) < 4:
