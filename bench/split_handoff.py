@@ -26,14 +26,15 @@ def host_memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
 
 
 def measure(model: str, redis_url: str, num_tokens: int, device: str,
-            chunk_size: int = 256) -> dict[str, Any]:
+            chunk_size: int = 256, dtype: str = "bfloat16",
+            visible_timeout_s: float = 600.0) -> dict[str, Any]:
     from engine.checkpoint import load_model_config
     from engine.config import EngineConfig
     from engine.models import family_class
     from worker.kv_store import KVStore
 
     cfg = load_model_config(model)
-    ec = EngineConfig(model=model, device=device)
+    ec = EngineConfig(model=model, device=device, dtype=dtype)
     layout = family_class(cfg).kv_layout(cfg, ec)
     num_blocks = num_tokens // layout.block_size
     tokens = [1000 + (i * 7919) % 100000 for i in range(num_blocks * layout.block_size)]
@@ -48,7 +49,7 @@ def measure(model: str, redis_url: str, num_tokens: int, device: str,
         t0 = time.perf_counter()
         store.put(tokens, kv, blocks)
         t1 = time.perf_counter()
-        visible = store.wait_visible(tokens, timeout_s=600.0)
+        visible = store.wait_visible(tokens, timeout_s=visible_timeout_s)
         t2 = time.perf_counter()
         got, staged = store.fetch(tokens)
         t3 = time.perf_counter()
@@ -74,3 +75,53 @@ def measure(model: str, redis_url: str, num_tokens: int, device: str,
         "import_gbps": round(gb / max(t4 - t3, 1e-9), 2),
         "host_memcpy_gbps": round(host_memcpy_gbps(min(nbytes, 8 << 30)), 2),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.split_handoff --shape llama3-8b --tokens 4096 --device cpu``: one
+    handoff against a fresh redis-server (or ``--store-url``), its figures printed as JSON."""
+    import argparse
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from bench.synthetic_model import SHAPES
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--chunk", type=int, default=256, help="LMCache chunk (tokens)")
+    p.add_argument("--store-url", default=None, help="redis://... (default: start one)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        # only the model's shape matters: a config.json, no weights
+        config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                  "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+                  "torch_dtype": "bfloat16", **SHAPES[args.shape]}
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        redis = None
+        url = args.store_url
+        if url is None:
+            from launch.launcher import start_redis
+
+            nbytes = args.tokens * 2 * config["num_hidden_layers"] * \
+                config["num_key_value_heads"] * config.get("head_dim", 128) * 2
+            redis, url = start_redis(maxmemory_mb=max(1024, 3 * nbytes >> 20),
+                                     log_dir=Path(tmp))
+        try:
+            result = measure(tmp, url, args.tokens, args.device, chunk_size=args.chunk,
+                             visible_timeout_s=120.0)
+        finally:
+            if redis is not None:
+                redis.stop(grace_s=5.0)
+    result["shape"] = args.shape
+    print(json.dumps(result), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0 if result["round_trip_equal"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -50,11 +50,16 @@ def _block_import(store: KVStore, loaded: int, staged: StagedKV) -> KVImport:
         # num_computed_tokens: what the engine's own prefix cache already holds; those
         # (possibly shared) blocks are left alone.
         n = min(loaded, num_prompt_tokens)
+        started = time.monotonic()
         try:
             store.import_staged(kv, block_ids, staged, num_computed_tokens, n)
         except Exception as exc:  # never let an import take the engine thread down
             log.error("KV import into blocks failed, recomputing: %s", exc)
             return 0
+        # the one part of a handoff that runs on the engine thread: every running stream's
+        # next token waits for it, so its time is logged
+        log.info("KV import: %d tokens into blocks on the engine thread in %.1f ms",
+                 max(n - num_computed_tokens, 0), 1e3 * (time.monotonic() - started))
         # a layout may resume only at some block ends (V4: those with a window snapshot)
         return store.layout.resumable_tokens(kv, block_ids, n)
 

@@ -18,6 +18,11 @@ the last one possibly partial, and its resume point, into host memory) and its e
 copies that into the sequence's blocks (``import_staged``); ``retrieve`` moves blocks only, in one
 call. Either says how many leading tokens it filled; the caller recomputes the rest.
 
+Locking: calls into LMCache's engine (``put``, ``retrieve``; on ``lm://`` also lookups and
+fetches) run under one lock. On Redis, ``lookup`` and ``fetch`` never enter LMCache's engine
+(worker/staged_fetch.py reads its chunks in parallel straight into host staging): no lock, so a
+lookup never waits behind another prompt's fetch, and fetches overlap.
+
 Access and expiry. The URL may carry a password (``redis://:pw@host:port``) and TLS
 (``rediss://``, ``?ssl_ca_certs=PATH`` for a private CA); both are checked with a PING at
 start-up, and the password never reaches a log: our messages use ``redact_url`` and LMCache's
@@ -46,17 +51,19 @@ from typing import Any
 
 import torch
 
-from common.redact import public_url, redact_text
+from common.redact import public_url
 from engine.models.family import KVLayout
 from worker.kv_store_config import KVStoreConfig, KVStoreError
 from worker.lmcache_engine import build_lmcache_engine
 from worker.lmcache_redis import (
-    REDIS_KEY_SUFFIXES,
     avoid_redis_close_deadlock,
     expire_on_write,
     redact_lmcache_logs,
+    refresh_ttl,
 )
+from worker.redis_chunk_reader import RedisChunkReader
 from worker.resume_points import ResumePoints
+from worker.staged_fetch import fetch_staged, stored_chunks
 from worker.staged_kv import StagedKV
 from worker.store_reach import check_reachable, redis_client
 
@@ -98,6 +105,8 @@ class KVStore:
         os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
         check_reachable(self.config.url)
         self._redis = redis_client(self.config.url)  # None for lm://
+        self._reader = None if self._redis is None else RedisChunkReader(
+            self.config.url, timeout_s=self.config.blocking_timeout_s)
         self._lock = threading.Lock()
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
         redact_lmcache_logs()
@@ -106,6 +115,7 @@ class KVStore:
         except BaseException:
             if self._redis is not None:
                 self._redis.close()
+                self._reader.close()
             raise
         redact_lmcache_logs()  # loggers of modules the build imported
         self._closed = False
@@ -153,12 +163,13 @@ class KVStore:
         tokens = self.stored_prefix(token_ids)
         if not tokens:
             return
+        # Chunks a peer already stored (a shared system prompt) are not sent again.
+        present = self._stored_blocks(tokens)
         with self._lock:
             self._check_open()
-            # Chunks a peer already stored (a shared system prompt) are not sent again.
-            present = int(self._engine.lookup(tokens, search_range=["RemoteBackend"]))
             if present:  # reused chunks live on as long as prompts keep reusing them
-                self._refresh_ttl([k for _, e, k in self._chunk_keys(tokens) if e <= present])
+                refresh_ttl(self._redis, [k for _, e, k in self._chunk_keys(tokens) if e <= present],
+                            self.config.ttl_s, self.public_url)
             if present < len(tokens):
                 skip = present - present % self.config.chunk_size
                 mask = torch.ones(len(tokens), dtype=torch.bool)
@@ -222,6 +233,10 @@ class KVStore:
         """Leading tokens of the block-aligned ``tokens`` whose blocks LMCache holds."""
         if not tokens:
             return 0
+        if self._reader is not None:  # no LMCache state: never waits behind a fetch or a put
+            self._check_open()
+            present = stored_chunks(self._reader, self.config, self._chunk_keys(tokens))
+            return present[-1][1] if present else 0
         with self._lock:
             self._check_open()
             return int(self._engine.lookup(tokens, search_range=["RemoteBackend"]))
@@ -291,11 +306,17 @@ class KVStore:
         cfg = self.config
         # whole chunks (their keys are those of the full prompt's chain) up to the resume point
         tokens = tokens[:min(len(tokens), -(-target // cfg.chunk_size) * cfg.chunk_size)]
-        num_blocks = len(tokens) // cfg.block_size
-        blocks = torch.empty(num_blocks, cfg.bytes_per_block, dtype=torch.uint8)
-        loaded = self.retrieve(tokens, blocks, list(range(num_blocks)), layout=HostBlocks)
+        if self._reader is not None:  # Redis: parallel reads into host staging, lock-free
+            self._check_open()
+            loaded, blocks = fetch_staged(self._reader, cfg, self._chunk_keys(tokens))
+        else:
+            num_blocks = len(tokens) // cfg.block_size
+            blocks = torch.empty(num_blocks, cfg.bytes_per_block, dtype=torch.uint8)
+            loaded = self.retrieve(tokens, blocks, list(range(num_blocks)), layout=HostBlocks)
+        if not loaded:
+            return 0, None
         if not self.layout.resume_state_bytes:
-            return (loaded, StagedKV(blocks)) if loaded else (0, None)
+            return loaded, StagedKV(blocks)
         assert self._resume is not None
         for end, key in ends:  # the longest loaded one whose state is still there
             state = self._resume.get(key) if end <= loaded else None
@@ -327,21 +348,6 @@ class KVStore:
         db = self._engine.token_database
         return [(s, e, k.to_string()) for s, e, k in db.process_tokens(tokens)]
 
-    def _refresh_ttl(self, chunk_keys: Sequence[str]) -> None:
-        """Reset the TTL of stored chunks (both Redis keys of each). Best effort: a store that
-        is down only means they expire on their first schedule."""
-        if self._redis is None or not self.config.ttl_s or not chunk_keys:
-            return
-        try:
-            with self._redis.pipeline(transaction=False) as pipe:
-                for key in chunk_keys:
-                    for suffix in REDIS_KEY_SUFFIXES:
-                        pipe.expire(key + suffix, self.config.ttl_s)
-                pipe.execute()
-        except Exception as exc:  # redis-py raises several types; never fail a store on it
-            log.warning("KV store %s: could not refresh the TTL of %d chunks: %s",
-                        self.public_url, len(chunk_keys), redact_text(str(exc)))
-
     def close(self) -> None:
         """Stop LMCache's threads and drop its connections. Idempotent."""
         from lmcache.v1.cache_engine import LMCacheEngineBuilder
@@ -362,6 +368,7 @@ class KVStore:
                 log.error("LMCache did not close within 10 s; abandoning its threads")
             if self._redis is not None:
                 self._redis.close()
+                self._reader.close()
 
     def __enter__(self) -> KVStore:
         return self

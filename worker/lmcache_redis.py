@@ -12,7 +12,7 @@ import importlib
 import logging
 from typing import Any
 
-from common.redact import redact_logger
+from common.redact import redact_logger, redact_text
 
 log = logging.getLogger(__name__)
 
@@ -90,3 +90,21 @@ def avoid_redis_close_deadlock(engine: object) -> None:
     executor = getattr(connector, "pq_executor", None)
     if executor is not None and hasattr(executor, "shutdown_async"):
         executor.shutdown = executor.shutdown_async
+
+
+def refresh_ttl(client: Any, chunk_keys: list[str], ttl_s: int,  # noqa: ANN401 - redis.Redis
+                public_url: str) -> None:
+    """Reset the TTL of stored chunks (both Redis keys of each) through ``client`` (None: not a
+    Redis store). Best effort: a store that is down only means they expire on their first
+    schedule."""
+    if client is None or not ttl_s or not chunk_keys:
+        return
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            for key in chunk_keys:
+                for suffix in REDIS_KEY_SUFFIXES:
+                    pipe.expire(key + suffix, ttl_s)
+            pipe.execute()
+    except Exception as exc:  # redis-py raises several types; never fail a store on it
+        log.warning("KV store %s: could not refresh the TTL of %d chunks: %s",
+                    public_url, len(chunk_keys), redact_text(str(exc)))
