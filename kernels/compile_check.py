@@ -22,11 +22,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from kernels import _compress_decode_triton as comp
 from kernels import _fp8_linear_triton as fp8
 from kernels import _fused_triton as fused
+from kernels import _hc_decode_triton as hcd
+from kernels import _indexer_decode_triton as idxd
 from kernels import _indexer_triton as idx
+from kernels import _moe_decode_triton as moed
 from kernels import _mxfp4_moe_triton as moe
 from kernels import _paged_attention_triton as paged
+from kernels import _rope_norm_triton as rn
 from kernels import _sinkhorn_triton as sk
 from kernels import _sparse_attention_triton as sparse
 
@@ -133,6 +138,70 @@ def default_specs() -> list[KernelSpec]:
                    {"g_ptr": _ptr("bf16"), "u_ptr": _ptr("bf16"), "out_ptr": _ptr("bf16")},
                    {"BLOCK": 1024}),
         *_quantized_specs(),
+        *_decode_specs(),
+    ]
+
+
+def _decode_specs() -> list[KernelSpec]:
+    """The DeepSeek-V4 decode step's fused kernels (engine/models/deepseek_v4/decode_fused.py)
+    at V4-Flash's widths, every compile-time branch the engine takes."""
+    hc = {"s_ptr": _ptr("bf16"), "fn_ptr": _ptr("fp32"), "part_ptr": _ptr("fp32"),
+          "post_ptr": _ptr("fp32"), "comb_ptr": _ptr("fp32"), "bo_ptr": _ptr("bf16"),
+          "out_ptr": _ptr("bf16")}
+    fin = {"part_ptr": _ptr("fp32"), "s_ptr": _ptr("bf16"), "base_ptr": _ptr("fp32"),
+           "scale_ptr": _ptr("fp32"), "post_ptr": _ptr("fp32"), "comb_ptr": _ptr("fp32"),
+           "x_ptr": _ptr("bf16"), "hc_eps": "fp32", "norm_eps": "fp32"}
+    rope = {"x_ptr": _ptr("bf16"), "cos_ptr": _ptr("bf16"), "sin_ptr": _ptr("bf16"),
+            "w_ptr": _ptr("fp32"), "src_ptr": _ptr("i64"), "dst_ptr": _ptr("i64"),
+            "out_ptr": _ptr("bf16"), "eps": "fp32"}
+    idx64 = {p: _ptr("i64") for p in ("wr_ptr", "slot_ptr", "pos_ptr", "tab_ptr", "dst_ptr")}
+    window = idx64 | {"kv_ptr": _ptr("bf16"), "g_ptr": _ptr("bf16"), "bkv_ptr": _ptr("bf16"),
+                      "bg_ptr": _ptr("bf16"), "pb_ptr": _ptr("fp32"), "okv_ptr": _ptr("bf16"),
+                      "og_ptr": _ptr("fp32"), "ent_ptr": _ptr("bf16")}
+    entry = idx64 | {"ent_ptr": _ptr("bf16"), "w_ptr": _ptr("fp32"), "freq_ptr": _ptr("fp32"),
+                     "out_ptr": _ptr("bf16"), "eps": "fp32", "rope_scale": "fp32"}
+    route = {"lg_ptr": _ptr("bf16"), "bias_ptr": _ptr("fp32"), "hash_ptr": _ptr("i64"),
+             "tok_ptr": _ptr("i64"), "w_ptr": _ptr("fp32"), "idx_ptr": _ptr("i64"),
+             "scaling": "fp32"}
+    mix = {"F32": False, "BLOCK_M": 4, "BLOCK_R": 32, "BLOCK_D": hcd.HC_MIX_BLOCK_D}
+    return [
+        KernelSpec("hc_decode merge + mix", hcd._hc_mix_kernel, hc, mix | {"MERGE": True}),
+        KernelSpec("hc_decode mix (first layer)", hcd._hc_mix_kernel, hc, mix | {"MERGE": False}),
+        KernelSpec("hc_decode finish (Sinkhorn)", hcd._hc_finish_kernel, fin,
+                   {"HEAD": False, "BLOCK_M": 4, "BLOCK_S": 64, "BLOCK_D": hcd.HC_MIX_BLOCK_D}),
+        KernelSpec("hc_decode finish (head)", hcd._hc_finish_kernel, fin,
+                   {"HEAD": True, "BLOCK_M": 4, "BLOCK_S": 64, "BLOCK_D": hcd.HC_MIX_BLOCK_D}),
+        KernelSpec("hc_decode norm", hcd._hc_norm_kernel,
+                   {"part_ptr": _ptr("fp32"), "w_ptr": _ptr("fp32"), "x_ptr": _ptr("bf16"),
+                    "norm_eps": "fp32"}, {"BLOCK_S": 64, "BLOCK_D": hcd.HC_MIX_BLOCK_D}),
+        KernelSpec("rope_norm q (norm + rope, in place)", rn._rope_norm_kernel, rope,
+                   {"NORM": True, "WEIGHT": False, "SRC": False, "DST": False, "BLOCK_D": 512,
+                    "BLOCK_R": 32}),
+        KernelSpec("rope_norm kv -> window ring", rn._rope_norm_kernel, rope,
+                   {"NORM": True, "WEIGHT": True, "SRC": True, "DST": True, "BLOCK_D": 512,
+                    "BLOCK_R": 32}),
+        KernelSpec("rope_norm inverse rope", rn._rope_norm_kernel, rope,
+                   {"NORM": False, "WEIGHT": False, "SRC": False, "DST": False,
+                    "BLOCK_D": 512, "BLOCK_R": 32}),
+        KernelSpec("compress window (CSA overlap)", comp._compress_window_kernel, window,
+                   {"OVERLAP": True, "BLOCK_C": comp.COMPRESS_BLOCK_C, "BLOCK_W": 8}),
+        KernelSpec("compress window (HCA)", comp._compress_window_kernel, window,
+                   {"OVERLAP": False, "BLOCK_C": comp.COMPRESS_BLOCK_C,
+                    "BLOCK_W": comp.COMPRESS_BLOCK_W}),
+        KernelSpec("compress entry (d 512)", comp._compress_entry_kernel, entry,
+                   {"BLOCK_D": 512, "BLOCK_R": 32}),
+        KernelSpec("moe route (sqrt-softplus, 256 experts)", moed._moe_route_kernel, route,
+                   {"SCORING": 0, "HASH": False, "BLOCK_E": 256, "BLOCK_K": 8}),
+        KernelSpec("moe route (hash)", moed._moe_route_kernel, route,
+                   {"SCORING": 0, "HASH": True, "BLOCK_E": 256, "BLOCK_K": 8}),
+        KernelSpec("indexer decode scores (64 x 128)", idxd._indexer_decode_kernel,
+                   {"q_ptr": _ptr("bf16"), "w_ptr": _ptr("fp32"), "k_ptr": _ptr("bf16"),
+                    "tab_ptr": _ptr("i64"), "end_ptr": _ptr("i64"), "out_ptr": _ptr("fp32")},
+                   {"F32": False, "BLOCK_H": 64, "BLOCK_D": 128,
+                    "BLOCK_T": idxd.INDEXER_DECODE_BLOCK_T}, num_warps=8),
+        KernelSpec("clamped swiglu", moed._clamped_swiglu_kernel,
+                   {"g_ptr": _ptr("bf16"), "u_ptr": _ptr("bf16"), "out_ptr": _ptr("bf16"),
+                    "limit": "fp32"}, {"BLOCK": 1024}),
     ]
 
 

@@ -24,6 +24,9 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,7 @@ from engine.llm_engine import LLMEngine, RequestOutput
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import CSA, HCA, DeepseekV4Config, RopeParams
+from engine.models.deepseek_v4.family import DeepseekV4Family
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
 from engine.sampling_params import SamplingParams
@@ -97,6 +101,18 @@ def hf_dict(cfg: DeepseekV4Config) -> dict[str, Any]:
     return d
 
 
+@contextmanager
+def _decode_path(decode: str) -> Iterator[None]:
+    """``--decode`` reaches the model the engine builds (and captures graphs of) itself: the
+    family's constructor gets that backend for the duration of the build, and only then."""
+    orig = DeepseekV4Family.__init__
+    DeepseekV4Family.__init__ = partialmethod(orig, backend=V4Backend(decode=decode))  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DeepseekV4Family.__init__ = orig  # type: ignore[method-assign]
+
+
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
     """The V4-Flash-shaped model with synthetic weights, handed to an LLMEngine (which plans,
     allocates and warms up); the bench's own copy of the weights is freed afterwards."""
@@ -131,7 +147,8 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
     # Before the engine: its two 1 GiB buffers are device allocations, which after the warm-up
     # were counted against the engine (the "2 allocations at batch 1's first step" of 12:33).
     copy_tb_s = _copy_tb_s(dev) if cuda else None
-    engine = LLMEngine(ec, ModelConfig.from_hf_dict(hf, name=ec.model), weights)
+    with _decode_path(getattr(args, "decode", "auto")):
+        engine = LLMEngine(ec, ModelConfig.from_hf_dict(hf, name=ec.model), weights)
     weights.clear()  # the engine loaded them into its own module: drop ours
     _sync(cuda)
     kind = engine.runner.model.model.backend.resolved(dev)
@@ -144,7 +161,8 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
         "block_size": ec.block_size, "num_blocks": engine.plan.num_blocks,
         "kv_tokens": engine.plan.kv_tokens, "kv_dtype": ec.kv_dtype,
         "kv_bytes": engine.plan.term("kv_cache"),
-        "attention": kind.attention, "strict_allocations": ec.strict_allocations,
+        "attention": kind.attention, "decode_path": kind.decode,
+        "strict_allocations": ec.strict_allocations,
         "cuda_graphs": engine.runner.graphs is not None,
         "weights_bytes": weights_bytes, "plan_total_bytes": engine.plan.total_bytes,
         "plan_activations_bytes": engine.plan.term("activations"),
@@ -293,7 +311,7 @@ def run_decode(args: argparse.Namespace) -> dict[str, Any]:
     w = info["warmup"]
     peak = w["activation_peak_bytes"]
     print(f"[decode] {info['device']} {info['dtype']} indexer={info['indexer']} "
-          f"attention={info['attention']} context={args.context} chunk={args.chunk} "
+          f"attention={info['attention']} decode={info['decode_path']} context={args.context} chunk={args.chunk} "
           f"max_batch={info['max_batch']}; built in {info['build_s']:.1f} s; plan "
           f"{info['plan_total_bytes'] / 2**30:.2f} GiB; warm-up activations measured "
           f"{'n/a' if peak is None else f'{peak / 2**30:.2f} GiB'} / planned "
@@ -369,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", default="cuda")
     r.add_argument("--no-graphs", action="store_true",
                    help="decode eagerly (default: CUDA graphs where the family allows them)")
+    r.add_argument("--decode", default="auto", choices=("auto", "fused", "unfused"),
+                   help="the decode step's layer loop: fused row kernels (default on CUDA) or "
+                        "the unfused loop prefill shares (the previous path, for the ratio)")
     r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
     r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; {TINY})")
     return run_or_report(p, sub, argv, _cmd_run, _cmd_report)

@@ -25,7 +25,8 @@ def report_table(res: dict[str, Any]) -> str:
         return f"Run failed: {res['error']}\n"
     w = res["warmup"]
     lines = [
-        f"indexer `{res['indexer']}`, attention `{res['attention']}`; layers {res['layers']}, "
+        f"indexer `{res['indexer']}`, attention `{res['attention']}`, decode "
+        f"`{res.get('decode_path', 'unfused')}`; layers {res['layers']}, "
         f"{res['experts']} experts, weights {res.get('weights', 'bf16')}, {res['dtype']}, max_batch {res['max_batch']}, context "
         f"{res['context']:,}, chunks of {res['chunk']:,} ({res['device']}, torch {res['torch']}). "
         f"Weights {_gib(res['weights_bytes'])} GiB (resident {_gib(res.get('resident_weight_bytes'))} GiB"

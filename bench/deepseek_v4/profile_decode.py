@@ -3,7 +3,12 @@ by CPU time, kernel launches, graph launches and host syncs per step, and (``--t
 every device allocation made after the warm-up with the frames of ours that asked for it.
 
     python -m bench.deepseek_v4.profile_decode --weights fp8-mxfp4 --layers SCHC --experts 8 \
-        --batch 8 --prompt 1024 --steps 5 [--no-graphs] [--trace-allocs] --out prof.txt
+        --batch 8 --prompt 1024 --steps 5 [--no-graphs] [--decode unfused] [--trace-allocs] \
+        --out prof.txt
+
+The device kernels are also grouped by family (per step and per layer); with ``--no-graphs``
+one more eager step counts the PyTorch ops that launch work by the function of ours that
+called them (:mod:`.kernel_sources`).
 
 The model and engine are built as by :mod:`.decode` (same options). Prints and writes a text
 report. Never used by the engine.
@@ -20,6 +25,7 @@ from pathlib import Path
 import torch
 
 from bench.deepseek_v4.decode import _DTYPES, build_engine
+from bench.deepseek_v4.kernel_sources import OpSources, family_table
 from engine.sampling_params import SamplingParams
 
 # runtime API calls counted per step; the synchronising ones are what stalls the host
@@ -71,6 +77,16 @@ def profile(args: argparse.Namespace) -> str:
                f"per step: " + ", ".join(f"{k} {v / args.steps:.0f}" for k, v in sorted(counts.items())))
     kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
     out.append(f"[profile] device kernels per step: {kernels / args.steps:.0f}")
+    num_layers = len(args.layers)
+    out.append(f"[profile] device kernels by family ({num_layers} layers):")
+    out.append(family_table(events, args.steps, num_layers))
+    if args.no_graphs:
+        sources = OpSources()
+        with sources:
+            engine.step()
+        torch.cuda.synchronize()
+        out.append(f"[profile] one eager step, PyTorch ops by source ({num_layers} layers):")
+        out.append(sources.table(num_layers))
     sort_cuda = "cuda_time_total" if hasattr(events[0], "cuda_time_total") else "device_time_total"
     out.append(events.table(sort_by=sort_cuda, row_limit=args.rows, max_name_column_width=60))
     out.append(events.table(sort_by="self_cpu_time_total", row_limit=args.rows,
@@ -94,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=4096)
     p.add_argument("--rows", type=int, default=25, help="rows of each table")
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--decode", default="auto", choices=("auto", "fused", "unfused"))
     p.add_argument("--trace-allocs", action="store_true")
     p.add_argument("--out", default="profile_decode.txt")
     args = p.parse_args(argv)

@@ -21,6 +21,13 @@ from engine.models.deepseek_v4.backend import (
 )
 from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
+from engine.models.deepseek_v4.decode_fused import (
+    compress_decode_fused,
+    indexer_topk_fused,
+    rms_norm_row,
+    rotate_,
+    write_window_fused,
+)
 from engine.models.deepseek_v4.decode_step import (
     DecodeRows,
     attend_decode,
@@ -53,7 +60,7 @@ class _StepRows:
     """Per-token tensors of one layer's step, sliced per sequence by :meth:`rows`."""
 
     q: torch.Tensor  # [N, H, D] rotated queries
-    kv: torch.Tensor  # [N, D] rotated shared K=V
+    kv: torch.Tensor | None  # [N, D] rotated shared K=V (None: already in the window ring)
     kv_c: torch.Tensor | None = None  # compressor projections [N, width]
     gate_c: torch.Tensor | None = None
     kv_i: torch.Tensor | None = None  # indexer compressor projections [N, 2 * index_head_dim]
@@ -154,30 +161,61 @@ class V4Attention(nn.Module):
     def forward_decode(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], compress_rotary: V4Rotary,
         rows: DecodeRows, cache: LayerPool, backend: V4Backend,
+        inv_rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """:meth:`forward` for a step of one token per sequence, all sequences at once
-        (decode_step.py): x [B, hidden] (row i: the sequence of ``rows`` row i). -> [B, hidden]."""
+        (decode_step.py): x [B, hidden] (row i: the sequence of ``rows`` row i). -> [B, hidden].
+        ``inv_rope`` (cos, -sin): the fused decode path (decode_fused.py), whose row kernels
+        normalise, rotate and write the window ring."""
         cfg = self.cfg
-        t = self._project(x, rope, backend)
-        write_window(cache, rows, t.kv)
+        fused = inv_rope is not None
+        t = self._project_fused(x, rope, rows, cache) if fused else self._project(x, rope, backend)
+        if t.kv is not None:
+            write_window(cache, rows, t.kv)
+        compress = compress_decode_fused if fused else compress_decode
         comp = None
         if self.compressor is not None:
             assert cache.compressor is not None and t.kv_c is not None and t.gate_c is not None
-            compress_decode(self.compressor, t.kv_c, t.gate_c, cache.compressor, rows,
-                            compress_rotary)
+            compress(self.compressor, t.kv_c, t.gate_c, cache.compressor, rows, compress_rotary)
             topk = None
             if isinstance(self.compressor, V4CSACompressor):
                 ix = self.compressor.indexer
                 assert cache.indexer is not None and t.kv_i is not None and t.gate_i is not None
                 assert t.idx_q is not None and t.idx_w is not None
-                compress_decode(ix, t.kv_i, t.gate_i, cache.indexer, rows, compress_rotary)
-                topk = indexer_topk_decode(t.idx_q, t.idx_w, cache.indexer.entries, rows, ix.rate,
-                                           cache.block_size, cfg.index_topk)
+                compress(ix, t.kv_i, t.gate_i, cache.indexer, rows, compress_rotary)
+                select = indexer_topk_fused if fused else indexer_topk_decode
+                topk = select(t.idx_q, t.idx_w, cache.indexer.entries, rows, ix.rate,
+                              cache.block_size, cfg.index_topk)
             crow, visible = compressed_rows(cache.compressor, rows, topk)
             comp = (cache.compressor.entries, crow, visible)
         out = torch.empty_like(t.q)
         attend_decode(backend, out, t.q, cache, rows, comp, self.sinks, cfg.head_dim**-0.5)
+        if fused:
+            assert inv_rope is not None
+            grouped = self.o_a_proj(rotate_(out, inv_rope).view(out.shape[0], cfg.o_groups, -1))
+            return self.o_b_proj(grouped)
         return self._output(out, *rope)
+
+    def _project_fused(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                       rows: DecodeRows, cache: LayerPool) -> _StepRows:
+        """:meth:`_project` of a decode step through the fused row kernels; the shared KV goes
+        straight into the window ring (``kv`` None) unless the ring's dtype differs."""
+        cfg = self.cfg
+        n, h, d = x.shape[0], cfg.num_heads, cfg.head_dim
+        q_res = rms_norm_row(self.q_a_proj(x), self.q_a_norm.weight, self.q_a_norm.eps)
+        q = rotate_(self.q_b_proj(q_res).view(n, h, d), rope, norm=True, eps=cfg.rms_norm_eps)
+        kv = self.kv_proj(x)
+        written = write_window_fused(cache, rows, kv, self.kv_norm.weight, self.kv_norm.eps, rope)
+        t = _StepRows(q=q, kv=None if written else
+                      apply_rope_(self.kv_norm(kv), *rope))  # type: ignore[arg-type]
+        if self.compressor is not None:
+            t.kv_c, t.gate_c = self.compressor.project(x)
+        if isinstance(self.compressor, V4CSACompressor):
+            ix = self.compressor.indexer
+            t.idx_q = rotate_(ix.q_b_proj(q_res).view(n, ix.n_heads, ix.dim), rope)
+            t.idx_w = ix.score_weights(x)
+            t.kv_i, t.gate_i = ix.project(x)
+        return t
 
     def _project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                  backend: V4Backend) -> _StepRows:
@@ -222,6 +260,7 @@ class V4Attention(nn.Module):
         the top-k entry indices (which may live in ``ws``)."""
         c, n0, slot, win = sp.end - sp.begin, sp.start_pos, sp.slot, self.cfg.sliding_window
         dev = t.q.device
+        assert t.kv is not None
         ring = cache.ring[slot]  # [W, D]
         num_prev = min(n0, win - 1)
         prev_pos = torch.arange(n0 - num_prev, n0, device=dev) % win

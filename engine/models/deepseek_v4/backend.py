@@ -17,6 +17,10 @@ after it): ``kernels`` (``kernels.sinkhorn`` and ``kernels.hc_streams``) or ``to
 references, transformers' formulation); ``auto`` follows the attention's choice. They are the
 largest count of small kernels in a decode step and, in PyTorch, a tenth of a prefill chunk.
 
+``decode`` picks the decode step's layer loop: ``fused`` (decode_fused.py: the mHC passes and
+the attention's norms and RoPE as a few Triton kernels a layer) or ``unfused`` (the loop prefill
+shares, one PyTorch op per step of the formula); ``auto`` fuses where the mHC runs as kernels.
+
 Never decides anything from mutable global state: the choice is a frozen value handed down.
 """
 
@@ -32,6 +36,7 @@ _INDEXERS = ("auto", "torch", "kernels", "kernels_ref", "naive")
 _ATTENTIONS = ("auto", "torch", "kernels", "kernels_ref")
 _GEMMS = ("auto", "torch", "kernels")
 _MHCS = ("auto", "torch", "kernels")
+_DECODES = ("auto", "fused", "unfused")
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class V4Backend:
     attention: str = "auto"
     gemm: str = "auto"
     mhc: str = "auto"
+    decode: str = "auto"
 
     def __post_init__(self) -> None:
         if self.indexer not in _INDEXERS:
@@ -50,16 +56,21 @@ class V4Backend:
             raise ValueError(f"V4Backend.gemm={self.gemm!r} not in {_GEMMS}")
         if self.mhc not in _MHCS:
             raise ValueError(f"V4Backend.mhc={self.mhc!r} not in {_MHCS}")
+        if self.decode not in _DECODES:
+            raise ValueError(f"V4Backend.decode={self.decode!r} not in {_DECODES}")
 
     def resolved(self, device: torch.device) -> V4Backend:
-        """'auto' -> 'kernels' on CUDA, 'torch' elsewhere (mhc: as the attention resolves)."""
+        """'auto' -> 'kernels' on CUDA, 'torch' elsewhere (mhc: as the attention resolves;
+        decode: fused where the mHC resolves to kernels)."""
         default = "kernels" if device.type == "cuda" else "torch"
         attention = default if self.attention == "auto" else self.attention
+        mhc = ("kernels" if attention == "kernels" else "torch") if self.mhc == "auto" else self.mhc
         return V4Backend(
             indexer=default if self.indexer == "auto" else self.indexer,
             attention=attention,
             gemm=default if self.gemm == "auto" else self.gemm,
-            mhc=("kernels" if attention == "kernels" else "torch") if self.mhc == "auto" else self.mhc,
+            mhc=mhc,
+            decode=("fused" if mhc == "kernels" else "unfused") if self.decode == "auto" else self.decode,
         )
 
 

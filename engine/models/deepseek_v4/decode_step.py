@@ -16,7 +16,10 @@ Python, call ``.item()``/``.tolist()``, or build a tensor from host data.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,14 +46,28 @@ class DecodeRows:
     def num_rows(self) -> int:
         return int(self.slots.shape[0])
 
-    @property
+    @cached_property
     def writer(self) -> torch.Tensor:
         """[B]: for each row, the first row of the same slot (itself, except for a CUDA graph's
         pad rows, which copy row 0). Values written to the pool are taken from that row, so
         duplicate writes to one place carry identical bits: a pad row's own results may differ
-        from row 0's in the last bit (another GEMM row), which would make the write racy."""
+        from row 0's in the last bit (another GEMM row), which would make the write racy.
+        Computed once per step (every layer's writes use it)."""
         same = self.slots[:, None] == self.slots[None, :]
         return same.to(torch.int8).argmax(dim=1)
+
+    def memo(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()``, computed once per step for ``key``: the addressing every layer of the
+        step shares (ring rows, window bounds, entry rows of a rate), which each layer otherwise
+        recomputes in a handful of small kernels."""
+        cache = self.__dict__.setdefault("_memo", {})
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
+
+    def ring_rows(self, w: int) -> torch.Tensor:
+        """[B] flat rows of the token in its slot's window ring of ``w`` rows."""
+        return self.memo(("ring", w), lambda: self.slots * w + self.positions % w)
 
     def block_of(self, token_pos: torch.Tensor, block_size: int) -> torch.Tensor:
         """The block id holding token position ``token_pos`` [B] of each row -> [B]."""
@@ -68,7 +85,7 @@ def write_window(cache: LayerPool, rows: DecodeRows, kv: torch.Tensor) -> None:
     w = cache.ring.shape[1]
     kv = kv[rows.writer]
     ring = cache.ring.view(-1, cache.ring.shape[-1])
-    ring.index_copy_(0, rows.slots * w + rows.positions % w, kv.to(ring.dtype))
+    ring.index_copy_(0, rows.ring_rows(w), kv.to(ring.dtype))
 
 
 def compress_decode(comp: V4Compressor, kv: torch.Tensor, gate: torch.Tensor,
@@ -104,34 +121,47 @@ def compress_decode(comp: V4Compressor, kv: torch.Tensor, gate: torch.Tensor,
 
 def indexer_topk_decode(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows,
                         rows: DecodeRows, rate: int, block_size: int, topk: int,
-                        tile: int = DECODE_INDEXER_TILE) -> torch.Tensor:
+                        tile: int = DECODE_INDEXER_TILE,
+                        score: Callable[[int, int], torch.Tensor] | None = None) -> torch.Tensor:
     """Top-k indexer entries of each row's own sequence -> [B, topk] int64 (-1 = none).
     q: [B, Hi, Di], weights: [B, Hi] fp32 (scales folded). Score as ``indexer_topk_torch``:
     ``sum_h w[h] * relu(q[h] . k)`` in fp32 over the entries closed by the row's position.
     Walks the table width in tiles with a running top-k: scratch ~ B x Hi x tile, never B x
-    Hi x context."""
+    Hi x context. ``score(first, num)``: the tile's scores [B, num] (-inf where not visible)
+    from elsewhere (decode_fused.py's kernel) instead of the PyTorch ops below."""
     b = q.shape[0]
     per = block_size // rate
     num_entries = rows.tables.shape[1] * per
-    kv_end = (rows.positions + 1) // rate  # [B]
     qf = q.float()
     best_v = q.new_full((b, 0), float("-inf"), dtype=torch.float32)
     best_i = torch.zeros((b, 0), dtype=torch.long, device=q.device)
     for t0 in range(0, num_entries, tile):
-        e = torch.arange(t0, min(t0 + tile, num_entries), device=q.device)
-        k = keys.read(rows.entry_rows(e[None, :].expand(b, -1), per).flatten())
-        k = k.view(b, e.numel(), -1).float()  # [B, T, Di]
-        sc = torch.einsum("bhd,btd->bht", qf, k)
-        sc = (F.relu(sc) * weights[:, :, None]).sum(dim=1)  # [B, T]
-        sc = sc.masked_fill(e[None, :] >= kv_end[:, None], float("-inf"))
+        e, flat, hidden = rows.memo(("indexer_tile", t0, tile, per, rate),
+                                    lambda t0=t0: _indexer_tile(rows, t0, tile, num_entries, per, rate))
+        if score is not None:
+            sc = score(t0, e.shape[1])
+        else:
+            k = keys.read(flat).view(b, e.shape[1], -1).float()  # [B, T, Di]
+            sc = torch.einsum("bhd,btd->bht", qf, k)
+            sc = (F.relu(sc) * weights[:, :, None]).sum(dim=1)  # [B, T]
+            sc = sc.masked_fill(hidden, float("-inf"))
         cand_v = torch.cat([best_v, sc], dim=1)
-        cand_i = torch.cat([best_i, e[None, :].expand(b, -1)], dim=1)
+        cand_i = torch.cat([best_i, e], dim=1)
         best_v, pos = cand_v.topk(min(topk, cand_v.shape[1]), dim=1)
         best_i = cand_i.gather(1, pos)
     idx = torch.where(torch.isinf(best_v), -1, best_i)
     if idx.shape[1] < topk:
         idx = F.pad(idx, (0, topk - idx.shape[1]), value=-1)
     return idx
+
+
+def _indexer_tile(rows: DecodeRows, t0: int, tile: int, num_entries: int, per: int, rate: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Entries ``[t0, t0 + tile)`` of every row: (numbers [B, T], flat pool rows [B * T], not yet
+    closed at the row's position [B, T])."""
+    e = torch.arange(t0, min(t0 + tile, num_entries), device=rows.tables.device)
+    e = e[None, :].expand(rows.num_rows, -1)
+    return e, rows.entry_rows(e, per).flatten(), e >= ((rows.positions + 1) // rate)[:, None]
 
 
 def compressed_rows(cp: CompressorPool, rows: DecodeRows, topk_idx: torch.Tensor | None
@@ -141,9 +171,13 @@ def compressed_rows(cp: CompressorPool, rows: DecodeRows, topk_idx: torch.Tensor
     per = cp.block_size // cp.rate
     if topk_idx is not None:
         return rows.entry_rows(topk_idx.clamp(min=0), per), topk_idx >= 0
-    e = torch.arange(rows.tables.shape[1] * per, device=rows.tables.device)[None, :]
-    e = e.expand(rows.num_rows, -1)
-    return rows.entry_rows(e, per), e < ((rows.positions + 1) // cp.rate)[:, None]
+
+    def every_closed() -> tuple[torch.Tensor, torch.Tensor]:
+        e = torch.arange(rows.tables.shape[1] * per, device=rows.tables.device)[None, :]
+        e = e.expand(rows.num_rows, -1)
+        return rows.entry_rows(e, per), e < ((rows.positions + 1) // cp.rate)[:, None]
+
+    return rows.memo(("every_closed", per, cp.rate), every_closed)
 
 
 def attend_decode(backend: V4Backend, out: torch.Tensor, q: torch.Tensor, cache: LayerPool,
@@ -152,7 +186,8 @@ def attend_decode(backend: V4Backend, out: torch.Tensor, q: torch.Tensor, cache:
     """Sliding window (the slot's ring, already holding this token) + the given compressed
     entries (pool, rows [B, K], visible [B, K]) for every row at once into ``out`` [B, H, D]."""
     w, dim = cache.ring.shape[1], cache.ring.shape[-1]
-    filled = (rows.positions + 1).clamp(max=w)  # ring rows holding positions (pos - W, pos]
+    # ring rows holding positions (pos - W, pos]
+    filled = rows.memo(("filled", w), lambda: (rows.positions + 1).clamp(max=w))
     if backend.attention == "torch":
         win = cache.ring[rows.slots]  # [B, W, D]
         keys, valid = win, torch.arange(w, device=q.device)[None, :] < filled[:, None]
@@ -170,14 +205,16 @@ def attend_decode(backend: V4Backend, out: torch.Tensor, q: torch.Tensor, cache:
             kw["indices"] = torch.where(cvis, crow, -1).to(torch.int32)
         else:  # FP8 entries: dequantise the attended rows into one table
             kw["compressed_kv"] = pool.read(crow.flatten())
-            flat = torch.arange(crow.numel(), device=q.device).view(crow.shape)
+            flat = rows.memo(("flat", crow.numel()), lambda: torch.arange(
+                crow.numel(), device=q.device).view(crow.shape))
             kw["indices"] = torch.where(cvis, flat, -1).to(torch.int32)
     if backend.attention == "kernels_ref":
         from kernels.sparse_attention_ref import sparse_attention_ref as fn
     else:
         from kernels.sparse_attention import sparse_attention as fn
-    start = (rows.slots * w).to(torch.int32)
-    fn(q, cache.ring.view(-1, dim), start, start + filled.to(torch.int32), scale=scale, out=out,
+    start, end = rows.memo(("window_bounds", w), lambda: (
+        (rows.slots * w).to(torch.int32), (rows.slots * w + filled).to(torch.int32)))
+    fn(q, cache.ring.view(-1, dim), start, end, scale=scale, out=out,
        sinks=sinks, **kw)
 
 

@@ -44,8 +44,11 @@ class V4Indexer(V4Compressor):
         n = q_residual.shape[0]
         q = self.q_b_proj(q_residual).view(n, self.n_heads, self.dim)
         q = apply_rope_(q, cos, sin)  # a fresh projection: rotated in place
-        w = self.scorer.weights_proj(x).float() * (self.n_heads**-0.5 * self.dim**-0.5)
-        return q, w
+        return q, self.score_weights(x)
+
+    def score_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-head score weights [N, Hi] fp32 of tokens x [N, hidden], scales folded in."""
+        return self.scorer.weights_proj(x).float() * (self.n_heads**-0.5 * self.dim**-0.5)
 
 
 def indexer_topk_torch(

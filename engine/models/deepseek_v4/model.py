@@ -17,6 +17,7 @@ from engine.errors import CheckpointError, InvalidRequest
 from engine.models.deepseek_v4.attention import SeqSpan, V4Attention
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
+from engine.models.deepseek_v4.decode_fused import fused_decode_layers
 from engine.models.deepseek_v4.decode_step import DecodeRows
 from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, LayerPool
 from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, merge
@@ -230,6 +231,8 @@ class DeepseekV4Model(nn.Module):
         (no host bookkeeping: the caller keeps ``cache.num_tokens``; what a CUDA graph
         replays). input_ids: [B]. Returns hidden [B, hidden]."""
         backend = self.backend.resolved(input_ids.device)
+        if backend.decode == "fused":
+            return fused_decode_layers(self, input_ids, rows, cache, ws, backend)
         return self._layers(input_ids, rows.positions, cache, ws, lambda attn, x, rope, lc: (
             attn.forward_decode(x, rope, self.compress_rotary, rows, lc, backend)))
 

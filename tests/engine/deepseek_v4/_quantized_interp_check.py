@@ -1,6 +1,7 @@
 """Run under TRITON_INTERPRET=1 by test_deepseek_v4_quantized.py: the quantized checkpoint in
 argv[1] decoded greedily with the FP8 / MXFP4 Triton kernels (scratch from a locked engine
-Workspace sized by the family's size function) and with their torch references."""
+Workspace sized by the family's size function), with their torch references, and with every
+kernel and the fused decode path."""
 
 from __future__ import annotations
 
@@ -27,9 +28,15 @@ ids = torch.randint(2, 97, (13,), generator=torch.Generator().manual_seed(4))
 result = {}
 ws = Workspace(deepseek_v4_workspace_bytes(cfg, 13, 32, mxfp4_experts=True, dtype=torch.float32), "cpu")
 ws.lock()
-for gemm in ("kernels", "torch"):
-    ours = DeepseekV4Model.from_state_dict(cfg, ck.state_dict, dtype=torch.float32,
-                                           backend=V4Backend("torch", "torch", gemm))
+backends = {
+    "kernels": V4Backend("torch", "torch", "kernels"),
+    "torch": V4Backend("torch", "torch", "torch"),
+    # every kernel, decode steps through the fused path (decode_fused.py: fused MoE routing and
+    # shared-expert SwiGLU in front of the MXFP4 experts)
+    "fused": V4Backend("kernels", "kernels", "kernels", decode="fused"),
+}
+for gemm, backend in backends.items():
+    ours = DeepseekV4Model.from_state_dict(cfg, ck.state_dict, dtype=torch.float32, backend=backend)
     cache = DeepseekV4KVPool.for_slots(cfg, 1, 32, torch.float32, "cpu")
     with ws.scope():
         h = ours(ids, torch.arange(13), [0, 13], [0], cache, ws=ws)
@@ -39,4 +46,5 @@ for gemm in ("kernels", "torch"):
             h = ours(torch.tensor([tokens[-1]]), torch.tensor([cache.num_tokens[0]]), [0, 1], [0], cache, ws=ws)
         tokens.append(int(ours.compute_logits(h)[0].argmax()))
     result[gemm] = ",".join(map(str, tokens))
+print(f"fused={result['fused']}")
 print(f"kernels={result['kernels']} torch={result['torch']} ws_peak={ws.peak_bytes} ws_cap={ws.capacity}")

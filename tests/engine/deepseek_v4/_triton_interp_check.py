@@ -1,8 +1,8 @@
 """Run under TRITON_INTERPRET=1 by test_deepseek_v4_triton_interp.py (its own process, because
 the variable must be set before triton is imported): the kernels backend, with its scratch taken
 from an engine Workspace, against the torch backend on a two-sequence step and five decode
-steps of both sequences. Prints the max
-difference and the workspace peak."""
+steps of both sequences (decode fused and unfused). Prints the max
+differences and the workspace peak."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ g = torch.Generator().manual_seed(0)
 a, b = torch.randint(2, 97, (19,), generator=g), torch.randint(2, 97, (13,), generator=g)
 outs = []
 peak = 0
-for backend in (V4Backend("kernels", "kernels"), V4Backend("torch", "torch")):
+# decode "fused" (decode_fused.py) and "unfused" kernels paths, then the torch reference
+for backend in (V4Backend("kernels", "kernels", decode="fused"),
+                V4Backend("kernels", "kernels", decode="unfused"), V4Backend("torch", "torch")):
     ours = DeepseekV4Model.from_state_dict(cfg, model.state_dict(), dtype=torch.float32, backend=backend)
     cache = DeepseekV4KVPool.for_slots(cfg, 2, 32, torch.float32, "cpu")
     ws = Workspace(deepseek_v4_workspace_bytes(cfg, 13, 32), "cpu")
@@ -48,4 +50,7 @@ for backend in (V4Backend("kernels", "kernels"), V4Backend("torch", "torch")):
         steps.append(ours(tok, torch.tensor([19 + k, 13 + k]), [0, 1, 2], [1, 0], cache, ws=ws))
     outs.append(torch.cat([h1, h2, *steps]))
     peak = max(peak, ws.peak_bytes)
-print(f"maxdiff={(outs[0] - outs[1]).abs().max().item():.3e} ws_peak={peak} ws_cap={ws.capacity}")
+dec = slice(-10, None)  # the five decode steps of both sequences
+print(f"fused_decode_maxdiff={(outs[0][dec] - outs[2][dec]).abs().max().item():.3e}")
+print(f"maxdiff={(outs[0] - outs[2]).abs().max().item():.3e} "
+      f"unfused_maxdiff={(outs[1] - outs[2]).abs().max().item():.3e} ws_peak={peak} ws_cap={ws.capacity}")

@@ -153,3 +153,16 @@ def test_config_estimate_equals_the_quantized_weights() -> None:
     assert est == resident_weight_bytes(sd, torch.float32, "checkpoint")
     assert deepseek_v4_weight_bytes(cfg, torch.float32, True, True, "dequantize") == \
         resident_weight_bytes(sd, torch.float32, "dequantize") > est
+
+
+def test_decode_flag_reaches_the_engines_model(tmp_path: Path) -> None:
+    """``--decode`` picks the model's decode loop for the build only (the family's constructor
+    is restored afterwards), and the result names the path that ran."""
+    from engine.models.deepseek_v4.family import DeepseekV4Family
+
+    init = DeepseekV4Family.__init__
+    rc, res = _run(tmp_path / "u.json", "--decode", "unfused", "--batches", "1", "--steps", "2")
+    assert rc == 0 and res["decode_path"] == "unfused"
+    assert DeepseekV4Family.__init__ is init
+    rc, res = _run(tmp_path / "a.json", "--batches", "1", "--steps", "2")
+    assert rc == 0 and res["decode_path"] == "unfused"  # CPU: 'auto' resolves to the torch loop

@@ -175,6 +175,8 @@ def test_kernels_path_under_triton_interpreter(quantized) -> None:
     assert m, out
     assert m.group(1) == m.group(2)
     assert 0 < int(m.group(3)) <= int(m.group(4))
+    fused = re.search(r"fused=(\S+)", out)  # every kernel and the fused decode path
+    assert fused and fused.group(1) == m.group(2), out
 
 
 @pytest.mark.slow

@@ -21,7 +21,10 @@ def test_kernels_backend_under_triton_interpreter() -> None:
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_triton_interp_check.py"))],
                           env=env, capture_output=True, text=True, timeout=240, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    m = re.search(r"maxdiff=(\S+) ws_peak=(\d+) ws_cap=(\d+)", proc.stdout)
+    m = re.search(r"maxdiff=(\S+) unfused_maxdiff=(\S+) ws_peak=(\d+) ws_cap=(\d+)", proc.stdout)
     assert m, proc.stdout
-    assert float(m.group(1)) < 1e-4
-    assert 0 < int(m.group(2)) <= int(m.group(3))
+    assert float(m.group(1)) < 1e-4  # the fused decode step (decode_fused.py)
+    assert float(m.group(2)) < 1e-4
+    assert 0 < int(m.group(3)) <= int(m.group(4))
+    dec = re.search(r"fused_decode_maxdiff=(\S+)", proc.stdout)
+    assert dec and float(dec.group(1)) < 1e-4, proc.stdout

@@ -1,0 +1,186 @@
+"""The DeepSeek-V4 decode step's layer loop with its small per-token work fused (CUDA, or the
+Triton interpreter): a few launches where the unfused step (model._layers) makes hundreds.
+
+* mHC between two blocks: ``kernels.hc_decode`` merges the previous block into the streams and
+  computes the next block's gates, Sinkhorn matrix, collapse and input RMSNorm (2 launches
+  instead of ~25); the last one collapses through the model's head and applies its final norm.
+* each compressor (and the indexer's): ``kernels.compress_decode``, the window update, the
+  gated sum, norm and RoPE of a closed window's entry (2 launches + the pool write, not ~40).
+* the CSA indexer's scores of a tile of entries: ``kernels.indexer_decode`` (one launch a tile
+  instead of a key gather, a copy, a matmul and four elementwise kernels); the running top-k
+  over tiles stays in PyTorch.
+* the MoE's routing and its shared expert's clamped SwiGLU: ``kernels.moe_decode`` (one
+  launch each instead of ~10 and ~5); the experts themselves are the fused MXFP4 kernels.
+* the attention's row work: ``kernels.rope_norm`` for q_a's RMSNorm, the queries' norm + RoPE,
+  the shared KV's norm + RoPE written straight into the window ring, the indexer queries' RoPE
+  and the output's inverse RoPE (1 launch each instead of ~10).
+
+Decode only (one token per sequence; the prefill path is untouched) and numerically the same
+formulas as the unfused step, rounded at the same points; reductions run in another order, so
+results agree to rounding, not bit for bit. Must never loop over sequences or read device
+values on the host (the step is captured as a CUDA graph).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.config import SLIDING
+from engine.models.deepseek_v4.decode_step import DecodeRows, compress_decode, indexer_topk_decode
+from kernels.compress_decode import compress_decode as compress_decode_kernel
+from kernels.hc_decode import hc_decode, hc_decode_partial_shape
+from kernels.indexer_decode import indexer_decode_scores
+from kernels.moe_decode import clamped_swiglu, moe_route
+from kernels.rope_norm import rope_norm
+
+if TYPE_CHECKING:
+    from engine.models.deepseek_v4.compressor import V4Compressor
+    from engine.models.deepseek_v4.kv_pool import CompressorPool, DeepseekV4KVPool, LayerPool
+    from engine.models.deepseek_v4.model import DeepseekV4Model
+    from engine.models.deepseek_v4.moe import V4MoE
+    from engine.models.deepseek_v4.paged_rows import PagedRows
+    from engine.models.deepseek_v4.rope import V4Rotary
+
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+def fused_decode_layers(model: DeepseekV4Model, input_ids: torch.Tensor, rows: DecodeRows,
+                        cache: DeepseekV4KVPool, ws: object | None,
+                        backend: V4Backend) -> torch.Tensor:
+    """model._layers for a decode step, fused: input_ids [B] -> hidden [B, hidden] after the
+    mHC head and the final norm."""
+    cfg = model.cfg
+    layers = model.model.layers
+    emb = model.model.embed_tokens(input_ids)  # [B, hidden]
+    n, m, d = emb.shape[0], cfg.hc_mult, emb.shape[1]
+    streams = emb.unsqueeze(1).expand(-1, m, -1).contiguous()  # [B, m, hidden]
+    # ping-pong targets of the merges (a merge must not write the streams it reads; the first
+    # merge writes bufs[0], the second the embedding's copy): two copies of the streams live,
+    # as in the unfused loop. The gates and the block input are rewritten each boundary: every
+    # reader runs before the rewrite
+    bufs = (torch.empty_like(streams), streams)
+    f32 = dict(dtype=torch.float32, device=emb.device)
+    partial = torch.empty(hc_decode_partial_shape(n, m, d), **f32)
+    head_partial = torch.empty(hc_decode_partial_shape(n, m, d, head=True), **f32)
+    post, comb = torch.empty(n, m, **f32), torch.empty(n, m, m, **f32)
+    x = torch.empty_like(emb)
+    ropes = {}
+    for main, rotary in ((True, model.main_rotary), (False, model.compress_rotary)):
+        cos, sin = rotary(rows.positions, emb.dtype)
+        ropes[main] = ((cos, sin), (cos, -sin))  # forward, inverse (the output's un-rotation)
+    common = dict(iters=cfg.hc_sinkhorn_iters, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
+
+    def boundary(s: torch.Tensor, hc, norm_w: torch.Tensor, out: torch.Tensor | None,
+                 k: int) -> torch.Tensor:
+        merge = None if out is None else (post, comb, out)
+        return hc_decode(s, hc.fn, hc.base, hc.scale, norm_w, **common, partial=partial, x=x,
+                         post=post, comb=comb, merge=merge, merged=bufs[k % 2])
+
+    s = boundary(streams, layers[0].attn_hc, layers[0].input_layernorm.weight, None, 0)
+    k = 0
+    for i, (layer, lc) in enumerate(zip(layers, cache.layers, strict=True)):
+        attn = layer.self_attn
+        rope, inv = ropes[attn.layer_type == SLIDING]
+        a = attn.forward_decode(x, rope, model.compress_rotary, rows, lc, backend, inv_rope=inv)
+        s = boundary(s, layer.ffn_hc, layer.post_attention_layernorm.weight, a, k)
+        k += 1
+        mo = moe_fused(layer.mlp, x, input_ids, ws)
+        if i + 1 < len(layers):
+            nxt = layers[i + 1]
+            s = boundary(s, nxt.attn_hc, nxt.input_layernorm.weight, mo, k)
+            k += 1
+    head = model.model.hc_head
+    hc_decode(s, head.hc_fn, head.hc_base, head.hc_scale, model.model.norm.weight, **common,
+              partial=head_partial, x=x, merge=(post, comb, mo), merged=bufs[k % 2], head=True)
+    return x
+
+
+def rms_norm_row(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Weighted RMSNorm of [N, D] rows in place, one launch (rope_norm with no rotated channels)."""
+    empty = t.new_empty(t.shape[0], 0)
+    return rope_norm(t, empty, empty, t, norm=True, weight=weight, eps=eps)
+
+
+def rotate_(t: torch.Tensor, rope: Rope, norm: bool = False, eps: float = 1e-6) -> torch.Tensor:
+    """(Unweighted norm and) RoPE of [N, H, D] rows in place."""
+    return rope_norm(t, rope[0], rope[1], t, norm=norm, eps=eps)
+
+
+def write_window_fused(cache: LayerPool, rows: DecodeRows, kv_raw: torch.Tensor,
+                       weight: torch.Tensor, eps: float, rope: Rope) -> bool:
+    """The shared KV's RMSNorm + RoPE written straight into the slot's window ring (row i takes
+    the values of its writer row, as decode_step.write_window). False where the ring's dtype
+    differs from the KV's (the unfused write casts; the caller then takes that path)."""
+    if cache.ring.dtype != kv_raw.dtype:
+        return False
+    w = cache.ring.shape[1]
+    ring = cache.ring.view(-1, cache.ring.shape[-1])
+    # a writer row has the same slot and position as the row it writes for: same cos/sin
+    rope_norm(kv_raw, rope[0], rope[1], ring, norm=True, weight=weight, eps=eps,
+              src_rows=rows.writer, dst_rows=rows.ring_rows(w))
+    return True
+
+
+def compress_decode_fused(comp: V4Compressor, kv: torch.Tensor, gate: torch.Tensor,
+                          cp: CompressorPool, rows: DecodeRows, rotary: V4Rotary) -> None:
+    """decode_step.compress_decode through ``kernels.compress_decode``; the entry rows are then
+    written by the pool (FP8 or not). The unfused function where the buffers' dtype differs
+    from the projections'."""
+    if cp.buf_kv.dtype != kv.dtype:
+        compress_decode(comp, kv, gate, cp, rows, rotary)
+        return
+    n, d = kv.shape[0], comp.dim
+    out = kv.new_empty(n, d)
+    dst = torch.empty(n, dtype=torch.long, device=kv.device)
+    compress_decode_kernel(
+        kv, gate, rows.writer, rows.slots, rows.positions, rows.tables, cp.buf_kv, cp.buf_gate,
+        comp.position_bias, comp.kv_norm.weight, comp.kv_norm.eps, rotary.inv_freq,
+        float(rotary.scale), cp.block_size, ent=torch.empty_like(out), out=out, dst=dst,
+        ov_kv=cp.ov_kv, ov_gate=cp.ov_gate)
+    cp.entries.write(dst, out)
+
+
+def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object | None
+              ) -> torch.Tensor:
+    """V4MoE.forward of a decode step with the routing and the shared expert's SwiGLU as one
+    kernel each (``kernels.moe_decode``). The module's own forward where it is not the plain
+    single-device MXFP4 layer (tensor-parallel ranks, bf16 experts)."""
+    from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
+
+    cfg = mlp.cfg
+    if (mlp.reduce is not None or mlp.expert_offset or not mlp.add_shared
+            or not isinstance(mlp.experts, Mxfp4Experts)
+            or mlp.experts.shape[0] != cfg.n_routed_experts):
+        return mlp(x, input_ids, ws)
+    n, k = x.shape[0], cfg.num_experts_per_tok
+    weights = torch.empty(n, k, dtype=torch.float32, device=x.device)
+    experts = torch.empty(n, k, dtype=torch.long, device=x.device)
+    route = dict(hash_table=mlp.gate.tid2eid, token_ids=input_ids) if mlp.is_hash else dict(
+        bias=mlp.gate.e_score_correction_bias)
+    moe_route(F.linear(x, mlp.gate.weight), k, cfg.scoring_func, cfg.routed_scaling_factor,
+              weights=weights, experts=experts, **route)
+    se = mlp.shared_experts
+    gate = se.gate_proj(x)
+    base = se.down_proj(clamped_swiglu(gate, se.up_proj(x), se.limit, torch.empty_like(gate)))
+    return mlp.experts.add_into(x, weights, experts, base, cfg.swiglu_limit, ws)
+
+
+def indexer_topk_fused(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows, rows: DecodeRows,
+                       rate: int, block_size: int, topk: int) -> torch.Tensor:
+    """decode_step.indexer_topk_decode with each tile scored by ``kernels.indexer_decode``
+    (straight from the pool's rows); the PyTorch scoring where the keys are FP8."""
+    if keys.scale is not None or keys.data.dtype != q.dtype:
+        return indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk)
+    per = block_size // rate
+    flat = keys.data.view(-1, keys.dim)
+    kv_end = rows.memo(("kv_end", rate), lambda: (rows.positions + 1) // rate)
+
+    def score(first: int, num: int) -> torch.Tensor:
+        out = torch.empty(q.shape[0], num, dtype=torch.float32, device=q.device)
+        return indexer_decode_scores(q, weights, flat, rows.tables, kv_end, first, num, per, out)
+
+    return indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk, score=score)

@@ -1,0 +1,53 @@
+"""Triton kernel of ``kernels.indexer_decode``: one program per (row, tile of entries); the row's
+queries ([H, D], 64 x 128 at V4-Flash) against the tile's keys gathered through the block table
+as one dot, ReLU, head-weighted sum and the visibility mask in registers. Nothing allocates."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._triton_support import cdiv, interpreting, next_pow2
+
+INDEXER_DECODE_BLOCK_T = 64  # entries per program
+
+
+@triton.jit
+def _indexer_decode_kernel(q_ptr, w_ptr, k_ptr, tab_ptr, end_ptr, out_ptr, h, d, first, num, per,
+                           s_qb, s_qh, s_wb, s_k, s_tab, s_ob, F32: tl.constexpr,
+                           BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ok_t = t < num
+    e = first + t
+    blk = tl.load(tab_ptr + row * s_tab + e // per, mask=ok_t, other=0)
+    kr = blk * per + e % per
+    hh = tl.arange(0, BLOCK_H)
+    dd = tl.arange(0, BLOCK_D)
+    ok_d = dd < d
+    q = tl.load(q_ptr + row * s_qb + hh[:, None] * s_qh + dd[None, :],
+                mask=(hh < h)[:, None] & ok_d[None, :], other=0.0)
+    k = tl.load(k_ptr + kr[:, None] * s_k + dd[None, :], mask=ok_t[:, None] & ok_d[None, :],
+                other=0.0)
+    if F32:  # fp32 inputs, and the interpreter (whose bf16 dot is not exact)
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:  # bf16 x bf16 products are exact in the fp32 accumulator
+        s = tl.dot(q, tl.trans(k.to(q.dtype)))
+    w = tl.load(w_ptr + row * s_wb + hh, mask=hh < h, other=0.0)
+    sc = tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0)  # [T]
+    end = tl.load(end_ptr + row)
+    tl.store(out_ptr + row * s_ob + t, tl.where(e < end, sc, float("-inf")), mask=ok_t)
+
+
+def launch_indexer_decode(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                          tables: torch.Tensor, kv_end: torch.Tensor, first: int, num: int,
+                          per_block: int, out: torch.Tensor) -> None:
+    b, h, d = q.shape
+    _indexer_decode_kernel[(b, cdiv(num, INDEXER_DECODE_BLOCK_T))](
+        q, weights, keys, tables, kv_end, out, h, d, first, num, per_block,
+        q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), tables.stride(0),
+        out.stride(0), F32=q.dtype == torch.float32 or interpreting(),
+        BLOCK_H=max(16, next_pow2(h)), BLOCK_D=max(16, next_pow2(d)),
+        BLOCK_T=INDEXER_DECODE_BLOCK_T, num_warps=8,
+    )

@@ -1,0 +1,24 @@
+"""PyTorch reference (the specification) of ``kernels.indexer_decode``: the lightning indexer's
+scores of one decode query per row over a tile of that row's own compressed entries, read from
+a paged pool through the row's block table (DeepSeek-V4, CSA layers)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def indexer_decode_scores_ref(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                              tables: torch.Tensor, kv_end: torch.Tensor, first: int, num: int,
+                              per_block: int) -> torch.Tensor:
+    """q [B, H, D]; weights [B, H] fp32 (softmax scales folded in); keys [rows, D]: the pool's
+    flat entry rows (entry i of a sequence is row ``table[i // per_block] * per_block + i %
+    per_block``); tables [B, blocks] int64; kv_end [B] int64 (row b sees entries < kv_end[b]).
+    Entries ``[first, first + num)`` -> scores [B, num] fp32, ``sum_h w[h] * relu(q[h] . k)``
+    in fp32, ``-inf`` where not visible."""
+    e = torch.arange(first, first + num, device=q.device)
+    rows = tables.gather(1, (e // per_block)[None, :].expand(q.shape[0], -1)) * per_block
+    k = keys[rows + e % per_block].float()  # [B, T, D]
+    sc = torch.einsum("bhd,btd->bht", q.float(), k)
+    sc = (F.relu(sc) * weights[:, :, None]).sum(dim=1)
+    return sc.masked_fill(e[None, :] >= kv_end[:, None], float("-inf"))
