@@ -388,8 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--no-graphs", action="store_true",
                    help="decode eagerly (default: CUDA graphs where the family allows them)")
     r.add_argument("--decode", default="auto", choices=("auto", "fused", "unfused"),
-                   help="the decode step's layer loop: fused row kernels (default on CUDA) or "
-                        "the unfused loop prefill shares (the previous path, for the ratio)")
+                   help="the decode step's layer loop: fused row kernels or "
+                        "the unfused loop prefill shares (the previous path and the engine's default: auto)")
     r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
     r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; {TINY})")
     return run_or_report(p, sub, argv, _cmd_run, _cmd_report)

@@ -5,11 +5,15 @@ after warm-up; three sequences run in a graph of four (one pad row copying row 0
 
 from __future__ import annotations
 
+from functools import partialmethod
+
 import pytest
 import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.family import DeepseekV4Family
 from engine.sampling_params import SamplingParams
 
 from .test_deepseek_v4_quantized import quantized  # noqa: F401  (the module's fixture)
@@ -19,6 +23,14 @@ pytestmark = [pytest.mark.gpu,
 
 PROMPTS = (23, 9, 40)
 NEW = 12
+
+
+@pytest.fixture(autouse=True, params=["unfused", "fused"])
+def decode_loop(request, monkeypatch) -> str:
+    """Both decode layer loops: the engine builds its family with this backend."""
+    monkeypatch.setattr(DeepseekV4Family, "__init__", partialmethod(
+        DeepseekV4Family.__init__, backend=V4Backend(decode=request.param)))
+    return request.param
 
 
 def _engine(folder, **kw) -> LLMEngine:
