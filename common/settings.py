@@ -86,7 +86,9 @@ class WorkerSettings:
     kv_staging_gb: float = field(
         default=0.5,
         metadata=_doc(
-            "LMCache's CPU staging pool in GB (allocated at start; must hold one prompt's KV)."
+            "Host memory for KV in GB, twice: LMCache's CPU staging pool for stores (allocated "
+            "at start; must hold one prompt's KV) and the arena fetched KV waits in (a prompt "
+            "larger than it loads its leading part)."
         ),
     )
     kv_visible_timeout_s: float = field(

@@ -306,6 +306,11 @@ class LLMEngine:
             loaded = self.runner.load_kv(sched.kv_loads, self._imports)
             for rid, n in loaded.items():
                 self.scheduler.apply_kv_load(rid, n)
+                # an import runs once: its hook, and the host memory holding what it fetched,
+                # go now rather than when the request ends (a preempted sequence recomputes)
+                self._imports.pop(rid, None)
+                if rid in self._seqs:
+                    self._seqs[rid].has_kv_import = False
         if not sched.chunks:
             return outputs
         params = {c.request_id: self._seqs[c.request_id].sampling for c in sched.chunks}

@@ -53,6 +53,7 @@ import torch
 
 from common.redact import public_url
 from engine.models.family import KVLayout
+from worker.host_staging import HostStaging
 from worker.kv_store_config import KVStoreConfig, KVStoreError
 from worker.lmcache_engine import build_lmcache_engine
 from worker.lmcache_redis import (
@@ -63,7 +64,7 @@ from worker.lmcache_redis import (
 )
 from worker.redis_chunk_reader import RedisChunkReader
 from worker.resume_points import ResumePoints
-from worker.staged_fetch import fetch_staged, stored_chunks
+from worker.staged_fetch import fetch_staged, staged_blocks, stored_chunks
 from worker.staged_kv import StagedKV
 from worker.store_reach import check_reachable, redis_client
 
@@ -108,6 +109,8 @@ class KVStore:
         self._reader = None if self._redis is None else RedisChunkReader(
             self.config.url, timeout_s=self.config.blocking_timeout_s)
         self._lock = threading.Lock()
+        # fetched KV waits here for the engine thread: a fixed arena (worker/host_staging.py)
+        self._staging = HostStaging(int(self.config.staging_gb * 2**30))
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
         redact_lmcache_logs()
         try:
@@ -306,22 +309,24 @@ class KVStore:
         cfg = self.config
         # whole chunks (their keys are those of the full prompt's chain) up to the resume point
         tokens = tokens[:min(len(tokens), -(-target // cfg.chunk_size) * cfg.chunk_size)]
+        wait_s = float(cfg.blocking_timeout_s)
         if self._reader is not None:  # Redis: parallel reads into host staging, lock-free
             self._check_open()
-            loaded, blocks = fetch_staged(self._reader, cfg, self._chunk_keys(tokens))
+            loaded, blocks, region = fetch_staged(self._reader, cfg, self._chunk_keys(tokens),
+                                                  self._staging, wait_s)
         else:
-            num_blocks = len(tokens) // cfg.block_size
-            blocks = torch.empty(num_blocks, cfg.bytes_per_block, dtype=torch.uint8)
-            loaded = self.retrieve(tokens, blocks, list(range(num_blocks)), layout=HostBlocks)
-        if not loaded:
+            tokens, blocks, region = staged_blocks(self._staging, cfg, tokens, wait_s)
+            loaded = 0 if blocks is None else self.retrieve(
+                tokens, blocks, list(range(blocks.shape[0])), layout=HostBlocks)
+        if not loaded:  # nothing stored, or no room in the host staging in time: recompute
             return 0, None
         if not self.layout.resume_state_bytes:
-            return loaded, StagedKV(blocks)
+            return loaded, StagedKV(blocks, region=region)
         assert self._resume is not None
         for end, key in ends:  # the longest loaded one whose state is still there
             state = self._resume.get(key) if end <= loaded else None
             if state is not None:
-                return end, StagedKV(blocks, end, state)
+                return end, StagedKV(blocks, end, state, region=region)
         return 0, None
 
     def import_staged(self, kv_data: Any, block_ids: Sequence[int], staged: StagedKV,

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from worker.host_staging import HostStaging, Region
 from worker.kv_store_config import KVStoreConfig
 from worker.redis_chunk_reader import RedisChunkReader
 
@@ -35,22 +36,53 @@ def stored_chunks(reader: RedisChunkReader, cfg: KVStoreConfig,
     return list(chunks[:n])
 
 
-def fetch_staged(reader: RedisChunkReader, cfg: KVStoreConfig,
-                 chunks: Sequence[Chunk]) -> tuple[int, torch.Tensor | None]:
-    """Read the stored prefix of ``chunks`` (a prompt's, from token 0) into a new host tensor.
+def fetch_staged(reader: RedisChunkReader, cfg: KVStoreConfig, chunks: Sequence[Chunk],
+                 staging: HostStaging, wait_s: float) -> tuple[int, torch.Tensor | None, Region | None]:
+    """Read the stored prefix of ``chunks`` (a prompt's, from token 0) into a region of
+    ``staging`` (as many leading chunks as the arena holds; waiting up to ``wait_s`` for room).
 
-    Returns ``(num_tokens, staged)``, staged: [num_blocks, bytes_per_block] uint8 (a view that
-    skips each block's padding, if the layout pads), one row per block of the tokens read;
-    ``(0, None)`` when nothing is stored."""
+    Returns ``(num_tokens, staged, region)``, staged: [num_blocks, bytes_per_block] uint8 (a
+    view that skips each block's padding, if the layout pads), one row per block of the tokens
+    read, inside ``region`` (keep it alive while staged is used); ``(0, None, None)`` when
+    nothing is stored or no room came in time."""
     present = stored_chunks(reader, cfg, chunks)
+    present = present[:fitting_chunks([chunk_bytes(cfg, s, e) for s, e, _ in present], staging.nbytes)]
     if not present:
-        return 0, None
+        return 0, None, None
     bs, padded = cfg.block_size, cfg.padded_block_bytes
-    raw = torch.empty(present[-1][1] // bs, padded, dtype=torch.uint8)
+    region = staging.take(present[-1][1] // bs * padded, wait_s)
+    if region is None:
+        return 0, None, None
+    raw = region.data.view(-1, padded)
     flat = raw.view(-1).numpy()  # memoryviews of it are what recv_into fills
     dests = [memoryview(flat[s // bs * padded: e // bs * padded]) for s, e, _ in present]
     num_read = reader.read([k for _, _, k in present], dests)
     if not num_read:
-        return 0, None
+        return 0, None, None
     end = present[num_read - 1][1]
-    return end, raw[: end // bs, : cfg.bytes_per_block]
+    return end, raw[: end // bs, : cfg.bytes_per_block], region
+
+
+def fitting_chunks(sizes: Sequence[int], capacity: int) -> int:
+    """How many leading chunks of these byte sizes fit together in ``capacity`` bytes."""
+    total = n = 0
+    for size in sizes:
+        if total + size > capacity:
+            break
+        total += size
+        n += 1
+    return n
+
+
+def staged_blocks(staging: HostStaging, cfg: KVStoreConfig, tokens: list[int],
+                  wait_s: float) -> tuple[list[int], torch.Tensor | None, Region | None]:
+    """For a read through LMCache's engine (an ``lm://`` store): the leading whole chunks of
+    ``tokens`` that fit the arena, and a [num_blocks, bytes_per_block] region for them, or
+    ``(tokens, None, None)`` when there is nothing to read or no room came within ``wait_s``."""
+    per_chunk = cfg.chunk_size // cfg.block_size * cfg.bytes_per_block
+    tokens = tokens[:staging.nbytes // per_chunk * cfg.chunk_size]
+    num_blocks = len(tokens) // cfg.block_size
+    region = staging.take(num_blocks * cfg.bytes_per_block, wait_s) if num_blocks else None
+    if region is None:
+        return tokens, None, None
+    return tokens, region.data.view(num_blocks, cfg.bytes_per_block), region

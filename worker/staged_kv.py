@@ -5,6 +5,7 @@ window snapshot), the resume point's state. Plain data; never touches the device
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -14,6 +15,7 @@ class StagedKV:
     blocks: torch.Tensor  # [num_blocks, bytes_per_block] uint8 on the host, the prompt's blocks
     resume_end: int = 0  # tokens: the block end whose resume state is ``resume`` (0: none)
     resume: torch.Tensor | None = None  # [resume_state_bytes] uint8 on the host
+    region: Any = None  # the host staging region ``blocks`` lies in, reserved while this lives
 
     @property
     def num_blocks(self) -> int:

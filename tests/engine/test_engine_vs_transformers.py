@@ -12,6 +12,7 @@ from engine.errors import ContextLengthExceeded, InvalidRequest
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.engine.conftest import build_tiny_model
+from tests.engine.parallel.test_tensor_parallel_engine import export_kept
 
 LENGTHS = [1, 17, 255, 256, 257, 1000]
 NEW_TOKENS = 32
@@ -138,6 +139,40 @@ def test_prefix_cache_reuses_blocks_and_keeps_output(qwen3):
     assert outs[-1].num_cached_tokens == 144  # 9 full blocks of 16
     assert [t for o in outs for t in o.new_token_ids] == hf_greedy(model, p + [7, 8, 9], 6)
 
+
+
+def test_an_imported_prefix_gives_the_same_tokens_and_its_hook_goes_after_the_load(qwen3):
+    """A request resumed from another engine's exported blocks decodes as from scratch, and the
+    engine drops the import hook (and what it holds: a fetch's host staging) once it has run,
+    not when the request ends."""
+    import gc
+    import weakref
+
+    family, model, folder = qwen3
+    p = torch.randint(3, 131, (70,), generator=torch.Generator().manual_seed(6)).tolist()
+    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    _, data = export_kept(make_engine(folder), p)  # 4 full blocks of 16
+
+    class Staged:  # stands for the host region a real fetch hands its hook
+        pass
+
+    staged = Staged()
+    alive = weakref.ref(staged)
+
+    def hook(kv, block_ids, num_prompt_tokens, *, num_computed_tokens=0, held=staged) -> int:
+        dst.kv_layout.import_blocks(kv, list(block_ids[: data.shape[0]]), data)
+        return data.shape[0] * 16
+
+    dst = make_engine(folder)
+    dst.add_request("dst", p, sp, kv_import=hook)
+    del staged, hook
+    outs = dst.step()  # admission: the load runs before any chunk
+    gc.collect()
+    assert alive() is None and dst.has_unfinished()
+    while dst.has_unfinished():
+        outs += dst.step()
+    assert outs[-1].num_imported_tokens == 64
+    assert [t for o in outs for t in o.new_token_ids] == hf_greedy(model, p, 6)
 
 def test_seeded_sampling_is_reproducible(llama):
     family, model, folder = llama

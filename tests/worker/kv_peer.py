@@ -19,6 +19,7 @@ import torch
 from engine.config import EngineConfig
 from engine.model_config import ModelConfig
 from engine.models.dense_family import DenseKVLayout
+from worker.host_staging import HostStaging
 from worker.kv_store import KVStore
 
 
@@ -78,6 +79,8 @@ def main() -> None:
                 others = [b for b in range(op["num_blocks"]) if b not in op["block_ids"]]
                 results[name + ".others_untouched"] = bool(kv.data[:, :, others].isnan().all())
             elif op["kind"] == "fetch":
+                if "arena_bytes" in op:  # a smaller host staging than the store's own
+                    store._staging = HostStaging(op["arena_bytes"], pin=False)
                 n, staged = store.fetch(tokens)
                 results[name] = n
                 results[name + ".kv"] = None

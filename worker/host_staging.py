@@ -1,0 +1,95 @@
+"""The host memory that fetched KV waits in before the engine thread imports it: one arena of
+fixed size made at start-up, taken a region per fetch.
+
+Why an arena: a fetch used to allocate a fresh tensor of the prompt's size, so host memory grew
+with the number and length of the prompts being fetched at once (a 128k-token Llama-3-8B prompt
+is 16 GiB); several at once could take the host down with every worker on it. Here the total is
+fixed; a fetch that does not fit waits for others to be imported, and a prompt larger than the
+whole arena loads its leading part and the engine computes the rest.
+
+The arena is ordinary (pageable) memory by default: the kernel backs its pages only as fetches
+first touch them, so a worker that never fetches much never holds much, and a worker with a
+staging of tens of GiB does not lock them at start-up. ``pin=True`` page-locks it, which would
+let the engine thread's host-to-device copy (the part of a handoff every running stream waits
+for) run at the bus's rate instead of through a bounce buffer; no setting asks for it yet,
+since its gain has not been measured on a GPU.
+
+A region is given back when the ``Region`` object is garbage (the engine imported it, or the
+request ended first and dropped its import hook): nothing has to remember to free it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+
+import torch
+
+log = logging.getLogger(__name__)
+_ALIGN = 4096  # regions start on a page: recv_into and the DMA engine both like it
+
+
+class Region:
+    """``data``: a uint8 host tensor of the bytes taken; the arena gets them back when this
+    object is collected. Keep the Region (not only views of ``data``) alive while they are used."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data = data
+
+
+class HostStaging:
+    def __init__(self, nbytes: int, pin: bool = False) -> None:
+        if nbytes <= 0:
+            raise ValueError(f"host staging needs a positive size, got {nbytes} B")
+        self.nbytes = nbytes
+        self.pinned = pin
+        self._buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        self._free: list[tuple[int, int]] = [(0, nbytes)]  # (offset, size), sorted by offset
+        self._cond = threading.Condition()
+
+    @property
+    def free_bytes(self) -> int:
+        with self._cond:
+            return sum(size for _, size in self._free)
+
+    def take(self, nbytes: int, timeout_s: float) -> Region | None:
+        """A region of ``nbytes`` (at most the arena's size: ask for less first), waiting up to
+        ``timeout_s`` for other fetches' regions to come back; None if none came in time."""
+        if nbytes > self.nbytes:
+            raise ValueError(f"a region of {nbytes} B is larger than the {self.nbytes} B arena")
+        need = -(-max(nbytes, 1) // _ALIGN) * _ALIGN
+        need = min(need, self.nbytes)
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for i, (off, size) in enumerate(self._free):
+                    if size >= need:
+                        if size == need:
+                            del self._free[i]
+                        else:
+                            self._free[i] = (off + need, size - need)
+                        region = Region(self._buf[off:off + nbytes])
+                        weakref.finalize(region, self._give_back, off, need)
+                        return region
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("no room for %d B of fetched KV in the %.2f GiB host staging "
+                                "within %.0f s: the prompt is recomputed", nbytes,
+                                self.nbytes / 2**30, timeout_s)
+                    return None
+                self._cond.wait(left)
+
+    def _give_back(self, off: int, size: int) -> None:
+        with self._cond:
+            self._free.append((off, size))
+            self._free.sort()
+            merged: list[tuple[int, int]] = []
+            for o, s in self._free:
+                if merged and merged[-1][0] + merged[-1][1] == o:
+                    merged[-1] = (merged[-1][0], merged[-1][1] + s)
+                else:
+                    merged.append((o, s))
+            self._free = merged
+            self._cond.notify_all()
