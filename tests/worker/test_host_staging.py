@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.worker.test_kv_store import random_kv, run_peer
+from tests.worker.test_kv_store import run_peer
+from tests.worker.test_kv_store_fetch import store_48
 from worker.host_staging import HostStaging
 
 
@@ -62,12 +63,7 @@ def test_a_region_larger_than_the_arena_is_refused() -> None:
 def test_a_prompt_larger_than_the_arena_loads_its_leading_chunks(redis_url: str,
                                                                  tmp_path: Path) -> None:
     tokens = [5 * i % 900 + 1 for i in range(48)]  # 3 chunks of 16 tokens, 9,216 B each
-    kv = random_kv(48, 9)
-    torch.save(kv, tmp_path / "kv.pt")
-    stored = run_peer(tmp_path, "store", redis_url, [
-        {"kind": "store", "name": "p", "tokens": tokens, "kv_path": str(tmp_path / "kv.pt"),
-         "block_ids": [0, 1, 2, 3, 4, 5], "num_blocks": 6}])
-    assert stored["p"] == 48
+    kv, _ = store_48(tmp_path, redis_url, tokens, 9)
     got = run_peer(tmp_path, "small", redis_url, [
         {"kind": "fetch", "name": "small", "tokens": tokens, "arena_bytes": 5 * 4096}])
     assert got["small"] == 32  # two chunks (18,432 B) fit in 20,480 B, three do not

@@ -54,16 +54,24 @@ def test_lookup_does_not_wait_behind_a_long_fetch(big_redis_url: str, tmp_path: 
     assert {(n, hit) for _, n, hit in inside} == {(0, 0), (2 * BIG["chunk_size"], 1)}
 
 
-def test_fetch_stops_at_a_chunk_whose_bytes_redis_evicted(redis_url: str,
-                                                          tmp_path: Path) -> None:
-    # Redis's LRU evicts keys one by one: a chunk may keep its metadata and lose its bytes.
-    tokens = [3 * i % 700 + 1 for i in range(48)]  # 3 chunks of 16, blocks of 8
-    kv = random_kv(48, 5)
+def store_48(tmp_path: Path, redis_url: str, tokens: list[int],
+             seed: int) -> tuple[torch.Tensor, dict]:
+    """Store 48 tokens' random KV (3 chunks of 16, in shuffled blocks) from a peer process;
+    returns the KV and the peer's results."""
+    kv = random_kv(48, seed)
     torch.save(kv, tmp_path / "kv.pt")
     stored = run_peer(tmp_path, "store", redis_url, [
         {"kind": "store", "name": "p", "tokens": tokens, "kv_path": str(tmp_path / "kv.pt"),
          "block_ids": [5, 0, 4, 1, 3, 2], "num_blocks": 6}])
     assert stored["p"] == 48
+    return kv, stored
+
+
+def test_fetch_stops_at_a_chunk_whose_bytes_redis_evicted(redis_url: str,
+                                                          tmp_path: Path) -> None:
+    # Redis's LRU evicts keys one by one: a chunk may keep its metadata and lose its bytes.
+    tokens = [3 * i % 700 + 1 for i in range(48)]  # 3 chunks of 16, blocks of 8
+    kv, stored = store_48(tmp_path, redis_url, tokens, 5)
     client = redis.Redis.from_url(redis_url)
     assert client.delete(stored["p.keys"][2][2] + "kv_bytes") == 1
     got = run_peer(tmp_path, "fetch", redis_url, [
