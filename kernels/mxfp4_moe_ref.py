@@ -10,6 +10,8 @@ the fused kernels are checked against, never a serving path on the GPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -60,18 +62,8 @@ def moe_experts_ref(
 ) -> torch.Tensor:
     """x [T, H], topk_weights [T, k], topk_ids [T, k] -> sum_j w[t, j] * expert_{id[t, j]}(x[t])
     [T, H] in x's dtype, computed in fp32. An id may repeat within a row (hash routing)."""
-    t, k = topk_ids.shape
-    inter = down.shape[-1] * 2
-    out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
-    flat = topk_ids.reshape(-1)
-    for e in flat.unique().tolist():
-        pairs = (flat == e).nonzero().squeeze(1)
-        tok = pairs // k
-        gu = x[tok].float() @ dequantize_mxfp4(gate_up[e], gate_up_scale[e]).t()
-        h = clamped_swiglu_ref(gu[:, :inter], gu[:, inter:], swiglu_limit)
-        y = h @ dequantize_mxfp4(down[e], down_scale[e]).t()
-        out.index_add_(0, tok, y * topk_weights.reshape(-1)[pairs, None].float())
-    return out.to(x.dtype)
+    return _experts(x, topk_weights, topk_ids, gate_up, gate_up_scale, down, down_scale,
+                    swiglu_limit, lambda a: a.float())
 
 
 def moe_experts_fp8_ref(
@@ -84,17 +76,25 @@ def moe_experts_fp8_ref(
     the exact MXFP4 weights multiply them in fp32."""
     from kernels.fp8_w8a8_ref import fp8_act_dequant_ref, fp8_act_quant_ref
 
+    return _experts(x, topk_weights, topk_ids, gate_up, gate_up_scale, down, down_scale,
+                    swiglu_limit, lambda a: fp8_act_dequant_ref(*fp8_act_quant_ref(a)))
+
+
+def _experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+             gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
+             down_scale: torch.Tensor, swiglu_limit: float,
+             act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Both forms: ``act`` gives what each GEMM's activations are (fp32, or FP8-rounded)."""
     t, k = topk_ids.shape
-    xd = fp8_act_dequant_ref(*fp8_act_quant_ref(x))
+    xa = act(x)
     inter = down.shape[-1] * 2
     out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
     flat = topk_ids.reshape(-1)
     for e in flat.unique().tolist():
         pairs = (flat == e).nonzero().squeeze(1)
         tok = pairs // k
-        gu = xd[tok] @ dequantize_mxfp4(gate_up[e], gate_up_scale[e]).t()
-        h = clamped_swiglu_ref(gu[:, :inter], gu[:, inter:], swiglu_limit)
-        h = fp8_act_dequant_ref(*fp8_act_quant_ref(h))
+        gu = xa[tok] @ dequantize_mxfp4(gate_up[e], gate_up_scale[e]).t()
+        h = act(clamped_swiglu_ref(gu[:, :inter], gu[:, inter:], swiglu_limit))
         y = h @ dequantize_mxfp4(down[e], down_scale[e]).t()
         out.index_add_(0, tok, y * topk_weights.reshape(-1)[pairs, None].float())
     return out.to(x.dtype)
