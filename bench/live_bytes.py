@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import traceback
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +39,13 @@ class Allocation:
 class LiveBytes(TorchDispatchMode):
     """``with LiveBytes() as t: ...`` -> ``t.peak`` bytes alive at once, ``t.at_peak`` the
     allocations alive then (largest first), ``t.live`` now. ``stacks``: record where each
-    allocation came from (slower); ``label``: tags the peak (see :meth:`mark`)."""
+    allocation came from (slower); ``label``: tags the peak (see :meth:`mark`). ``probe``
+    (optional) is read at every new peak into ``probe_at_peak``: e.g. the CUDA allocator's
+    ``memory_allocated``, to tell whether it saw the same peak."""
 
     stacks: bool = True
+    probe: Callable[[], int] | None = None
+    probe_at_peak: int | None = None
     live: int = 0
     peak: int = 0
     at_peak: list[Allocation] = field(default_factory=list)
@@ -57,6 +62,8 @@ class LiveBytes(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         self.peak, self.at_peak, self.peak_label = self.live, self._snapshot(), self.label
+        if self.probe is not None:
+            self.probe_at_peak = self.probe()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

@@ -15,7 +15,9 @@ the quantity the GPU engine reads as ``max_memory_allocated() - base`` (WarmupRe
 
 Prints the peak of each warm-up step, the tensors alive at the overall peak with the frames
 that made them, and the plan's ``activations`` term. Never used by the engine; needs
-TRITON_INTERPRET=1 (set here when run as a script; the test tier sets it too).
+TRITON_INTERPRET=1 on the CPU (set here on a machine without CUDA; the test tier sets it too).
+``--device cuda`` runs the same count over the real kernels and prints the allocator's readings
+beside it: both should agree with the CPU count, and where they do not, the listing says why.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from typing import Any
 
 import torch
 
-# the kernels' @triton.jit must build interpreter functions: before anything imports triton
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# on the CPU the kernels' @triton.jit must build interpreter functions: before triton's import
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from bench.deepseek_v4.context import flash_config  # noqa: E402
 from bench.deepseek_v4.decode import hf_dict  # noqa: E402
@@ -67,6 +70,11 @@ class StepTrace:
     at_peak: list[Allocation]
     planned: int
     tracker: LiveBytes
+    # CUDA only: the engine's own reading (max_memory_allocated - base) and the allocator's
+    # memory_allocated - base at the moment of the counted peak; each equals ``peak`` (to the
+    # allocator's rounding) unless memory that existed before the warm-up was freed during it
+    allocator_peak: int | None = None
+    allocated_at_peak: int | None = None
 
 
 @contextlib.contextmanager
@@ -74,8 +82,9 @@ def cuda_code_path() -> Iterator[None]:
     """While open: the V4 family builds its model with :data:`CUDA_BACKEND`, Triton launches do
     nothing, the LM head makes its temporary without the product, and the Workspace has a
     margin for the CUDA-only scratch the CPU plan does not count."""
-    import engine.model_runner as runner_mod
     from triton.runtime.interpreter import InterpretedFunction
+
+    import engine.model_runner as runner_mod
 
     saved = (DeepseekV4Family.__init__, InterpretedFunction.run, DeepseekV4Model.compute_logits,
              runner_mod.Workspace)
@@ -110,10 +119,11 @@ def _logits_shape_only(self: DeepseekV4Model, hidden: torch.Tensor,
 
 
 def engine_config(chunk: int, batch: int, context: int, block_size: int = 256,
-                  num_blocks: int | None = None, kv_dtype: str = "auto") -> EngineConfig:
-    """The EngineConfig bench.deepseek_v4.decode.build_engine makes on CUDA (bf16), on the CPU
-    with the Triton attention's plan."""
-    return EngineConfig(model="synthetic-v4-flash", device="cpu", dtype="bfloat16",
+                  num_blocks: int | None = None, kv_dtype: str = "auto",
+                  device: str = "cpu") -> EngineConfig:
+    """The EngineConfig bench.deepseek_v4.decode.build_engine makes on CUDA (bf16; no graphs:
+    they are captured after the measured pass), on ``device`` with the Triton attention's plan."""
+    return EngineConfig(model="synthetic-v4-flash", device=device, dtype="bfloat16",
                         max_context=context, chunk_tokens=chunk, max_batch=batch,
                         strict_allocations=False, seed=0, cuda_graphs=False,
                         block_size=block_size, attn_tile_tokens=block_size,
@@ -122,16 +132,26 @@ def engine_config(chunk: int, batch: int, context: int, block_size: int = 256,
 
 def trace_warmup(cfg: DeepseekV4Config, ec: EngineConfig, stacks: bool = True) -> StepTrace:
     """Build the engine of ``cfg`` (FP8 / MXFP4 synthetic weights) under ``ec`` on the CUDA code
-    path and measure the live bytes of its warm-up."""
+    path and measure the live bytes of its warm-up (on a CUDA ``ec``: the real kernels, and
+    the allocator's readings beside the count)."""
     import engine.model_runner as runner_mod
 
-    tracker = LiveBytes(stacks=stacks)
+    cuda = ec.torch_device.type == "cuda"
+    dev = ec.torch_device
+    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("step_trace on the CPU needs TRITON_INTERPRET=1 set before triton is "
+                           "imported")
+    tracker = LiveBytes(stacks=stacks,
+                        probe=(lambda: torch.cuda.memory_allocated(dev)) if cuda else None)
     step_peaks: dict[str, int] = {}
+    base: list[int] = []
     run_steps, execute = runner_mod.ModelRunner._run_warmup_steps, runner_mod.ModelRunner._execute_warmup
 
     def run_traced(self: Any, steps: Any, *a: Any, **k: Any) -> None:
         if step_peaks:  # the CUDA-only second pass: not part of the measured peak
             return run_steps(self, steps, *a, **k)
+        if cuda:
+            base.append(torch.cuda.memory_allocated(dev))
         with tracker:
             return run_steps(self, steps, *a, **k)
 
@@ -147,17 +167,20 @@ def trace_warmup(cfg: DeepseekV4Config, ec: EngineConfig, stacks: bool = True) -
             tracker.peak, tracker.at_peak, tracker.peak_label = overall
 
     hf = quantized_hf_config(hf_dict(cfg))
-    weights = synthetic_quantized_state_dict(cfg, "cpu", ec.torch_dtype)
+    weights = synthetic_quantized_state_dict(cfg, dev, ec.torch_dtype)
     runner_mod.ModelRunner._run_warmup_steps = run_traced  # type: ignore[method-assign]
     runner_mod.ModelRunner._execute_warmup = execute_traced  # type: ignore[method-assign]
     try:
-        with cuda_code_path():
+        with contextlib.nullcontext() if cuda else cuda_code_path():
             engine = LLMEngine(ec, ModelConfig.from_hf_dict(hf, name=ec.model), weights)
     finally:
         runner_mod.ModelRunner._run_warmup_steps = run_steps  # type: ignore[method-assign]
         runner_mod.ModelRunner._execute_warmup = execute  # type: ignore[method-assign]
     planned = engine.plan.term("activations")
-    return StepTrace(step_peaks, tracker.peak, tracker.at_peak, planned, tracker)
+    rep = engine.warmup_report
+    at_peak = None if tracker.probe_at_peak is None else tracker.probe_at_peak - base[0]
+    return StepTrace(step_peaks, tracker.peak, tracker.at_peak, planned, tracker,
+                     None if rep is None else rep.activation_peak_bytes, at_peak)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--tiny", action="store_true", help="toy dimensions (a quick check)")
     p.add_argument("--top", type=int, default=40, help="tensors listed at the peak")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: the real kernels, and the allocator's readings beside the count")
     args = p.parse_args(argv)
     cfg = flash_config(args.layers, args.experts, args.context, tiny=args.tiny)
     if args.tiny:  # MXFP4 needs widths in multiples of 32 (as bench.deepseek_v4.decode does)
@@ -177,10 +202,14 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = dataclasses.replace(cfg, hidden_size=32, moe_intermediate_size=32)
     torch.manual_seed(0)
-    t = trace_warmup(cfg, engine_config(args.chunk, args.batch, args.context, args.block_size))
+    t = trace_warmup(cfg, engine_config(args.chunk, args.batch, args.context, args.block_size,
+                                        device=args.device))
     for label, peak in t.step_peaks.items():
         print(f"step {label}: peak {peak:,} B")
     print(t.tracker.report(args.top))
+    if t.allocator_peak is not None:
+        print(f"CUDA allocator: warm-up reading (max_memory_allocated - base) {t.allocator_peak:,}"
+              f" B; memory_allocated - base at the counted peak {t.allocated_at_peak:,} B")
     print(f"measured {t.peak:,} B, planned {t.planned:,} B, ratio {t.peak / t.planned:.3f}")
     return 0
 
