@@ -118,6 +118,6 @@ def _key(t: torch.Tensor) -> int:
 
 def _our_frames(depth: int = 3) -> str:
     frames = [f for f in traceback.extract_stack()[:-3] if any(p in f.filename for p in _OURS)
-              and not f.filename.endswith("live_bytes.py")]
+              and f.filename != __file__]
     return " < ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}:{f.name}"
                       for f in reversed(frames[-depth:]))
