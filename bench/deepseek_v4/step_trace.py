@@ -11,7 +11,8 @@ buffers its wrapper allocated or took from the Workspace, so the allocations are
 GPU run while the values are not; the LM head's product is skipped likewise (its temporary is
 still made). :class:`bench.live_bytes.LiveBytes` counts the bytes alive through the warm-up,
 the quantity the GPU engine reads as ``max_memory_allocated() - base`` (WarmupReport's
-``activation_peak_bytes``), without the CUDA allocator's rounding (at most ~2 MiB a tensor).
+``activation_peak_bytes``), without the CUDA allocator's rounding (512 B a tensor, and up to
+1 MiB where it hands out a cached block without splitting off the rest).
 
 Prints the peak of each warm-up step, the tensors alive at the overall peak with the frames
 that made them, and the plan's ``activations`` term. Never used by the engine; needs
@@ -159,12 +160,12 @@ def trace_warmup(cfg: DeepseekV4Config, ec: EngineConfig, stacks: bool = True) -
         label = (f"{len(chunks)} seq, {sum(c.num_tokens for c in chunks)} tokens to context "
                  f"{max(c.context_len for c in chunks)}")
         tracker.mark(label)
-        overall = (tracker.peak, tracker.at_peak, tracker.peak_label)
+        overall = (tracker.peak, tracker.at_peak, tracker.peak_label, tracker.probe_at_peak)
         tracker.reset_peak()
         execute(self, chunks, *a)
         step_peaks[label] = tracker.peak
         if overall[0] >= tracker.peak:
-            tracker.peak, tracker.at_peak, tracker.peak_label = overall
+            tracker.peak, tracker.at_peak, tracker.peak_label, tracker.probe_at_peak = overall
 
     hf = quantized_hf_config(hf_dict(cfg))
     weights = synthetic_quantized_state_dict(cfg, dev, ec.torch_dtype)

@@ -5,7 +5,10 @@ Each part names the tensors that are alive together at one moment of the step, a
 code holds them (docs/memory.md gives the same formulas). ``sizing.py`` keeps the looser
 part-by-part bound of the PyTorch path (CPU). Pure arithmetic on the config; never allocates.
 Keep it in step with attention.py, mhc.py, moe.py and model.py: a tensor added to the step
-there is a term here, or the GPU test of plan tightness fails.
+there is a term here, or the plan-tightness tests fail (GPU: the allocator's reading; CPU: the
+same warm-up's tensors counted by bench/deepseek_v4/step_trace.py). Where a term counts more
+than the code holds (docs/memory.md lists it: ~3% at a 4096-token chunk) that is the margin for
+the CUDA allocator's rounding.
 """
 
 from __future__ import annotations
@@ -56,7 +59,10 @@ def deepseek_v4_kernels_step_bytes(
     rest = n * (cfg.q_lora_rank + d) * e  # low-rank query, shared K=V
     if rates:  # compressor projections (CSA: two series of width 2D)
         rest += 2 * n * (2 * d if csa else d) * e
-    if csa:  # indexer queries and weights, its compressor projections, top-k ids (clone + table)
+    # CSA: indexer queries and weights, its compressor projections, top-k ids: each sequence's
+    # int32 copy out of its Workspace frame, and in the batched call the rebased copies and their
+    # concatenation (12 B a pick at most; 16 counted throughout)
+    if csa:
         rest += n * hi * di * e + n * hi * f + 2 * n * 2 * di * e + n * k * (4 + 4 + 8)
     window = 2 * (seqs * (cfg.sliding_window - 1) + n) * d * e  # per-sequence windows + the table
     comp_rows = n + max(rates, default=0)
