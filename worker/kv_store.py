@@ -51,7 +51,7 @@ import torch
 
 from common.redact import public_url
 from engine.models.family import KVLayout
-from worker.host_staging import HostStaging
+from worker.host_staging import ARENA_WAIT_S, HostStaging
 from worker.kv_store_config import KVStoreConfig, KVStoreError
 from worker.lmcache_engine import build_lmcache_engine
 from worker.lmcache_redis import (
@@ -309,7 +309,7 @@ class KVStore:
         cfg = self.config
         # whole chunks (their keys are those of the full prompt's chain) up to the resume point
         tokens = tokens[:min(len(tokens), -(-target // cfg.chunk_size) * cfg.chunk_size)]
-        wait_s = float(cfg.blocking_timeout_s)
+        wait_s = ARENA_WAIT_S  # room in the host arena: another prompt's fetch + import
         if self._reader is not None:  # Redis: parallel reads into host staging, lock-free
             self._check_open()
             loaded, blocks, region = fetch_staged(self._reader, cfg, self._chunk_keys(tokens),
