@@ -10,9 +10,8 @@ recomputed by the decode side, like anything the store lacks. A layout that keep
 its blocks (V4's window snapshots) has it stored once per resume point under its own Redis key
 (worker/resume_points.py); a prefix then counts as stored up to its last block end that has one.
 
-The prefill side calls ``put`` (gather + hand to LMCache; LMCache writes to Redis in the
-background) and then ``wait_visible`` (poll the remote backend until the prompt is covered or a
-deadline passes), so the router is only told "KV ready" once a decode worker can really read it.
+The prefill side calls ``put`` (LMCache writes to Redis in the background) and then
+``wait_visible``, so the router is told "KV ready" only once a decode worker can read it.
 The decode side calls ``fetch`` off the engine thread (the longest stored prefix, whole chunks,
 the last one possibly partial, and its resume point, into host memory) and its engine import hook
 copies that into the sequence's blocks (``import_staged``); ``retrieve`` moves blocks only, in one
@@ -20,8 +19,7 @@ call. Either says how many leading tokens it filled; the caller recomputes the r
 
 Locking: calls into LMCache's engine (``put``, ``retrieve``; on ``lm://`` also lookups and
 fetches) run under one lock. On Redis, ``lookup`` and ``fetch`` never enter LMCache's engine
-(worker/staged_fetch.py reads its chunks in parallel straight into host staging): no lock, so a
-lookup never waits behind another prompt's fetch, and fetches overlap.
+(worker/staged_fetch.py reads chunks in parallel into host staging): no lock, so fetches overlap.
 
 Access and expiry. The URL may carry a password (``redis://:pw@host:port``) and TLS
 (``rediss://``, ``?ssl_ca_certs=PATH`` for a private CA); both are checked with a PING at
@@ -53,7 +51,7 @@ import torch
 
 from common.redact import public_url
 from engine.models.family import KVLayout
-from worker.host_staging import HostStaging
+from worker.host_staging import ARENA_WAIT_S, HostStaging
 from worker.kv_store_config import KVStoreConfig, KVStoreError
 from worker.lmcache_engine import build_lmcache_engine
 from worker.lmcache_redis import (
@@ -72,7 +70,8 @@ log = logging.getLogger(__name__)
 
 
 class KVStore:
-    """LMCache engine + block connector for one worker process. Thread-safe."""
+    """LMCache engine + block connector for one worker process. Thread-safe. ``writes=False``
+    for a process that never puts (its LMCache pool is then small: lmcache_pool_gb)."""
 
     def __init__(
         self,
@@ -84,6 +83,7 @@ class KVStore:
         staging_gb: float = 0.5,
         blocking_timeout_s: int = 10,
         ttl_s: int = 3600,
+        writes: bool = True,
     ) -> None:
         self.config = KVStoreConfig(
             url=url,
@@ -114,7 +114,7 @@ class KVStore:
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
         redact_lmcache_logs()
         try:
-            self._engine = build_lmcache_engine(self.config, self._instance_id)
+            self._engine = build_lmcache_engine(self.config, self._instance_id, writes)
         except BaseException:
             if self._redis is not None:
                 self._redis.close()
@@ -158,11 +158,9 @@ class KVStore:
 
     def put(self, token_ids: Sequence[int], kv_data: Any, block_ids: Sequence[int]) -> None:
         """Copy the KV of ``token_ids``' whole blocks (``block_ids`` of the engine's storage
-        ``kv_data``, in ``self.layout``) into LMCache.
-
-        Returns once the bytes are copied out of ``kv_data`` (the blocks may be freed then); the
-        remote write continues in LMCache's background loop: use ``wait_visible``.
-        """
+        ``kv_data``, in ``self.layout``) into LMCache. Returns once the bytes are copied out of
+        ``kv_data`` (the blocks may be freed then); the remote write goes on in LMCache's
+        background loop: use ``wait_visible``."""
         tokens = self.stored_prefix(token_ids)
         if not tokens:
             return
@@ -183,15 +181,23 @@ class KVStore:
                 self.resume_bytes_sent += self._resume.put(tokens, kv_data, block_ids,
                                                            self.layout)
 
-    def wait_visible(self, token_ids: Sequence[int], timeout_s: float) -> int:
-        """Poll the remote backend until it holds KV for all of ``token_ids``' whole blocks or
-        ``timeout_s`` passes; returns how many leading tokens are visible (what a peer can
-        load: up to its last resume point)."""
+    def wait_visible(self, token_ids: Sequence[int], timeout_s: float,
+                     stall_s: float | None = None) -> int:
+        """Poll the store until it holds KV for all of ``token_ids``' whole blocks, ``timeout_s``
+        passes or (``stall_s``) nothing new showed for that long (LMCache only logs a dropped
+        write); returns the leading tokens a peer can load (up to its last resume point)."""
         tokens = self.stored_prefix(token_ids)
         deadline = time.monotonic() + timeout_s
         delay = 0.001
+        seen, since = -1, time.monotonic()
         while True:
             visible = self._stored_blocks(tokens)
+            if visible != seen:
+                seen, since = visible, time.monotonic()
+            elif stall_s is not None and time.monotonic() - since >= stall_s:
+                log.warning("KV store: %d of %d tokens visible, none more for %.1f s",
+                            visible, len(tokens), stall_s)
+                return self._resumable(tokens, visible)
             if visible < len(tokens) and not self.reachable():
                 # The store is down: nothing will become visible, so do not hold the request
                 # for the whole timeout; the decode side recomputes what is missing.
@@ -214,14 +220,8 @@ class KVStore:
             return False
         return True
 
-    def store(
-        self,
-        token_ids: Sequence[int],
-        kv_data: Any,
-        block_ids: Sequence[int],
-        timeout_s: float = 10.0,
-    ) -> int:
-        """``put`` then ``wait_visible``: returns the number of leading tokens a peer can load."""
+    def store(self, token_ids: Sequence[int], kv_data: Any, block_ids: Sequence[int],
+              timeout_s: float = 10.0) -> int:  # put, then the leading tokens a peer can load
         self.put(token_ids, kv_data, block_ids)
         return self.wait_visible(token_ids, timeout_s)
 
@@ -309,7 +309,7 @@ class KVStore:
         cfg = self.config
         # whole chunks (their keys are those of the full prompt's chain) up to the resume point
         tokens = tokens[:min(len(tokens), -(-target // cfg.chunk_size) * cfg.chunk_size)]
-        wait_s = float(cfg.blocking_timeout_s)
+        wait_s = ARENA_WAIT_S  # room in the host arena: another prompt's fetch + import
         if self._reader is not None:  # Redis: parallel reads into host staging, lock-free
             self._check_open()
             loaded, blocks, region = fetch_staged(self._reader, cfg, self._chunk_keys(tokens),
