@@ -5,8 +5,9 @@
 builds the engine of tests/engine/deepseek_v4/test_plan_tightness.py (V4-Flash's layer
 dimensions, FP8 / MXFP4 weights, ``--layers`` x ``--experts``) on the CPU, with every choice the
 CUDA engine makes: the Triton attention, indexer, mHC, FP8 GEMMs and fused MoE
-(``V4Backend`` all ``kernels``, unfused decode), bf16, the kernels' plan terms. Each Triton
-launch is skipped (``InterpretedFunction.run`` returns at once): a kernel writes only into
+(``V4Backend()`` as CUDA resolves it), bf16, the kernels' plan terms. Each Triton
+launch is skipped (``InterpretedFunction.run`` only zeroes the integer arguments, some of which
+are indices PyTorch reads next): a kernel writes only into
 buffers its wrapper allocated or took from the Workspace, so the allocations are those of the
 GPU run while the values are not; the LM head's product is skipped likewise (its temporary is
 still made). :class:`bench.live_bytes.LiveBytes` counts the bytes alive through the warm-up,
@@ -53,9 +54,8 @@ from engine.models.deepseek_v4.config import DeepseekV4Config  # noqa: E402
 from engine.models.deepseek_v4.family import DeepseekV4Family  # noqa: E402
 from engine.models.deepseek_v4.model import DeepseekV4Model  # noqa: E402
 
-# What the CUDA engine resolves V4Backend() to (backend.py): every kernel, unfused decode.
-CUDA_BACKEND = V4Backend(indexer="kernels", attention="kernels", gemm="kernels", mhc="kernels",
-                         decode="unfused")
+# What the CUDA engine resolves V4Backend() to (backend.py; resolving needs no device)
+CUDA_BACKEND = V4Backend().resolved(torch.device("cuda"))
 # The CPU plan leaves out the Workspace terms of the CUDA-only fused MoE and FP8 GEMMs; the
 # arena is made before the warm-up and is not counted, so a margin costs nothing measured.
 _WS_MARGIN = 1 << 30
@@ -96,7 +96,7 @@ def cuda_code_path() -> Iterator[None]:
             super().__init__(capacity_bytes + _WS_MARGIN, device)
 
     DeepseekV4Family.__init__ = partialmethod(saved[0], backend=CUDA_BACKEND)  # type: ignore[method-assign]
-    InterpretedFunction.run = lambda self, *a, **k: None  # type: ignore[method-assign]
+    InterpretedFunction.run = _launch_nothing  # type: ignore[method-assign]
     DeepseekV4Model.compute_logits = _logits_shape_only  # type: ignore[method-assign]
     runner_mod.Workspace = _Workspace  # type: ignore[misc]
     try:
@@ -104,6 +104,15 @@ def cuda_code_path() -> Iterator[None]:
     finally:
         (DeepseekV4Family.__init__, InterpretedFunction.run, DeepseekV4Model.compute_logits,  # type: ignore[method-assign]
          runner_mod.Workspace) = saved
+
+
+def _launch_nothing(self: Any, *args: Any, **kwargs: Any) -> None:
+    """A skipped Triton launch. Its integer arguments are zeroed: some are outputs (row ids,
+    entry slots) that PyTorch ops index with next, and 0 is a valid index where whatever the
+    allocation held is not; the shapes of what follows do not depend on them."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor) and a.dtype in (torch.int32, torch.int64):
+            a.zero_()
 
 
 def _logits_shape_only(self: DeepseekV4Model, hidden: torch.Tensor,
