@@ -158,14 +158,16 @@ def trace_warmup(cfg: DeepseekV4Config, ec: EngineConfig, stacks: bool = True) -
     run_steps, execute = runner_mod.ModelRunner._run_warmup_steps, runner_mod.ModelRunner._execute_warmup
 
     def run_traced(self: Any, steps: Any, *a: Any, **k: Any) -> None:
-        if step_peaks:  # the CUDA-only second pass: not part of the measured peak
+        if base:  # the CUDA-only second pass: not part of the measured peak
             return run_steps(self, steps, *a, **k)
-        if cuda:
-            base.append(torch.cuda.memory_allocated(dev))
+        base.append(torch.cuda.memory_allocated(dev) if cuda else 0)
         with tracker:
-            return run_steps(self, steps, *a, **k)
+            run_steps(self, steps, *a, **k)
+        base.append(-1)  # done: later steps are not counted
 
     def execute_traced(self: Any, chunks: list[Any], *a: Any) -> None:
+        if len(base) != 1:
+            return execute(self, chunks, *a)
         label = (f"{len(chunks)} seq, {sum(c.num_tokens for c in chunks)} tokens to context "
                  f"{max(c.context_len for c in chunks)}")
         tracker.mark(label)

@@ -81,3 +81,24 @@ def test_warmup_peak_within_ten_percent_of_the_plan(chunk: int, batch: int, cont
     del engine
     torch.cuda.empty_cache()
     assert 0.9 <= ratio <= 1.0
+
+
+@pytest.mark.gpu
+def test_allocator_reading_matches_the_counted_tensors() -> None:
+    # The engine's warm-up reading (max_memory_allocated - base) against the tensors the same
+    # warm-up holds, counted over the real kernels: equal to the allocator's rounding, unless
+    # memory that existed before the warm-up is freed during it (then the reading is low and
+    # the plan looks looser than it is). The listing names the tensors alive at the peak.
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from bench.deepseek_v4.step_trace import engine_config, trace_warmup
+
+    t = trace_warmup(flash_config("SCH", 16, 32768), engine_config(4096, 1, 32768, device="cuda"))
+    msg = (f"counted {t.peak:,} B, allocator {t.allocator_peak:,} B, memory_allocated - base at "
+           f"the counted peak {t.allocated_at_peak:,} B, planned {t.planned:,} B\n"
+           + t.tracker.report(30))
+    print(msg)
+    torch.cuda.empty_cache()
+    assert t.allocator_peak is not None and t.allocated_at_peak is not None
+    assert abs(t.allocator_peak - t.peak) <= 0.01 * t.peak, msg
+    assert t.peak <= t.planned, msg
