@@ -35,7 +35,7 @@ from engine.sampling_params import (
     MAX_STOP_TOKEN_IDS,
     SamplingParams,
 )
-from engine.scheduler import KVLoad, ScheduledChunk, SchedulerOutput
+from engine.scheduler import ScheduledChunk, SchedulerOutput
 from engine.slot_sampling import SlotSampling
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace
@@ -76,6 +76,13 @@ class ModelRunner:
         self.dtype = ec.torch_dtype
         self.block_size = ec.block_size
         self.kv = plan.kv_layout.allocate(plan.num_blocks, self.device)
+        # imported KV passes through here on its way from host rows into the blocks, a bounded
+        # slice per step (engine/kv_import_job.py); None: nothing to import through
+        self.import_buffer: torch.Tensor | None = None
+        if plan.term("kv_import_slice"):
+            self.import_buffer = torch.empty(
+                (plan.term("kv_import_slice") // plan.kv_layout.bytes_per_block,
+                 plan.kv_layout.bytes_per_block), dtype=torch.uint8, device=self.device)
         self.ws = Workspace(plan.workspace_bytes, self.device)
         family = family_class(model_cfg)
         self.model = family(model_cfg, weights, ec) if tp is None else \
@@ -158,18 +165,6 @@ class ModelRunner:
     def _forward_logits(self, batch: StepBatch, ws: Workspace, logits: torch.Tensor) -> None:
         hidden = self.model.forward(batch, self.kv, ws)
         self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
-
-    @torch.inference_mode()
-    def load_kv(self, loads: list[KVLoad], hooks: Mapping[str, KVImport]) -> dict[str, int]:
-        """Run the scheduler's KV loads through their import hooks; returns the leading tokens
-        each filled, rounded down to where the family's layout can resume."""
-        step = self.plan.kv_layout.resume_granularity
-        done = {}
-        for load in loads:
-            n = hooks[load.request_id](self.kv, list(load.block_ids), load.num_prompt_tokens,
-                                       num_computed_tokens=load.num_computed_tokens)
-            done[load.request_id] = min(int(n), load.max_tokens) // step * step
-        return done
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, params: dict[str, SamplingParams],

@@ -53,6 +53,7 @@ import torch
 
 from common.redact import public_url
 from engine.models.family import KVLayout
+from engine.staged_kv import StagedKV
 from worker.host_staging import HostStaging
 from worker.kv_store_config import KVStoreConfig, KVStoreError
 from worker.lmcache_engine import build_lmcache_engine
@@ -65,7 +66,6 @@ from worker.lmcache_redis import (
 from worker.redis_chunk_reader import RedisChunkReader
 from worker.resume_points import ResumePoints
 from worker.staged_fetch import fetch_staged, staged_blocks, stored_chunks
-from worker.staged_kv import StagedKV
 from worker.store_reach import check_reachable, redis_client
 
 log = logging.getLogger(__name__)
@@ -321,12 +321,12 @@ class KVStore:
         if not loaded:  # nothing stored, or no room in the host staging in time: recompute
             return 0, None
         if not self.layout.resume_state_bytes:
-            return loaded, StagedKV(blocks, region=region)
+            return loaded, StagedKV(blocks, loaded, region=region)
         assert self._resume is not None
         for end, key in ends:  # the longest loaded one whose state is still there
             state = self._resume.get(key) if end <= loaded else None
             if state is not None:
-                return end, StagedKV(blocks, end, state, region=region)
+                return end, StagedKV(blocks, end, end, state, region=region)
         return 0, None
 
     def import_staged(self, kv_data: Any, block_ids: Sequence[int], staged: StagedKV,

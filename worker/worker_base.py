@@ -29,8 +29,8 @@ from common.settings import WorkerSettings
 from common.startup_progress import StartupProgress
 from engine.errors import InvalidRequest
 from engine.llm_engine import LLMEngine
-from engine.model_runner import KVImport
 from engine.sampling_params import SamplingParams
+from engine.staged_kv import StagedKV
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from worker.auth import AccessError, server_credentials, server_interceptors, warn_if_open
@@ -171,8 +171,9 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
         return await asyncio.to_thread(self.rt.grammars.compile, sampling.grammar_kind,
                                        sampling.grammar_spec)
 
-    async def prepare_import(self, prompt: Sequence[int]) -> KVImport | None:
-        """The engine's import hook for the stored prefix of ``prompt`` (worker/kv_import.py)."""
+    async def prepare_import(self, prompt: Sequence[int]) -> StagedKV | None:
+        """The stored prefix of ``prompt`` fetched into host memory, for the engine to import
+        (worker/kv_import.py)."""
         return await fetch_import(self.rt.kv_store, prompt)
 
     # ------------------------------------------------------------------ RPCs
