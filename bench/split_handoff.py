@@ -27,7 +27,7 @@ def host_memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
 
 def measure(model: str, redis_url: str, num_tokens: int, device: str,
             chunk_size: int = 256, dtype: str = "bfloat16",
-            visible_timeout_s: float = 600.0) -> dict[str, Any]:
+            visible_timeout_s: float = 600.0, stall_s: float = 30.0) -> dict[str, Any]:
     from engine.checkpoint import load_model_config
     from engine.config import EngineConfig
     from engine.models import family_class
@@ -49,7 +49,7 @@ def measure(model: str, redis_url: str, num_tokens: int, device: str,
         t0 = time.perf_counter()
         store.put(tokens, kv, blocks)
         t1 = time.perf_counter()
-        visible = store.wait_visible(tokens, timeout_s=visible_timeout_s)
+        visible = store.wait_visible(tokens, timeout_s=visible_timeout_s, stall_s=stall_s)
         t2 = time.perf_counter()
         got, staged = store.fetch(tokens)
         t3 = time.perf_counter()

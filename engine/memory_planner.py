@@ -7,7 +7,7 @@ docs/memory.md gives the formula of each term; keep the two in step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -246,6 +246,12 @@ def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_layout: KVLayout, n
     if library_bytes:
         terms.append(PlanTerm("library_workspaces", library_bytes,
                               "cuBLAS/cuBLASLt workspaces, measured by probe matmuls at start-up"))
+        # cuBLAS keeps a workspace per (handle, stream): the graphs are captured on a stream of
+        # their own, so its workspaces are allocated during the first capture, inside the pool
+        terms = [replace(t, bytes=t.bytes + library_bytes,
+                         formula=f"{t.formula} + the capture stream's cuBLAS workspaces "
+                                 f"({library_bytes:,} B, as measured for the serving stream)")
+                 if t.name == "cuda_graph_pool" else t for t in terms]
     if non_torch_bytes:
         terms.append(PlanTerm("non_torch", non_torch_bytes,
                               "CUDA context and libraries, measured before loading"))

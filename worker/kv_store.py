@@ -10,9 +10,8 @@ recomputed by the decode side, like anything the store lacks. A layout that keep
 its blocks (V4's window snapshots) has it stored once per resume point under its own Redis key
 (worker/resume_points.py); a prefix then counts as stored up to its last block end that has one.
 
-The prefill side calls ``put`` (gather + hand to LMCache; LMCache writes to Redis in the
-background) and then ``wait_visible`` (poll the remote backend until the prompt is covered or a
-deadline passes), so the router is only told "KV ready" once a decode worker can really read it.
+The prefill side calls ``put`` (LMCache writes to Redis in the background) and then
+``wait_visible``, so the router is told "KV ready" only once a decode worker can read it.
 The decode side calls ``fetch`` off the engine thread (the longest stored prefix, whole chunks,
 the last one possibly partial, and its resume point, into host memory) and its engine import hook
 copies that into the sequence's blocks (``import_staged``); ``retrieve`` moves blocks only, in one
@@ -158,11 +157,9 @@ class KVStore:
 
     def put(self, token_ids: Sequence[int], kv_data: Any, block_ids: Sequence[int]) -> None:
         """Copy the KV of ``token_ids``' whole blocks (``block_ids`` of the engine's storage
-        ``kv_data``, in ``self.layout``) into LMCache.
-
-        Returns once the bytes are copied out of ``kv_data`` (the blocks may be freed then); the
-        remote write continues in LMCache's background loop: use ``wait_visible``.
-        """
+        ``kv_data``, in ``self.layout``) into LMCache. Returns once the bytes are copied out of
+        ``kv_data`` (the blocks may be freed then); the remote write goes on in LMCache's
+        background loop: use ``wait_visible``."""
         tokens = self.stored_prefix(token_ids)
         if not tokens:
             return
@@ -183,15 +180,23 @@ class KVStore:
                 self.resume_bytes_sent += self._resume.put(tokens, kv_data, block_ids,
                                                            self.layout)
 
-    def wait_visible(self, token_ids: Sequence[int], timeout_s: float) -> int:
-        """Poll the remote backend until it holds KV for all of ``token_ids``' whole blocks or
-        ``timeout_s`` passes; returns how many leading tokens are visible (what a peer can
-        load: up to its last resume point)."""
+    def wait_visible(self, token_ids: Sequence[int], timeout_s: float,
+                     stall_s: float | None = None) -> int:
+        """Poll the store until it holds KV for all of ``token_ids``' whole blocks, ``timeout_s``
+        passes or (``stall_s``) nothing new showed for that long (LMCache only logs a dropped
+        write); returns the leading tokens a peer can load (up to its last resume point)."""
         tokens = self.stored_prefix(token_ids)
         deadline = time.monotonic() + timeout_s
         delay = 0.001
+        seen, since = -1, time.monotonic()
         while True:
             visible = self._stored_blocks(tokens)
+            if visible != seen:
+                seen, since = visible, time.monotonic()
+            elif stall_s is not None and time.monotonic() - since >= stall_s:
+                log.warning("KV store: %d of %d tokens visible, none more for %.1f s",
+                            visible, len(tokens), stall_s)
+                return self._resumable(tokens, visible)
             if visible < len(tokens) and not self.reachable():
                 # The store is down: nothing will become visible, so do not hold the request
                 # for the whole timeout; the decode side recomputes what is missing.
@@ -214,13 +219,8 @@ class KVStore:
             return False
         return True
 
-    def store(
-        self,
-        token_ids: Sequence[int],
-        kv_data: Any,
-        block_ids: Sequence[int],
-        timeout_s: float = 10.0,
-    ) -> int:
+    def store(self, token_ids: Sequence[int], kv_data: Any, block_ids: Sequence[int],
+              timeout_s: float = 10.0) -> int:
         """``put`` then ``wait_visible``: returns the number of leading tokens a peer can load."""
         self.put(token_ids, kv_data, block_ids)
         return self.wait_visible(token_ids, timeout_s)

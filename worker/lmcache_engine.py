@@ -7,11 +7,33 @@ is a ``KVStoreError`` whose message never quotes the store's password.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import torch
 
 from common.redact import redact_text, redact_url
-from worker.kv_store_config import KVStoreConfig, KVStoreError
+from worker.kv_store_config import REDIS_SCHEMES, KVStoreConfig, KVStoreError
+
+# LMCache writes a prompt's chunks to Redis as one gather of up to 150 concurrent SETs (32 MiB
+# each for Llama-3-8B at 256 tokens), so every write waits for most of the prompt's bytes: a
+# 131,072-token prompt (16 GiB) took longer than redis-py 8's default 5 s socket timeout on the
+# H200 (2026-12-03) and its whole put was dropped. The timeout covers the whole batch instead.
+PUT_SOCKET_TIMEOUT_S = 300.0
+CONNECT_TIMEOUT_S = 5.0
+
+
+def lmcache_remote_url(url: str) -> str:
+    """``url`` with socket timeouts for LMCache's Redis writes, unless the URL sets its own."""
+    parts = urlsplit(url)
+    if parts.scheme not in REDIS_SCHEMES:
+        return url
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    have = {k for k, _ in query}
+    for key, value in (("socket_timeout", PUT_SOCKET_TIMEOUT_S),
+                       ("socket_connect_timeout", CONNECT_TIMEOUT_S)):
+        if key not in have:
+            query.append((key, str(value)))
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 def build_lmcache_engine(cfg: KVStoreConfig, instance_id: str) -> Any:  # noqa: ANN401
@@ -27,7 +49,7 @@ def build_lmcache_engine(cfg: KVStoreConfig, instance_id: str) -> Any:  # noqa: 
         chunk_size=cfg.chunk_size,
         local_cpu=False,
         max_local_cpu_size=cfg.staging_gb,
-        remote_url=cfg.url,
+        remote_url=lmcache_remote_url(cfg.url),
         remote_serde="naive",
         save_unfull_chunk=True,
         blocking_timeout_secs=cfg.blocking_timeout_s,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -91,6 +92,10 @@ def main() -> None:
                     results[name + ".kv"] = gather_tokens(kv.data, ids, n)
             elif op["kind"] == "lookup":
                 results[name] = store.lookup(tokens)
+            elif op["kind"] == "wait_visible":
+                t = time.monotonic()
+                results[name] = store.wait_visible(tokens, op["timeout_s"], op.get("stall_s"))
+                results[name + ".s"] = time.monotonic() - t
             else:
                 raise ValueError(op["kind"])
     finally:

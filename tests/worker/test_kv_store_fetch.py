@@ -102,3 +102,16 @@ def test_padded_blocks_arrive_bit_exact(tmp_path: Path) -> None:
     assert res["bytes_per_block"] % (2 * res["block_size"]) != 0  # the layout is padded
     for row, n in zip(res["rows"], (1100, 2700), strict=True):
         assert row["bit_exact"] and row["loaded_tokens"] == n // 256 * 256
+
+
+def test_a_put_that_never_lands_ends_the_wait_at_the_stall_not_the_timeout(
+        redis_url: str, tmp_path: Path) -> None:
+    # LMCache only logs a dropped write (a socket timeout on a 16 GiB put did this on the H200):
+    # with nothing new visible for ``stall_s`` the wait returns what is there.
+    tokens = [5 * i % 900 + 2 for i in range(64)]
+    store_48(tmp_path, redis_url, tokens[:48], 6)
+    got = run_peer(tmp_path, "wait", redis_url, [
+        {"kind": "wait_visible", "name": "w", "tokens": tokens, "timeout_s": 60.0,
+         "stall_s": 0.5}])
+    assert got["w"] == 48  # the three stored chunks, not the fourth that never came
+    assert 0.5 <= got["w.s"] < 10.0
