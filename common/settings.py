@@ -91,6 +91,14 @@ class WorkerSettings:
             "larger than it loads its leading part)."
         ),
     )
+    kv_staging_pinned: bool = field(
+        default=False,
+        metadata=_doc(
+            "Page-lock the fetched-KV arena (kv_staging_gb) at start-up, so each import slice's "
+            "host-to-device copy runs asynchronously at the bus's rate (CUDA only; pinning tens "
+            "of GiB takes host memory from everything else on the machine)."
+        ),
+    )
     kv_import_slice_mb: float = field(
         default=64.0,
         metadata=_doc(
@@ -277,7 +285,7 @@ class WorkerSettings:
         if not self.kv_store_url:
             return None
         return StoreSettings(self.kv_store_url, self.lmcache_chunk_size, self.kv_staging_gb,
-                             self.kv_ttl_s, self.kv_visible_timeout_s)
+                             self.kv_ttl_s, self.kv_visible_timeout_s, self.kv_staging_pinned)
 
 
 @dataclass(frozen=True)
@@ -290,6 +298,7 @@ class StoreSettings:
     staging_gb: float
     ttl_s: int
     visible_timeout_s: float
+    staging_pinned: bool = False
 
 
 # ---------------------------------------------------------------------- loading

@@ -83,6 +83,7 @@ class KVStore:
         staging_gb: float = 0.5,
         blocking_timeout_s: int = 10,
         ttl_s: int = 3600,
+        pin_staging: bool = False,
     ) -> None:
         self.config = KVStoreConfig(
             url=url,
@@ -108,8 +109,7 @@ class KVStore:
         self._reader = None if self._redis is None else RedisChunkReader(
             self.config.url, timeout_s=self.config.blocking_timeout_s)
         self._lock = threading.Lock()
-        # fetched KV waits here for the engine thread: a fixed arena (worker/host_staging.py)
-        self._staging = HostStaging(int(self.config.staging_gb * 2**30))
+        self._staging = HostStaging(int(self.config.staging_gb * 2**30), pin=pin_staging)
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
         redact_lmcache_logs()
         try:
