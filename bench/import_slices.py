@@ -4,16 +4,16 @@ against the one-go copy it replaced, on any device.
 
 One engine with a random-weight checkpoint: ``--chats`` short requests decode without end; then
 a ``--prompt-tokens`` prompt arrives with its KV already in host memory (random values in the
-model dtype, in a host arena like the worker's, pinned with ``--pinned``), and every
+model dtype, in a host arena like the worker's), and every
 ``engine.step()`` is timed until that prompt's first token. Each step gives every chat one token,
 so the step time is the chats' inter-token latency. Arms: ``oneshot`` (the previous path: a hook
 that copies the whole prompt, an LMCache chunk at a time, in the admission step) and one arm per
-``--slices-mb`` value. No store and no network: the fetch is not what is measured here
+``--slices-mb`` value, each from a pageable and/or a pinned arena (``--arenas``). No store and no network: the fetch is not what is measured here
 (bench/split_handoff.py measures it).
 
     python -m bench.import_slices --shape kv-heavy --prompt-tokens 16384 --device cpu
     python -m bench.import_slices --shape llama3-8b --prompt-tokens 131072 --device cuda \
-        --chats 16 --pinned --out import.json
+        --chats 16 --chat-tokens 4096 --slices-mb 256,64,16 --arenas pageable,pinned
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ def staged_kv(engine: Any, num_tokens: int, pinned: bool) -> Any:
     arena = HostStaging(num_blocks * layout.bytes_per_block, pin=pinned)
     region = arena.take(num_blocks * layout.bytes_per_block, timeout_s=0)
     rows = region.data.view(num_blocks, layout.bytes_per_block)
-    dtype = engine.config.torch_dtype
-    vals = rows.view(dtype)
-    for i in range(0, num_blocks, 256):  # a bounded temporary, whatever the prompt's size
-        vals[i:i + 256].copy_(torch.randn(vals[i:i + 256].shape) * 0.5)
+    vals = rows.view(engine.config.torch_dtype)
+    base = torch.randn(min(64, num_blocks), vals.shape[1]) * 0.5  # tiled: values do not matter
+    for i in range(0, num_blocks, base.shape[0]):
+        part = vals[i:i + base.shape[0]]
+        part.copy_(base[: part.shape[0]])
     return StagedKV(rows, num_blocks * layout.block_size, region=region)
 
 
@@ -114,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="each chat's max_tokens: more than the steps of all arms together")
     p.add_argument("--slices-mb", default="64,16", help="comma-separated arms besides oneshot")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--pinned", action="store_true", help="page-lock the host arena (CUDA)")
+    p.add_argument("--arenas", default="pageable",
+                   help="pageable,pinned: run every arm from each kind of host arena (pinned: CUDA)")
     p.add_argument("--warm-steps", type=int, default=8)
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
@@ -143,20 +145,25 @@ def main(argv: list[str] | None = None) -> int:
         chat = SamplingParams(max_tokens=args.chat_tokens, temperature=0.0, ignore_eos=True)
         for i in range(args.chats):
             engine.add_request(f"chat{i}", [5 + i, 6, 7, 8, 9, 10, 11, 12], chat)
-        staged = staged_kv(engine, args.prompt_tokens, args.pinned)
         rows = []
-        # a first import, not reported: the first touch of host pages (the KV extent and the
-        # slice buffer on a CPU) and first-use costs of the long context would go to arm one
-        arms = [("warm-up", 0), ("oneshot", 0)] + [(f"{s / 2**20:g}MiB", s) for s in slices]
-        for k, (arm, nbytes) in enumerate(arms):
-            prompt = [100 + k] + [(7 * i + k) % 200 + 3 for i in range(args.prompt_tokens)]
-            row = run_arm(engine, "oneshot" if k == 0 else arm, staged, prompt,
-                          nbytes, args.warm_steps)
-            if k:
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+        k = 0
+        for arena in args.arenas.split(","):
+            staged = staged_kv(engine, args.prompt_tokens, arena == "pinned")
+            # a first import, not reported: the first touch of host pages (the KV extent and
+            # the slice buffer on a CPU) and first-use costs of the long context would go to
+            # the first arm
+            arms = [("warm-up", 0), ("oneshot", 0)] + [(f"{s / 2**20:g}MiB", s) for s in slices]
+            for i, (arm, nbytes) in enumerate(arms):
+                k += 1  # a new prompt each time: no prefix-cache hit on an earlier arm's blocks
+                prompt = [100 + k] + [(7 * j + k) % 200 + 3 for j in range(args.prompt_tokens)]
+                row = run_arm(engine, "oneshot" if i == 0 else arm, staged, prompt, nbytes,
+                              args.warm_steps)
+                if i:
+                    rows.append({"arena": arena, **row})
+                    print(json.dumps(rows[-1]), flush=True)
+            del staged
         result = {"shape": args.checkpoint or args.shape, "device": str(ec.torch_device),
-                  "pinned": args.pinned, "prompt_tokens": args.prompt_tokens,
+                  "prompt_tokens": args.prompt_tokens,
                   "chats": args.chats, "allocs_after_warmup": engine.stats().device_allocs_since_warmup,
                   "arms": rows}
         if args.out:
