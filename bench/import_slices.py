@@ -73,6 +73,7 @@ def run_arm(engine: Any, arm: str, staged: Any, prompt: list[int], slice_bytes: 
     engine._importer.slice_blocks = max(1, slice_bytes // engine.kv_layout.bytes_per_block)
     source = oneshot_hook(engine, staged) if arm == "oneshot" else staged
     sync = torch.cuda.synchronize if engine.config.torch_device.type == "cuda" else (lambda: None)
+    allocs = engine.stats().device_allocs_since_warmup
     before = []
     for _ in range(warm_steps):
         t = time.perf_counter()
@@ -102,6 +103,9 @@ def run_arm(engine: Any, arm: str, staged: Any, prompt: list[int], slice_bytes: 
         "step_ms_importing_max": round(max(ms), 2),
         "step_ms_after_import": round(1e3 * during[-1], 2),
         "arrival_to_first_token_s": round(ttft, 3),
+        # CUDA: device allocations the caching allocator made during the arm (None on a CPU)
+        "device_allocs": None if allocs is None
+        else engine.stats().device_allocs_since_warmup - allocs,
     }
 
 
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             del staged
         result = {"shape": args.checkpoint or args.shape, "device": str(ec.torch_device),
                   "prompt_tokens": args.prompt_tokens,
-                  "chats": args.chats, "allocs_after_warmup": engine.stats().device_allocs_since_warmup,
+                  "chats": args.chats,
                   "arms": rows}
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=1))
