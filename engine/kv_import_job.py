@@ -149,6 +149,7 @@ class KVImporter:
         self.cuda = isinstance(buffer, torch.Tensor) and buffer.is_cuda
         self._jobs: dict[str, ImportJob] = {}  # in arrival order
         self._parked: list[tuple[Any, Any]] = []  # (event after the last copy, host holder)
+        self.blocks_copied = 0  # over the engine's life: progress, for the liveness counters
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._jobs
@@ -178,7 +179,9 @@ class KVImporter:
                 if budget <= 0:
                     break
                 try:
-                    budget -= job.advance(budget)
+                    copied = job.advance(budget)
+                    budget -= copied
+                    self.blocks_copied += copied
                 except Exception as exc:  # never let an import take the engine thread down
                     log.error("KV import of %s failed, recomputing: %s", rid, exc)
                     job.done, job.filled = True, 0

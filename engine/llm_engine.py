@@ -292,11 +292,14 @@ class LLMEngine:
                 self.scheduler.apply_kv_load(load.request_id, 0)
             else:
                 self._importer.start(load, source)
+        copied = self._importer.blocks_copied
         with torch.inference_mode():  # a slice of each import, before this step's forward
             for rid, n in self._importer.step().items():
                 self.scheduler.apply_kv_load(rid, n)
                 self._seqs[rid].has_kv_import = False
         if not sched.chunks:
+            # an import-only step is progress too (the router's stall watch reads steps)
+            self._steps += self._importer.blocks_copied > copied
             return outputs
         params = {c.request_id: self._seqs[c.request_id].sampling for c in sched.chunks}
         rows = {c.request_id: RowState(c.cache_slot,

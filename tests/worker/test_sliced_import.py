@@ -126,6 +126,7 @@ def test_abort_mid_import_gives_back_blocks_and_staging(folder: Path, store: KVS
     for _ in range(3):  # admission + 3 of 12 slices
         assert engine.step() == []
     assert "long" in engine._importer and engine.block_manager.num_free_blocks < free_blocks
+    assert engine.stats().steps_completed == 3  # import-only steps count as progress
     gc.collect()
     assert staging.free_bytes < free_host  # the import holds its region while it runs
     assert engine.abort("long")
