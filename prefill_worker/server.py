@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import grpc
 
 from engine.llm_engine import RequestOutput
+from prefill_worker.export_gate import ExportGate
 from prefill_worker.kv_export import export_kept_kv, wait_visible
 from proto import bulkhead_pb2 as pb
 from worker.codec import (
@@ -48,6 +49,9 @@ class PrefillServicer(WorkerServicerBase):
         super().__init__(rt)
         assert rt.kv_store is not None, "a prefill worker needs a KV store"
         self.kv_store = rt.kv_store
+        layout = rt.kv_store.layout
+        self._bytes_per_token = -(-layout.bytes_per_block // layout.block_size)
+        self._gate = ExportGate(int(rt.kv_store.config.staging_gb * 2**30))
 
     @unary_rpc
     async def Prefill(self, request: pb.PrefillRequest,
@@ -87,16 +91,19 @@ class PrefillServicer(WorkerServicerBase):
                 await self.loop.call(lambda engine: engine.release(rid))
             else:
                 computed_at = time.monotonic()
-                num_tokens = await self.loop.call(
-                    lambda engine: export_kept_kv(engine, self.kv_store, rid, prompt))
-                kept = False
-                put_at = time.monotonic()
-                visible = await wait_visible(self.kv_store, prompt[:num_tokens],
-                                             self.rt.settings.kv_visible_timeout_s,
-                                             request.deadline_unix_s)
-                log.info("prefill %s: %d prompt tokens (%d loaded), computed in %.3f s, KV put "
-                         "%.3f s, %d tokens visible after %.3f s", rid, final.num_prompt_tokens,
-                         final.num_cached_tokens, computed_at - started, put_at - computed_at,
+                async with self._gate.hold(len(prompt) * self._bytes_per_token):
+                    gated_at = time.monotonic()
+                    num_tokens = await self.loop.call(
+                        lambda engine: export_kept_kv(engine, self.kv_store, rid, prompt))
+                    kept = False
+                    put_at = time.monotonic()
+                    visible = await wait_visible(self.kv_store, prompt[:num_tokens],
+                                                 self.rt.settings.kv_visible_timeout_s,
+                                                 request.deadline_unix_s)
+                log.info("prefill %s: %d prompt tokens (%d loaded), computed in %.3f s, waited "
+                         "%.3f s for the store's pool, KV put %.3f s, %d tokens visible after "
+                         "%.3f s", rid, final.num_prompt_tokens, final.num_cached_tokens,
+                         computed_at - started, gated_at - computed_at, put_at - gated_at,
                          visible, time.monotonic() - put_at)
         finally:
             if kept:  # cancelled or failed before the export: give the blocks back

@@ -32,6 +32,13 @@ log = logging.getLogger(__name__)
 _ALIGN = 4096  # regions start on a page: recv_into and the DMA engine both like it
 
 
+# How long a fetch waits for room in the host arena before its prompt is recomputed instead.
+# The arena's holder is another prompt being fetched and imported: 15 s + 2.6 s for a 131k-token
+# Llama-3-8B prompt on the H200 (2026-12-03), where a 10 s wait sent a 32k prompt to be
+# recomputed by the decode worker (seconds of prefill among its decodes) 3 s before room came.
+ARENA_WAIT_S = 30.0
+
+
 class Region:
     """``data``: a uint8 host tensor of the bytes taken; the arena gets them back when this
     object is collected. Keep the Region (not only views of ``data``) alive while they are used."""

@@ -19,8 +19,7 @@ call. Either says how many leading tokens it filled; the caller recomputes the r
 
 Locking: calls into LMCache's engine (``put``, ``retrieve``; on ``lm://`` also lookups and
 fetches) run under one lock. On Redis, ``lookup`` and ``fetch`` never enter LMCache's engine
-(worker/staged_fetch.py reads its chunks in parallel straight into host staging): no lock, so a
-lookup never waits behind another prompt's fetch, and fetches overlap.
+(worker/staged_fetch.py reads chunks in parallel into host staging): no lock, so fetches overlap.
 
 Access and expiry. The URL may carry a password (``redis://:pw@host:port``) and TLS
 (``rediss://``, ``?ssl_ca_certs=PATH`` for a private CA); both are checked with a PING at
@@ -53,7 +52,7 @@ import torch
 from common.redact import public_url
 from engine.models.family import KVLayout
 from engine.staged_kv import StagedKV
-from worker.host_staging import HostStaging
+from worker.host_staging import ARENA_WAIT_S, HostStaging
 from worker.kv_store_config import KVStoreConfig, KVStoreError
 from worker.lmcache_engine import build_lmcache_engine
 from worker.lmcache_redis import (
@@ -71,7 +70,8 @@ log = logging.getLogger(__name__)
 
 
 class KVStore:
-    """LMCache engine + block connector for one worker process. Thread-safe."""
+    """LMCache engine + block connector for one worker process. Thread-safe. ``writes=False``
+    for a process that never puts (its LMCache pool is then small: lmcache_pool_gb)."""
 
     def __init__(
         self,
@@ -83,6 +83,7 @@ class KVStore:
         staging_gb: float = 0.5,
         blocking_timeout_s: int = 10,
         ttl_s: int = 3600,
+        writes: bool = True,
         pin_staging: bool = False,
     ) -> None:
         self.config = KVStoreConfig(
@@ -113,7 +114,7 @@ class KVStore:
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
         redact_lmcache_logs()
         try:
-            self._engine = build_lmcache_engine(self.config, self._instance_id)
+            self._engine = build_lmcache_engine(self.config, self._instance_id, writes)
         except BaseException:
             if self._redis is not None:
                 self._redis.close()
@@ -220,8 +221,7 @@ class KVStore:
         return True
 
     def store(self, token_ids: Sequence[int], kv_data: Any, block_ids: Sequence[int],
-              timeout_s: float = 10.0) -> int:
-        """``put`` then ``wait_visible``: returns the number of leading tokens a peer can load."""
+              timeout_s: float = 10.0) -> int:  # put, then the leading tokens a peer can load
         self.put(token_ids, kv_data, block_ids)
         return self.wait_visible(token_ids, timeout_s)
 
@@ -309,7 +309,7 @@ class KVStore:
         cfg = self.config
         # whole chunks (their keys are those of the full prompt's chain) up to the resume point
         tokens = tokens[:min(len(tokens), -(-target // cfg.chunk_size) * cfg.chunk_size)]
-        wait_s = float(cfg.blocking_timeout_s)
+        wait_s = ARENA_WAIT_S  # room in the host arena: another prompt's fetch + import
         if self._reader is not None:  # Redis: parallel reads into host staging, lock-free
             self._check_open()
             loaded, blocks, region = fetch_staged(self._reader, cfg, self._chunk_keys(tokens),

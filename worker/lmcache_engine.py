@@ -36,8 +36,22 @@ def lmcache_remote_url(url: str) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
-def build_lmcache_engine(cfg: KVStoreConfig, instance_id: str) -> Any:  # noqa: ANN401
-    """An LMCacheEngine (its type lives in a heavy import) named ``instance_id``."""
+def lmcache_pool_gb(cfg: KVStoreConfig, writes: bool) -> float:
+    """LMCache's CPU pool (allocated and zero-filled at start): a prompt's KV waits there until
+    its write to the store is done, so a writer needs ``staging_gb``. A process that only reads
+    a Redis store never enters it (worker/staged_fetch.py reads into its own arena), so it gets
+    two chunks, not a second copy of the staging (17 GiB of host memory for a 128k Llama-3-8B
+    prompt, which on the H200 run took the decode worker's host memory with it)."""
+    if writes or urlsplit(cfg.url).scheme not in REDIS_SCHEMES:
+        return cfg.staging_gb
+    chunk_bytes = 2 * cfg.chunk_size * cfg.token_row_bytes  # LMCache object [2, 1, chunk, row]
+    return min(cfg.staging_gb, 2 * chunk_bytes / 2**30)
+
+
+def build_lmcache_engine(cfg: KVStoreConfig, instance_id: str,
+                         writes: bool = True) -> Any:  # noqa: ANN401
+    """An LMCacheEngine (its type lives in a heavy import) named ``instance_id``; ``writes``:
+    whether this process puts KV (else its pool is small, see ``lmcache_pool_gb``)."""
     from lmcache.utils import mock_up_broadcast_fn, mock_up_broadcast_object_fn
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
     from lmcache.v1.config import LMCacheEngineConfig
@@ -48,7 +62,7 @@ def build_lmcache_engine(cfg: KVStoreConfig, instance_id: str) -> Any:  # noqa: 
     lm_config = LMCacheEngineConfig.from_defaults(
         chunk_size=cfg.chunk_size,
         local_cpu=False,
-        max_local_cpu_size=cfg.staging_gb,
+        max_local_cpu_size=lmcache_pool_gb(cfg, writes),
         remote_url=lmcache_remote_url(cfg.url),
         remote_serde="naive",
         save_unfull_chunk=True,

@@ -81,6 +81,8 @@ class _Replies:
         header = self._line()
         if header[:1] == b"-":
             raise ReplyError(header[1:].decode(errors="replace"))
+        if header == b"_":  # RESP3's null (a connection that said HELLO 3): the key is absent
+            return False
         if header[:1] != b"$":
             raise ReplyError(f"expected a bulk string, got {header[:32]!r}")
         n = int(header[1:])

@@ -102,6 +102,7 @@ def build_runtime(settings: WorkerSettings,
     if store is not None:
         kv_store = KVStore(store.url, store_model_name, layout, chunk_size=store.chunk_size,
                            staging_gb=store.staging_gb, ttl_s=store.ttl_s,
+                           writes=settings.role == "prefill",  # only prefill puts
                            pin_staging=store.staging_pinned)
     assert kv_store is None or kv_store.layout_fingerprint == kv_layout
     if progress is not None and kv_store is not None:

@@ -29,3 +29,19 @@ def test_an_operators_own_timeout_is_kept() -> None:
 
 def test_other_stores_are_left_alone() -> None:
     assert lmcache_remote_url("lm://127.0.0.1:65000") == "lm://127.0.0.1:65000"
+
+
+def test_only_a_writer_gets_the_whole_staging_as_lmcaches_pool() -> None:
+    from worker.kv_store_config import KVStoreConfig
+    from worker.lmcache_engine import lmcache_pool_gb
+
+    def cfg(url: str) -> KVStoreConfig:
+        # Llama-3-8B bf16: 131,072 B a token, blocks of 16, chunks of 256
+        return KVStoreConfig(url=url, model_name="m", engine_layout="x", block_size=16,
+                             bytes_per_block=16 * 131072, chunk_size=256, staging_gb=17.0)
+
+    assert lmcache_pool_gb(cfg("redis://h:1"), writes=True) == 17.0
+    # a reader of Redis never enters LMCache's pool: two chunks (64 MiB) instead of 17 GiB
+    assert lmcache_pool_gb(cfg("redis://h:1"), writes=False) == 2 * 256 * 131072 / 2**30
+    # an lm:// store is read through LMCache's own retrieve, which needs the pool
+    assert lmcache_pool_gb(cfg("lm://h:1"), writes=False) == 17.0
