@@ -61,7 +61,7 @@ class ImportJob(ABC):
 
 
 class HookImport(ImportJob):
-    """A callable hook (tests, benchmarks, a tensor-parallel copy): runs whole in one step."""
+    """A callable hook (tests, benchmarks): runs whole in one step, whatever the bound."""
 
     def __init__(self, hook: Hook, kv: Any, load: KVLoad) -> None:
         self.hook, self.kv, self.load = hook, kv, load
