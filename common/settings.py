@@ -86,9 +86,10 @@ class WorkerSettings:
     kv_staging_gb: float = field(
         default=0.5,
         metadata=_doc(
-            "Host memory for KV in GB, twice: LMCache's CPU staging pool for stores (allocated "
-            "at start; must hold one prompt's KV) and the arena fetched KV waits in (a prompt "
-            "larger than it loads its leading part)."
+            "Host memory for KV in GB: LMCache's CPU pool for stores (prefill; allocated at "
+            "start; must hold one prompt's KV, prompts wait for room) and the arena fetched KV "
+            "waits in (a prompt larger than it loads its leading part). A decode worker on Redis "
+            "never writes: its LMCache pool is two chunks."
         ),
     )
     kv_staging_pinned: bool = field(
