@@ -24,6 +24,7 @@ from triton.compiler import ASTSource
 
 from kernels import _compress_decode_triton as comp
 from kernels import _fp8_linear_triton as fp8
+from kernels import _fp8_w8a8_triton as w8a8
 from kernels import _fused_triton as fused
 from kernels import _hc_decode_triton as hcd
 from kernels import _indexer_decode_triton as idxd
@@ -213,6 +214,8 @@ def _quantized_specs() -> list[KernelSpec]:
                 "s_ptr": _ptr("u8"), "limit": "fp32"}
     gate_up = moe_ptrs | {"x_ptr": _ptr("bf16"), "h_ptr": _ptr("bf16")}
     down = moe_ptrs | {"h_ptr": _ptr("bf16"), "tw_ptr": _ptr("fp32"), "y_ptr": _ptr("bf16")}
+    w8a8_ptrs = {"xq_ptr": _ptr("u8"), "xs_ptr": _ptr("fp32"), "w_ptr": _ptr("u8"),
+                 "ws_ptr": _ptr("fp32"), "y_ptr": _ptr("bf16")}
     return [
         KernelSpec("fp8 linear decode (16x64x128)", fp8._fp8_linear_kernel, lin,
                    flags | {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}),
@@ -220,6 +223,12 @@ def _quantized_specs() -> list[KernelSpec]:
                    flags | {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128}),
         KernelSpec("fp8 linear prefill (64x128x128)", fp8._fp8_linear_kernel, lin,
                    flags | {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8),
+        # the w8a8 prefill form at its CUDA tiles: 4 stages on sm_90, 3 on sm_120 (~100 KiB)
+        *(KernelSpec(f"fp8 w8a8 prefill ({bm}x{bn}x128, {w} warps, {st} stages)",
+                     w8a8._fp8_w8a8_kernel, w8a8_ptrs,
+                     {"HW": True, "GROUP_M": 8, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128},
+                     num_warps=w, num_stages=st)
+          for bm, bn, w, st in ((64, 128, 4, 4), (64, 128, 4, 3), (128, 128, 8, 3))),
         KernelSpec("mxfp4 moe gate-up + swiglu (256 experts)", moe._moe_gate_up_kernel, gate_up,
                    {"F32": False, "E_P2": 256, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),
         KernelSpec("mxfp4 moe down (256 experts)", moe._moe_down_kernel, down,

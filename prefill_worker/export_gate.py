@@ -28,21 +28,31 @@ class ExportGate:
         self._cond = asyncio.Condition()
         self._wakers: set[asyncio.Task[None]] = set()
 
-    @asynccontextmanager
-    async def hold(self, nbytes: int) -> AsyncIterator[None]:
+    async def acquire(self, nbytes: int, timeout_s: float | None = None) -> int:
         """Wait until ``nbytes`` fit beside what other prompts hold (a prompt larger than the
-        whole pool waits for it to be empty), hold them for the block, then give them back."""
+        whole pool waits for it to be empty) and take them; returns what to ``release``.
+        ``TimeoutError`` if no room came within ``timeout_s`` (nothing is taken then)."""
         need = min(max(nbytes, 0), self.capacity)
-        async with self._cond:
+        async with asyncio.timeout(timeout_s), self._cond:
             await self._cond.wait_for(lambda: self.used + need <= self.capacity)
             self.used += need
+        return need
+
+    def release(self, taken: int) -> None:
+        """Give back what ``acquire`` returned. Synchronous, so a cancelled holder cannot keep
+        its bytes; the waiters are woken by a task of the loop."""
+        self.used -= taken
+        task = asyncio.get_running_loop().create_task(self._wake())
+        self._wakers.add(task)
+        task.add_done_callback(self._wakers.discard)
+
+    @asynccontextmanager
+    async def hold(self, nbytes: int, timeout_s: float | None = None) -> AsyncIterator[None]:
+        taken = await self.acquire(nbytes, timeout_s)
         try:
             yield
         finally:
-            self.used -= need  # synchronous: a cancelled holder cannot keep its bytes
-            task = asyncio.get_running_loop().create_task(self._wake())
-            self._wakers.add(task)
-            task.add_done_callback(self._wakers.discard)
+            self.release(taken)
 
     async def _wake(self) -> None:
         async with self._cond:

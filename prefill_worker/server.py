@@ -35,6 +35,7 @@ from worker.errors import DeadlinePassed, NoTokenSampled, RequestAborted
 from worker.worker_base import (
     WorkerRuntime,
     WorkerServicerBase,
+    remaining_s,
     run_worker,
     time_left,
 )
@@ -91,7 +92,14 @@ class PrefillServicer(WorkerServicerBase):
                 await self.loop.call(lambda engine: engine.release(rid))
             else:
                 computed_at = time.monotonic()
-                async with self._gate.hold(len(prompt) * self._bytes_per_token):
+                try:
+                    taken = await self._gate.acquire(len(prompt) * self._bytes_per_token,
+                                                     remaining_s(request.deadline_unix_s))
+                except TimeoutError:
+                    raise DeadlinePassed(f"the KV of a {len(prompt)}-token prompt waited for "
+                                         "room in the store's pool past the request's "
+                                         "deadline") from None
+                try:
                     gated_at = time.monotonic()
                     num_tokens = await self.loop.call(
                         lambda engine: export_kept_kv(engine, self.kv_store, rid, prompt))
@@ -100,6 +108,8 @@ class PrefillServicer(WorkerServicerBase):
                     visible = await wait_visible(self.kv_store, prompt[:num_tokens],
                                                  self.rt.settings.kv_visible_timeout_s,
                                                  request.deadline_unix_s)
+                finally:
+                    self._gate.release(taken)
                 log.info("prefill %s: %d prompt tokens (%d loaded), computed in %.3f s, waited "
                          "%.3f s for the store's pool, KV put %.3f s, %d tokens visible after "
                          "%.3f s", rid, final.num_prompt_tokens, final.num_cached_tokens,

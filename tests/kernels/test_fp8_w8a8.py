@@ -124,3 +124,14 @@ def test_fp8_linear_w8a8_on_cuda(cuda, m, n, k) -> None:
     assert torch.equal(codes.view(m, k), fp8_act_quant_ref(xb)[0].view(torch.uint8))
     ref = fp8_linear_w8a8_ref(xb.float(), q, s)
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+def test_only_wide_many_row_products_take_the_w8a8_form() -> None:
+    from kernels.fp8_w8a8 import W8A8_MIN_N, W8A8_MIN_ROWS, uses_w8a8
+
+    block = (128, 128)
+    assert uses_w8a8(W8A8_MIN_ROWS, block, 32768) and uses_w8a8(4096, block, W8A8_MIN_N)
+    assert not uses_w8a8(W8A8_MIN_ROWS - 1, block, 32768)  # decode rows: weight-only GEMV
+    assert not uses_w8a8(4096, block, 1024) and not uses_w8a8(4096, block, 512)  # q_a, kv
+    assert not uses_w8a8(4096, (128, 64), 4096)  # a K block unlike the activation group
+    assert uses_w8a8(4096, block)  # no width given: rows and block only

@@ -57,3 +57,17 @@ def test_a_cancelled_waiter_or_holder_gives_its_bytes_back() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive capacity"):
         ExportGate(0)
+
+
+def test_a_wait_past_its_timeout_takes_nothing() -> None:
+    async def run() -> tuple[int, int]:
+        gate = ExportGate(100)
+        held = await gate.acquire(90)
+        with pytest.raises(TimeoutError):
+            await gate.acquire(20, timeout_s=0.05)
+        used_while_held = gate.used
+        gate.release(held)
+        async with gate.hold(100, timeout_s=1):
+            return used_while_held, gate.used
+
+    assert asyncio.run(run()) == (90, 100)

@@ -45,7 +45,8 @@ class Fp8Linear(nn.Module):
         self.register_buffer("scale", torch.empty(0, 0, dtype=torch.float32))
 
     def _takes_w8a8(self, rows: int) -> bool:
-        return self.w8a8 and self.workspace is not None and uses_w8a8(rows, self.block)
+        return (self.w8a8 and self.workspace is not None
+                and uses_w8a8(rows, self.block, self.weight.shape[0] // self.groups))
 
     def _w8a8(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """x [N, G, K] -> out [N, G * N_g] through the w8a8 kernels, scratch from the Workspace."""
