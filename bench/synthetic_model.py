@@ -33,6 +33,11 @@ SHAPES = {
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                          rope_theta=100000.0, max_position_embeddings=8192),
+    # little compute, Llama-3-8B-like KV per layer (8 KV heads of 128): a CPU-sized stand-in
+    # where copying KV, not the model, is what a step spends its time on (bench/import_slices.py)
+    "kv-heavy": dict(vocab_size=1024, hidden_size=1024, intermediate_size=256,
+                     num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
+                     rope_theta=500000.0, max_position_embeddings=131072),
     "tiny": dict(vocab_size=1024, hidden_size=128, intermediate_size=352, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
                  max_position_embeddings=8192),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,45 +27,21 @@ from engine.errors import (
     QueueFull,
 )
 from engine.grammar import new_matcher
+from engine.kv_import_job import KVImporter
 from engine.memory_planner import MemoryPlan, device_memory, library_workspaces, make_plan
 from engine.model_config import ModelConfig
 from engine.model_runner import KVImport, ModelRunner
 from engine.models import family_class
 from engine.models.family import KVLayout
+from engine.outputs import EngineStats, RequestOutput
 from engine.sampler import RowState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
+from engine.staged_kv import StagedKV
 from engine.weight_share import SharedWeights
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    new_token_ids: list[int]
-    finished: bool
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    num_imported_tokens: int
-    num_output_tokens: int = 0
-    # one per new token, when the request asked for logprobs (engine.sampler.TokenLogprobs)
-    logprobs: list[Any] | None = None
-    # on the first output of a request with prompt_logprobs: one per prompt token, the first None
-    prompt_logprobs: list[Any] | None = None
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    free_kv_tokens: int
-    steps_completed: int
-    tokens_advanced: int
-    num_preemptions: int
-    device_allocs_since_warmup: int | None
 
 
 class LLMEngine:
@@ -134,7 +109,9 @@ class LLMEngine:
                 f"plan counted {rep.activation_planned_bytes:,} B; the plan is wrong for this "
                 "model/device, so the server would not be safe to run")
         self._seqs: dict[str, Sequence] = {}
-        self._imports: dict[str, KVImport] = {}
+        self._imports: dict[str, KVImport | StagedKV] = {}  # not yet admitted
+        self._importer = KVImporter(self._kv_view, self.runner.kv, ec.kv_import_slice_bytes,
+                                    self.runner.import_buffer, layout.resume_granularity)
         self._generators: dict[str, torch.Generator | None] = {}
         self._kept: dict[str, Sequence] = {}
         self._pending: list[RequestOutput] = []
@@ -217,10 +194,11 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling: SamplingParams,
-                    *, kv_import: KVImport | None = None, keep_kv: bool = False,
+                    *, kv_import: KVImport | StagedKV | None = None, keep_kv: bool = False,
                     first_token_id: int | None = None, grammar: Any = None) -> None:
         """Queue a request, or raise before any compute if the plan cannot hold it.
-        ``grammar``: a compiled xgrammar grammar its output must follow."""
+        ``grammar``: a compiled xgrammar grammar its output must follow. ``kv_import``: fetched
+        KV (copied a bounded slice per step) or a hook that fills its blocks at once."""
         ec = self.config
         prompt = [int(t) for t in prompt_token_ids]
         if not prompt:
@@ -300,18 +278,28 @@ class LLMEngine:
             seq = self._seqs.get(rid)
             if gen is not None and seq is not None:
                 seq.rng_state = gen.get_state()
+            if seq is not None and seq.has_kv_import:  # it recomputes: its import goes
+                seq.has_kv_import = False
+                self._imports.pop(rid, None)
+                self._importer.cancel(rid)
         for rid in sched.admitted:
             self._on_admit(self._seqs[rid])
-        if sched.kv_loads:
-            loaded = self.runner.load_kv(sched.kv_loads, self._imports)
-            for rid, n in loaded.items():
+        for load in sched.kv_loads:
+            # the import runs once: its source, and the host memory holding what it fetched,
+            # go when its last slice is in rather than when the request ends
+            source = self._imports.pop(load.request_id, None)
+            if source is None:  # preempted mid-import and re-admitted in this very step
+                self.scheduler.apply_kv_load(load.request_id, 0)
+            else:
+                self._importer.start(load, source)
+        copied = self._importer.blocks_copied
+        with torch.inference_mode():  # a slice of each import, before this step's forward
+            for rid, n in self._importer.step().items():
                 self.scheduler.apply_kv_load(rid, n)
-                # an import runs once: its hook, and the host memory holding what it fetched,
-                # go now rather than when the request ends (a preempted sequence recomputes)
-                self._imports.pop(rid, None)
-                if rid in self._seqs:
-                    self._seqs[rid].has_kv_import = False
+                self._seqs[rid].has_kv_import = False
         if not sched.chunks:
+            # an import-only step is progress too (the router's stall watch reads steps)
+            self._steps += self._importer.blocks_copied > copied
             return outputs
         params = {c.request_id: self._seqs[c.request_id].sampling for c in sched.chunks}
         rows = {c.request_id: RowState(c.cache_slot,
@@ -397,4 +385,5 @@ class LLMEngine:
     def _forget(self, seq: Sequence) -> None:
         self._seqs.pop(seq.request_id, None)
         self._imports.pop(seq.request_id, None)
+        self._importer.cancel(seq.request_id)  # mid-import: its host memory goes too
         self._generators.pop(seq.request_id, None)

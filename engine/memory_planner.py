@@ -218,8 +218,20 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
         "kv_cache", num_blocks * layout.bytes_per_block,
         f"num_blocks {num_blocks} x {layout.bytes_per_block:,} B per block of "
         f"{layout.block_size} tokens ({kinds})"))
+    if ec.tensor_parallel_size == 1:  # several ranks: each moves its own share (kv_gather)
+        terms.insert(2, kv_import_slice_term(ec, layout))
     return _finish_plan(terms, ec, layout, num_blocks, device_memory_bytes, library_bytes,
                         non_torch_bytes, device_label)
+
+
+def kv_import_slice_term(ec: EngineConfig, layout: KVLayout) -> PlanTerm:
+    """The device buffer imported KV passes through, one step's slice at a time
+    (engine/kv_import_job.py): whole blocks, at least one, at most one sequence's."""
+    blocks = min(max(1, ec.kv_import_slice_bytes // layout.bytes_per_block), ec.blocks_per_seq)
+    return PlanTerm("kv_import_slice", blocks * layout.bytes_per_block,
+                    f"min(max(1, kv_import_slice_bytes {ec.kv_import_slice_bytes:,} // "
+                    f"{layout.bytes_per_block:,} B per block), blocks_per_seq "
+                    f"{ec.blocks_per_seq}) = {blocks} blocks")
 
 
 def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_layout: KVLayout, num_blocks: int,

@@ -48,7 +48,8 @@ class ScheduledChunk:
 @dataclass(frozen=True)
 class KVLoad:
     """An admitted sequence whose leading KV the engine should import into its blocks before
-    its first chunk is scheduled (the import hook it was added with does the copying)."""
+    its first chunk is scheduled (engine/kv_import_job.py copies it, over one step or several;
+    ``apply_kv_load`` ends it)."""
 
     request_id: str
     block_ids: tuple[int, ...]
@@ -105,8 +106,8 @@ class Scheduler:
         for seq in sorted(self.running, key=lambda s: s.arrival):
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:  # preempted in this loop
-                continue
+            if seq.status is not SequenceStatus.RUNNING or seq.is_importing:
+                continue  # preempted in this loop, or its imported KV is not all in yet
             n = min(seq.num_uncomputed, budget)
             while not self.blocks.append_slots(seq.block_ids, seq.num_computed_tokens + n):
                 victim = max(self.running, key=lambda s: s.arrival)
@@ -126,7 +127,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             out.admitted.append(seq.request_id)
-            if seq.has_kv_import:  # load first; its chunk is scheduled from the next step on
+            if seq.has_kv_import:  # load first; its chunks are scheduled once it is all in
+                seq.is_importing = True
                 out.kv_loads.append(KVLoad(
                     seq.request_id, tuple(seq.block_ids), seq.num_prompt_tokens,
                     seq.num_computed_tokens, min(seq.num_prompt_tokens, seq.num_tokens - 1)))
@@ -146,9 +148,13 @@ class Scheduler:
         return out
 
     def apply_kv_load(self, request_id: str, num_loaded: int) -> None:
-        """What a KVLoad filled: the sequence's first ``num_loaded`` tokens are in its blocks."""
+        """A KVLoad is over: the sequence's first ``num_loaded`` tokens are in its blocks (0:
+        nothing usable came; it computes from what it had) and it may be scheduled again."""
         seq = next((s for s in self.running if s.request_id == request_id), None)
-        if seq is None or num_loaded <= seq.num_computed_tokens:
+        if seq is None:
+            return
+        seq.is_importing = False
+        if num_loaded <= seq.num_computed_tokens:
             return
         assert num_loaded < seq.num_tokens, "at least the last token must be computed"
         seq.num_imported_tokens = num_loaded
@@ -222,6 +228,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq, keep_kv=False)
         seq.status = SequenceStatus.WAITING
+        seq.is_importing = False  # the engine cancels the import: it is recomputed
         seq.num_computed_tokens = 0
         seq.num_cached_tokens = 0
         seq.num_preemptions += 1

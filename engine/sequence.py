@@ -33,6 +33,8 @@ class Sequence:
     keep_kv: bool = False
     num_preemptions: int = 0
     has_kv_import: bool = False
+    # admitted with its blocks, its KV being imported over steps: no chunk until it is all in
+    is_importing: bool = False
     seed: int = 0  # sampling seed, fixed at arrival
     rng_state: Any = None  # the generator's state when preempted, restored on re-admission
     # Set when output token 0 was sampled elsewhere (prefill worker); counts towards max_tokens.

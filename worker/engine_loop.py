@@ -25,6 +25,7 @@ import torch
 
 from engine.llm_engine import EngineStats, KVImport, LLMEngine, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.staged_kv import StagedKV
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -121,7 +122,7 @@ class EngineLoop:
         prompt_token_ids: Sequence[int],
         sampling: SamplingParams,
         *,
-        kv_import: KVImport | None = None,
+        kv_import: KVImport | StagedKV | None = None,
         keep_kv: bool = False,
         first_token_id: int | None = None,
         grammar: Any = None,

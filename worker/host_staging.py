@@ -9,10 +9,11 @@ whole arena loads its leading part and the engine computes the rest.
 
 The arena is ordinary (pageable) memory by default: the kernel backs its pages only as fetches
 first touch them, so a worker that never fetches much never holds much, and a worker with a
-staging of tens of GiB does not lock them at start-up. ``pin=True`` page-locks it, which would
-let the engine thread's host-to-device copy (the part of a handoff every running stream waits
-for) run at the bus's rate instead of through a bounce buffer; no setting asks for it yet,
-since its gain has not been measured on a GPU.
+staging of tens of GiB does not lock them at start-up. ``pin=True`` (the worker setting
+``kv_staging_pinned``) page-locks it all at start-up, which lets the engine's host-to-device
+copy of each import slice (engine/kv_import_job.py) run asynchronously at the bus's rate instead
+of through the driver's bounce buffer; without CUDA there is nothing to pin for, and it is
+ignored with a warning. Its gain has not been measured on a GPU yet.
 
 A region is given back when the ``Region`` object is garbage (the engine imported it, or the
 request ended first and dropped its import hook): nothing has to remember to free it.
@@ -50,6 +51,9 @@ class HostStaging:
     def __init__(self, nbytes: int, pin: bool = False) -> None:
         if nbytes <= 0:
             raise ValueError(f"host staging needs a positive size, got {nbytes} B")
+        if pin and not torch.cuda.is_available():
+            log.warning("kv_staging_pinned: no CUDA device, the host staging stays pageable")
+            pin = False
         self.nbytes = nbytes
         self.pinned = pin
         self._buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)

@@ -51,6 +51,7 @@ import torch
 
 from common.redact import public_url
 from engine.models.family import KVLayout
+from engine.staged_kv import StagedKV
 from worker.host_staging import ARENA_WAIT_S, HostStaging
 from worker.kv_store_config import KVStoreConfig, KVStoreError
 from worker.lmcache_engine import build_lmcache_engine
@@ -63,7 +64,6 @@ from worker.lmcache_redis import (
 from worker.redis_chunk_reader import RedisChunkReader
 from worker.resume_points import ResumePoints
 from worker.staged_fetch import fetch_staged, staged_blocks, stored_chunks
-from worker.staged_kv import StagedKV
 from worker.store_reach import check_reachable, redis_client
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,7 @@ class KVStore:
         blocking_timeout_s: int = 10,
         ttl_s: int = 3600,
         writes: bool = True,
+        pin_staging: bool = False,
     ) -> None:
         self.config = KVStoreConfig(
             url=url,
@@ -109,8 +110,7 @@ class KVStore:
         self._reader = None if self._redis is None else RedisChunkReader(
             self.config.url, timeout_s=self.config.blocking_timeout_s)
         self._lock = threading.Lock()
-        # fetched KV waits here for the engine thread: a fixed arena (worker/host_staging.py)
-        self._staging = HostStaging(int(self.config.staging_gb * 2**30))
+        self._staging = HostStaging(int(self.config.staging_gb * 2**30), pin=pin_staging)
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
         redact_lmcache_logs()
         try:
@@ -321,12 +321,12 @@ class KVStore:
         if not loaded:  # nothing stored, or no room in the host staging in time: recompute
             return 0, None
         if not self.layout.resume_state_bytes:
-            return loaded, StagedKV(blocks, region=region)
+            return loaded, StagedKV(blocks, loaded, region=region)
         assert self._resume is not None
         for end, key in ends:  # the longest loaded one whose state is still there
             state = self._resume.get(key) if end <= loaded else None
             if state is not None:
-                return end, StagedKV(blocks, end, state, region=region)
+                return end, StagedKV(blocks, end, end, state, region=region)
         return 0, None
 
     def import_staged(self, kv_data: Any, block_ids: Sequence[int], staged: StagedKV,

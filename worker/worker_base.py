@@ -29,8 +29,8 @@ from common.settings import WorkerSettings
 from common.startup_progress import StartupProgress
 from engine.errors import InvalidRequest
 from engine.llm_engine import LLMEngine
-from engine.model_runner import KVImport
 from engine.sampling_params import SamplingParams
+from engine.staged_kv import StagedKV
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from worker.auth import AccessError, server_credentials, server_interceptors, warn_if_open
@@ -102,7 +102,8 @@ def build_runtime(settings: WorkerSettings,
     if store is not None:
         kv_store = KVStore(store.url, store_model_name, layout, chunk_size=store.chunk_size,
                            staging_gb=store.staging_gb, ttl_s=store.ttl_s,
-                           writes=settings.role == "prefill")  # only prefill puts
+                           writes=settings.role == "prefill",  # only prefill puts
+                           pin_staging=store.staging_pinned)
     assert kv_store is None or kv_store.layout_fingerprint == kv_layout
     if progress is not None and kv_store is not None:
         progress(f"KV store connected: {kv_store.public_url}")
@@ -172,8 +173,9 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
         return await asyncio.to_thread(self.rt.grammars.compile, sampling.grammar_kind,
                                        sampling.grammar_spec)
 
-    async def prepare_import(self, prompt: Sequence[int]) -> KVImport | None:
-        """The engine's import hook for the stored prefix of ``prompt`` (worker/kv_import.py)."""
+    async def prepare_import(self, prompt: Sequence[int]) -> StagedKV | None:
+        """The stored prefix of ``prompt`` fetched into host memory, for the engine to import
+        (worker/kv_import.py)."""
         return await fetch_import(self.rt.kv_store, prompt)
 
     # ------------------------------------------------------------------ RPCs

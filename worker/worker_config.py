@@ -40,5 +40,6 @@ class WorkerConfig:
             cuda_graphs=s.cuda_graphs,
             seed=s.seed, share_weights=s.share_weights,
             share_weights_timeout_s=s.share_weights_timeout_s,
-            tensor_parallel_size=s.tensor_parallel_size)
+            tensor_parallel_size=s.tensor_parallel_size,
+            kv_import_slice_bytes=max(1, int(s.kv_import_slice_mb * (1 << 20))))
         return cls(settings, engine, settings.store)

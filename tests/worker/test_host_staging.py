@@ -70,3 +70,14 @@ def test_a_prompt_larger_than_the_arena_loads_its_leading_chunks(redis_url: str,
     assert torch.equal(got["small.kv"], kv[:, :, :32])
     got = run_peer(tmp_path, "whole", redis_url, [{"kind": "fetch", "name": "whole", "tokens": tokens}])
     assert got["whole"] == 48 and torch.equal(got["whole.kv"], kv)
+
+
+def test_pinning_is_honoured_only_where_there_is_a_device_to_pin_for(
+        caplog: pytest.LogCaptureFixture) -> None:
+    staging = HostStaging(1 << 20, pin=True)
+    region = staging.take(4096, timeout_s=0)
+    assert region is not None
+    if torch.cuda.is_available():
+        assert staging.pinned and region.data.is_pinned()
+    else:
+        assert not staging.pinned and "stays pageable" in caplog.text

@@ -20,7 +20,8 @@ from tests.helpers.worker_pair import handoff_flags, worker_pair
 CHUNK = 16
 WORKER_FLAGS = ["--device", "cpu", "--max-context", "256", "--chunk-tokens", "40",
                 "--max-batch", "4", "--block-size", "8", "--attn-tile-tokens", "64",
-                *handoff_flags(CHUNK)]
+                # 2 blocks of 4 KiB a step: a handoff's import takes several steps
+                "--kv-import-slice-mb", "0.008", *handoff_flags(CHUNK)]
 
 
 @dataclass
@@ -73,6 +74,8 @@ def test_decode_loads_the_prefilled_kv(pair: Pair) -> None:
     assert resp.kv.kv_layout_fingerprint == decode_info.compat.kv_layout_fingerprint
     assert "@" not in resp.kv.store_url
     assert usage.loaded_kv_tokens == 40 and usage.recomputed_tokens == 5
+    decode_log = "".join(p.read_text() for p in pair.logs if "decode" in p.name)
+    assert "40 tokens in 3 slice(s)" in decode_log, decode_log[-3000:]
     assert usage.cached_tokens == 40 and usage.completion_tokens == len(tokens)
     lookup = pair.decode.Lookup(pb.LookupRequest(prompt_token_ids=prompt), timeout=5)
     assert lookup.num_cached_tokens == 40

@@ -1,0 +1,34 @@
+"""What the engine reports: a request's output of one step, and the engine's counters (plain
+data the workers turn into gRPC messages; ``engine.llm_engine`` re-exports both)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_imported_tokens: int
+    num_output_tokens: int = 0
+    # one per new token, when the request asked for logprobs (engine.sampler.TokenLogprobs)
+    logprobs: list[Any] | None = None
+    # on the first output of a request with prompt_logprobs: one per prompt token, the first None
+    prompt_logprobs: list[Any] | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    free_kv_tokens: int
+    steps_completed: int
+    tokens_advanced: int
+    num_preemptions: int
+    device_allocs_since_warmup: int | None
