@@ -6,6 +6,7 @@ turns the plan's arithmetic into a measured peak. Never sizes anything by what a
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -248,6 +249,10 @@ class ModelRunner:
         table = tuple(1 + (i % usable) for i in range(ec.blocks_per_seq))
         cuda = self.device.type == "cuda"
         if cuda:
+            # Garbage from loading (a reference cycle that still holds device tensors) must go
+            # before the baseline: collected mid-warm-up, its bytes would be reused by the
+            # steps' transients and the peak above the baseline would read low.
+            gc.collect()
             torch.cuda.synchronize(self.device)
             base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
