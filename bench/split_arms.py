@@ -200,8 +200,9 @@ _PLAN = re.compile(r"memory plan: ([\d,]+) MiB, KV extent (\d+) blocks")
 _ARENA = re.compile(r"(packed the weights in one|mapped) ([\d,]+) MiB")
 _ALLOC = re.compile(r"made (\d+) device allocation\(s\) after warm-up")
 _PUT = re.compile(r"prefill \S+: (\d+) prompt tokens \((\d+) loaded\), computed in ([\d.]+) s, "
+                  r"(?:waited ([\d.]+) s for the store's pool, )?"
                   r"KV put ([\d.]+) s, (\d+) tokens visible after ([\d.]+) s")
-_FETCH = re.compile(r"KV fetch: (\d+) of (\d+) prompt tokens in ([\d.]+) s")
+_FETCH = re.compile(r"KV fetch: (\d+) of (\d+) prompt tokens (?:\([\d.]+ MiB\) )?in ([\d.]+) s")
 
 
 def worker_log_figures(path: Path) -> dict[str, Any]:
@@ -217,8 +218,9 @@ def worker_log_figures(path: Path) -> dict[str, Any]:
                      "mib": float(arena[-1][1].replace(",", ""))} if arena else None),
         "device_allocs_after_warmup": sum(int(n) for n in _ALLOC.findall(text)),
         "prefills": [{"prompt_tokens": int(a), "loaded": int(b), "compute_s": float(c),
-                      "put_s": float(d), "visible_tokens": int(e), "visible_s": float(f)}
-                     for a, b, c, d, e, f in _PUT.findall(text)],
+                      "pool_wait_s": float(w or 0), "put_s": float(d), "visible_tokens": int(e),
+                      "visible_s": float(f)}
+                     for a, b, c, w, d, e, f in _PUT.findall(text)],
         "fetches": [{"tokens": int(a), "prompt_tokens": int(b), "seconds": float(c)}
                     for a, b, c in _FETCH.findall(text)],
         "errors": [ln for ln in text.splitlines()

@@ -123,7 +123,7 @@ class SlicedImport(ImportJob):
             # after the blocks: importing a block drops the resume state kept at its end
             self.layout.import_resume_state(self.kv, self.block_ids[staged.resume_end // bs - 1],
                                             staged.resume)
-        # a layout may resume only at some block ends (V4: those with a window snapshot)
+        # a layout may resume only at some block ends (those with saved side state)
         self.filled = self.layout.resumable_tokens(self.kv, self.block_ids, end)
         self.done = True
 

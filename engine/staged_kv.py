@@ -1,5 +1,5 @@
 """What a KV fetch leaves in host memory for the engine to import: the stored blocks of a
-prompt's longest stored prefix and, for a layout that keeps state beside its blocks (V4's window
+prompt's longest stored prefix and, for a layout that keeps state beside its blocks (a window
 snapshot), the resume point's state. Plain data; never touches the device or a store.
 
 The engine copies it into a sequence's blocks a bounded slice per step (engine/kv_import_job.py)
