@@ -13,9 +13,9 @@ its blocks (V4's window snapshots) has it stored once per resume point under its
 The prefill side calls ``put`` (LMCache writes to Redis in the background) and then
 ``wait_visible``, so the router is told "KV ready" only once a decode worker can read it.
 The decode side calls ``fetch`` off the engine thread (the longest stored prefix, whole chunks,
-the last one possibly partial, and its resume point, into host memory) and its engine import hook
-copies that into the sequence's blocks (``import_staged``); ``retrieve`` moves blocks only, in one
-call. Either says how many leading tokens it filled; the caller recomputes the rest.
+the last one possibly partial, and its resume point, into host memory) and the engine copies that
+into the sequence's blocks a slice per step (engine/kv_import_job.py); ``retrieve`` moves blocks
+only, in one call. Either says how many leading tokens it filled; the caller recomputes the rest.
 
 Locking: calls into LMCache's engine (``put``, ``retrieve``; on ``lm://`` also lookups and
 fetches) run under one lock. On Redis, ``lookup`` and ``fetch`` never enter LMCache's engine
@@ -287,8 +287,8 @@ class KVStore:
 
     def fetch(self, token_ids: Sequence[int]) -> tuple[int, StagedKV | None]:
         """Load the longest stored prefix of ``token_ids`` that a sequence can continue from
-        into host memory, off the engine thread; ``import_staged`` then copies it into the
-        engine's blocks.
+        into host memory, off the engine thread; the engine (or ``import_staged``) then copies
+        it into the engine's blocks.
 
         Returns ``(num_tokens, staged)``: the prefix's blocks (whole chunks up to its resume
         point) and, for a layout that keeps state beside its blocks, that point's state;
@@ -331,18 +331,17 @@ class KVStore:
 
     def import_staged(self, kv_data: Any, block_ids: Sequence[int], staged: StagedKV,
                       start: int, end: int) -> None:
-        """Copy the fetched blocks of tokens ``[start, end)`` (block-aligned) into the engine's
-        ``block_ids``, one chunk of blocks at a time (the host-to-device copy is bounded by a
-        chunk, whatever the prompt's length), then the resume point's state if it ends there."""
-        bs = self.config.block_size
-        b0, b1 = -(-start // bs), end // bs
-        step = self.config.chunk_size // bs
-        for i in range(b0, b1, step):
-            j = min(i + step, b1)
-            self.layout.import_blocks(kv_data, list(block_ids[i:j]), staged.blocks[i:j])
-        if staged.resume is not None and start < staged.resume_end <= end:
-            self.layout.import_resume_state(kv_data, block_ids[staged.resume_end // bs - 1],
-                                            staged.resume)
+        """Copy the fetched blocks of tokens ``[start, end)`` (block-aligned) into ``block_ids``
+        of ``kv_data`` at once, then the resume point's state if it ends there: the engine's
+        own import (engine/kv_import_job.py) run to its end, a chunk of blocks per copy. For
+        benches and tests; a serving engine spreads the same copies over its steps."""
+        from engine.kv_import_job import SlicedImport
+        from engine.scheduler import KVLoad
+
+        load = KVLoad("import_staged", tuple(block_ids), end, start, end)
+        job = SlicedImport(staged, self.layout, kv_data, load, None)
+        while not job.done:
+            job.advance(self.config.chunk_size // self.config.block_size)
 
     def chunk_keys(self, token_ids: Sequence[int]) -> list[tuple[int, int, str]]:
         """``(start, end, key)`` of each chunk of ``token_ids``; a Redis backend stores
