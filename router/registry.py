@@ -22,6 +22,7 @@ from typing import Protocol
 
 import grpc
 
+from common.periodic import Periodic
 from router.errors import WorkerCallError
 from router.liveness import LivenessState, Progress, judge_liveness
 from router.policy import WorkerLoad
@@ -83,7 +84,7 @@ class StaticRegistry:
     access: WorkerAccess = field(default_factory=WorkerAccess)  # token / TLS of every call
     _workers: dict[str, _Worker] = field(default_factory=dict, init=False)
     _retired: list[_Worker] = field(default_factory=list, init=False)  # dropped, still in use
-    _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _polls: Periodic | None = field(default=None, init=False, repr=False)
     _logged: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
@@ -96,24 +97,16 @@ class StaticRegistry:
 
     async def start(self) -> None:
         await self.refresh()
-        self._task = asyncio.get_running_loop().create_task(self._poll_forever())
+        self._polls = Periodic(self.refresh, self.poll_interval_s, "worker poll")
+        self._polls.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        if self._polls is not None:
+            await self._polls.stop()
+            self._polls = None
         for w in [*self._workers.values(), *self._retired]:
             await w.client.close()
         self._retired.clear()
-
-    async def _poll_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_interval_s)
-            try:
-                await self.refresh()
-            except Exception:  # a poll bug must not stop future polls
-                log.exception("worker poll failed")
 
     async def refresh(self) -> None:
         """Poll every worker's GetInfo concurrently, judge its progress, re-check pairs."""

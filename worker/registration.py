@@ -21,6 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from common.periodic import Periodic
 from common.redact import public_url
 from common.settings import WorkerSettings
 from common.worker_registry import url_problem, worker_key
@@ -38,7 +39,7 @@ class RegistrationPublisher:
     info_fn: Callable[[], pb.WorkerInfo]
     ttl_s: float = 10.0
     _client: Any = field(default=None, init=False, repr=False)
-    _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _beats: Periodic | None = field(default=None, init=False, repr=False)
     _failing: bool = field(default=False, init=False)
     num_published: int = field(default=0, init=False)
 
@@ -59,7 +60,8 @@ class RegistrationPublisher:
         self._client = aioredis.from_url(self.url, socket_timeout=self.interval_s,
                                          socket_connect_timeout=self.interval_s)
         await self.publish()
-        self._task = asyncio.get_running_loop().create_task(self._beat_forever())
+        self._beats = Periodic(self.publish, self.interval_s, "registry heartbeat")
+        self._beats.start()
 
     async def publish(self) -> bool:
         """One heartbeat: SET key info PX ttl. False (logged once) when Redis did not take it."""
@@ -80,21 +82,11 @@ class RegistrationPublisher:
         self.num_published += 1
         return True
 
-    async def _beat_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.publish()
-            except Exception:  # a bug in one beat must not end the heartbeat
-                log.exception("registry heartbeat failed")
-
     async def stop(self) -> None:
         """Stop beating and delete the key (best effort, bounded by one interval)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self._beats is not None:
+            await self._beats.stop()
+            self._beats = None
         if self._client is None:
             return
         try:
