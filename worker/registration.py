@@ -83,7 +83,8 @@ class RegistrationPublisher:
         return True
 
     async def stop(self) -> None:
-        """Stop beating and delete the key (best effort, bounded by one interval)."""
+        """Stop beating (bounded: common/periodic.py) and delete the key (best effort, bounded
+        by one interval)."""
         if self._beats is not None:
             await self._beats.stop()
             self._beats = None
