@@ -45,6 +45,7 @@ class Region:
 
     def __init__(self, data: torch.Tensor) -> None:
         self.data = data
+        self._release: weakref.finalize | None = None  # set by the arena that made it
 
 
 class HostStaging:
@@ -82,7 +83,7 @@ class HostStaging:
                         else:
                             self._free[i] = (off + need, size - need)
                         region = Region(self._buf[off:off + nbytes])
-                        weakref.finalize(region, self._give_back, off, need)
+                        region._release = weakref.finalize(region, self._give_back, off, need)
                         return region
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -91,6 +92,24 @@ class HostStaging:
                                 self.nbytes / 2**30, timeout_s)
                     return None
                 self._cond.wait(left)
+
+    def trim(self, region: Region, nbytes: int) -> None:
+        """Keep only the first ``nbytes`` of ``region`` and give the rest back now: a fetch that
+        read fewer chunks than it took room for (chunks evicted from the store between its
+        lookup and its read) must not hold the arena for bytes it never filled, while its
+        prompt's remaining tokens are computed."""
+        release = region._release
+        held = release.peek() if release is not None else None
+        if held is None or held[1] != self._give_back:
+            raise ValueError("trim: the region was not taken from this arena, or is released")
+        off, size = held[2]
+        keep = min(size, -(-max(nbytes, 1) // _ALIGN) * _ALIGN)
+        if keep >= size:
+            return
+        release.detach()
+        region.data = region.data[:nbytes]
+        region._release = weakref.finalize(region, self._give_back, off, keep)
+        self._give_back(off + keep, size - keep)
 
     def _give_back(self, off: int, size: int) -> None:
         with self._cond:

@@ -8,6 +8,7 @@ which each block's first ``bytes_per_block`` are the layout's export. Host memor
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -16,6 +17,7 @@ from worker.host_staging import HostStaging, Region
 from worker.kv_store_config import KVStoreConfig
 from worker.redis_chunk_reader import RedisChunkReader
 
+log = logging.getLogger(__name__)
 Chunk = tuple[int, int, str]  # (start, end, LMCache key) of one chunk of a prompt's tokens
 
 
@@ -60,6 +62,14 @@ def fetch_staged(reader: RedisChunkReader, cfg: KVStoreConfig, chunks: Sequence[
     if not num_read:
         return 0, None, None
     end = present[num_read - 1][1]
+    if num_read < len(present):
+        # present at the lookup, gone at the read: the store evicted them (Redis at its
+        # maxmemory) or a read failed; the engine computes the rest of the prompt
+        log.warning("KV fetch: %d of %d stored chunks read (tokens %d-%d lost between lookup "
+                    "and read: evicted by the store, or a failed read); the rest is computed",
+                    num_read, len(present), end, present[-1][1])
+        staging.trim(region, end // bs * padded)
+        raw = region.data.view(-1, padded)
     return end, raw[: end // bs, : cfg.bytes_per_block], region
 
 

@@ -81,3 +81,62 @@ def test_pinning_is_honoured_only_where_there_is_a_device_to_pin_for(
         assert staging.pinned and region.data.is_pinned()
     else:
         assert not staging.pinned and "stays pageable" in caplog.text
+
+
+def test_a_trimmed_region_keeps_its_head_and_gives_its_tail_back() -> None:
+    arena = HostStaging(6 * 4096, pin=False)
+    region = arena.take(5 * 4096, 0)
+    assert region is not None and arena.free_bytes == 4096
+    region.data.fill_(7)
+    arena.trim(region, 4096 + 10)  # rounded up to whole pages: two kept
+    assert region.data.numel() == 4096 + 10 and int(region.data.sum()) == 7 * (4096 + 10)
+    assert arena.free_bytes == 4 * 4096
+    other = arena.take(4 * 4096, 0)  # the tail and the untaken page merged
+    assert other is not None
+    del region
+    gc.collect()
+    assert arena.free_bytes == 2 * 4096  # the kept head came back once, not twice
+    del other
+    gc.collect()
+    gone = arena.take(4096, 0)
+    assert gone is not None and gone._release is not None
+    gone._release()  # given back already: trimming it would give its bytes back twice
+    with pytest.raises(ValueError, match="released"):
+        arena.trim(gone, 1)
+
+
+class _ReaderThatLosesChunks:
+    """A store whose lookup sees every chunk and whose read loses them from ``lose_from`` on:
+    Redis evicting a handoff between the two round trips."""
+
+    def __init__(self, chunk_bytes: int, lose_from: int) -> None:
+        self.chunk_bytes, self.lose_from = chunk_bytes, lose_from
+
+    def stored_lengths(self, keys: list[str]) -> list[int]:
+        return [self.chunk_bytes] * len(keys)
+
+    def read(self, keys: list[str], dests: list[memoryview]) -> int:
+        for d in dests[: self.lose_from]:
+            d[:] = b"\x05" * len(d)
+        return min(self.lose_from, len(keys))
+
+
+def test_a_fetch_that_loses_chunks_to_eviction_frees_the_room_it_did_not_fill(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from worker.kv_store_config import KVStoreConfig
+    from worker.staged_fetch import fetch_staged
+
+    cfg = KVStoreConfig(url="redis://127.0.0.1:1", model_name="m", engine_layout="l",
+                        block_size=16, bytes_per_block=4096, chunk_size=32)
+    per_chunk = 2 * cfg.padded_block_bytes
+    chunks = [(32 * i, 32 * (i + 1), f"k{i}") for i in range(4)]
+    arena = HostStaging(4 * per_chunk, pin=False)
+    loaded, staged, region = fetch_staged(_ReaderThatLosesChunks(per_chunk, 1), cfg, chunks,
+                                          arena, 0)
+    assert loaded == 32 and staged is not None and staged.shape[0] == 2
+    assert int(staged.float().mean()) == 5
+    assert arena.free_bytes == 3 * per_chunk  # not held for the three chunks it never read
+    assert "1 of 4 stored chunks read" in caplog.text
+    del staged, region
+    gc.collect()
+    assert arena.free_bytes == 4 * per_chunk
