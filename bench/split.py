@@ -98,6 +98,19 @@ def _served_model(url: str) -> str:
     return served_model_name(url)
 
 
+def _redis_figures(url: str) -> dict[str, Any]:
+    """The store's memory and evictions so far (counted from the run's start): a handoff
+    evicted before its decode worker read it is recomputed there, which the ITL shows."""
+    import redis
+
+    try:
+        info = redis.Redis.from_url(url, socket_timeout=10).info()
+    except Exception as exc:  # noqa: BLE001 - a figure, not the run
+        return {"error": repr(exc)}
+    return {k: info.get(k) for k in ("evicted_keys", "used_memory_peak", "maxmemory", "keyspace_hits",
+                                     "keyspace_misses")}
+
+
 def _print_arm(name: str, arm: dict[str, Any]) -> None:
     """The arm's figures as lines a person reads (split.json has everything)."""
     s = arm["summary"]
@@ -115,6 +128,7 @@ def _print_arm(name: str, arm: dict[str, Any]) -> None:
     for role, w in arm["workers"].items():
         print(f"[{name}] {role}: plan {w['plan_mib']} MiB, weights {w['weights']}, device "
               f"allocations after warm-up {w['device_allocs_after_warmup']}", flush=True)
+    print(f"[{name}] redis: {arm.get('redis')}", flush=True)
     if "resident_check" in arm:
         print(f"[{name}] resident: {arm['resident_check']}", flush=True)
 
@@ -145,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--handoff-tokens", type=int, default=0,
                    help="Also time the handoff of a prompt this long on its own (0 = no).")
     p.add_argument("--redis-maxmemory-mb", type=int, default=40000)
+    # Redis keeps a value of exactly 32 MiB (256 Llama-3-8B tokens) in 45 MiB and one of 30 MiB
+    # in 31 (redis-server 7.0 / jemalloc 5.3, measured): with 256-token chunks a maxmemory that
+    # holds the in-flight handoffs' bytes evicts some of them before the decode worker reads them
+    p.add_argument("--lmcache-chunk-size", type=int, default=240,
+                   help="tokens per LMCache chunk, both workers and the handoff measurement")
     p.add_argument("--extra-worker-flag", action="append", default=[],
                    help="Passed to every worker (repeat), e.g. --extra-worker-flag=--num-threads=1")
     return p
@@ -182,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
             torch.cuda.empty_cache()
     share = args.share_weights if args.share_weights is not None else args.device != "cpu"
     common = ["--device", args.device, "--block-size", str(args.block_size),
-              "--lmcache-chunk-size", "256", "--kv-visible-timeout-s", "120",
+              "--lmcache-chunk-size", str(args.lmcache_chunk_size), "--kv-visible-timeout-s", "120",
               *args.extra_worker_flag]
     sh = shapes(args)
     result["shapes"] = {k: v.__dict__ for k, v in sh.items()}
@@ -226,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
             finally:
                 arm.stop()
             arms[name]["wall_s"] = round(time.monotonic() - t, 1)
+            arms[name]["redis"] = _redis_figures(redis_url)
             if name == "split":
                 arms[name]["resident_check"] = resident_check(arms[name])
             _print_arm(name, arms[name])
@@ -239,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
             from bench.split_handoff import measure
 
             try:
-                result["handoff"] = measure(model, redis_url, args.handoff_tokens, args.device)
+                result["handoff"] = measure(model, redis_url, args.handoff_tokens, args.device,
+                                            chunk_size=args.lmcache_chunk_size)
             except Exception as exc:  # noqa: BLE001
                 result["handoff"] = {"error": repr(exc)[-2000:]}
             print("handoff", json.dumps(result["handoff"]), flush=True)
