@@ -1,5 +1,8 @@
 """`bulkhead bench`: a bounded load generator for any OpenAI-compatible endpoint.
 
+(`bulkhead bench split OUT ...` is the other measurement: a one-box split deployment against a
+colocated worker under long prompts, bench/split.py; it needs the engine and a GPU.)
+
 Sends streamed chat or completion requests at a request rate (Poisson arrivals) or a fixed
 concurrency, with synthetic prompts of a given length (plus, optionally, a long prompt every
 k-th request), and measures per request the time to first token, the gaps between tokens and the
@@ -265,7 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["split"]:  # imported only here: the load generator never imports torch
+        from bench.split import main as split_main
+
+        return split_main(argv[1:])
+    args = build_parser().parse_args(argv)
     try:
         cfg = BenchConfig(**vars(args))
     except BenchError as exc:

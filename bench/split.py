@@ -1,4 +1,4 @@
-"""``python -m bench.split OUT_DIR``: what splitting prefill from decode buys on one GPU.
+"""``bulkhead bench split OUT_DIR`` (or ``python -m bench.split``): what splitting prefill from decode buys on one GPU.
 
 In one run, against the same random-weight model (bench/synthetic_model.py): arm "split" (a
 prefill and a decode process sharing one copy of the weights, KV through LMCache into Redis) and
@@ -9,8 +9,8 @@ device allocations after warm-up, device memory over time, the handoff of the lo
 the workers logged it) and ``split.png``; with ``--handoff-tokens N`` also the handoff of an
 N-token prompt on its own next to a host memcpy (bench/split_handoff.py).
 
-    python -m bench.split OUT --shape llama3-8b --long-tokens 8192,32768 --duration-s 30
-    python -m bench.split OUT --shape tiny --device cpu --long-tokens 300,600 --chats 2 ...
+    bulkhead bench split OUT --shape llama3-8b --long-tokens 8192,32768 --duration-s 30
+    bulkhead bench split OUT --shape tiny --device cpu --long-tokens 300,600 --chats 2 ...
 
 Never imported by the runtime. The workers run with allocations after warm-up counted and
 logged (not failing the step), so a figure still comes back if one happens.
@@ -134,7 +134,7 @@ def _print_arm(name: str, arm: dict[str, Any]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.split", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="bulkhead bench split", description=__doc__.split("\n")[0])
     p.add_argument("out", type=Path)
     p.add_argument("--model", default="", help="Checkpoint folder ('' = write --shape there).")
     p.add_argument("--shape", default="llama3-8b", help="bench.synthetic_model shape.")

@@ -6,6 +6,7 @@
     bulkhead decode   a decode worker                                       (decode_worker.server)
     bulkhead plan     print the memory plan for a model and limits          (engine.plan_cli)
     bulkhead bench    load generator for any OpenAI endpoint                (bench.load)
+    bulkhead bench split OUT   one-box split vs colocated under long prompts (bench.split)
     bulkhead export-tokenizer DIR   a model's tokenizer as an HF folder   (launch.export_tokenizer)
 
 Each subcommand's module is imported only when that subcommand runs, so ``bulkhead router`` and
@@ -29,7 +30,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prefill": ("prefill_worker.server", "run a prefill worker (gRPC)"),
     "decode": ("decode_worker.server", "run a decode worker (gRPC)"),
     "plan": ("engine.plan_cli", "print the memory plan for a model and limits"),
-    "bench": ("bench.load", "load-test an OpenAI-compatible endpoint"),
+    "bench": ("bench.load", "load-test an OpenAI-compatible endpoint ('bench split': the "
+                           "one-box split against a colocated worker)"),
     "export-tokenizer": ("launch.export_tokenizer", "write a model's tokenizer as an HF folder"),
 }
 

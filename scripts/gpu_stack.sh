@@ -2,7 +2,7 @@
 # Runs the whole Bulkhead stack on the GPU machine, from a copy of this repository there.
 #
 #   scripts/gpu_stack.sh smoke OUT_DIR              imports, a KV round trip, a tiny deployment
-#   scripts/gpu_stack.sh split OUT_DIR [ARGS...]    python -m bench.split OUT_DIR ARGS
+#   scripts/gpu_stack.sh split OUT_DIR [ARGS...]    bulkhead bench split OUT_DIR ARGS
 #   scripts/gpu_stack.sh env -- COMMAND...          any command with the stack's environment
 #
 # BULKHEAD_WHEELS (default ../.whl_lm, else ./.whl_lm) is the folder scripts/device_wheels.sh
@@ -34,7 +34,7 @@ what=${1:?smoke, split or env}
 shift
 case "$what" in
   smoke) exec python3 -m bench.gpu_smoke "$@" ;;
-  split) exec python3 -m bench.split "$@" ;;
+  split) exec python3 -m launch.cli bench split "$@" ;;
   env) [ "${1:-}" = "--" ] && shift; exec "$@" ;;
   *) echo "gpu_stack.sh: unknown step $what (smoke, split, env)" >&2; exit 2 ;;
 esac

@@ -1,4 +1,4 @@
-"""`python -m bench.split` end to end on the CPU: both arms start as real processes (redis-server,
+"""`bulkhead bench split` end to end on the CPU: both arms start as real processes (redis-server,
 prefill + decode + router; one colocated worker + router) on a tiny sharded synthetic model,
 run chats while long prompts arrive, and report what the GPU run reports. The long prompts of
 the split arm really go through the handoff: the prefill worker stores their KV and the decode
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.split import main as split_main
 from bench.split_report import main as split_report_main
 from bench.split_report import resident_check
 from bench.synthetic_model import write_tokenizer
+from launch.cli import main as bulkhead_main
 from launch.launcher import redis_server_path
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def test_tokenizer_is_one_token_per_character(tmp_path: Path) -> None:
 @pytest.mark.skipif(redis_server_path() is None, reason="redis-server is not installed")
 def test_split_bench_runs_both_arms_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    code = split_main([str(out), "--shape", "tiny", "--device", "cpu", "--model-dir",
+    code = bulkhead_main(["bench", "split", str(out), "--shape", "tiny", "--device", "cpu", "--model-dir",
                        str(tmp_path), "--shard-gb", "0.0005", "--long-tokens", "300,600",
                        "--chats", "2", "--output-tokens", "12", "--duration-s", "4",
                        "--chunk-tokens", "128", "--long-every-s", "1.5", "--first-long-s", "0.5",
@@ -56,6 +56,7 @@ def test_split_bench_runs_both_arms_on_cpu(tmp_path: Path) -> None:
         # arrival..last token holds arrival..first token
         assert s["itl_ms_while_long_in_flight"]["count"] >= s["itl_ms_while_long_prefill"]["count"]
         assert all(w["device_allocs_after_warmup"] == 0 for w in arm["workers"].values())
+        assert arm["redis"]["evicted_keys"] == 0 and arm["redis"]["maxmemory"] == 256 * 2**20
     workers = result["arms"]["split"]["workers"]
     stored = [p["visible_tokens"] for p in workers["prefill"]["prefills"]]
     fetched = [f["tokens"] for f in workers["decode"]["fetches"]]
