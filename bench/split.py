@@ -159,11 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--handoff-tokens", type=int, default=0,
                    help="Also time the handoff of a prompt this long on its own (0 = no).")
     p.add_argument("--redis-maxmemory-mb", type=int, default=40000)
-    # Redis keeps a value of exactly 32 MiB (256 Llama-3-8B tokens) in 45 MiB and one of 30 MiB
-    # in 31 (redis-server 7.0 / jemalloc 5.3, measured): with 256-token chunks a maxmemory that
-    # holds the in-flight handoffs' bytes evicts some of them before the decode worker reads them
-    p.add_argument("--lmcache-chunk-size", type=int, default=240,
-                   help="tokens per LMCache chunk, both workers and the handoff measurement")
+    p.add_argument("--lmcache-chunk-size", type=int, default=0,
+                   help="tokens per LMCache chunk, both workers and the handoff measurement "
+                        "(0: the workers' own choice from the KV layout)")
     p.add_argument("--extra-worker-flag", action="append", default=[],
                    help="Passed to every worker (repeat), e.g. --extra-worker-flag=--num-threads=1")
     return p

@@ -43,14 +43,21 @@ def measure(model: str, redis_url: str, num_tokens: int, device: str,
         t.view(torch.uint8).random_()
     blocks = list(range(1, num_blocks + 1))
     nbytes = num_blocks * layout.bytes_per_block
+    if not chunk_size:  # as a worker chooses it
+        from worker.kv_store_config import auto_chunk_tokens
+
+        chunk_size = auto_chunk_tokens(layout.block_size, layout.bytes_per_block)
     store = KVStore(redis_url, "handoff-bench", layout, chunk_size=chunk_size,
                     staging_gb=nbytes / 2**30 + 0.5, ttl_s=600)
+    held: dict[str, Any] = {}
     try:
+        before = _redis_used(redis_url)
         t0 = time.perf_counter()
         store.put(tokens, kv, blocks)
         t1 = time.perf_counter()
         visible = store.wait_visible(tokens, timeout_s=visible_timeout_s, stall_s=stall_s)
         t2 = time.perf_counter()
+        held = _redis_held(redis_url, store, tokens, before)
         got, staged = store.fetch(tokens)
         t3 = time.perf_counter()
         dst = layout.allocate(num_blocks + 1, ec.torch_device)
@@ -66,7 +73,8 @@ def measure(model: str, redis_url: str, num_tokens: int, device: str,
         store.close()
     gb = nbytes / 1e9
     return {
-        "tokens": len(tokens), "bytes": nbytes, "bytes_per_token": nbytes / len(tokens),
+        "tokens": len(tokens), "chunk_tokens": chunk_size, "bytes": nbytes,
+        "bytes_per_token": nbytes / len(tokens),
         "visible_tokens": visible, "fetched_tokens": got, "round_trip_equal": same,
         "put_s": round(t1 - t0, 3), "visible_s": round(t2 - t1, 3), "fetch_s": round(t3 - t2, 3),
         "import_s": round(t4 - t3, 3),
@@ -74,7 +82,33 @@ def measure(model: str, redis_url: str, num_tokens: int, device: str,
         "fetch_gbps": round(gb / (t3 - t2), 2),
         "import_gbps": round(gb / max(t4 - t3, 1e-9), 2),
         "host_memcpy_gbps": round(host_memcpy_gbps(min(nbytes, 8 << 30)), 2),
+        **held,
     }
+
+
+def _redis_used(url: str) -> int | None:
+    """Redis's ``used_memory`` (what ``maxmemory`` is compared with); None for another store."""
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    import redis
+
+    return int(redis.Redis.from_url(url, socket_timeout=30).info("memory")["used_memory"])
+
+
+def _redis_held(url: str, store: Any, tokens: list[int], before: int | None) -> dict[str, Any]:
+    """What Redis counts for the stored prompt once it is visible: ``used_memory`` grown since
+    the put began (the values plus the clients' query buffers still held), and one chunk's
+    allocation (``MEMORY USAGE``) over its bytes."""
+    if before is None:
+        return {}
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=30)
+    key = store.chunk_keys(tokens)[0][2] + "kv_bytes"
+    value, usage = client.strlen(key), client.memory_usage(key)
+    return {"redis_used_memory_growth": int(client.info("memory")["used_memory"]) - before,
+            "redis_chunk_value_bytes": value,
+            "redis_chunk_held_over_value": round(usage / value, 4) if value else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--chunk", type=int, default=256, help="LMCache chunk (tokens)")
+    p.add_argument("--chunk", type=int, default=0,
+                   help="LMCache chunk (tokens; 0: as a worker chooses it from the KV layout)")
     p.add_argument("--store-url", default=None, help="redis://... (default: start one)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)

@@ -81,7 +81,13 @@ class WorkerSettings:
         ),
     )
     lmcache_chunk_size: int = field(
-        default=256, metadata=_doc("LMCache chunk size in tokens; prefill and decode must agree.")
+        default=0,
+        metadata=_doc(
+            "LMCache chunk size in tokens (whole KV blocks); prefill and decode must agree. 0: "
+            "chosen from the model's KV layout, at most 256 tokens, so that Redis keeps each "
+            "chunk with the least allocator rounding (256 Llama-3-8B tokens are 32 MiB, which "
+            "Redis holds in 40 MiB; 240 tokens, 30 MiB, in 32 MiB)."
+        ),
     )
     kv_staging_gb: float = field(
         default=0.5,
@@ -224,7 +230,6 @@ class WorkerSettings:
         if self.weight_format not in ("checkpoint", "dequantize"):
             raise SettingsError(f"weight_format: {self.weight_format!r} is not one of checkpoint, dequantize")
         for name in (
-            "lmcache_chunk_size",
             "max_context",
             "chunk_tokens",
             "max_batch",
@@ -240,7 +245,8 @@ class WorkerSettings:
                      "heartbeat_ttl_s", "share_weights_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
-        for name in ("num_blocks", "device_memory_gb", "grace_s", "num_threads", "kv_ttl_s"):
+        for name in ("num_blocks", "device_memory_gb", "grace_s", "num_threads", "kv_ttl_s",
+                     "lmcache_chunk_size"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 0")
         if self.kv_store_url and self.kv_store_url.split("://")[0] not in ("redis", "rediss",

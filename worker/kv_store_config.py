@@ -23,6 +23,50 @@ REDIS_SCHEMES = ("redis", "rediss")
 
 
 
+def padded_block_bytes(block_size: int, bytes_per_block: int) -> int:
+    """A block's bytes rounded up to fill whole token rows of LMCache's memory object."""
+    unit = 2 * block_size
+    return -(-bytes_per_block // unit) * unit
+
+
+def _jemalloc_bytes(nbytes: int) -> int:
+    """What jemalloc (Redis's allocator) hands out for ``nbytes``: above 16 KiB, four size
+    classes in each doubling (2^k, 1.25, 1.5, 1.75 x 2^k)."""
+    if nbytes <= 16384:
+        return -(-nbytes // 4096) * 4096
+    step = 1 << ((nbytes - 1).bit_length() - 3)
+    return -(-nbytes // step) * step
+
+
+# A Redis string's bytes beyond its value: the sds header, its terminator, and the "\r\n" the
+# query buffer it was read into keeps (a bulk argument becomes the value without a copy)
+_REDIS_VALUE_EXTRA = 64
+
+
+def auto_chunk_tokens(block_size: int, bytes_per_block: int, most: int = 256) -> int:
+    """The LMCache chunk (tokens) a worker uses when none is set: of the whole-block sizes in
+    ``(most / 2, most]``, the one whose stored value Redis keeps with the least rounding, the
+    largest among equals; ``block_size`` itself if it is larger than ``most``.
+
+    Why: Redis keeps each chunk as one string in an allocation of jemalloc's next size class,
+    and counts that against ``maxmemory``. A chunk of exactly 32 MiB (256 tokens of
+    Llama-3-8B) is held in 40 MiB, so 25% of the store is padding and evicts handoffs before
+    they are read (H200, 2026-12-04); 240 tokens (30 MiB) are held in 32 MiB (docs/benchmarks.md)."""
+    if block_size >= most:
+        return block_size
+    row = padded_block_bytes(block_size, bytes_per_block)
+    best, best_ratio = most - most % block_size, float("inf")
+    for blocks in range(most // block_size, 0, -1):
+        tokens = blocks * block_size
+        if 2 * tokens <= most:
+            break
+        value = blocks * row
+        ratio = _jemalloc_bytes(value + _REDIS_VALUE_EXTRA) / value
+        if ratio < best_ratio - 1e-9:
+            best, best_ratio = tokens, ratio
+    return best
+
+
 def layout_fingerprint(model_name: str, engine_layout: str, block_size: int,
                        bytes_per_block: int, chunk_size: int) -> str:
     """Hash of everything that decides what the stored bytes mean and how they are keyed:
@@ -86,8 +130,7 @@ class KVStoreConfig:
     @property
     def padded_block_bytes(self) -> int:
         """A block's bytes rounded up to fill whole token rows of LMCache's memory object."""
-        unit = 2 * self.block_size
-        return -(-self.bytes_per_block // unit) * unit
+        return padded_block_bytes(self.block_size, self.bytes_per_block)
 
     @property
     def token_row_bytes(self) -> int:

@@ -40,7 +40,7 @@ from worker.errors import DeadlinePassed, KVStoreUnavailable, WrongRole
 from worker.grammar_cache import GrammarCache
 from worker.kv_import import fetch_import
 from worker.kv_store import KVStore
-from worker.kv_store_config import layout_fingerprint
+from worker.kv_store_config import auto_chunk_tokens, layout_fingerprint
 from worker.registration import registration_publisher
 from worker.worker_config import WorkerConfig
 
@@ -92,7 +92,8 @@ def build_runtime(settings: WorkerSettings,
     store_model_name = f"{mc.name}-{engine.model_fingerprint[:16]}"
     # One store for every family: whole blocks of the engine's layout, whose fingerprint the
     # store's covers (two workers exchange bytes only if their layouts agree).
-    chunk_size = store.chunk_size if store is not None else settings.lmcache_chunk_size
+    chunk_size = settings.lmcache_chunk_size or auto_chunk_tokens(layout.block_size,
+                                                                  layout.bytes_per_block)
     kv_layout = layout_fingerprint(store_model_name, layout.fingerprint, layout.block_size,
                                    layout.bytes_per_block, chunk_size)
     kv_store: KVStore | None = None
@@ -100,7 +101,7 @@ def build_runtime(settings: WorkerSettings,
         progress("warm-up done" + (", connecting the KV store through LMCache"
                                    if settings.kv_store_url else ""))
     if store is not None:
-        kv_store = KVStore(store.url, store_model_name, layout, chunk_size=store.chunk_size,
+        kv_store = KVStore(store.url, store_model_name, layout, chunk_size=chunk_size,
                            staging_gb=store.staging_gb, ttl_s=store.ttl_s,
                            writes=settings.role == "prefill",  # only prefill puts
                            pin_staging=store.staging_pinned)
@@ -112,7 +113,7 @@ def build_runtime(settings: WorkerSettings,
         tokenizer_fingerprint=_tokenizer_fingerprint(settings.model),
         dtype=str(kv_dtype).removeprefix("torch."),
         block_size=engine.config.block_size,
-        lmcache_chunk_size=settings.lmcache_chunk_size,
+        lmcache_chunk_size=chunk_size,
         kv_layout_fingerprint=kv_layout,
     )
     grammars = GrammarCache(settings.model, mc.vocab_size, tuple(mc.eos_token_ids))

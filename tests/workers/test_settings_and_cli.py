@@ -38,8 +38,9 @@ def test_sources_override_in_order(tmp_path: Path) -> None:
     assert (engine.model, engine.max_context, engine.block_size) == ("/m", 4096, 16)
     store = load_worker_settings("decode", ["--kv-store-url", "redis://h:1",
                                             "--kv-ttl-s", "5"], env={}).store
+    # chunk 0: chosen from the model's KV layout at start-up (worker/kv_store_config.py)
     assert store is not None and (store.url, store.ttl_s, store.chunk_size) == ("redis://h:1",
-                                                                                5, 256)
+                                                                                5, 0)
     assert "redis://h:1" not in repr(store)  # the URL may hold a password
 
 
