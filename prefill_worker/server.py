@@ -50,8 +50,10 @@ class PrefillServicer(WorkerServicerBase):
         super().__init__(rt)
         assert rt.kv_store is not None, "a prefill worker needs a KV store"
         self.kv_store = rt.kv_store
-        layout = rt.kv_store.layout
-        self._bytes_per_token = -(-layout.bytes_per_block // layout.block_size)
+        # what a prompt's put takes of LMCache's pool: its whole blocks, each padded to whole
+        # token rows of LMCache's memory objects (V4's FP8 blocks: 2,944 B stored as 3,072)
+        self._block_size = rt.kv_store.layout.block_size
+        self._stored_block_bytes = rt.kv_store.config.padded_block_bytes
         self._gate = ExportGate(int(rt.kv_store.config.staging_gb * 2**30))
 
     @unary_rpc
@@ -93,7 +95,7 @@ class PrefillServicer(WorkerServicerBase):
             else:
                 computed_at = time.monotonic()
                 try:
-                    taken = await self._gate.acquire(len(prompt) * self._bytes_per_token,
+                    taken = await self._gate.acquire(self._put_bytes(len(prompt)),
                                                      remaining_s(request.deadline_unix_s))
                 except TimeoutError:
                     raise DeadlinePassed(f"the KV of a {len(prompt)}-token prompt waited for "
@@ -131,6 +133,11 @@ class PrefillServicer(WorkerServicerBase):
             num_cached_tokens=final.num_cached_tokens,
             num_computed_tokens=final.num_prompt_tokens - final.num_cached_tokens,
             finish_reason=finish_reason)
+
+    def _put_bytes(self, num_tokens: int) -> int:
+        """The bytes a prompt of ``num_tokens`` takes of LMCache's pool while it is put (only
+        whole blocks are stored)."""
+        return num_tokens // self._block_size * self._stored_block_bytes
 
     @staticmethod
     async def _final(stream: RequestStream, timeout: float | None) -> RequestOutput:
