@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--handoff-tokens", type=int, default=0,
                    help="Also time the handoff of a prompt this long on its own (0 = no).")
     p.add_argument("--redis-maxmemory-mb", type=int, default=40000)
+    p.add_argument("--redis-io-threads", type=int, default=1,
+                   help="io-threads of the run's redis-server (the workers' fetch connections: "
+                        "--extra-worker-flag=--kv-fetch-connections=N)")
     p.add_argument("--lmcache-chunk-size", type=int, default=0,
                    help="tokens per LMCache chunk, both workers and the handoff measurement "
                         "(0: the workers' own choice from the KV layout)")
@@ -207,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
                         output_tokens=args.output_tokens, long_tokens=args.long_tokens,
                         long_every_s=args.long_every_s, first_long_s=args.first_long_s,
                         long_output_tokens=args.long_output_tokens, duration_s=args.duration_s)
-    redis, redis_url = start_redis(log_dir=out / "logs", maxmemory_mb=args.redis_maxmemory_mb)
+    redis, redis_url = start_redis(log_dir=out / "logs", maxmemory_mb=args.redis_maxmemory_mb,
+                                   io_threads=args.redis_io_threads)
     arms: dict[str, dict[str, Any]] = {}
     json_path = out / "split.json"
 

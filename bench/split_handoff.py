@@ -27,7 +27,8 @@ def host_memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
 
 def measure(model: str, redis_url: str, num_tokens: int, device: str,
             chunk_size: int = 256, dtype: str = "bfloat16",
-            visible_timeout_s: float = 600.0, stall_s: float = 30.0) -> dict[str, Any]:
+            visible_timeout_s: float = 600.0, stall_s: float = 30.0,
+            fetch_connections: int = 4) -> dict[str, Any]:
     from engine.checkpoint import load_model_config
     from engine.config import EngineConfig
     from engine.models import family_class
@@ -48,7 +49,8 @@ def measure(model: str, redis_url: str, num_tokens: int, device: str,
 
         chunk_size = auto_chunk_tokens(layout.block_size, layout.bytes_per_block)
     store = KVStore(redis_url, "handoff-bench", layout, chunk_size=chunk_size,
-                    staging_gb=nbytes / 2**30 + 0.5, ttl_s=600)
+                    staging_gb=nbytes / 2**30 + 0.5, ttl_s=600,
+                    fetch_connections=fetch_connections)
     held: dict[str, Any] = {}
     try:
         before = _redis_used(redis_url)
@@ -73,7 +75,8 @@ def measure(model: str, redis_url: str, num_tokens: int, device: str,
         store.close()
     gb = nbytes / 1e9
     return {
-        "tokens": len(tokens), "chunk_tokens": chunk_size, "bytes": nbytes,
+        "tokens": len(tokens), "chunk_tokens": chunk_size, "fetch_connections": fetch_connections,
+        "bytes": nbytes,
         "bytes_per_token": nbytes / len(tokens),
         "visible_tokens": visible, "fetched_tokens": got, "round_trip_equal": same,
         "put_s": round(t1 - t0, 3), "visible_s": round(t2 - t1, 3), "fetch_s": round(t3 - t2, 3),
@@ -128,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=0,
                    help="LMCache chunk (tokens; 0: as a worker chooses it from the KV layout)")
     p.add_argument("--store-url", default=None, help="redis://... (default: start one)")
+    p.add_argument("--fetch-connections", type=int, default=4,
+                   help="connections the fetch reads over (a worker's kv_fetch_connections)")
+    p.add_argument("--redis-io-threads", type=int, default=1,
+                   help="io-threads of the redis-server started here")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,14 +151,15 @@ def main(argv: list[str] | None = None) -> int:
             nbytes = args.tokens * 2 * config["num_hidden_layers"] * \
                 config["num_key_value_heads"] * config.get("head_dim", 128) * 2
             redis, url = start_redis(maxmemory_mb=max(1024, 3 * nbytes >> 20),
-                                     log_dir=Path(tmp))
+                                     log_dir=Path(tmp), io_threads=args.redis_io_threads)
         try:
             result = measure(tmp, url, args.tokens, args.device, chunk_size=args.chunk,
-                             visible_timeout_s=120.0)
+                             visible_timeout_s=120.0, fetch_connections=args.fetch_connections)
         finally:
             if redis is not None:
                 redis.stop(grace_s=5.0)
     result["shape"] = args.shape
+    result["redis_io_threads"] = args.redis_io_threads if args.store_url is None else None
     print(json.dumps(result), flush=True)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))

@@ -98,6 +98,15 @@ class WorkerSettings:
             "never writes: its LMCache pool is two chunks."
         ),
     )
+    kv_fetch_connections: int = field(
+        default=4,
+        metadata=_doc(
+            "Connections a fetch from a Redis store reads over, each its own stripe of the "
+            "prompt's chunks. Redis sends each client at most 64 KiB per pass of its event "
+            "loop, so more connections (and a Redis with io-threads) may fetch faster; not "
+            "measured on a GPU yet."
+        ),
+    )
     kv_staging_pinned: bool = field(
         default=False,
         metadata=_doc(
@@ -230,6 +239,7 @@ class WorkerSettings:
         if self.weight_format not in ("checkpoint", "dequantize"):
             raise SettingsError(f"weight_format: {self.weight_format!r} is not one of checkpoint, dequantize")
         for name in (
+            "kv_fetch_connections",
             "max_context",
             "chunk_tokens",
             "max_batch",
@@ -292,7 +302,8 @@ class WorkerSettings:
         if not self.kv_store_url:
             return None
         return StoreSettings(self.kv_store_url, self.lmcache_chunk_size, self.kv_staging_gb,
-                             self.kv_ttl_s, self.kv_visible_timeout_s, self.kv_staging_pinned)
+                             self.kv_ttl_s, self.kv_visible_timeout_s, self.kv_staging_pinned,
+                             self.kv_fetch_connections)
 
 
 @dataclass(frozen=True)
@@ -306,6 +317,7 @@ class StoreSettings:
     ttl_s: int
     visible_timeout_s: float
     staging_pinned: bool = False
+    fetch_connections: int = 4
 
 
 # ---------------------------------------------------------------------- loading

@@ -85,6 +85,7 @@ class KVStore:
         ttl_s: int = 3600,
         writes: bool = True,
         pin_staging: bool = False,
+        fetch_connections: int = 4,
     ) -> None:
         self.config = KVStoreConfig(
             url=url,
@@ -108,7 +109,8 @@ class KVStore:
         check_reachable(self.config.url)
         self._redis = redis_client(self.config.url)  # None for lm://
         self._reader = None if self._redis is None else RedisChunkReader(
-            self.config.url, timeout_s=self.config.blocking_timeout_s)
+            self.config.url, num_connections=fetch_connections,
+            timeout_s=self.config.blocking_timeout_s)
         self._lock = threading.Lock()
         self._staging = HostStaging(int(self.config.staging_gb * 2**30), pin=pin_staging)
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"

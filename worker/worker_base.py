@@ -104,7 +104,8 @@ def build_runtime(settings: WorkerSettings,
         kv_store = KVStore(store.url, store_model_name, layout, chunk_size=chunk_size,
                            staging_gb=store.staging_gb, ttl_s=store.ttl_s,
                            writes=settings.role == "prefill",  # only prefill puts
-                           pin_staging=store.staging_pinned)
+                           pin_staging=store.staging_pinned,
+                           fetch_connections=store.fetch_connections)
     assert kv_store is None or kv_store.layout_fingerprint == kv_layout
     if progress is not None and kv_store is not None:
         progress(f"KV store connected: {kv_store.public_url}")
