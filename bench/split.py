@@ -1,4 +1,4 @@
-"""``bulkhead bench split OUT_DIR`` (or ``python -m bench.split``): what splitting prefill from decode buys on one GPU.
+"""``bulkhead bench split OUT_DIR``: what splitting prefill from decode buys on one GPU.
 
 In one run, against the same random-weight model (bench/synthetic_model.py): arm "split" (a
 prefill and a decode process sharing one copy of the weights, KV through LMCache into Redis) and

@@ -26,7 +26,7 @@ def host_memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
 
 
 def measure(model: str, redis_url: str, num_tokens: int, device: str,
-            chunk_size: int = 256, dtype: str = "bfloat16",
+            chunk_size: int = 0, dtype: str = "bfloat16",
             visible_timeout_s: float = 600.0, stall_s: float = 30.0,
             fetch_connections: int = 4) -> dict[str, Any]:
     from engine.checkpoint import load_model_config
@@ -76,8 +76,7 @@ def measure(model: str, redis_url: str, num_tokens: int, device: str,
     gb = nbytes / 1e9
     return {
         "tokens": len(tokens), "chunk_tokens": chunk_size, "fetch_connections": fetch_connections,
-        "bytes": nbytes,
-        "bytes_per_token": nbytes / len(tokens),
+        "bytes": nbytes, "bytes_per_token": nbytes / len(tokens),
         "visible_tokens": visible, "fetched_tokens": got, "round_trip_equal": same,
         "put_s": round(t1 - t0, 3), "visible_s": round(t2 - t1, 3), "fetch_s": round(t3 - t2, 3),
         "import_s": round(t4 - t3, 3),

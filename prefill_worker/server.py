@@ -51,7 +51,7 @@ class PrefillServicer(WorkerServicerBase):
         assert rt.kv_store is not None, "a prefill worker needs a KV store"
         self.kv_store = rt.kv_store
         # what a prompt's put takes of LMCache's pool: its whole blocks, each padded to whole
-        # token rows of LMCache's memory objects (V4's FP8 blocks: 2,944 B stored as 3,072)
+        # token rows of LMCache's memory objects (KVStoreConfig.padded_block_bytes)
         self._block_size = rt.kv_store.layout.block_size
         self._stored_block_bytes = rt.kv_store.config.padded_block_bytes
         self._gate = ExportGate(int(rt.kv_store.config.staging_gb * 2**30))

@@ -4,16 +4,19 @@ rounding. Checked against a real redis-server's own accounting of what it holds.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import redis
 import torch
 
+from tests.helpers.kv_layouts import llama_kv_layout
 from worker.kv_store_config import auto_chunk_tokens
 
 MIB = 2**20
+# Llama-3-8B's KV geometry: 32 layers x 8 KV heads x 128, bf16 -> 128 KiB a token
+LLAMA3_8B_KV = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "head_dim": 128}
 
 
 @pytest.mark.parametrize("block_size,bytes_per_block,want", [
@@ -31,21 +34,6 @@ def test_the_chunk_is_whole_blocks_within_the_cap_with_the_least_rounding(
     assert got % block_size == 0 and (got <= 256 or got == block_size)
 
 
-def _llama8b_layout(tmp_path: Path):  # type: ignore[no-untyped-def]
-    from engine.checkpoint import load_model_config
-    from engine.config import EngineConfig
-    from engine.models import family_class
-
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
-        "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))
-    cfg = load_model_config(str(tmp_path))
-    return family_class(cfg).kv_layout(cfg, EngineConfig(model=str(tmp_path), device="cpu",
-                                                         dtype="bfloat16"))
-
-
 def test_redis_holds_an_auto_sized_chunk_in_little_more_than_its_bytes(
         redis_url: str, tmp_path: Path) -> None:
     # Stores two prompts of Llama-3-8B's KV geometry (128 KiB a token) through LMCache into the
@@ -56,7 +44,7 @@ def test_redis_holds_an_auto_sized_chunk_in_little_more_than_its_bytes(
     client = redis.Redis.from_url(redis_url)
     if not str(client.info("memory").get("mem_allocator", "")).startswith("jemalloc"):
         pytest.skip("the size classes measured here are jemalloc's")
-    layout = _llama8b_layout(tmp_path)
+    layout = llama_kv_layout(tmp_path, **LLAMA3_8B_KV)
     auto = auto_chunk_tokens(layout.block_size, layout.bytes_per_block)
     assert auto == 240
     cost = {}

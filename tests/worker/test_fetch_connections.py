@@ -4,7 +4,6 @@ worker setting kv_fetch_connections): the bytes arrive whole and exact either wa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,21 +11,7 @@ import redis
 import torch
 
 from launch.launcher import LaunchError, redis_server_path, start_redis
-
-
-def _small_layout(tmp_path: Path):  # type: ignore[no-untyped-def]
-    from engine.checkpoint import load_model_config
-    from engine.config import EngineConfig
-    from engine.models import family_class
-
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1000,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))
-    cfg = load_model_config(str(tmp_path))
-    return family_class(cfg).kv_layout(cfg, EngineConfig(model=str(tmp_path), device="cpu",
-                                                         dtype="bfloat16"))
+from tests.helpers.kv_layouts import llama_kv_layout
 
 
 def test_io_threads_must_be_positive(tmp_path: Path) -> None:
@@ -43,7 +28,7 @@ def test_a_fetch_over_n_connections_from_a_threaded_redis_is_exact(
     proc, url = start_redis(log_dir=tmp_path, maxmemory_mb=64, io_threads=io_threads)
     try:
         assert redis.Redis.from_url(url).config_get("io-threads")["io-threads"] == str(io_threads)
-        layout = _small_layout(tmp_path)
+        layout = llama_kv_layout(tmp_path)
         tokens = [7 + (i * 31) % 900 for i in range(23 * layout.block_size + 5)]  # 23 blocks + 5
         blocks = list(range(1, 24))
         kv = layout.allocate(24, torch.device("cpu"))
