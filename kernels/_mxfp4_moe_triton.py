@@ -120,7 +120,7 @@ def _moe_gate_up_kernel(
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
     limit,
     F32: tl.constexpr, E_P2: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
 ):
     """h[row, n] = swiglu(x[token] @ gate[e, n]^T, x[token] @ up[e, n]^T) for sorted rows."""
     e, valid, row0, row_end = _expert_tile(row_end_ptr, tl.program_id(0), E, BLOCK_M, E_P2)
@@ -134,7 +134,7 @@ def _moe_gate_up_kernel(
         sg = s_ptr + e.to(tl.int64) * stride_se + n[:, None] * stride_sn
         wu = wg + INTER * stride_wn
         su = sg + INTER * stride_sn
-        if BLOCK_M < 64:
+        if SWAP:
             acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         else:
             acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -144,19 +144,19 @@ def _moe_gate_up_kernel(
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
             kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
             a_ok = r_ok[:, None] & (k < H)[None, :]
-            if BLOCK_M < 64:
+            if SWAP:
                 a = tl.load(x_ptr + tok[None, :] * stride_xm + k[:, None], mask=tl.trans(a_ok),
                             other=0.0)
             else:
                 a = tl.load(x_ptr + tok[:, None] * stride_xm + k[None, :], mask=a_ok, other=0.0)
             acc_g = _dot_acc(acc_g, a, _mxfp4_tile(wg, sg, kb, kg, n_ok, H // 2, BLOCK_N, BLOCK_K),
-                             BLOCK_M < 64, F32)
+                             SWAP, F32)
             acc_u = _dot_acc(acc_u, a, _mxfp4_tile(wu, su, kb, kg, n_ok, H // 2, BLOCK_N, BLOCK_K),
-                             BLOCK_M < 64, F32)
+                             SWAP, F32)
         g = tl.minimum(acc_g, limit)
         u = tl.minimum(tl.maximum(acc_u, -limit), limit)
         h = (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty)
-        if BLOCK_M < 64:
+        if SWAP:
             tl.store(h_ptr + rows[None, :] * stride_hm + n[:, None], h,
                      mask=n_ok[:, None] & r_ok[None, :])
         else:
@@ -170,7 +170,7 @@ def _moe_down_kernel(
     E, H, INTER,
     stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
     F32: tl.constexpr, E_P2: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
 ):
     """y[pair, n] = routing weight[pair] * (h[row] @ down[e, n]^T), stored at the pair's
     unsorted index so the combine reads each token's top-k rows contiguously."""
@@ -183,7 +183,7 @@ def _moe_down_kernel(
         n_ok = n < H
         wd = w_ptr + e.to(tl.int64) * stride_we + n[:, None] * stride_wn
         sd = s_ptr + e.to(tl.int64) * stride_se + n[:, None] * stride_sn
-        if BLOCK_M < 64:
+        if SWAP:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -192,15 +192,15 @@ def _moe_down_kernel(
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
             kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
             a_ok = r_ok[:, None] & (k < INTER)[None, :]
-            if BLOCK_M < 64:
+            if SWAP:
                 a = tl.load(h_ptr + rows[None, :] * stride_hm + k[:, None], mask=tl.trans(a_ok),
                             other=0.0)
             else:
                 a = tl.load(h_ptr + rows[:, None] * stride_hm + k[None, :], mask=a_ok, other=0.0)
             acc = _dot_acc(acc, a, _mxfp4_tile(wd, sd, kb, kg, n_ok, INTER // 2, BLOCK_N, BLOCK_K),
-                           BLOCK_M < 64, F32)
+                           SWAP, F32)
         tw = tl.load(tw_ptr + pair, mask=r_ok, other=0.0).to(tl.float32)
-        if BLOCK_M < 64:
+        if SWAP:
             tl.store(y_ptr + pair[None, :] * stride_ym + n[:, None],
                      (acc * tw[None, :]).to(y_ptr.dtype.element_ty),
                      mask=n_ok[:, None] & r_ok[None, :])
@@ -227,7 +227,10 @@ def _moe_combine_kernel(y_ptr, out_ptr, H, TOP_K, stride_ym, stride_om,
     tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-MoeTiles = tuple[int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
+# BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, swap]: swap (default: BLOCK_M < 64) makes
+# the decoded weight tile the dot's first operand, so it can stay in registers (wgmma takes its
+# A operand from registers) instead of going through shared memory
+MoeTiles = tuple[int, ...]
 
 
 def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
@@ -266,7 +269,8 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     e, inter = gate_up.shape[0], down.shape[-1] * 2
     m = t * top_k
     launch_moe_sort(ids, order, row_end, e)
-    bm, bn, bk, warps, stages = tiles or moe_tiles(m, hid)
+    bm, bn, bk, warps, stages, *rest = tiles or moe_tiles(m, hid)
+    swap = bool(rest[0]) if rest else bm < 64
     # every non-empty expert owns >= 1 row, so the tiles are at most min(pairs, ...) in number
     max_tiles = min(m, triton.cdiv(m, bm) + e - 1)
     f32 = x.dtype == torch.float32 or interpreting()
@@ -284,13 +288,13 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
             x, order, row_end, gate_up, gate_up_scale, h, e, hid, inter, top_k,
             x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up_scale.stride(0),
             gate_up_scale.stride(1), h.stride(0), float(limit),
-            F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+            F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SWAP=swap, num_warps=warps,
             num_stages=stages)
         _moe_down_kernel[(max_tiles, triton.cdiv(hid, bn))](
             h, order, row_end, tw, down, down_scale, y, e, hid, inter,
             h.stride(0), down.stride(0), down.stride(1), down_scale.stride(0),
             down_scale.stride(1), y.stride(0), F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn,
-            BLOCK_K=bk, num_warps=warps, num_stages=stages)
+            BLOCK_K=bk, SWAP=swap, num_warps=warps, num_stages=stages)
     block = min(1024, next_pow2(hid))
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
         y, out, hid, top_k, y.stride(0), out.stride(0), ACCUMULATE=accumulate, BLOCK=block)

@@ -133,10 +133,12 @@ def test_device_sort_is_torch_stable_sort(interpret) -> None:
     assert torch.equal(row_end, torch.searchsorted(ids.sort().values, torch.arange(e), right=True).int())
 
 
-@pytest.mark.parametrize("tiles", [(16, 64, 128, 4, 3), (128, 128, 64, 8, 3)])
+@pytest.mark.parametrize("tiles", [(16, 64, 128, 4, 3), (128, 128, 64, 8, 3),
+                                   (64, 128, 64, 8, 3, 1), (16, 32, 64, 4, 3, 0)])
 def test_gpu_tiles_on_awkward_shapes(interpret, tiles) -> None:
-    """The decode (swapped operands) and prefill tiles the GPU launches, through the
-    interpreter: hidden 160 and intermediate 96 leave partial K- and N-tiles everywhere."""
+    """The decode (swapped operands) and prefill tiles the GPU launches, and prefill-sized tiles
+    with the operands swapped (a 6th element), through the interpreter: hidden 160 and
+    intermediate 96 leave partial K- and N-tiles everywhere."""
     from kernels._mxfp4_moe_triton import launch_moe
 
     t, k, e, hid, inter = 7, 3, 5, 160, 96
