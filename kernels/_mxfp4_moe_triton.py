@@ -235,12 +235,15 @@ MoeTiles = tuple[int, ...]
 
 def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
     """Tiles of both GEMMs. Decode (a few rows per expert): 16-row tiles with swapped
-    operands; prefill: 128 x 128 tiles so a decoded weight tile feeds 128 rows."""
+    operands; prefill: 128 x 128 x 128 tiles, swapped too, so a decoded weight tile feeds 128
+    rows from registers. H200 sweep at 4096 tokens x top-6, 128 experts (docs/benchmarks.md,
+    2026-12-04): 7.09 ms swapped against 8.26 ms for the earlier 128 x 128 x 64 unswapped tiles;
+    40 KiB of shared memory, so the same tiles fit an SM120's 99 KiB."""
     if interpreting():
         return (16, 32, 64, 4, 1) if num_pairs <= 256 else (64, 32, 64, 4, 1)
     if num_pairs <= 256:
         return 16, 64, 128, 4, 3
-    return 128, 128, 64, 8, 3
+    return 128, 128, 128, 8, 3, 1
 
 
 def launch_moe_sort(ids: torch.Tensor, order: torch.Tensor, row_end: torch.Tensor,

@@ -229,10 +229,17 @@ def _quantized_specs() -> list[KernelSpec]:
                      {"HW": True, "GROUP_M": 8, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128},
                      num_warps=w, num_stages=st)
           for bm, bn, w, st in ((64, 128, 4, 4), (64, 128, 4, 3), (128, 128, 8, 3))),
-        KernelSpec("mxfp4 moe gate-up + swiglu (256 experts)", moe._moe_gate_up_kernel, gate_up,
-                   {"F32": False, "E_P2": 256, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),
-        KernelSpec("mxfp4 moe down (256 experts)", moe._moe_down_kernel, down,
-                   {"F32": False, "E_P2": 256, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),
+        # the MoE GEMMs at their CUDA tiles (``moe_tiles``): decode, and prefill on each arch
+        *(KernelSpec(f"mxfp4 moe {name} ({bm}x{bn}x{bk}, {w} warps, {st} stages"
+                     f"{', swapped' if swap else ''}; 256 experts)", fn, ptrs,
+                     {"F32": False, "E_P2": 256, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                      "SWAP": swap}, num_warps=w, num_stages=st)
+          for name, fn, ptrs in (("gate-up + swiglu", moe._moe_gate_up_kernel, gate_up),
+                                 ("down", moe._moe_down_kernel, down))
+          for bm, bn, bk, w, st, swap in ((16, 64, 128, 4, 3, True), (128, 128, 128, 8, 3, True),
+                                          (128, 128, 128, 8, 2, True),
+                                          (128, 128, 64, 8, 3, True),
+                                          (128, 128, 64, 8, 3, False))),
         KernelSpec("moe combine (4096)", moe._moe_combine_kernel,
                    {"y_ptr": _ptr("bf16"), "out_ptr": _ptr("bf16")},
                    {"ACCUMULATE": True, "BLOCK": 1024}),
