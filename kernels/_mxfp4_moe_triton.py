@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._moe_sort_triton import BLOCKED_SORT_MIN_PAIRS, launch_tiled_sort
 from kernels._triton_support import interpreting, next_pow2
 
 _SORT_BLOCK = 128
@@ -247,9 +248,14 @@ def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
 
 
 def launch_moe_sort(ids: torch.Tensor, order: torch.Tensor, row_end: torch.Tensor,
-                    num_experts: int) -> None:
-    """ids [P] int64 -> row_end [E] int32 (pairs with expert <= e), order [P] int64 (stable)."""
+                    num_experts: int, counts: torch.Tensor | None = None) -> None:
+    """ids [P] int64 -> row_end [E] int32 (pairs with expert <= e), order [P] int64 (stable).
+    With ``counts`` (int32 scratch, ``_moe_sort_triton.sort_scratch_numel``) and a prefill-sized
+    P, the tiled counting sort; else the all-pairs one."""
     m = ids.numel()
+    if counts is not None and m >= BLOCKED_SORT_MIN_PAIRS:
+        launch_tiled_sort(ids, order, row_end, counts, num_experts)
+        return
     _moe_row_end_kernel[(triton.cdiv(num_experts, _SORT_BLOCK),)](
         ids, row_end, m, num_experts, BLOCK=_SORT_BLOCK)
     _moe_order_kernel[(triton.cdiv(m, _ORDER_BLOCK),)](
@@ -262,16 +268,18 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
                y: torch.Tensor, out: torch.Tensor, top_k: int, accumulate: bool,
                tiles: MoeTiles | None = None,
                fp8_scratch: tuple[torch.Tensor, ...] | None = None,
-               fp8_tiles: tuple[int, int, int, int, int] | None = None) -> None:
+               fp8_tiles: tuple[int, int, int, int, int] | None = None,
+               sort_counts: torch.Tensor | None = None) -> None:
     """ids [T * k] expert per pair; order [T * k] int64 and row_end [E] int32 are written.
     ``fp8_scratch``: (token codes [T, H], their scales, SwiGLU codes [T * k, I], their scales)
     for the FP8 x FP8 GEMMs of ``_mxfp4_moe_fp8_triton`` (token codes already written); else
     ``h`` [T * k, I] holds the SwiGLU output of the weight-decoding GEMMs. ``tiles`` /
-    ``fp8_tiles``: override the tile choice of either form (benchmarks sweep them)."""
+    ``fp8_tiles``: override the tile choice of either form (benchmarks sweep them).
+    ``sort_counts``: the tiled sort's scratch (``launch_moe_sort``); None: the all-pairs sort."""
     t, hid = x.shape
     e, inter = gate_up.shape[0], down.shape[-1] * 2
     m = t * top_k
-    launch_moe_sort(ids, order, row_end, e)
+    launch_moe_sort(ids, order, row_end, e, sort_counts)
     bm, bn, bk, warps, stages, *rest = tiles or moe_tiles(m, hid)
     swap = bool(rest[0]) if rest else bm < 64
     # every non-empty expert owns >= 1 row, so the tiles are at most min(pairs, ...) in number

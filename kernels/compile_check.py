@@ -30,6 +30,7 @@ from kernels import _hc_decode_triton as hcd
 from kernels import _indexer_decode_triton as idxd
 from kernels import _indexer_triton as idx
 from kernels import _moe_decode_triton as moed
+from kernels import _moe_sort_triton as msort
 from kernels import _mxfp4_moe_triton as moe
 from kernels import _paged_attention_triton as paged
 from kernels import _rope_norm_triton as rn
@@ -240,6 +241,14 @@ def _quantized_specs() -> list[KernelSpec]:
                                           (128, 128, 128, 8, 2, True),
                                           (128, 128, 64, 8, 3, True),
                                           (128, 128, 64, 8, 3, False))),
+        KernelSpec("moe tiled sort: count (256 experts)", msort._tile_count_kernel,
+                   {"ids_ptr": _ptr("i64"), "counts_ptr": _ptr("i32")},
+                   {"TILE": msort.SORT_TILE, "EB": 128}),
+        KernelSpec("moe tiled sort: scan", msort._tile_scan_kernel, {"counts_ptr": _ptr("i32")},
+                   {"EB": 32, "TB": 64}),
+        KernelSpec("moe tiled sort: order (256 experts)", msort._tile_order_kernel,
+                   {"ids_ptr": _ptr("i64"), "counts_ptr": _ptr("i32"), "row_end_ptr": _ptr("i32"),
+                    "order_ptr": _ptr("i64")}, {"TILE": msort.SORT_TILE, "E_P2": 256}),
         KernelSpec("moe combine (4096)", moe._moe_combine_kernel,
                    {"y_ptr": _ptr("bf16"), "out_ptr": _ptr("bf16")},
                    {"ACCUMULATE": True, "BLOCK": 1024}),

@@ -97,7 +97,7 @@ def bench_projections(m: int, dev: str, shrink: int = 1,
 def bench_moe(tokens: int, dev: str, variants: list[str],
               shape: tuple[int, int, int, int] = (128, 4096, 2048, 6)) -> list[dict[str, Any]]:
     """The routed experts (experts, hidden, intermediate, top-k = ``shape``) at ``tokens``."""
-    from kernels._mxfp4_moe_triton import launch_moe
+    from kernels._mxfp4_moe_triton import launch_moe, launch_moe_sort
     from kernels.mxfp4_moe import _carve, _parts, moe_experts, moe_experts_workspace_bytes
     from kernels.mxfp4_moe_ref import moe_experts_ref
 
@@ -115,6 +115,13 @@ def bench_moe(tokens: int, dev: str, variants: list[str],
     ref = moe_experts_ref(x[:64], tw[:64], ids[:64], gu, gus, dn, dns, 7.0)
     flop = 2.0 * tokens * top_k * 3 * hid * inter
     rows = []
+    for sort, counts in (("all-pairs", None), ("tiled", buf.get("sort_counts"))):
+        if sort == "tiled" and counts is None:
+            continue
+        ms = _ms(lambda counts=counts: launch_moe_sort(ids.view(-1), buf["order"], buf["row_end"],
+                                                       e, counts))
+        rows.append({"sort": sort, "tokens": tokens, "ms": ms})
+        print(f"[moe] {tokens} tokens, {sort} sort by expert: {ms:.4f} ms", flush=True)
     for v in variants:
         spec = v.split(":")[-1]
         tiles = tuple(int(t) for t in spec.split(",")) if spec not in ("default", "fp8") else None
@@ -125,7 +132,8 @@ def bench_moe(tokens: int, dev: str, variants: list[str],
                             fp8_tiles=tiles)
                 return
             launch_moe(x, ids.view(-1), buf["order"], buf["row_end"], tw.view(-1), gu, gus, dn,
-                       dns, 7.0, buf["h"], buf["y"], out, top_k, False, tiles)
+                       dns, 7.0, buf["h"], buf["y"], out, top_k, False, tiles,
+                       sort_counts=buf.get("sort_counts"))
 
         try:
             fn()

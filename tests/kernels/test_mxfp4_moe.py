@@ -48,6 +48,7 @@ def test_quantize_round_trip_and_every_code() -> None:
     (9, 3, 7, 96, 32, "skewed"),                     # most experts get no token
     (6, 2, 4, 64, 64, "repeat"),                     # a token picks one expert twice
     (40, 6, 16, 32, 160, None),                      # many rows per expert, I not a 128 multiple
+    (173, 6, 11, 32, 32, "repeat"),                  # 1,038 pairs: the tiled sort
 ])
 def test_moe_experts_matches_reference(interpret, t, k, e, hid, inter, ids) -> None:
     g = torch.Generator().manual_seed(t * 31 + e)
@@ -131,6 +132,45 @@ def test_device_sort_is_torch_stable_sort(interpret) -> None:
     launch_moe_sort(ids, order, row_end, e)
     assert torch.equal(order, torch.sort(ids, stable=True).indices)
     assert torch.equal(row_end, torch.searchsorted(ids.sort().values, torch.arange(e), right=True).int())
+
+
+@pytest.mark.parametrize("pairs,e", [(1024, 9), (1537, 130), (3000, 256)])
+def test_tiled_sort_is_torch_stable_sort(interpret, pairs, e) -> None:
+    """The prefill-sized counting sort (tiles of 128 pairs, a scan over tiles, ranks within a
+    tile): a partial last tile, expert counts not a power of two or above one compare tile,
+    experts with no pairs, heavy repeats; the all-pairs sort gives the same answer."""
+    from kernels._moe_sort_triton import sort_scratch_numel
+    from kernels._mxfp4_moe_triton import launch_moe_sort
+
+    g = torch.Generator().manual_seed(pairs)
+    ids = torch.randint(0, max(1, e - 3), (pairs,), generator=g)
+    ids[: pairs // 3] = 2  # one expert takes a third of the pairs, across several tiles
+    want_order = torch.sort(ids, stable=True).indices
+    want_end = torch.searchsorted(ids.sort().values, torch.arange(e), right=True).int()
+    counts = torch.full((sort_scratch_numel(pairs, e),), -7, dtype=torch.int32)
+    order, row_end = torch.full((pairs,), -1, dtype=torch.int64), torch.zeros(e, dtype=torch.int32)
+    launch_moe_sort(ids, order, row_end, e, counts)
+    assert torch.equal(order, want_order) and torch.equal(row_end, want_end)
+    order2, row_end2 = torch.full_like(order, -1), torch.zeros_like(row_end)
+    launch_moe_sort(ids, order2, row_end2, e)  # the all-pairs sort
+    assert torch.equal(order2, want_order) and torch.equal(row_end2, want_end)
+
+
+def test_tiled_sort_drops_ids_out_of_range(interpret) -> None:
+    """An id outside [0, E) is neither counted nor written, as in the all-pairs sort."""
+    from kernels._moe_sort_triton import sort_scratch_numel
+    from kernels._mxfp4_moe_triton import launch_moe_sort
+
+    e, pairs = 5, 1100
+    ids = torch.randint(0, e, (pairs,), generator=torch.Generator().manual_seed(0))
+    ids[10], ids[700] = e, -1
+    counts = torch.zeros(sort_scratch_numel(pairs, e), dtype=torch.int32)
+    order, row_end = torch.full((pairs,), -1, dtype=torch.int64), torch.zeros(e, dtype=torch.int32)
+    launch_moe_sort(ids, order, row_end, e, counts)
+    ok = (ids >= 0) & (ids < e)
+    want = torch.nonzero(ok).flatten()[torch.sort(ids[ok], stable=True).indices]
+    assert int(row_end[-1]) == pairs - 2
+    assert torch.equal(order[: pairs - 2], want) and torch.equal(order[pairs - 2:], torch.tensor([-1, -1]))
 
 
 @pytest.mark.parametrize("tiles", [(16, 64, 128, 4, 3), (128, 128, 64, 8, 3),
