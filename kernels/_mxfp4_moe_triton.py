@@ -269,13 +269,15 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
                tiles: MoeTiles | None = None,
                fp8_scratch: tuple[torch.Tensor, ...] | None = None,
                fp8_tiles: tuple[int, int, int, int, int] | None = None,
-               sort_counts: torch.Tensor | None = None) -> None:
+               sort_counts: torch.Tensor | None = None,
+               down_tiles: MoeTiles | None = None) -> None:
     """ids [T * k] expert per pair; order [T * k] int64 and row_end [E] int32 are written.
     ``fp8_scratch``: (token codes [T, H], their scales, SwiGLU codes [T * k, I], their scales)
     for the FP8 x FP8 GEMMs of ``_mxfp4_moe_fp8_triton`` (token codes already written); else
     ``h`` [T * k, I] holds the SwiGLU output of the weight-decoding GEMMs. ``tiles`` /
     ``fp8_tiles``: override the tile choice of either form (benchmarks sweep them).
-    ``sort_counts``: the tiled sort's scratch (``launch_moe_sort``); None: the all-pairs sort."""
+    ``sort_counts``: the tiled sort's scratch (``launch_moe_sort``); None: the all-pairs sort.
+    ``down_tiles``: the down GEMM's own tiles (None: those of the gate-up GEMM)."""
     t, hid = x.shape
     e, inter = gate_up.shape[0], down.shape[-1] * 2
     m = t * top_k
@@ -301,11 +303,13 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
             gate_up_scale.stride(1), h.stride(0), float(limit),
             F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SWAP=swap, num_warps=warps,
             num_stages=stages)
-        _moe_down_kernel[(max_tiles, triton.cdiv(hid, bn))](
+        dbm, dbn, dbk, dwarps, dstages, *drest = down_tiles or (bm, bn, bk, warps, stages, swap)
+        _moe_down_kernel[(min(m, triton.cdiv(m, dbm) + e - 1), triton.cdiv(hid, dbn))](
             h, order, row_end, tw, down, down_scale, y, e, hid, inter,
             h.stride(0), down.stride(0), down.stride(1), down_scale.stride(0),
-            down_scale.stride(1), y.stride(0), F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn,
-            BLOCK_K=bk, SWAP=swap, num_warps=warps, num_stages=stages)
+            down_scale.stride(1), y.stride(0), F32=f32, E_P2=ep2, BLOCK_M=dbm, BLOCK_N=dbn,
+            BLOCK_K=dbk, SWAP=bool(drest[0]) if drest else dbm < 64, num_warps=dwarps,
+            num_stages=dstages)
     block = min(1024, next_pow2(hid))
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
         y, out, hid, top_k, y.stride(0), out.stride(0), ACCUMULATE=accumulate, BLOCK=block)

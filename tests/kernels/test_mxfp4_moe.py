@@ -193,3 +193,20 @@ def test_gpu_tiles_on_awkward_shapes(interpret, tiles) -> None:
                w.view(-1), *weights, 7.0, torch.empty(m, inter), torch.empty(m, hid), out, k, False,
                tiles)
     torch.testing.assert_close(out, moe_experts_ref(x, w, ids, *weights, 7.0), rtol=1e-4, atol=1e-4)
+
+
+def test_down_gemm_takes_its_own_tiles(interpret) -> None:
+    """Gate-up and down at different tiles (one swapped, one not; different row tiles)."""
+    from kernels._mxfp4_moe_triton import launch_moe
+
+    t, k, e, hid, inter = 11, 2, 4, 96, 64
+    g = torch.Generator().manual_seed(5)
+    weights = _experts(e, hid, inter, 9)
+    x = torch.randn(t, hid, generator=g)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=g)
+    m, out = t * k, torch.empty(t, hid)
+    launch_moe(x, ids.view(-1), torch.empty(m, dtype=torch.int64), torch.empty(e, dtype=torch.int32),
+               w.view(-1), *weights, 7.0, torch.empty(m, inter), torch.empty(m, hid), out, k, False,
+               (16, 32, 64, 4, 1, 1), down_tiles=(64, 64, 32, 4, 1, 0))
+    torch.testing.assert_close(out, moe_experts_ref(x, w, ids, *weights, 7.0), rtol=1e-4, atol=1e-4)
