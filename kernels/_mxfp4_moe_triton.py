@@ -115,6 +115,28 @@ def _dot_acc(acc, a, w, SWAP: tl.constexpr, F32: tl.constexpr):
 
 
 @triton.jit
+def _mx_acc(acc, a, w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, SWAP: tl.constexpr, F32: tl.constexpr, SCALED: tl.constexpr):
+    """acc + the product of activations ``a`` and the MXFP4 weight tile at byte columns ``kb``
+    (layouts as :func:`_dot_acc`). SCALED: Triton's own microscaling dot (``tl.dot_scaled``,
+    bf16 x e2m1 with the e8m0 scales; the compiler upcasts the weights where the GPU has no
+    fp4 MMA); else the weights decoded here (:func:`_mxfp4_tile`)."""
+    if SCALED:
+        ok = n_ok[:, None] & (kb < K_BYTES)[None, :]
+        wb = tl.load(w_rows + kb[None, :], mask=ok, other=0)  # [BN, BK/2] packed e2m1
+        sc = tl.load(s_rows + kg[None, :], mask=n_ok[:, None] & (kg < K_BYTES // 16)[None, :],
+                     other=127)  # [BN, BK/32] e8m0
+        if SWAP:
+            acc = tl.dot_scaled(wb, sc, "e2m1", a.to(tl.bfloat16), None, "bf16", acc)
+        else:
+            acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", tl.trans(wb), sc, "e2m1", acc)
+    else:
+        acc = _dot_acc(acc, a, _mxfp4_tile(w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N, BLOCK_K),
+                       SWAP, F32)
+    return acc
+
+
+@triton.jit
 def _moe_gate_up_kernel(
     x_ptr, order_ptr, row_end_ptr, w_ptr, s_ptr, h_ptr,
     E, H, INTER, TOP_K,
@@ -122,6 +144,7 @@ def _moe_gate_up_kernel(
     limit,
     F32: tl.constexpr, E_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
+    SCALED: tl.constexpr = False,
 ):
     """h[row, n] = swiglu(x[token] @ gate[e, n]^T, x[token] @ up[e, n]^T) for sorted rows."""
     e, valid, row0, row_end = _expert_tile(row_end_ptr, tl.program_id(0), E, BLOCK_M, E_P2)
@@ -150,10 +173,10 @@ def _moe_gate_up_kernel(
                             other=0.0)
             else:
                 a = tl.load(x_ptr + tok[:, None] * stride_xm + k[None, :], mask=a_ok, other=0.0)
-            acc_g = _dot_acc(acc_g, a, _mxfp4_tile(wg, sg, kb, kg, n_ok, H // 2, BLOCK_N, BLOCK_K),
-                             SWAP, F32)
-            acc_u = _dot_acc(acc_u, a, _mxfp4_tile(wu, su, kb, kg, n_ok, H // 2, BLOCK_N, BLOCK_K),
-                             SWAP, F32)
+            acc_g = _mx_acc(acc_g, a, wg, sg, kb, kg, n_ok, H // 2, BLOCK_N, BLOCK_K, SWAP, F32,
+                            SCALED)
+            acc_u = _mx_acc(acc_u, a, wu, su, kb, kg, n_ok, H // 2, BLOCK_N, BLOCK_K, SWAP, F32,
+                            SCALED)
         g = tl.minimum(acc_g, limit)
         u = tl.minimum(tl.maximum(acc_u, -limit), limit)
         h = (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty)
@@ -172,6 +195,7 @@ def _moe_down_kernel(
     stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
     F32: tl.constexpr, E_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
+    SCALED: tl.constexpr = False,
 ):
     """y[pair, n] = routing weight[pair] * (h[row] @ down[e, n]^T), stored at the pair's
     unsorted index so the combine reads each token's top-k rows contiguously."""
@@ -198,8 +222,8 @@ def _moe_down_kernel(
                             other=0.0)
             else:
                 a = tl.load(h_ptr + rows[:, None] * stride_hm + k[None, :], mask=a_ok, other=0.0)
-            acc = _dot_acc(acc, a, _mxfp4_tile(wd, sd, kb, kg, n_ok, INTER // 2, BLOCK_N, BLOCK_K),
-                           SWAP, F32)
+            acc = _mx_acc(acc, a, wd, sd, kb, kg, n_ok, INTER // 2, BLOCK_N, BLOCK_K, SWAP, F32,
+                          SCALED)
         tw = tl.load(tw_ptr + pair, mask=r_ok, other=0.0).to(tl.float32)
         if SWAP:
             tl.store(y_ptr + pair[None, :] * stride_ym + n[:, None],
@@ -228,9 +252,10 @@ def _moe_combine_kernel(y_ptr, out_ptr, H, TOP_K, stride_ym, stride_om,
     tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-# BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, swap]: swap (default: BLOCK_M < 64) makes
-# the decoded weight tile the dot's first operand, so it can stay in registers (wgmma takes its
-# A operand from registers) instead of going through shared memory
+# BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, swap[, scaled]]: swap (default: BLOCK_M <
+# 64) makes the decoded weight tile the dot's first operand, so it can stay in registers (wgmma
+# takes its A operand from registers) instead of going through shared memory; scaled (default
+# off; bf16/fp16 activations only) lets ``tl.dot_scaled`` decode the weights
 MoeTiles = tuple[int, ...]
 
 
@@ -284,6 +309,7 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     launch_moe_sort(ids, order, row_end, e, sort_counts)
     bm, bn, bk, warps, stages, *rest = tiles or moe_tiles(m, hid)
     swap = bool(rest[0]) if rest else bm < 64
+    scaled = len(rest) > 1 and bool(rest[1]) and x.dtype != torch.float32
     # every non-empty expert owns >= 1 row, so the tiles are at most min(pairs, ...) in number
     max_tiles = min(m, triton.cdiv(m, bm) + e - 1)
     f32 = x.dtype == torch.float32 or interpreting()
@@ -301,15 +327,17 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
             x, order, row_end, gate_up, gate_up_scale, h, e, hid, inter, top_k,
             x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up_scale.stride(0),
             gate_up_scale.stride(1), h.stride(0), float(limit),
-            F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SWAP=swap, num_warps=warps,
-            num_stages=stages)
-        dbm, dbn, dbk, dwarps, dstages, *drest = down_tiles or (bm, bn, bk, warps, stages, swap)
+            F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SWAP=swap, SCALED=scaled,
+            num_warps=warps, num_stages=stages)
+        dbm, dbn, dbk, dwarps, dstages, *drest = down_tiles or (bm, bn, bk, warps, stages, swap,
+                                                                scaled)
         _moe_down_kernel[(min(m, triton.cdiv(m, dbm) + e - 1), triton.cdiv(hid, dbn))](
             h, order, row_end, tw, down, down_scale, y, e, hid, inter,
             h.stride(0), down.stride(0), down.stride(1), down_scale.stride(0),
             down_scale.stride(1), y.stride(0), F32=f32, E_P2=ep2, BLOCK_M=dbm, BLOCK_N=dbn,
-            BLOCK_K=dbk, SWAP=bool(drest[0]) if drest else dbm < 64, num_warps=dwarps,
-            num_stages=dstages)
+            BLOCK_K=dbk, SWAP=bool(drest[0]) if drest else dbm < 64,
+            SCALED=len(drest) > 1 and bool(drest[1]) and x.dtype != torch.float32,
+            num_warps=dwarps, num_stages=dstages)
     block = min(1024, next_pow2(hid))
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
         y, out, hid, top_k, y.stride(0), out.stride(0), ACCUMULATE=accumulate, BLOCK=block)

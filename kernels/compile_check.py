@@ -241,6 +241,15 @@ def _quantized_specs() -> list[KernelSpec]:
                                           (128, 128, 128, 8, 2, True),
                                           (128, 128, 64, 8, 3, True),
                                           (128, 128, 64, 8, 3, False))),
+        # the tl.dot_scaled form (tiles' 7th element), both operand orders
+        *(KernelSpec(f"mxfp4 moe {name} ({bm}x{bn}x{bk}, dot_scaled{', swapped' if swap else ''})",
+                     fn, ptrs, {"F32": False, "E_P2": 256, "BLOCK_M": bm, "BLOCK_N": bn,
+                                "BLOCK_K": bk, "SWAP": swap, "SCALED": True},
+                     num_warps=w, num_stages=3)
+          for name, fn, ptrs in (("gate-up + swiglu", moe._moe_gate_up_kernel, gate_up),
+                                 ("down", moe._moe_down_kernel, down))
+          for bm, bn, bk, w, swap in ((16, 64, 128, 4, True), (128, 128, 128, 8, True),
+                                      (128, 128, 128, 8, False))),
         KernelSpec("moe tiled sort: count (256 experts)", msort._tile_count_kernel,
                    {"ids_ptr": _ptr("i64"), "counts_ptr": _ptr("i32")},
                    {"TILE": msort.SORT_TILE, "EB": 128}),
