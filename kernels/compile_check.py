@@ -221,6 +221,21 @@ def _quantized_specs() -> list[KernelSpec]:
                    flags | {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}),
         KernelSpec("fp8 linear decode narrow (16x16x128)", fp8._fp8_linear_kernel, lin,
                    flags | {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128}),
+        # the decode forms: dot (the default tiles; split-K is the same code, K bounds are
+        # runtime) and the no-dot sum form at its narrowest and widest BLOCK_N, + the reduce
+        KernelSpec("fp8 gemv decode (16x32x128, unroll 2)", fp8._fp8_gemv_kernel, lin,
+                   {"F32": False, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "UNROLL": 2},
+                   num_stages=3),
+        KernelSpec("fp8 gemv decode (16x64x128)", fp8._fp8_gemv_kernel, lin,
+                   {"F32": False, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "UNROLL": 1},
+                   num_stages=3),
+        KernelSpec("fp8 gemv no-dot (4x128, unroll 4, 1 warp)", fp8._fp8_gemv_sum_kernel, lin,
+                   {"HW": True, "BLOCK_N": 4, "BLOCK_K": 128, "UNROLL": 4}, num_warps=1,
+                   num_stages=3),
+        KernelSpec("fp8 gemv no-dot (16x128, unroll 2)", fp8._fp8_gemv_sum_kernel, lin,
+                   {"HW": True, "BLOCK_N": 16, "BLOCK_K": 128, "UNROLL": 2}, num_stages=3),
+        KernelSpec("fp8 gemv split-K reduce", fp8._split_k_reduce_kernel,
+                   {"p_ptr": _ptr("fp32"), "y_ptr": _ptr("bf16")}, {"BLOCK": 1024}),
         KernelSpec("fp8 linear prefill (64x128x128)", fp8._fp8_linear_kernel, lin,
                    flags | {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8),
         # the w8a8 prefill form at its CUDA tiles: 4 stages on sm_90, 3 on sm_120 (~100 KiB)
