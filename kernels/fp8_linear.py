@@ -81,7 +81,8 @@ def fp8_gemv_variant(m: int, n: int, k: int, block_k: int) -> Fp8GemvVariant | N
 
 def gemv_k_split(k: int, block_k: int, split: int) -> int:
     """K columns of one slice when ``k`` is cut into at most ``split`` slices of whole K-tiles."""
-    return -(-(-(-k // block_k)) // max(split, 1)) * block_k
+    tiles = -(-k // block_k)
+    return -(-tiles // max(split, 1)) * block_k
 
 
 def gemv_num_splits(k: int, block_k: int, split: int) -> int:
