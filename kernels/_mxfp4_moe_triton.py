@@ -317,7 +317,8 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     ``fp8_tiles``: override the tile choice of either form (benchmarks sweep them).
     ``splits``: (gate-up, down) split-K of the weight-decoding form, at most that many slices
     of whole K-tiles each (``split_k_slices``): gate-up partials go to ``gu_part`` fp32
-    [>= slices, T * k, 2I]; with a down split ``y`` is fp32 [>= slices, T * k, H]."""
+    [>= slices, T * k, 2I]; with a down split asked for, ``y`` is fp32 [>= slices, T * k, H]
+    (its first slice is the output when the K-tiles allow only one)."""
     t, hid = x.shape
     e, inter = gate_up.shape[0], down.shape[-1] * 2
     m = t * top_k
@@ -355,8 +356,12 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
                 dst, h, inter, gu_slices, dst.stride(0), dst.stride(1), h.stride(0),
                 float(limit), BLOCK=rb)
         dn_slices, dn_tiles = split_k_slices(inter, bk, splits[1])
-        if dn_slices > 1:
-            assert y.dim() == 3 and y.dtype == torch.float32 and y.shape[0] >= dn_slices, y.shape
+        if y.dim() == 3:  # scratch for a down split: fp32 [>= slices, T * k, H]
+            assert y.dtype == torch.float32 and y.shape[0] >= dn_slices, (y.dtype, y.shape)
+            if dn_slices == 1:  # asked for, but one K-tile: the first slice is the output
+                y = y[0]
+        else:
+            assert dn_slices == 1, "a down split needs fp32 [slices, T * k, H] scratch as y"
         _moe_down_kernel[(max_tiles, triton.cdiv(hid, bn), dn_slices)](
             h, order, row_end, tw, down, down_scale, y, e, hid, inter,
             h.stride(0), down.stride(0), down.stride(1), down_scale.stride(0),
