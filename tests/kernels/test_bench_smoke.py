@@ -46,4 +46,4 @@ def test_decode_variant_sweep_smoke(interpret, tmp_path) -> None:
     assert {r["slices"] for r in rows if r["case"] == "fp8_gemv"} == {1, 3}
     assert {tuple(r["splits"]) for r in rows if r["case"] == "mxfp4_moe"} == {(1, 1), (2, 2)}
     assert all(r["rel_err"] < 2e-2 for r in rows)
-    assert len(report["best"]) == 6  # 2 fp8 shapes x 2 row counts + 2 token counts
+    assert len(report["best"]) == 8  # 2 fp8 shapes x 3 row counts + 2 token counts
