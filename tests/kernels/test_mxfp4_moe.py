@@ -210,3 +210,56 @@ def test_moe_max_workspace_covers_every_step() -> None:
 
     bound = moe_experts_max_workspace_bytes(50, 6, 64, 32, 8)
     assert bound >= max(moe_experts_workspace_bytes(t, 6, 64, 32, 8) for t in range(1, 51))
+
+
+@pytest.mark.gpu
+def test_split_k_variants_replay_from_a_cuda_graph(cuda) -> None:
+    """The split-K decode forms captured once and replayed with new inputs and routing: every
+    partial is rewritten each replay (nothing relies on zeroed scratch), for the experts and
+    for the FP8 GEMV."""
+    from kernels.fp8_linear import Fp8GemvVariant, fp8_linear, fp8_linear_scratch_bytes
+    from kernels.fp8_linear_ref import fp8_linear_ref
+
+    t, k, e, hid, inter = 8, 6, 32, 4096, 2048
+    g = torch.Generator(device="cuda").manual_seed(1)
+    u8 = dict(device="cuda", generator=g, dtype=torch.uint8)
+    weights = [torch.randint(0, 256, (e, 2 * inter, hid // 2), **u8),
+               torch.randint(118, 122, (e, 2 * inter, hid // 32), **u8),
+               torch.randint(0, 256, (e, hid, inter // 2), **u8),
+               torch.randint(118, 122, (e, hid, inter // 32), **u8)]
+    x = torch.randn(t, hid, device="cuda", generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, e, (t, k), device="cuda", generator=g)
+    w = torch.rand(t, k, device="cuda", generator=g)
+    out = torch.empty(t, hid, device="cuda", dtype=torch.bfloat16)
+    ws = torch.empty(moe_experts_workspace_bytes(t, k, hid, inter, e, splits=(4, 4)),
+                     dtype=torch.uint8, device="cuda")
+    q = (torch.randn(4096, 4096, device="cuda", generator=g) * 50).to(torch.float8_e4m3fn)
+    s = torch.rand(32, 32, device="cuda", generator=g) * 1e-2
+    xl = torch.randn(3, 4096, device="cuda", generator=g).to(torch.bfloat16)
+    yl = [torch.empty(3, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    variants = [Fp8GemvVariant((16, 32, 128, 2, 4, 3), 4), Fp8GemvVariant((1, 8, 128, 2, 2, 3), 8, "sum")]
+    ws_l = [torch.empty(fp8_linear_scratch_bytes(3, 4096, 4096, variant=v), dtype=torch.uint8,
+                        device="cuda") for v in variants]
+
+    def step() -> None:
+        moe_experts(x, w, ids, *weights, 7.0, out, workspace=ws, splits=(4, 4))
+        for v, wl, y in zip(variants, ws_l, yl, strict=True):
+            fp8_linear(xl, q, s, y, workspace=wl, gemv=v)
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            step()
+    for _ in range(2):
+        x.copy_(torch.randn(t, hid, device="cuda", generator=g))
+        ids.copy_(torch.randint(0, e, (t, k), device="cuda", generator=g))
+        xl.copy_(torch.randn(3, 4096, device="cuda", generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = moe_experts_ref(x.float(), w, ids, *weights, 7.0)
+        assert float((out.float() - ref).norm() / ref.norm()) < 2e-2
+        ref_l = fp8_linear_ref(xl.float(), q, s)
+        for y in yl:
+            assert float((y.float() - ref_l).norm() / ref_l.norm()) < 1e-2
