@@ -93,7 +93,7 @@ def _fp8_gemv_kernel(
     M, N, K, SPLIT_TILES,
     stride_xm, stride_xg, stride_wn, stride_sn, stride_ym, stride_yg, stride_ys,
     SCALE_BN, SCALE_BK,
-    F32: tl.constexpr,
+    F32: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """Few rows (decode): the weight-streaming form. Operands swapped (acc [BN, BM] = W x^T) so
@@ -103,16 +103,21 @@ def _fp8_gemv_kernel(
     Split-K: grid axis 0 is (K slice, M tile); slice ``s`` covers the ``SPLIT_TILES`` K-tiles
     from tile ``s * SPLIT_TILES`` and writes its fp32 partial at ``y + s * stride_ys`` (one
     slice: the output itself). Slices are whole K-tiles, so the one-scale-per-tile rule holds."""
-    num_m = tl.cdiv(M, BLOCK_M)
-    pid_m = tl.program_id(0) % num_m
-    split = tl.program_id(0) // num_m
+    pid_m = tl.program_id(0)
+    split = 0
+    if SPLIT:
+        pid_m = tl.program_id(0) % tl.cdiv(M, BLOCK_M)
+        split = tl.program_id(0) // tl.cdiv(M, BLOCK_M)
     pid_n = tl.program_id(1)
     g = tl.program_id(2)
     x_ptr += g * stride_xg
     y_ptr += g * stride_yg + split * stride_ys
     w_ptr += g * N * stride_wn
-    k_lo = split * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: loads stay vectorised
-    k_hi = tl.minimum(K, k_lo + SPLIT_TILES * BLOCK_K)
+    k_lo = 0
+    k_hi = K
+    if SPLIT:  # (static: the unsplit launch compiles to the plain K loop)
+        k_lo = split * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: loads stay vectorised
+        k_hi = tl.minimum(K, k_lo + SPLIT_TILES * BLOCK_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -148,7 +153,7 @@ def _fp8_gemv_sum_kernel(
     M, N, K, SPLIT_TILES,
     stride_xm, stride_xg, stride_wn, stride_sn, stride_ym, stride_yg, stride_ys,
     SCALE_BN, SCALE_BK,
-    HW: tl.constexpr,
+    HW: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """The no-dot decode form: one activation row a program, ``BLOCK_N`` (4-16) weight rows
@@ -156,15 +161,21 @@ def _fp8_gemv_sum_kernel(
     the end. With no MMA tile to fill, N splits into many more programs than the dot form's
     (more loads in flight at M = 1); a second row re-reads the weight (from L2), so it is for
     one or a few rows. Grid axis 0 is (K slice, row); split-K as in ``_fp8_gemv_kernel``."""
-    row = tl.program_id(0) % M
-    split = tl.program_id(0) // M
+    row = tl.program_id(0)
+    split = 0
+    if SPLIT:
+        row = tl.program_id(0) % M
+        split = tl.program_id(0) // M
     pid_n = tl.program_id(1)
     g = tl.program_id(2)
     x_ptr += g * stride_xg + row * stride_xm
     y_ptr += g * stride_yg + split * stride_ys + row * stride_ym
     w_ptr += g * N * stride_wn
-    k_lo = split * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: loads stay vectorised
-    k_hi = tl.minimum(K, k_lo + SPLIT_TILES * BLOCK_K)
+    k_lo = 0
+    k_hi = K
+    if SPLIT:  # (static: the unsplit launch compiles to the plain K loop)
+        k_lo = split * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: loads stay vectorised
+        k_hi = tl.minimum(K, k_lo + SPLIT_TILES * BLOCK_K)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     n_ok = offs_n < N
@@ -230,12 +241,12 @@ def launch_fp8_gemv(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, ou
             dst.stride(1), stride_ys, block[0], block[1])
     if form == "sum":
         _fp8_gemv_sum_kernel[(m * slices, triton.cdiv(n, bn), groups)](
-            *args, HW=not (x.dtype == torch.float32 or interpreting()),
+            *args, HW=not (x.dtype == torch.float32 or interpreting()), SPLIT=slices > 1,
             BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps, num_stages=stages)
     else:
         assert form == "dot", form
         _fp8_gemv_kernel[(triton.cdiv(m, bm) * slices, triton.cdiv(n, bn), groups)](
-            *args, F32=x.dtype == torch.float32 or interpreting(),
+            *args, F32=x.dtype == torch.float32 or interpreting(), SPLIT=slices > 1,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps,
             num_stages=stages)
     if slices > 1:

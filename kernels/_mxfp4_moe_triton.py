@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._moe_sort_triton import BLOCKED_SORT_MIN_PAIRS, launch_tiled_sort
 from kernels._triton_support import interpreting, next_pow2
 
 _SORT_BLOCK = 128
@@ -120,7 +121,7 @@ def _moe_gate_up_kernel(
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
     limit, SPLIT_TILES, stride_ps,
     F32: tl.constexpr, E_P2: tl.constexpr, PARTIAL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
 ):
     """h[row, n] = swiglu(x[token] @ gate[e, n]^T, x[token] @ up[e, n]^T) for sorted rows.
     Split-K (``PARTIAL``): grid axis 2 is a slice of ``SPLIT_TILES`` K-tiles of the hidden dim;
@@ -138,30 +139,33 @@ def _moe_gate_up_kernel(
         sg = s_ptr + e.to(tl.int64) * stride_se + n[:, None] * stride_sn
         wu = wg + INTER * stride_wn
         su = sg + INTER * stride_sn
-        if BLOCK_M < 64:
+        if SWAP:
             acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         else:
             acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros_like(acc_g)
-        k_lo = tl.program_id(2) * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: aligned
-        k_hi = tl.minimum(H, k_lo + SPLIT_TILES * BLOCK_K)
+        k_lo = 0
+        k_hi = H
+        if PARTIAL:  # (static: the unsplit launch compiles to the plain K loop)
+            k_lo = tl.program_id(2) * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: aligned
+            k_hi = tl.minimum(H, k_lo + SPLIT_TILES * BLOCK_K)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
             kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
             a_ok = r_ok[:, None] & (k < k_hi)[None, :]
-            if BLOCK_M < 64:
+            if SWAP:
                 a = tl.load(x_ptr + tok[None, :] * stride_xm + k[:, None], mask=tl.trans(a_ok),
                             other=0.0)
             else:
                 a = tl.load(x_ptr + tok[:, None] * stride_xm + k[None, :], mask=a_ok, other=0.0)
             acc_g = _dot_acc(acc_g, a, _mxfp4_tile(wg, sg, kb, kg, n_ok, k_hi // 2, BLOCK_N,
-                                                   BLOCK_K), BLOCK_M < 64, F32)
+                                                   BLOCK_K), SWAP, F32)
             acc_u = _dot_acc(acc_u, a, _mxfp4_tile(wu, su, kb, kg, n_ok, k_hi // 2, BLOCK_N,
-                                                   BLOCK_K), BLOCK_M < 64, F32)
+                                                   BLOCK_K), SWAP, F32)
         if PARTIAL:
             p = h_ptr + tl.program_id(2) * stride_ps
-            if BLOCK_M < 64:
+            if SWAP:
                 p_at = p + rows[None, :] * stride_hm + n[:, None]
                 p_ok = n_ok[:, None] & r_ok[None, :]
             else:
@@ -173,7 +177,7 @@ def _moe_gate_up_kernel(
             g = tl.minimum(acc_g, limit)
             u = tl.minimum(tl.maximum(acc_u, -limit), limit)
             h = (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty)
-            if BLOCK_M < 64:
+            if SWAP:
                 tl.store(h_ptr + rows[None, :] * stride_hm + n[:, None], h,
                          mask=n_ok[:, None] & r_ok[None, :])
             else:
@@ -186,8 +190,8 @@ def _moe_down_kernel(
     h_ptr, order_ptr, row_end_ptr, tw_ptr, w_ptr, s_ptr, y_ptr,
     E, H, INTER,
     stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym, SPLIT_TILES, stride_ys,
-    F32: tl.constexpr, E_P2: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    F32: tl.constexpr, E_P2: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
 ):
     """y[pair, n] = routing weight[pair] * (h[row] @ down[e, n]^T), stored at the pair's
     unsorted index so the combine reads each token's top-k rows contiguously. Split-K: grid
@@ -202,27 +206,30 @@ def _moe_down_kernel(
         n_ok = n < H
         wd = w_ptr + e.to(tl.int64) * stride_we + n[:, None] * stride_wn
         sd = s_ptr + e.to(tl.int64) * stride_se + n[:, None] * stride_sn
-        if BLOCK_M < 64:
+        if SWAP:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k_lo = tl.program_id(2) * SPLIT_TILES * BLOCK_K
-        k_hi = tl.minimum(INTER, k_lo + SPLIT_TILES * BLOCK_K)
-        y_ptr += tl.program_id(2) * stride_ys
+        k_lo = 0
+        k_hi = INTER
+        if SPLIT:  # (static: the unsplit launch compiles to the plain K loop)
+            k_lo = tl.program_id(2) * SPLIT_TILES * BLOCK_K
+            k_hi = tl.minimum(INTER, k_lo + SPLIT_TILES * BLOCK_K)
+            y_ptr += tl.program_id(2) * stride_ys
         for k0 in range(k_lo, k_hi, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
             kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
             a_ok = r_ok[:, None] & (k < k_hi)[None, :]
-            if BLOCK_M < 64:
+            if SWAP:
                 a = tl.load(h_ptr + rows[None, :] * stride_hm + k[:, None], mask=tl.trans(a_ok),
                             other=0.0)
             else:
                 a = tl.load(h_ptr + rows[:, None] * stride_hm + k[None, :], mask=a_ok, other=0.0)
             acc = _dot_acc(acc, a, _mxfp4_tile(wd, sd, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K),
-                           BLOCK_M < 64, F32)
+                           SWAP, F32)
         tw = tl.load(tw_ptr + pair, mask=r_ok, other=0.0).to(tl.float32)
-        if BLOCK_M < 64:
+        if SWAP:
             tl.store(y_ptr + pair[None, :] * stride_ym + n[:, None],
                      (acc * tw[None, :]).to(y_ptr.dtype.element_ty),
                      mask=n_ok[:, None] & r_ok[None, :])
@@ -271,17 +278,23 @@ def _moe_combine_kernel(y_ptr, out_ptr, H, TOP_K, stride_ym, stride_om, SLICES, 
     tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-MoeTiles = tuple[int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
+# BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, swap]: swap (default: BLOCK_M < 64) makes
+# the decoded weight tile the dot's first operand, so it can stay in registers (wgmma takes its
+# A operand from registers) instead of going through shared memory
+MoeTiles = tuple[int, ...]
 
 
 def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
     """Tiles of both GEMMs. Decode (a few rows per expert): 16-row tiles with swapped
-    operands; prefill: 128 x 128 tiles so a decoded weight tile feeds 128 rows."""
+    operands; prefill: 128 x 128 x 128 tiles, swapped too, so a decoded weight tile feeds 128
+    rows from registers. H200 sweep at 4096 tokens x top-6, 128 experts (docs/benchmarks.md,
+    2026-12-04): 7.09 ms swapped against 8.26 ms for the earlier 128 x 128 x 64 unswapped tiles;
+    40 KiB of shared memory, so the same tiles fit an SM120's 99 KiB."""
     if interpreting():
         return (16, 32, 64, 4, 1) if num_pairs <= 256 else (64, 32, 64, 4, 1)
     if num_pairs <= 256:
         return 16, 64, 128, 4, 3
-    return 128, 128, 64, 8, 3
+    return 128, 128, 128, 8, 3, 1
 
 
 def split_k_slices(k: int, block_k: int, split: int) -> tuple[int, int]:
@@ -293,9 +306,14 @@ def split_k_slices(k: int, block_k: int, split: int) -> tuple[int, int]:
 
 
 def launch_moe_sort(ids: torch.Tensor, order: torch.Tensor, row_end: torch.Tensor,
-                    num_experts: int) -> None:
-    """ids [P] int64 -> row_end [E] int32 (pairs with expert <= e), order [P] int64 (stable)."""
+                    num_experts: int, counts: torch.Tensor | None = None) -> None:
+    """ids [P] int64 -> row_end [E] int32 (pairs with expert <= e), order [P] int64 (stable).
+    With ``counts`` (int32 scratch, ``_moe_sort_triton.sort_scratch_numel``) and a prefill-sized
+    P, the tiled counting sort; else the all-pairs one."""
     m = ids.numel()
+    if counts is not None and m >= BLOCKED_SORT_MIN_PAIRS:
+        launch_tiled_sort(ids, order, row_end, counts, num_experts)
+        return
     _moe_row_end_kernel[(triton.cdiv(num_experts, _SORT_BLOCK),)](
         ids, row_end, m, num_experts, BLOCK=_SORT_BLOCK)
     _moe_order_kernel[(triton.cdiv(m, _ORDER_BLOCK),)](
@@ -309,12 +327,16 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
                tiles: MoeTiles | None = None,
                fp8_scratch: tuple[torch.Tensor, ...] | None = None,
                fp8_tiles: tuple[int, int, int, int, int] | None = None,
+               sort_counts: torch.Tensor | None = None,
+               down_tiles: MoeTiles | None = None,
                splits: tuple[int, int] = (1, 1), gu_part: torch.Tensor | None = None) -> None:
     """ids [T * k] expert per pair; order [T * k] int64 and row_end [E] int32 are written.
     ``fp8_scratch``: (token codes [T, H], their scales, SwiGLU codes [T * k, I], their scales)
     for the FP8 x FP8 GEMMs of ``_mxfp4_moe_fp8_triton`` (token codes already written); else
     ``h`` [T * k, I] holds the SwiGLU output of the weight-decoding GEMMs. ``tiles`` /
     ``fp8_tiles``: override the tile choice of either form (benchmarks sweep them).
+    ``sort_counts``: the tiled sort's scratch (``launch_moe_sort``); None: the all-pairs sort.
+    ``down_tiles``: the down GEMM's own tiles (None: those of the gate-up GEMM).
     ``splits``: (gate-up, down) split-K of the weight-decoding form, at most that many slices
     of whole K-tiles each (``split_k_slices``): gate-up partials go to ``gu_part`` fp32
     [>= slices, T * k, 2I]; with a down split asked for, ``y`` is fp32 [>= slices, T * k, H]
@@ -322,8 +344,9 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     t, hid = x.shape
     e, inter = gate_up.shape[0], down.shape[-1] * 2
     m = t * top_k
-    launch_moe_sort(ids, order, row_end, e)
-    bm, bn, bk, warps, stages = tiles or moe_tiles(m, hid)
+    launch_moe_sort(ids, order, row_end, e, sort_counts)
+    bm, bn, bk, warps, stages, *rest = tiles or moe_tiles(m, hid)
+    swap = bool(rest[0]) if rest else bm < 64
     # every non-empty expert owns >= 1 row, so the tiles are at most min(pairs, ...) in number
     max_tiles = min(m, triton.cdiv(m, bm) + e - 1)
     f32 = x.dtype == torch.float32 or interpreting()
@@ -349,25 +372,26 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
             gate_up_scale.stride(1), dst.stride(-2), float(limit), gu_tiles,
             dst.stride(0) if gu_slices > 1 else 0,
             F32=f32, E_P2=ep2, PARTIAL=gu_slices > 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            num_warps=warps, num_stages=stages)
+            SWAP=swap, num_warps=warps, num_stages=stages)
         if gu_slices > 1:
             rb = min(1024, next_pow2(inter))
             _moe_swiglu_split_kernel[(m, triton.cdiv(inter, rb))](
                 dst, h, inter, gu_slices, dst.stride(0), dst.stride(1), h.stride(0),
                 float(limit), BLOCK=rb)
-        dn_slices, dn_tiles = split_k_slices(inter, bk, splits[1])
+        dbm, dbn, dbk, dwarps, dstages, *drest = down_tiles or (bm, bn, bk, warps, stages, swap)
+        dn_slices, dn_tiles = split_k_slices(inter, dbk, splits[1])
         if y.dim() == 3:  # scratch for a down split: fp32 [>= slices, T * k, H]
             assert y.dtype == torch.float32 and y.shape[0] >= dn_slices, (y.dtype, y.shape)
             if dn_slices == 1:  # asked for, but one K-tile: the first slice is the output
                 y = y[0]
         else:
             assert dn_slices == 1, "a down split needs fp32 [slices, T * k, H] scratch as y"
-        _moe_down_kernel[(max_tiles, triton.cdiv(hid, bn), dn_slices)](
+        _moe_down_kernel[(min(m, triton.cdiv(m, dbm) + e - 1), triton.cdiv(hid, dbn), dn_slices)](
             h, order, row_end, tw, down, down_scale, y, e, hid, inter,
             h.stride(0), down.stride(0), down.stride(1), down_scale.stride(0),
             down_scale.stride(1), y.stride(-2), dn_tiles, y.stride(0) if dn_slices > 1 else 0,
-            F32=f32, E_P2=ep2, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-            num_stages=stages)
+            F32=f32, E_P2=ep2, SPLIT=dn_slices > 1, BLOCK_M=dbm, BLOCK_N=dbn, BLOCK_K=dbk,
+            SWAP=bool(drest[0]) if drest else dbm < 64, num_warps=dwarps, num_stages=dstages)
         if dn_slices > 1:
             block = min(1024, next_pow2(hid))
             _moe_combine_kernel[(t, triton.cdiv(hid, block))](

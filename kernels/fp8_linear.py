@@ -74,7 +74,7 @@ class Fp8GemvVariant:
 def fp8_gemv_variant(m: int, n: int, k: int, block_k: int) -> Fp8GemvVariant | None:
     """The decode variant ``fp8_linear`` launches for ``m`` x ``n`` outputs over ``k``, or None
     (the tiled kernel). The split-K and sum forms are opt-in until measured on the GPU: this
-    is the one place to switch them on (``python -m bench.kernel_quant_cases sweep``)."""
+    is the one place to switch them on (``python -m bench.quant_decode_sweep``)."""
     tiles = fp8_gemv_tiles(m, n, block_k)
     return None if tiles is None else Fp8GemvVariant(tiles)
 

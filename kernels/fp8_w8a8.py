@@ -30,10 +30,11 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-# Narrower outputs than this stay weight-only: on the H200 (2026-12-03, 4096 rows) w8a8 was
-# 0.93x at N 1024 (q_a) and 0.51x at N 512 (kv), and 1.6-1.95x at N 2048-32768, where the
-# activation quantization's extra pass is shared by enough output tiles.
-W8A8_MIN_N = 2048
+# Narrower outputs than this stay weight-only. On the H200 at 4096 rows with today's 64 x 128
+# tiles (2026-12-04) w8a8 was faster at every V4-Flash width: 1.16x at N 512 (kv), 1.45x at
+# 1024 (q_a), 1.6-1.97x at 2048-32768 (at 128 x 128 tiles, 2026-12-03, it lost at 512 and
+# 1024). Below 512 it was not measured.
+W8A8_MIN_N = 512
 
 
 def uses_w8a8(m: int, block: tuple[int, int], n: int | None = None) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from kernels._checks import check_tensor
+from kernels._moe_sort_triton import sort_scratch_numel
 from kernels._triton_support import require_triton
 from kernels.errors import KernelArgumentError
 from kernels.mxfp4_moe_ref import MXFP4_GROUP, as_bytes
@@ -50,7 +51,7 @@ def moe_splits(num_pairs: int, hidden: int, intermediate: int) -> tuple[int, int
     pairs: at most that many slices of the hidden (gate-up) and intermediate (down) dims, so
     a decode step's few touched experts spread over more programs with shorter K loops. The
     one place the default is chosen; (1, 1) (no split) until measured on the GPU
-    (``python -m bench.kernel_quant_cases sweep``). The workspace helpers below follow it."""
+    (``python -m bench.quant_decode_sweep``). The workspace helpers below follow it."""
     return (1, 1)
 
 
@@ -59,6 +60,8 @@ def _parts(num_tokens: int, top_k: int, hidden: int, intermediate: int, num_expe
            ) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     m = num_tokens * top_k
     head = [("order", (m,), torch.int64), ("row_end", (num_experts,), torch.int32)]
+    if sort_scratch_numel(m, num_experts):  # the tiled sort of a prefill-sized step
+        head.append(("sort_counts", (sort_scratch_numel(m, num_experts),), torch.int32))
     if fp8:  # token codes + scales, SwiGLU output codes + scales, one e4m3 byte a value
         return head + [("xq", (num_tokens, hidden), torch.uint8),
                        ("xs", (num_tokens, -(-hidden // 128)), torch.float32),
@@ -88,7 +91,8 @@ def moe_experts_workspace_bytes(num_tokens: int, top_k: int, hidden: int, interm
                                 num_experts: int, dtype: torch.dtype = torch.bfloat16,
                                 fp8: bool = False, splits: tuple[int, int] | None = None) -> int:
     """Scratch of :func:`moe_experts` at ``num_tokens`` tokens: the sorted order (pairs x 8 B),
-    the expert boundaries (experts x 4 B), the weighted expert outputs (pairs x hidden) in the
+    the expert boundaries (experts x 4 B), from 1,024 pairs the tiled sort's counts ((pairs / 128
+    rounded up + 1) x experts x 4 B), the weighted expert outputs (pairs x hidden) in the
     activation dtype, and the SwiGLU output: pairs x intermediate in the activation dtype, or
     in the FP8 form (``fp8``) one byte a value + an fp32 scale per 128,
     plus the tokens' codes, tokens x hidden x (1 + 4/128) B; 256-B aligned each. With split-K
@@ -194,5 +198,6 @@ def moe_experts(
     launch_moe(x, topk_ids.view(-1), buf["order"], buf["row_end"], topk_weights.view(-1), *w,
                swiglu_limit, buf.get("h"), buf["y"], out, k, accumulate,
                fp8_scratch=(buf["xq"], buf["xs"], buf["hq"], buf["hs"]) if fp8 else None,
-               tiles=tiles, fp8_tiles=fp8_tiles, splits=splits, gu_part=buf.get("gu_part"))
+               tiles=tiles, fp8_tiles=fp8_tiles, sort_counts=buf.get("sort_counts"),
+               splits=splits, gu_part=buf.get("gu_part"))
     return out

@@ -289,9 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--previous-steps", type=int, default=8)
     r.add_argument("--previous", default="gemm", choices=["gemm", "mhc"],
                    help="what --previous-steps turns back: the weight-only GEMMs or the PyTorch mHC")
-    r.add_argument("--gemm", default="weight-only", choices=["fp8", "fp8-linears", "weight-only"],
+    r.add_argument("--gemm", default="fp8-linears", choices=["fp8", "fp8-linears", "weight-only"],
                    help="prefill GEMMs of the main sweeps: FP8 activations (>= 128 rows) in the "
-                        "linears and experts, in the linears only, or nowhere")
+                        "linears and experts, in the linears only (the engine's default), or "
+                        "nowhere")
     r.add_argument("--moe-fp8-tiles", default="",
                    help="BM,BN,BK,warps,stages of the FP8 experts (empty: the kernel's choice)")
     r.add_argument("--prompt-previous", type=int, default=0,

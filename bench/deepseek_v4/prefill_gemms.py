@@ -97,7 +97,7 @@ def bench_projections(m: int, dev: str, shrink: int = 1,
 def bench_moe(tokens: int, dev: str, variants: list[str],
               shape: tuple[int, int, int, int] = (128, 4096, 2048, 6)) -> list[dict[str, Any]]:
     """The routed experts (experts, hidden, intermediate, top-k = ``shape``) at ``tokens``."""
-    from kernels._mxfp4_moe_triton import launch_moe
+    from kernels._mxfp4_moe_triton import launch_moe, launch_moe_sort
     from kernels.mxfp4_moe import _carve, _parts, moe_experts, moe_experts_workspace_bytes
     from kernels.mxfp4_moe_ref import moe_experts_ref
 
@@ -115,17 +115,26 @@ def bench_moe(tokens: int, dev: str, variants: list[str],
     ref = moe_experts_ref(x[:64], tw[:64], ids[:64], gu, gus, dn, dns, 7.0)
     flop = 2.0 * tokens * top_k * 3 * hid * inter
     rows = []
+    for sort, counts in (("all-pairs", None), ("tiled", buf.get("sort_counts"))):
+        if sort == "tiled" and counts is None:
+            continue
+        ms = _ms(lambda counts=counts: launch_moe_sort(ids.view(-1), buf["order"], buf["row_end"],
+                                                       e, counts))
+        rows.append({"sort": sort, "tokens": tokens, "ms": ms})
+        print(f"[moe] {tokens} tokens, {sort} sort by expert: {ms:.4f} ms", flush=True)
     for v in variants:
-        spec = v.split(":")[-1]
+        spec, _, down_spec = v.split(":")[-1].partition("/")  # 'GATE_UP/DOWN' tiles apart
         tiles = tuple(int(t) for t in spec.split(",")) if spec not in ("default", "fp8") else None
+        down_tiles = tuple(int(t) for t in down_spec.split(",")) if down_spec else None
 
-        def fn(tiles: Any = tiles, v: str = v) -> None:
+        def fn(tiles: Any = tiles, v: str = v, down_tiles: Any = down_tiles) -> None:
             if v.startswith("fp8"):  # the prefill form, its activation quantization included
                 moe_experts(x, tw, ids, gu, gus, dn, dns, 7.0, out, workspace=ws8, fp8=True,
                             fp8_tiles=tiles)
                 return
             launch_moe(x, ids.view(-1), buf["order"], buf["row_end"], tw.view(-1), gu, gus, dn,
-                       dns, 7.0, buf["h"], buf["y"], out, top_k, False, tiles)
+                       dns, 7.0, buf["h"], buf["y"], out, top_k, False, tiles,
+                       sort_counts=buf.get("sort_counts"), down_tiles=down_tiles)
 
         try:
             fn()
@@ -148,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="prefill_gemms.json")
     p.add_argument("--moe-tiles", default="fp8;default",
                    help="';'-separated MoE forms: 'default' (weight-only, its own tiles), "
-                        "'BM,BN,BK,warps,stages' (weight-only), 'fp8' or 'fp8:BM,BN,BK,warps,stages'")
+                        "'BM,BN,BK,warps,stages[,swap]' (weight-only; '.../BM,BN,...' gives the "
+                        "down GEMM its own), 'fp8' or 'fp8:BM,BN,BK,warps,stages'")
     p.add_argument("--w8a8-tiles", default="",
                    help="';'-separated BM,BN,GROUP_M,warps,stages of the w8a8 GEMM to try too")
     p.add_argument("--smoke", action="store_true",

@@ -132,6 +132,7 @@ def test_only_wide_many_row_products_take_the_w8a8_form() -> None:
     block = (128, 128)
     assert uses_w8a8(W8A8_MIN_ROWS, block, 32768) and uses_w8a8(4096, block, W8A8_MIN_N)
     assert not uses_w8a8(W8A8_MIN_ROWS - 1, block, 32768)  # decode rows: weight-only GEMV
-    assert not uses_w8a8(4096, block, 1024) and not uses_w8a8(4096, block, 512)  # q_a, kv
+    assert uses_w8a8(4096, block, 1024) and uses_w8a8(4096, block, 512)  # q_a, kv
+    assert not uses_w8a8(4096, block, W8A8_MIN_N - 1)  # narrower than measured
     assert not uses_w8a8(4096, (128, 64), 4096)  # a K block unlike the activation group
     assert uses_w8a8(4096, block)  # no width given: rows and block only

@@ -48,6 +48,7 @@ def test_quantize_round_trip_and_every_code() -> None:
     (9, 3, 7, 96, 32, "skewed"),                     # most experts get no token
     (6, 2, 4, 64, 64, "repeat"),                     # a token picks one expert twice
     (40, 6, 16, 32, 160, None),                      # many rows per expert, I not a 128 multiple
+    (173, 6, 11, 32, 32, "repeat"),                  # 1,038 pairs: the tiled sort
 ])
 def test_moe_experts_matches_reference(interpret, t, k, e, hid, inter, ids) -> None:
     g = torch.Generator().manual_seed(t * 31 + e)
@@ -133,10 +134,51 @@ def test_device_sort_is_torch_stable_sort(interpret) -> None:
     assert torch.equal(row_end, torch.searchsorted(ids.sort().values, torch.arange(e), right=True).int())
 
 
-@pytest.mark.parametrize("tiles", [(16, 64, 128, 4, 3), (128, 128, 64, 8, 3)])
+@pytest.mark.parametrize("pairs,e", [(1024, 9), (1537, 130), (3000, 256)])
+def test_tiled_sort_is_torch_stable_sort(interpret, pairs, e) -> None:
+    """The prefill-sized counting sort (tiles of 128 pairs, a scan over tiles, ranks within a
+    tile): a partial last tile, expert counts not a power of two or above one compare tile,
+    experts with no pairs, heavy repeats; the all-pairs sort gives the same answer."""
+    from kernels._moe_sort_triton import sort_scratch_numel
+    from kernels._mxfp4_moe_triton import launch_moe_sort
+
+    g = torch.Generator().manual_seed(pairs)
+    ids = torch.randint(0, max(1, e - 3), (pairs,), generator=g)
+    ids[: pairs // 3] = 2  # one expert takes a third of the pairs, across several tiles
+    want_order = torch.sort(ids, stable=True).indices
+    want_end = torch.searchsorted(ids.sort().values, torch.arange(e), right=True).int()
+    counts = torch.full((sort_scratch_numel(pairs, e),), -7, dtype=torch.int32)
+    order, row_end = torch.full((pairs,), -1, dtype=torch.int64), torch.zeros(e, dtype=torch.int32)
+    launch_moe_sort(ids, order, row_end, e, counts)
+    assert torch.equal(order, want_order) and torch.equal(row_end, want_end)
+    order2, row_end2 = torch.full_like(order, -1), torch.zeros_like(row_end)
+    launch_moe_sort(ids, order2, row_end2, e)  # the all-pairs sort
+    assert torch.equal(order2, want_order) and torch.equal(row_end2, want_end)
+
+
+def test_tiled_sort_drops_ids_out_of_range(interpret) -> None:
+    """An id outside [0, E) is neither counted nor written, as in the all-pairs sort."""
+    from kernels._moe_sort_triton import sort_scratch_numel
+    from kernels._mxfp4_moe_triton import launch_moe_sort
+
+    e, pairs = 5, 1100
+    ids = torch.randint(0, e, (pairs,), generator=torch.Generator().manual_seed(0))
+    ids[10], ids[700] = e, -1
+    counts = torch.zeros(sort_scratch_numel(pairs, e), dtype=torch.int32)
+    order, row_end = torch.full((pairs,), -1, dtype=torch.int64), torch.zeros(e, dtype=torch.int32)
+    launch_moe_sort(ids, order, row_end, e, counts)
+    ok = (ids >= 0) & (ids < e)
+    want = torch.nonzero(ok).flatten()[torch.sort(ids[ok], stable=True).indices]
+    assert int(row_end[-1]) == pairs - 2
+    assert torch.equal(order[: pairs - 2], want) and torch.equal(order[pairs - 2:], torch.tensor([-1, -1]))
+
+
+@pytest.mark.parametrize("tiles", [(16, 64, 128, 4, 3), (128, 128, 64, 8, 3),
+                                   (64, 128, 64, 8, 3, 1), (16, 32, 64, 4, 3, 0)])
 def test_gpu_tiles_on_awkward_shapes(interpret, tiles) -> None:
-    """The decode (swapped operands) and prefill tiles the GPU launches, through the
-    interpreter: hidden 160 and intermediate 96 leave partial K- and N-tiles everywhere."""
+    """The decode (swapped operands) and prefill tiles the GPU launches, and prefill-sized tiles
+    with the operands swapped (a 6th element), through the interpreter: hidden 160 and
+    intermediate 96 leave partial K- and N-tiles everywhere."""
     from kernels._mxfp4_moe_triton import launch_moe
 
     t, k, e, hid, inter = 7, 3, 5, 160, 96
@@ -150,6 +192,23 @@ def test_gpu_tiles_on_awkward_shapes(interpret, tiles) -> None:
     launch_moe(x, ids.view(-1), torch.empty(m, dtype=torch.int64), torch.empty(e, dtype=torch.int32),
                w.view(-1), *weights, 7.0, torch.empty(m, inter), torch.empty(m, hid), out, k, False,
                tiles)
+    torch.testing.assert_close(out, moe_experts_ref(x, w, ids, *weights, 7.0), rtol=1e-4, atol=1e-4)
+
+
+def test_down_gemm_takes_its_own_tiles(interpret) -> None:
+    """Gate-up and down at different tiles (one swapped, one not; different row tiles)."""
+    from kernels._mxfp4_moe_triton import launch_moe
+
+    t, k, e, hid, inter = 11, 2, 4, 96, 64
+    g = torch.Generator().manual_seed(5)
+    weights = _experts(e, hid, inter, 9)
+    x = torch.randn(t, hid, generator=g)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=g)
+    m, out = t * k, torch.empty(t, hid)
+    launch_moe(x, ids.view(-1), torch.empty(m, dtype=torch.int64), torch.empty(e, dtype=torch.int32),
+               w.view(-1), *weights, 7.0, torch.empty(m, inter), torch.empty(m, hid), out, k, False,
+               (16, 32, 64, 4, 1, 1), down_tiles=(64, 64, 32, 4, 1, 0))
     torch.testing.assert_close(out, moe_experts_ref(x, w, ids, *weights, 7.0), rtol=1e-4, atol=1e-4)
 
 

@@ -31,17 +31,19 @@ class Fp8Linear(nn.Module):
     ``[groups * out/groups, in/groups]``, x ``[N, groups, in/groups]``), scale fp32 grid.
     With kernels, ``W8A8_MIN_ROWS`` rows or more (a prefill chunk) and a bound Workspace
     (:func:`bind_workspace`), the activations are quantized to e4m3 per 1 x 128 group and the
-    product is FP8 x FP8 (``kernels.fp8_w8a8``) when ``w8a8`` is set (off by default: with the
-    FP8 experts it was slower on the H200, docs/benchmarks.md; :func:`set_prefill_fp8`). A
-    decode GEMV variant that splits K (``kernels.fp8_linear.fp8_gemv_variant``) takes its
-    partials from the bound Workspace too."""
+    product is FP8 x FP8 (``kernels.fp8_w8a8``) when ``w8a8`` is set: the default, as in
+    DeepSeek's own inference code, which quantizes activations per 1 x 128 for its FP8 GEMMs. On
+    the H200 it made a full-depth 4096-token chunk 10% faster (docs/benchmarks.md, 2026-12-04);
+    :func:`set_prefill_fp8` turns it off (benchmarks compare both). A decode GEMV variant that
+    splits K (``kernels.fp8_linear.fp8_gemv_variant``) takes its partials from the bound
+    Workspace too."""
 
     def __init__(self, weight_shape: tuple[int, int], groups: int = 1) -> None:
         super().__init__()
         self.groups = groups
         self.block = (128, 128)
         self.use_kernels = False
-        self.w8a8 = False
+        self.w8a8 = True
         self.workspace: object | None = None
         self.register_buffer("weight", torch.empty(weight_shape, dtype=torch.float8_e4m3fn))
         self.register_buffer("scale", torch.empty(0, 0, dtype=torch.float32))
