@@ -4,8 +4,8 @@ timed at DeepSeek-V4-Flash's shapes inside CUDA graphs, one JSON line per case, 
 
 FP8 GEMV (``kernels.fp8_linear.Fp8GemvVariant``): the default, the dot form at BLOCK_N 32/64
 with split-K, and the no-dot sum form (M = 1) at narrow BLOCK_N with split-K, at M = 1, 8,
-32 over q_a (1536 x 4096), kv/q-b-sized (1024 x 4096, 2048 x 4096), q_b (32768 x 1024), a
-4096 x 4096 projection, o_b (4096 x 8192) and o_a (8 groups x 1024 rows over 4096 each).
+32 over N x K = 4096 x 4096, 32768 x 1024 (q_b), 1024 x 4096, 2048 x 4096, 4096 x 8192 (o_b)
+and the grouped o_a (8 groups of 1024 rows over 4096 inputs each).
 MXFP4 experts (``kernels.mxfp4_moe.moe_experts``): (gate-up, down) split-K x two decode tiles
 at 1, 8 and 32 tokens. Each case is checked against its reference (``rel_err``) so a variant
 that is fast and wrong shows. ``--smoke``: tiny shapes, runs on the CPU under
