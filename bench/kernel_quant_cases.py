@@ -131,7 +131,8 @@ def sweep_quant_tiles(timer: Timer = graph_ms, parts: tuple[str, ...] = ("moe", 
                       moe_decode: tuple[tuple[int, ...], ...] = (),
                       moe_prefill: tuple[tuple[int, ...], ...] = ()) -> list[dict]:
     """Tile choices of the decode FP8 kernel and of the MoE GEMMs at the bench shapes, each
-    timed: how the defaults in ``fp8_gemv_tiles`` and ``moe_tiles`` were picked (GPU only)."""
+    timed: how the defaults in ``fp8_gemv_tiles`` and ``moe_tiles`` were picked (GPU only).
+    The decode variants (split-K, the no-dot GEMV) are swept by ``bench.quant_decode_sweep``."""
     from kernels._fp8_linear_triton import launch_fp8_gemv
     from kernels._mxfp4_moe_triton import launch_moe, launch_moe_sort
 

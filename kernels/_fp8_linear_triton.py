@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels._triton_support import interpreting
+from kernels.fp8_linear import gemv_k_split, gemv_num_splits
 
 E4M3_TO_F16_FACTOR = 256.0  # e4m3 bits placed in an fp16 read 2**-8 of their value
 
@@ -89,22 +90,34 @@ def _fp8_linear_kernel(
 @triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr,
-    M, N, K,
-    stride_xm, stride_xg, stride_wn, stride_sn, stride_ym, stride_yg,
+    M, N, K, SPLIT_TILES,
+    stride_xm, stride_xg, stride_wn, stride_sn, stride_ym, stride_yg, stride_ys,
     SCALE_BN, SCALE_BK,
-    F32: tl.constexpr,
+    F32: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """Few rows (decode): the weight-streaming form. Operands swapped (acc [BN, BM] = W x^T) so
     the decoded weight tile is the dot's wide side and a narrow ``BLOCK_N`` spreads N over many
     programs; ``UNROLL`` K-tiles are loaded per trip so more weight bytes are in flight. Needs
-    BLOCK_K | SCALE_BK: one scale per weight row per K-tile."""
+    BLOCK_K | SCALE_BK: one scale per weight row per K-tile.
+    Split-K: grid axis 0 is (K slice, M tile); slice ``s`` covers the ``SPLIT_TILES`` K-tiles
+    from tile ``s * SPLIT_TILES`` and writes its fp32 partial at ``y + s * stride_ys`` (one
+    slice: the output itself). Slices are whole K-tiles, so the one-scale-per-tile rule holds."""
     pid_m = tl.program_id(0)
+    split = 0
+    if SPLIT:
+        pid_m = tl.program_id(0) % tl.cdiv(M, BLOCK_M)
+        split = tl.program_id(0) // tl.cdiv(M, BLOCK_M)
     pid_n = tl.program_id(1)
     g = tl.program_id(2)
     x_ptr += g * stride_xg
-    y_ptr += g * stride_yg
+    y_ptr += g * stride_yg + split * stride_ys
     w_ptr += g * N * stride_wn
+    k_lo = 0
+    k_hi = K
+    if SPLIT:  # (static: the unsplit launch compiles to the plain K loop)
+        k_lo = split * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: loads stay vectorised
+        k_hi = tl.minimum(K, k_lo + SPLIT_TILES * BLOCK_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -113,15 +126,15 @@ def _fp8_gemv_kernel(
     s_row = s_ptr + ((offs_n + g * N) // SCALE_BN) * stride_sn
     w_rows = w_ptr + offs_n[:, None] * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K * UNROLL):
+    for k0 in range(k_lo, k_hi, BLOCK_K * UNROLL):
         for u in tl.static_range(UNROLL):
             k = k0 + u * BLOCK_K + offs_k
-            k_ok = k < K
+            k_ok = k < k_hi
             wb = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
             xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
                          mask=k_ok[:, None] & m_ok[None, :], other=0.0)  # [BK, BM]
             # a K-tile past the end is all masked: read any in-bounds scale for it
-            s = tl.load(s_row + tl.minimum(k0 + u * BLOCK_K, K - 1) // SCALE_BK, mask=n_ok,
+            s = tl.load(s_row + tl.minimum(k0 + u * BLOCK_K, k_hi - 1) // SCALE_BK, mask=n_ok,
                         other=0.0)
             w = e4m3_bits_to_f16(wb, not F32)
             if F32:
@@ -134,23 +147,114 @@ def _fp8_gemv_kernel(
              mask=n_ok[:, None] & m_ok[None, :])
 
 
+@triton.jit
+def _fp8_gemv_sum_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr,
+    M, N, K, SPLIT_TILES,
+    stride_xm, stride_xg, stride_wn, stride_sn, stride_ym, stride_yg, stride_ys,
+    SCALE_BN, SCALE_BK,
+    HW: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+):
+    """The no-dot decode form: one activation row a program, ``BLOCK_N`` (4-16) weight rows
+    decoded and multiplied elementwise into a [BN, BK] fp32 accumulator that is summed once at
+    the end. With no MMA tile to fill, N splits into many more programs than the dot form's
+    (more loads in flight at M = 1); a second row re-reads the weight (from L2), so it is for
+    one or a few rows. Grid axis 0 is (K slice, row); split-K as in ``_fp8_gemv_kernel``."""
+    row = tl.program_id(0)
+    split = 0
+    if SPLIT:
+        row = tl.program_id(0) % M
+        split = tl.program_id(0) // M
+    pid_n = tl.program_id(1)
+    g = tl.program_id(2)
+    x_ptr += g * stride_xg + row * stride_xm
+    y_ptr += g * stride_yg + split * stride_ys + row * stride_ym
+    w_ptr += g * N * stride_wn
+    k_lo = 0
+    k_hi = K
+    if SPLIT:  # (static: the unsplit launch compiles to the plain K loop)
+        k_lo = split * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: loads stay vectorised
+        k_hi = tl.minimum(K, k_lo + SPLIT_TILES * BLOCK_K)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < N
+    s_row = s_ptr + ((offs_n + g * N) // SCALE_BN) * stride_sn
+    w_rows = w_ptr + offs_n[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K * UNROLL):
+        for u in tl.static_range(UNROLL):
+            k = k0 + u * BLOCK_K + offs_k
+            k_ok = k < k_hi
+            wb = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
+            xk = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+            s = tl.load(s_row + tl.minimum(k0 + u * BLOCK_K, k_hi - 1) // SCALE_BK, mask=n_ok,
+                        other=0.0)
+            w = e4m3_bits_to_f16(wb, HW).to(tl.float32)
+            acc += w * s[:, None] * xk[None, :]
+    y = tl.sum(acc, 1) * 256.0
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _split_k_reduce_kernel(p_ptr, y_ptr, N, NG, SPLIT, stride_ps, stride_pm, stride_ym, stride_yg,
+                           BLOCK: tl.constexpr):
+    """y[m, g, n] = sum over slices s of p[s, m, g * N + n], in slice order (deterministic)."""
+    m = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < NG
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, SPLIT):
+        acc += tl.load(p_ptr + s * stride_ps + m * stride_pm + cols, mask=ok, other=0.0)
+    g = cols // N
+    tl.store(y_ptr + m * stride_ym + g * stride_yg + (cols - g * N),
+             acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
 GemvTiles = tuple[int, int, int, int, int, int]  # BM, BN, BK, UNROLL, num_warps, num_stages
 
 
 def launch_fp8_gemv(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
-                    block: tuple[int, int], tiles: GemvTiles) -> None:
-    """x [M, G, K], w_u8 [G * N, K], out [M, G, N]; M small; BLOCK_K must divide block[1]."""
+                    block: tuple[int, int], tiles: GemvTiles, split: int = 1,
+                    partial: torch.Tensor | None = None, form: str = "dot") -> None:
+    """x [M, G, K], w_u8 [G * N, K], out [M, G, N]; M small; BLOCK_K must divide block[1].
+    ``split`` > 1: K cut into ``gemv_num_splits`` slices whose fp32 partials go to
+    ``partial`` [>= slices, M, G * N] (contiguous rows) and are summed into ``out`` by a second
+    launch. ``form``: "dot" (``_fp8_gemv_kernel``) or "sum" (``_fp8_gemv_sum_kernel``, BLOCK_M
+    unused)."""
     m, groups, k = x.shape
     n = w_u8.shape[0] // groups
     bm, bn, bk, unroll, warps, stages = tiles
     assert block[1] % bk == 0, (block, bk)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), groups)
-    _fp8_gemv_kernel[grid](
-        x, w_u8, scale, out, m, n, k,
-        x.stride(0), x.stride(1), w_u8.stride(0), scale.stride(0), out.stride(0), out.stride(1),
-        block[0], block[1], F32=x.dtype == torch.float32 or interpreting(),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps, num_stages=stages,
-    )
+    k_split = gemv_k_split(k, bk, split)
+    slices = gemv_num_splits(k, bk, split)
+    dst = out
+    stride_ys = 0
+    if slices > 1:
+        assert partial is not None and partial.dtype == torch.float32, "split-K needs fp32 scratch"
+        assert partial.shape[0] >= slices and partial.shape[1:] == (m, groups * n), partial.shape
+        assert partial.stride(2) == 1 and partial.stride(1) == groups * n, partial.stride()
+        dst = partial.view(partial.shape[0], m, groups, n)[0]
+        stride_ys = partial.stride(0)
+    args = (x, w_u8, scale, dst, m, n, k, k_split // bk,
+            x.stride(0), x.stride(1), w_u8.stride(0), scale.stride(0), dst.stride(0),
+            dst.stride(1), stride_ys, block[0], block[1])
+    if form == "sum":
+        _fp8_gemv_sum_kernel[(m * slices, triton.cdiv(n, bn), groups)](
+            *args, HW=not (x.dtype == torch.float32 or interpreting()), SPLIT=slices > 1,
+            BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps, num_stages=stages)
+    else:
+        assert form == "dot", form
+        _fp8_gemv_kernel[(triton.cdiv(m, bm) * slices, triton.cdiv(n, bn), groups)](
+            *args, F32=x.dtype == torch.float32 or interpreting(), SPLIT=slices > 1,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps,
+            num_stages=stages)
+    if slices > 1:
+        assert partial is not None
+        rb = 1024
+        _split_k_reduce_kernel[(m, triton.cdiv(groups * n, rb))](
+            partial, out, n, groups * n, slices, partial.stride(0), partial.stride(1),
+            out.stride(0), out.stride(1), BLOCK=rb)
 
 
 def launch_fp8_linear(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,

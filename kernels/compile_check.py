@@ -222,6 +222,24 @@ def _quantized_specs() -> list[KernelSpec]:
                    flags | {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}),
         KernelSpec("fp8 linear decode narrow (16x16x128)", fp8._fp8_linear_kernel, lin,
                    flags | {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128}),
+        # the decode forms: dot (the default tiles unsplit, and split-K) and the no-dot sum form
+        # at its narrowest and widest BLOCK_N, + the split-K reduce
+        KernelSpec("fp8 gemv decode (16x32x128, unroll 2)", fp8._fp8_gemv_kernel, lin,
+                   {"F32": False, "SPLIT": False, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128,
+                    "UNROLL": 2},
+                   num_stages=3),
+        KernelSpec("fp8 gemv decode split-K (16x64x128)", fp8._fp8_gemv_kernel, lin,
+                   {"F32": False, "SPLIT": True, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128,
+                    "UNROLL": 1},
+                   num_stages=3),
+        KernelSpec("fp8 gemv no-dot (4x128, unroll 4, 1 warp)", fp8._fp8_gemv_sum_kernel, lin,
+                   {"HW": True, "SPLIT": False, "BLOCK_N": 4, "BLOCK_K": 128, "UNROLL": 4}, num_warps=1,
+                   num_stages=3),
+        KernelSpec("fp8 gemv no-dot split-K (16x128, unroll 2)", fp8._fp8_gemv_sum_kernel, lin,
+                   {"HW": True, "SPLIT": True, "BLOCK_N": 16, "BLOCK_K": 128, "UNROLL": 2},
+                   num_stages=3),
+        KernelSpec("fp8 gemv split-K reduce", fp8._split_k_reduce_kernel,
+                   {"p_ptr": _ptr("fp32"), "y_ptr": _ptr("bf16")}, {"BLOCK": 1024}),
         KernelSpec("fp8 linear prefill (64x128x128)", fp8._fp8_linear_kernel, lin,
                    flags | {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8),
         # the w8a8 prefill form at its CUDA tiles: 4 stages on sm_90, 3 on sm_120 (~100 KiB)
@@ -234,7 +252,8 @@ def _quantized_specs() -> list[KernelSpec]:
         *(KernelSpec(f"mxfp4 moe {name} ({bm}x{bn}x{bk}, {w} warps, {st} stages"
                      f"{', swapped' if swap else ''}; 256 experts)", fn, ptrs,
                      {"F32": False, "E_P2": 256, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                      "SWAP": swap}, num_warps=w, num_stages=st)
+                      "SWAP": swap, "PARTIAL" if fn is moe._moe_gate_up_kernel else "SPLIT": False},
+                     num_warps=w, num_stages=st)
           for name, fn, ptrs in (("gate-up + swiglu", moe._moe_gate_up_kernel, gate_up),
                                  ("down", moe._moe_down_kernel, down))
           for bm, bn, bk, w, st, swap in ((16, 64, 128, 4, 3, True), (128, 128, 128, 8, 3, True),
@@ -258,6 +277,22 @@ def _quantized_specs() -> list[KernelSpec]:
         KernelSpec("moe tiled sort: order (256 experts)", msort._tile_order_kernel,
                    {"ids_ptr": _ptr("i64"), "counts_ptr": _ptr("i32"), "row_end_ptr": _ptr("i32"),
                     "order_ptr": _ptr("i64")}, {"TILE": msort.SORT_TILE, "E_P2": 256}),
+        # the decode split-K forms: gate-up and down writing fp32 partials, the SwiGLU epilogue
+        # that sums them, and the combine summing the down partials
+        KernelSpec("mxfp4 moe gate-up decode split-K partials", moe._moe_gate_up_kernel,
+                   gate_up | {"h_ptr": _ptr("fp32")},
+                   {"F32": False, "E_P2": 256, "PARTIAL": True, "BLOCK_M": 16, "BLOCK_N": 64,
+                    "BLOCK_K": 128, "SWAP": True}, num_stages=3),
+        KernelSpec("mxfp4 moe down decode split-K partials", moe._moe_down_kernel,
+                   down | {"y_ptr": _ptr("fp32")},
+                   {"F32": False, "E_P2": 256, "SPLIT": True, "BLOCK_M": 16, "BLOCK_N": 64,
+                    "BLOCK_K": 128, "SWAP": True}, num_stages=3),
+        KernelSpec("moe split-K swiglu epilogue (2048)", moe._moe_swiglu_split_kernel,
+                   {"p_ptr": _ptr("fp32"), "h_ptr": _ptr("bf16"), "limit": "fp32"},
+                   {"BLOCK": 1024}),
+        KernelSpec("moe combine split-K partials (4096)", moe._moe_combine_kernel,
+                   {"y_ptr": _ptr("fp32"), "out_ptr": _ptr("bf16")},
+                   {"ACCUMULATE": True, "BLOCK": 1024}),
         KernelSpec("moe combine (4096)", moe._moe_combine_kernel,
                    {"y_ptr": _ptr("bf16"), "out_ptr": _ptr("bf16")},
                    {"ACCUMULATE": True, "BLOCK": 1024}),

@@ -4,10 +4,14 @@ W is e4m3 ``[N, K]`` with an fp32 scale per ``block = (bn, bk)`` tile, ``[ceil(N
 ceil(K/bk)]`` (DeepSeek's 128 x 128 layout; N and K need not be multiples of the block).
 Activations are fed as they are (bf16 on the GPU, fp32 on the CPU tier) and the weight is
 decoded tile by tile inside the kernel, so the full-precision weight never exists in memory.
-``kernels.fp8_linear_ref`` is the specification. No scratch: writes into ``out``.
+``kernels.fp8_linear_ref`` is the specification. Writes into ``out``; the split-K decode
+variant (:class:`Fp8GemvVariant`) also needs fp32 partials, ``fp8_linear_scratch_bytes`` of
+them, from the caller's ``workspace`` (allocated here when None: benchmarks and tests only).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -50,19 +54,73 @@ def fp8_gemv_tiles(m: int, n: int, block_k: int) -> tuple[int, int, int, int, in
     return bm, 32, bk, 2, 4, 3
 
 
+@dataclass(frozen=True)
+class Fp8GemvVariant:
+    """How the decode (M <= 32) kernel runs. ``tiles``: (BLOCK_M, BLOCK_N, BLOCK_K, UNROLL,
+    num_warps, num_stages), BLOCK_K dividing the scale block's K; ``split``: K cut into up to
+    this many slices of whole K-tiles, each slice's fp32 partial written to scratch and a
+    second launch summing them in a fixed order (deterministic; more programs, shorter K loops);
+    ``form``: "dot" (an MMA over a [BLOCK_N, BLOCK_M] tile) or "sum" (one row a program, a
+    broadcast multiply and one reduction: BLOCK_N 4-16 for many programs at M = 1)."""
+
+    tiles: tuple[int, int, int, int, int, int]
+    split: int = 1
+    form: str = "dot"
+
+    def __post_init__(self) -> None:
+        assert self.split >= 1 and self.form in ("dot", "sum"), self
+
+
+def fp8_gemv_variant(m: int, n: int, k: int, block_k: int) -> Fp8GemvVariant | None:
+    """The decode variant ``fp8_linear`` launches for ``m`` x ``n`` outputs over ``k``, or None
+    (the tiled kernel). The split-K and sum forms are opt-in until measured on the GPU: this
+    is the one place to switch them on (``python -m bench.quant_decode_sweep``)."""
+    tiles = fp8_gemv_tiles(m, n, block_k)
+    return None if tiles is None else Fp8GemvVariant(tiles)
+
+
+def gemv_k_split(k: int, block_k: int, split: int) -> int:
+    """K columns of one slice when ``k`` is cut into at most ``split`` slices of whole K-tiles."""
+    tiles = -(-k // block_k)
+    return -(-tiles // max(split, 1)) * block_k
+
+
+def gemv_num_splits(k: int, block_k: int, split: int) -> int:
+    """Slices actually launched: ``split`` or fewer, none of them empty."""
+    return -(-k // gemv_k_split(k, block_k, split))
+
+
+def fp8_linear_scratch_bytes(m: int, n: int, k: int, block: tuple[int, int] = (128, 128),
+                             variant: Fp8GemvVariant | None = None) -> int:
+    """Workspace bytes ``fp8_linear`` / ``fp8_grouped_linear`` need at ``m`` rows, ``n``
+    outputs (all groups) and ``k`` inputs (per group): the split-K partials, slices x m x n x
+    4 B, zero without split-K. ``variant`` None: the default choice."""
+    variant = variant or fp8_gemv_variant(m, n, k, block[1])
+    if variant is None or variant.split == 1:
+        return 0
+    slices = gemv_num_splits(k, variant.tiles[2], variant.split)
+    return 0 if slices == 1 else slices * m * n * 4
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
-               block: tuple[int, int] = (128, 128)) -> torch.Tensor:
+               block: tuple[int, int] = (128, 128), *, workspace: torch.Tensor | None = None,
+               gemv: Fp8GemvVariant | None = None) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32, rows strided, last dim contiguous); weight [N, K] e4m3 (or its
-    uint8 bits); scale fp32 [ceil(N/bn), ceil(K/bk)]; out [M, N] -> out."""
+    uint8 bits); scale fp32 [ceil(N/bn), ceil(K/bk)]; out [M, N] -> out. ``workspace``: uint8
+    of at least ``fp8_linear_scratch_bytes`` bytes; ``gemv``: override the decode variant (M
+    <= 32; benchmarks sweep it)."""
     check_tensor("fp8_linear", "x", x, shape=(None, None), dtypes=_ACT_DTYPES, device=x.device)
     check_tensor("fp8_linear", "out", out, shape=(x.shape[0], None), dtypes=_ACT_DTYPES,
                  device=x.device)
-    _fp8_linear("fp8_linear", x.unsqueeze(1), weight, scale, out.unsqueeze(1), block)
+    _fp8_linear("fp8_linear", x.unsqueeze(1), weight, scale, out.unsqueeze(1), block, workspace,
+                gemv)
     return out
 
 
 def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                       out: torch.Tensor, block: tuple[int, int] = (128, 128)) -> torch.Tensor:
+                       out: torch.Tensor, block: tuple[int, int] = (128, 128), *,
+                       workspace: torch.Tensor | None = None,
+                       gemv: Fp8GemvVariant | None = None) -> torch.Tensor:
     """Block-diagonal form (DeepSeek-V4's grouped output projection): x [M, G, K]; weight
     [G * N, K] (group g owns rows g*N..(g+1)*N; one scale grid over all of them, so a scale
     block may straddle two groups); out [M, G * N] -> out, ``out[:, g*N:(g+1)*N] = x[:, g] @
@@ -74,12 +132,13 @@ def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
         raise KernelArgumentError(name, "weight", f"must be [G * N, K] with G = {groups} "
                                   f"groups, got {list(weight.shape)}")
     check_tensor(name, "out", out, shape=(m, weight.shape[0]), dtypes=_ACT_DTYPES, device=x.device)
-    _fp8_linear(name, x, weight, scale, out.view(m, groups, -1), block)
+    _fp8_linear(name, x, weight, scale, out.view(m, groups, -1), block, workspace, gemv)
     return out
 
 
 def _fp8_linear(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                out: torch.Tensor, block: tuple[int, int]) -> None:
+                out: torch.Tensor, block: tuple[int, int], workspace: torch.Tensor | None,
+                gemv: Fp8GemvVariant | None) -> None:
     """x [M, G, K], out [M, G, N] (views checked by the caller)."""
     dev = x.device
     m, groups, k = x.shape
@@ -97,9 +156,23 @@ def _fp8_linear(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.T
 
     if not (m and n):
         return
-    gemv = fp8_gemv_tiles(m, groups * n, block[1])
-    if gemv is not None:
-        launch_fp8_gemv(x, weight.view(torch.uint8), scale, out, block, gemv)
+    if m <= 32:
+        gemv = gemv or fp8_gemv_variant(m, groups * n, k, block[1])
+    if m <= 32 and gemv is not None:
+        if block[1] % gemv.tiles[2]:
+            raise KernelArgumentError(name, "gemv", f"BLOCK_K {gemv.tiles[2]} must divide the "
+                                      f"scale block's K {block[1]}")
+        need = fp8_linear_scratch_bytes(m, groups * n, k, block, gemv)
+        partial = None
+        if need:
+            if workspace is None:
+                workspace = torch.empty(need, dtype=torch.uint8, device=dev)
+            if workspace.dtype != torch.uint8 or workspace.numel() < need or workspace.device != dev:
+                raise KernelArgumentError(name, "workspace", f"must be uint8 on {dev} with >= "
+                                          f"{need} bytes, got {workspace.dtype} x {workspace.numel()}")
+            partial = workspace[:need].view(torch.float32).view(-1, m, groups * n)
+        launch_fp8_gemv(x, weight.view(torch.uint8), scale, out, block, gemv.tiles, gemv.split,
+                        partial, gemv.form)
     else:
         launch_fp8_linear(x, weight.view(torch.uint8), scale, out, block,
                           fp8_linear_tiles(m, groups * n, block[1]))

@@ -43,8 +43,21 @@ def uses_fp8(num_tokens: int, hidden: int, intermediate: int) -> bool:
     return num_tokens >= FP8_MIN_TOKENS and hidden % 128 == 0 and intermediate % 128 == 0
 
 
+SPLIT_MAX_PAIRS = 256  # split-K is a decode form: (tokens x top-k) pairs up to this many
+
+
+def moe_splits(num_pairs: int, hidden: int, intermediate: int) -> tuple[int, int]:
+    """(gate-up, down) split-K of the weight-decoding form at ``num_pairs`` token-expert
+    pairs: at most that many slices of the hidden (gate-up) and intermediate (down) dims, so
+    a decode step's few touched experts spread over more programs with shorter K loops. The
+    one place the default is chosen; (1, 1) (no split) until measured on the GPU
+    (``python -m bench.quant_decode_sweep``). The workspace helpers below follow it."""
+    return (1, 1)
+
+
 def _parts(num_tokens: int, top_k: int, hidden: int, intermediate: int, num_experts: int,
-           dtype: torch.dtype, fp8: bool = False) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+           dtype: torch.dtype, fp8: bool = False, splits: tuple[int, int] | None = None,
+           ) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     m = num_tokens * top_k
     head = [("order", (m,), torch.int64), ("row_end", (num_experts,), torch.int32)]
     if sort_scratch_numel(m, num_experts):  # the tiled sort of a prefill-sized step
@@ -55,21 +68,50 @@ def _parts(num_tokens: int, top_k: int, hidden: int, intermediate: int, num_expe
                        ("hq", (m, intermediate), torch.uint8),
                        ("hs", (m, -(-intermediate // 128)), torch.float32),
                        ("y", (m, hidden), dtype)]
-    return head + [("h", (m, intermediate), dtype), ("y", (m, hidden), dtype)]
+    gu, dn = _splits(m, hidden, intermediate, splits)
+    parts = head + [("h", (m, intermediate), dtype)]
+    if gu > 1:  # fp32 gate and up partials of each slice, summed by the SwiGLU epilogue
+        parts.append(("gu_part", (gu, m, 2 * intermediate), torch.float32))
+    if dn > 1:  # fp32 weighted partials of each slice, summed by the combine
+        return parts + [("y", (dn, m, hidden), torch.float32)]
+    return parts + [("y", (m, hidden), dtype)]
+
+
+def _splits(num_pairs: int, hidden: int, intermediate: int,
+            splits: tuple[int, int] | None) -> tuple[int, int]:
+    if num_pairs > SPLIT_MAX_PAIRS:
+        return (1, 1)
+    gu, dn = splits or moe_splits(num_pairs, hidden, intermediate)
+    if gu < 1 or dn < 1:
+        raise KernelArgumentError("moe_experts", "splits", f"must be >= 1, got {(gu, dn)}")
+    return gu, dn
 
 
 def moe_experts_workspace_bytes(num_tokens: int, top_k: int, hidden: int, intermediate: int,
                                 num_experts: int, dtype: torch.dtype = torch.bfloat16,
-                                fp8: bool = False) -> int:
+                                fp8: bool = False, splits: tuple[int, int] | None = None) -> int:
     """Scratch of :func:`moe_experts` at ``num_tokens`` tokens: the sorted order (pairs x 8 B),
     the expert boundaries (experts x 4 B), from 1,024 pairs the tiled sort's counts ((pairs / 128
     rounded up + 1) x experts x 4 B), the weighted expert outputs (pairs x hidden) in the
     activation dtype, and the SwiGLU output: pairs x intermediate in the activation dtype, or
     in the FP8 form (``fp8``) one byte a value + an fp32 scale per 128,
-    plus the tokens' codes, tokens x hidden x (1 + 4/128) B; 256-B aligned each."""
+    plus the tokens' codes, tokens x hidden x (1 + 4/128) B; 256-B aligned each. With split-K
+    (``splits``, None: :func:`moe_splits`; decode sizes only) the gate-up partials, split x
+    pairs x 2 x intermediate x 4 B, and the weighted outputs as split x pairs x hidden x 4 B."""
     return sum(_aligned(torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size())
                for _, shape, dt in _parts(num_tokens, top_k, hidden, intermediate, num_experts,
-                                          dtype, fp8))
+                                          dtype, fp8, splits))
+
+
+def moe_experts_max_workspace_bytes(max_tokens: int, top_k: int, hidden: int, intermediate: int,
+                                    num_experts: int, dtype: torch.dtype = torch.bfloat16,
+                                    fp8: bool = False) -> int:
+    """The most :func:`moe_experts_workspace_bytes` asks at any step of 1..``max_tokens``
+    tokens with the default splits (a small decode step may split and need more than a larger
+    one that does not): what a planner reserves."""
+    small = range(1, min(max_tokens, SPLIT_MAX_PAIRS // max(top_k, 1)) + 1)
+    return max(moe_experts_workspace_bytes(t, top_k, hidden, intermediate, num_experts, dtype,
+                                           fp8) for t in (*small, max_tokens))
 
 
 def _carve(workspace: torch.Tensor | None, parts: list[tuple[str, tuple[int, ...], torch.dtype]],
@@ -92,6 +134,8 @@ def moe_experts(
     down_scale: torch.Tensor, swiglu_limit: float, out: torch.Tensor, *,
     accumulate: bool = False, workspace: torch.Tensor | None = None, fp8: bool = False,
     fp8_tiles: tuple[int, int, int, int, int] | None = None,
+    splits: tuple[int, int] | None = None,
+    tiles: tuple[int, int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """x [T, H] (H a multiple of 32); topk_weights [T, k] fp32; topk_ids [T, k] int64 in
     [0, E); gate_up [E, 2I, H/2] packed e2m1 with gate_up_scale [E, 2I, H/32] e8m0; down
@@ -102,7 +146,9 @@ def moe_experts(
     intermediate multiples of 128); ``kernels.mxfp4_moe_ref.moe_experts_fp8_ref`` is its
     specification.
     ``fp8_tiles``: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of that form, BLOCK_K 32, 64 or
-    128 (None: ``_mxfp4_moe_fp8_triton.fp8_moe_tiles``)."""
+    128 (None: ``_mxfp4_moe_fp8_triton.fp8_moe_tiles``). ``splits``: (gate-up, down) split-K
+    of the weight-only form at decode sizes (None: :func:`moe_splits`). ``tiles``: (BLOCK_M,
+    BLOCK_N, BLOCK_K, warps, stages) of that form (None: ``_mxfp4_moe_triton.moe_tiles``)."""
     name = "moe_experts"
     dev = x.device
     check_tensor(name, "x", x, shape=(None, None), dtypes=_ACT_DTYPES, device=dev)
@@ -127,9 +173,10 @@ def moe_experts(
                      ("topk_weights", topk_weights)):
         if not ten.is_contiguous():
             raise KernelArgumentError(name, arg, f"must be contiguous, got strides {ten.stride()}")
-    parts = _parts(t, k, hid, inter, e, x.dtype, fp8)
+    splits = (1, 1) if fp8 else _splits(t * k, hid, inter, splits)
+    parts = _parts(t, k, hid, inter, e, x.dtype, fp8, splits)
     if workspace is not None:
-        need = moe_experts_workspace_bytes(t, k, hid, inter, e, x.dtype, fp8)
+        need = moe_experts_workspace_bytes(t, k, hid, inter, e, x.dtype, fp8, splits)
         if workspace.dtype != torch.uint8 or workspace.numel() < need or workspace.device != dev:
             raise KernelArgumentError(name, "workspace", f"must be uint8 on {dev} with >= {need} "
                                       f"bytes, got {workspace.dtype} x {workspace.numel()}")
@@ -151,5 +198,6 @@ def moe_experts(
     launch_moe(x, topk_ids.view(-1), buf["order"], buf["row_end"], topk_weights.view(-1), *w,
                swiglu_limit, buf.get("h"), buf["y"], out, k, accumulate,
                fp8_scratch=(buf["xq"], buf["xs"], buf["hq"], buf["hs"]) if fp8 else None,
-               fp8_tiles=fp8_tiles, sort_counts=buf.get("sort_counts"))
+               tiles=tiles, fp8_tiles=fp8_tiles, sort_counts=buf.get("sort_counts"),
+               splits=splits, gu_part=buf.get("gu_part"))
     return out

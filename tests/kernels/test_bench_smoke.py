@@ -30,3 +30,20 @@ def test_bench_smoke_runs_the_quantized_cases(interpret, tmp_path) -> None:
     rows = json.loads(out.read_text())["quant"]
     assert {r["case"] for r in rows} == {"fp8_linear", "mxfp4_moe"}
     assert all(r["rel_err_vs_ref"] < 2e-2 for r in rows if "rel_err_vs_ref" in r)
+
+
+def test_decode_variant_sweep_smoke(interpret, tmp_path) -> None:
+    """`python -m bench.quant_decode_sweep --smoke`: every kind of decode variant (split-K dot
+    form, no-dot form, MoE splits) runs end to end on toy shapes and matches its reference."""
+    from bench.quant_decode_sweep import main
+
+    out = tmp_path / "sweep.json"
+    main(["--smoke", "--fp8-split", "1,3", "--fp8-sum-bn", "4", "--moe-split", "1x1,2x2",
+          "--json", str(out)])
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert {r["form"] for r in rows if r["case"] == "fp8_gemv"} == {"dot", "sum"}
+    assert {r["slices"] for r in rows if r["case"] == "fp8_gemv"} == {1, 3}
+    assert {tuple(r["splits"]) for r in rows if r["case"] == "mxfp4_moe"} == {(1, 1), (2, 2)}
+    assert all(r["rel_err"] < 2e-2 for r in rows)
+    assert len(report["best"]) == 8  # 2 fp8 shapes x 3 row counts + 2 token counts

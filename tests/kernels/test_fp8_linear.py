@@ -125,3 +125,75 @@ def test_fp8_decode_tiles_cover_partial_unrolled_k(interpret) -> None:
     out = torch.empty(20, 200)
     fp8_linear(x, q, s, out)
     torch.testing.assert_close(out, fp8_linear_ref(x, q, s), rtol=1e-4, atol=1e-4)
+
+
+_GEMV_VARIANTS = [
+    ((16, 32, 128, 2, 4, 3), 2, "dot"),   # two slices, the second partial (K 300 -> 256 | 44)
+    ((32, 16, 64, 1, 4, 3), 3, "dot"),    # 32-row tile, three slices of 64-wide K-tiles
+    ((16, 32, 32, 2, 4, 3), 8, "dot"),    # more slices asked for than whole trips: fewer run
+    ((1, 4, 128, 1, 1, 3), 1, "sum"),     # the no-dot form, 4 rows a program
+    ((1, 16, 64, 2, 2, 3), 3, "sum"),     # no-dot form with split-K
+]
+
+
+@pytest.mark.parametrize(("tiles", "split", "form"), _GEMV_VARIANTS)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 200, 300), (3, 70, 520), (17, 33, 260)])
+def test_fp8_gemv_variants_match_reference(interpret, tiles, split, form, m, n, k) -> None:
+    """Every decode variant (split-K, the no-dot form) on N not a multiple of BLOCK_N and K
+    ending inside the last slice, through a caller workspace sized by the helper; a stale
+    workspace (NaN) must not leak into the result."""
+    from kernels.fp8_linear import Fp8GemvVariant, fp8_linear_scratch_bytes
+
+    variant = Fp8GemvVariant(tiles, split, form)
+    g = torch.Generator().manual_seed(m * 7 + n + split)
+    q, s = quantize_fp8_block(torch.randn(n, k, generator=g), (128, 128))
+    x = torch.randn(m, k, generator=g)
+    need = fp8_linear_scratch_bytes(m, n, k, (128, 128), variant)
+    assert (need > 0) == (split > 1)
+    ws = torch.full((need + 256,), 0xFF, dtype=torch.uint8)  # 0xFFFFFFFF is a NaN in fp32
+    out = torch.full((m, n), float("nan"))
+    for _ in range(2):  # a replayed step reuses the dirty scratch
+        fp8_linear(x, q, s, out, workspace=ws, gemv=variant)
+        torch.testing.assert_close(out, fp8_linear_ref(x, q, s), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("tiles", "split", "form"), _GEMV_VARIANTS[1::2])
+def test_fp8_grouped_gemv_variants(interpret, tiles, split, form) -> None:
+    """Group boundaries inside a scale block, with split-K partials laid out over all groups."""
+    from kernels.fp8_linear import Fp8GemvVariant, fp8_grouped_linear
+    from kernels.fp8_linear_ref import fp8_grouped_linear_ref
+
+    m, groups, n, k = 3, 4, 24, 200
+    g = torch.Generator().manual_seed(9)
+    q, s = quantize_fp8_block(torch.randn(groups * n, k, generator=g), (128, 128))
+    x = torch.randn(m, groups * k, generator=g).view(m, groups, k)
+    out = torch.full((m, groups * n), float("nan"))
+    fp8_grouped_linear(x, q, s, out, gemv=Fp8GemvVariant(tiles, split, form))
+    torch.testing.assert_close(out, fp8_grouped_linear_ref(x, q, s), rtol=1e-4, atol=1e-4)
+
+
+def test_fp8_gemv_sum_form_keeps_nan_codes_nan(interpret) -> None:
+    from kernels.fp8_linear import Fp8GemvVariant
+
+    g = torch.Generator().manual_seed(4)
+    q, s = quantize_fp8_block(torch.randn(40, 300, generator=g), (128, 128))
+    u8 = q.view(torch.uint8).clone()
+    u8[3, 5], u8[39, 299] = 0x7F, 0xFF
+    q = u8.view(torch.float8_e4m3fn)
+    x = torch.randn(2, 300, generator=g)
+    out = torch.empty(2, 40)
+    fp8_linear(x, q, s, out, gemv=Fp8GemvVariant((1, 8, 128, 1, 1, 3), 2, "sum"))
+    ref = fp8_linear_ref(x, q, s)
+    assert torch.equal(out.isnan(), ref.isnan()) and ref.isnan().any()
+
+
+def test_fp8_gemv_variant_rejects_small_workspace(interpret) -> None:
+    from kernels.fp8_linear import Fp8GemvVariant, fp8_linear_scratch_bytes
+
+    variant = Fp8GemvVariant((16, 32, 128, 1, 4, 3), 2)
+    q, s = quantize_fp8_block(torch.randn(8, 256), (128, 128))
+    need = fp8_linear_scratch_bytes(1, 8, 256, (128, 128), variant)
+    assert need == 2 * 1 * 8 * 4
+    with pytest.raises(KernelArgumentError, match="'workspace'"):
+        fp8_linear(torch.zeros(1, 256), q, s, torch.zeros(1, 8), gemv=variant,
+                   workspace=torch.empty(need - 4, dtype=torch.uint8))

@@ -231,3 +231,115 @@ def test_down_gemm_takes_its_own_tiles(interpret) -> None:
                w.view(-1), *weights, 7.0, torch.empty(m, inter), torch.empty(m, hid), out, k, False,
                (16, 32, 64, 4, 1, 1), down_tiles=(64, 64, 32, 4, 1, 0))
     torch.testing.assert_close(out, moe_experts_ref(x, w, ids, *weights, 7.0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("tiles", [None, (16, 64, 128, 4, 3)])
+@pytest.mark.parametrize("splits", [(2, 1), (1, 2), (3, 2), (8, 8)])
+@pytest.mark.parametrize(("t", "k", "e", "hid", "inter", "ids"), [
+    (1, 2, 5, 160, 96, None),       # one token; K-tiles 64: hidden 160 ends inside a slice
+    (3, 3, 7, 160, 96, "skewed"),   # experts 0, 2, 3, 4 get no row
+    (17, 2, 6, 96, 160, "repeat"),  # a token picks one expert twice; intermediate 160
+])
+def test_moe_split_k_matches_reference(interpret, tiles, splits, t, k, e, hid, inter,
+                                       ids) -> None:
+    """Split-K of the decode form (gate-up over hidden, down over intermediate), through a
+    workspace sized by the helper and left dirty (NaN bytes) from a previous step: every
+    partial the epilogue and the combine read must have been written this step. The GPU's
+    128-wide K-tiles leave 96 columns one tile: a split asked for that cannot happen."""
+    g = torch.Generator().manual_seed(t * 13 + e + splits[0])
+    weights = _experts(e, hid, inter, t + e)
+    x = torch.randn(t, hid, generator=g)
+    topk_ids = pick_experts(t, k, e, ids, g)
+    topk_w = torch.rand(t, k, generator=g)
+    need = moe_experts_workspace_bytes(t, k, hid, inter, e, x.dtype, splits=splits)
+    assert need > moe_experts_workspace_bytes(t, k, hid, inter, e, x.dtype, splits=(1, 1))
+    ws = torch.full((need,), 0xFF, dtype=torch.uint8)
+    ref = moe_experts_ref(x, topk_w, topk_ids, *weights, 7.0)
+    for _ in range(2 if t < 8 else 1):  # a second (dirty-scratch) step where it is cheap
+        out = torch.zeros(t, hid)
+        moe_experts(x, topk_w, topk_ids, *weights, 7.0, out, workspace=ws, splits=splits,
+                    tiles=tiles)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("splits", [(2, 2), (4, 1)])
+def test_moe_split_k_at_gpu_decode_tiles(interpret, splits) -> None:
+    """The GPU's decode tiles (BLOCK_K 128) with split-K: hidden 160 leaves a 32-wide last
+    slice, intermediate 96 one slice only (a split asked for but not possible)."""
+    from kernels._mxfp4_moe_triton import launch_moe, split_k_slices
+
+    t, k, e, hid, inter = 5, 3, 5, 160, 96
+    assert split_k_slices(hid, 128, splits[0]) == (2, 1)
+    assert split_k_slices(inter, 128, splits[1]) == (1, 1)
+    g = torch.Generator().manual_seed(17)
+    weights = _experts(e, hid, inter, 5)
+    x = torch.randn(t, hid, generator=g)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=g)
+    m = t * k
+    out = torch.empty(t, hid)
+    launch_moe(x, ids.view(-1), torch.empty(m, dtype=torch.int64), torch.empty(e, dtype=torch.int32),
+               w.view(-1), *weights, 7.0, torch.empty(m, inter), torch.empty(m, hid), out, k, False,
+               (16, 64, 128, 4, 3), splits=splits,
+               gu_part=torch.full((splits[0], m, 2 * inter), float("nan")))
+    torch.testing.assert_close(out, moe_experts_ref(x, w, ids, *weights, 7.0), rtol=1e-4, atol=1e-4)
+
+
+def test_moe_max_workspace_covers_every_step() -> None:
+    from kernels.mxfp4_moe import moe_experts_max_workspace_bytes
+
+    bound = moe_experts_max_workspace_bytes(50, 6, 64, 32, 8)
+    assert bound >= max(moe_experts_workspace_bytes(t, 6, 64, 32, 8) for t in range(1, 51))
+
+
+@pytest.mark.gpu
+def test_split_k_variants_replay_from_a_cuda_graph(cuda) -> None:
+    """The split-K decode forms captured once and replayed with new inputs and routing: every
+    partial is rewritten each replay (nothing relies on zeroed scratch), for the experts and
+    for the FP8 GEMV."""
+    from kernels.fp8_linear import Fp8GemvVariant, fp8_linear, fp8_linear_scratch_bytes
+    from kernels.fp8_linear_ref import fp8_linear_ref
+
+    t, k, e, hid, inter = 8, 6, 32, 4096, 2048
+    g = torch.Generator(device="cuda").manual_seed(1)
+    u8 = dict(device="cuda", generator=g, dtype=torch.uint8)
+    weights = [torch.randint(0, 256, (e, 2 * inter, hid // 2), **u8),
+               torch.randint(118, 122, (e, 2 * inter, hid // 32), **u8),
+               torch.randint(0, 256, (e, hid, inter // 2), **u8),
+               torch.randint(118, 122, (e, hid, inter // 32), **u8)]
+    x = torch.randn(t, hid, device="cuda", generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, e, (t, k), device="cuda", generator=g)
+    w = torch.rand(t, k, device="cuda", generator=g)
+    out = torch.empty(t, hid, device="cuda", dtype=torch.bfloat16)
+    ws = torch.empty(moe_experts_workspace_bytes(t, k, hid, inter, e, splits=(4, 4)),
+                     dtype=torch.uint8, device="cuda")
+    q = (torch.randn(4096, 4096, device="cuda", generator=g) * 50).to(torch.float8_e4m3fn)
+    s = torch.rand(32, 32, device="cuda", generator=g) * 1e-2
+    xl = torch.randn(3, 4096, device="cuda", generator=g).to(torch.bfloat16)
+    yl = [torch.empty(3, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    variants = [Fp8GemvVariant((16, 32, 128, 2, 4, 3), 4), Fp8GemvVariant((1, 8, 128, 2, 2, 3), 8, "sum")]
+    ws_l = [torch.empty(fp8_linear_scratch_bytes(3, 4096, 4096, variant=v), dtype=torch.uint8,
+                        device="cuda") for v in variants]
+
+    def step() -> None:
+        moe_experts(x, w, ids, *weights, 7.0, out, workspace=ws, splits=(4, 4))
+        for v, wl, y in zip(variants, ws_l, yl, strict=True):
+            fp8_linear(xl, q, s, y, workspace=wl, gemv=v)
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            step()
+    for _ in range(2):
+        x.copy_(torch.randn(t, hid, device="cuda", generator=g))
+        ids.copy_(torch.randint(0, e, (t, k), device="cuda", generator=g))
+        xl.copy_(torch.randn(3, 4096, device="cuda", generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = moe_experts_ref(x.float(), w, ids, *weights, 7.0)
+        assert float((out.float() - ref).norm() / ref.norm()) < 2e-2
+        ref_l = fp8_linear_ref(xl.float(), q, s)
+        for y in yl:
+            assert float((y.float() - ref_l).norm() / ref_l.norm()) < 1e-2

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from engine.errors import CheckpointError
-from kernels.fp8_linear import fp8_grouped_linear, fp8_linear
+from kernels.fp8_linear import fp8_grouped_linear, fp8_linear, fp8_linear_scratch_bytes
 from kernels.fp8_linear_ref import fp8_grouped_linear_ref, fp8_linear_ref
 from kernels.fp8_w8a8 import (
     fp8_grouped_linear_w8a8,
@@ -34,7 +34,9 @@ class Fp8Linear(nn.Module):
     product is FP8 x FP8 (``kernels.fp8_w8a8``) when ``w8a8`` is set: the default, as in
     DeepSeek's own inference code, which quantizes activations per 1 x 128 for its FP8 GEMMs. On
     the H200 it made a full-depth 4096-token chunk 10% faster (docs/benchmarks.md, 2026-12-04);
-    :func:`set_prefill_fp8` turns it off (benchmarks compare both)."""
+    :func:`set_prefill_fp8` turns it off (benchmarks compare both). A decode GEMV variant that
+    splits K (``kernels.fp8_linear.fp8_gemv_variant``) takes its partials from the bound
+    Workspace too."""
 
     def __init__(self, weight_shape: tuple[int, int], groups: int = 1) -> None:
         super().__init__()
@@ -61,6 +63,23 @@ class Fp8Linear(nn.Module):
                 return fp8_grouped_linear_w8a8(x, self.weight, self.scale, out, scratch, self.block)
             return fp8_linear_w8a8(x[:, 0], self.weight, self.scale, out, scratch, self.block)
 
+    def _weight_only(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """x [N, G, K] -> out [N, G * N_g] through the weight-only kernels; a decode variant
+        that splits K takes its fp32 partials from the Workspace (none by default)."""
+        m, groups, k = x.shape
+        need = fp8_linear_scratch_bytes(m, self.weight.shape[0], k, self.block)
+        ws = self.workspace
+        if not need or ws is None:
+            if groups > 1:
+                return fp8_grouped_linear(x, self.weight, self.scale, out, self.block)
+            return fp8_linear(x[:, 0], self.weight, self.scale, out, self.block)
+        with ws.scope():  # type: ignore[attr-defined]
+            scratch = ws.take((need,), torch.uint8, caller="deepseek_v4.fp8_gemv_split")  # type: ignore[attr-defined]
+            if groups > 1:
+                return fp8_grouped_linear(x, self.weight, self.scale, out, self.block,
+                                          workspace=scratch)
+            return fp8_linear(x[:, 0], self.weight, self.scale, out, self.block, workspace=scratch)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.groups > 1:
             # x: [N, G, in/G] -> [N, out]
@@ -69,7 +88,7 @@ class Fp8Linear(nn.Module):
             out = torch.empty(x.shape[0], self.weight.shape[0], dtype=x.dtype, device=x.device)
             if self._takes_w8a8(x.shape[0]):
                 return self._w8a8(x, out)
-            return fp8_grouped_linear(x, self.weight, self.scale, out, self.block)
+            return self._weight_only(x, out)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])  # [N, in]
         if not self.use_kernels:
@@ -77,7 +96,7 @@ class Fp8Linear(nn.Module):
         out = torch.empty(x2.shape[0], self.weight.shape[0], dtype=x.dtype, device=x.device)
         if self._takes_w8a8(x2.shape[0]):
             return self._w8a8(x2.unsqueeze(1), out).view(*lead, -1)
-        return fp8_linear(x2, self.weight, self.scale, out, self.block).view(*lead, -1)
+        return self._weight_only(x2.unsqueeze(1), out).view(*lead, -1)
 
 
 def bind_workspace(model: nn.Module, ws: object | None) -> None:

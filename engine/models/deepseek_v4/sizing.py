@@ -162,6 +162,24 @@ def fp8_act_quant_bytes(cfg: DeepseekV4Config | Any, tokens: int) -> int:
     return max(fp8_w8a8_scratch_bytes(tokens, k, g) for k, g in inputs)
 
 
+def fp8_gemv_split_bytes(cfg: DeepseekV4Config | Any, tokens: int) -> int:
+    """The largest split-K scratch of V4's FP8 linears at up to ``tokens`` rows (the decode
+    GEMV's fp32 partials, ``kernels.fp8_linear.fp8_linear_scratch_bytes``, taken and released
+    inside each projection): zero while the default decode variant does not split K."""
+    from kernels.fp8_linear import fp8_linear_scratch_bytes
+
+    cfg = DeepseekV4Config.coerce(cfg)
+    h, d, hid, ql = cfg.num_heads, cfg.head_dim, cfg.hidden_size, cfg.q_lora_rank
+    inter, og, ol = cfg.moe_intermediate_size, cfg.o_groups, cfg.o_lora_rank
+    # (outputs over all groups, inputs of one group) of each FP8 projection
+    shapes = [(ql, hid), (h * d, ql), (d, hid), (og * ol, h * d // og), (hid, og * ol),
+              (inter, hid), (hid, inter)]
+    if cfg.uses_csa:
+        shapes.append((cfg.index_n_heads * cfg.index_head_dim, ql))
+    return max(fp8_linear_scratch_bytes(m, n, k) for m in range(1, min(tokens, 32) + 1)
+               for n, k in shapes) if tokens > 0 else 0
+
+
 def deepseek_v4_decode_peak_bytes(scratch: dict[str, int]) -> int:
     """Transient peak of a step that is all decodes (what a captured decode graph runs): the
     same composition as :func:`deepseek_v4_step_peak_bytes` with decode_step.py's attention
@@ -184,17 +202,22 @@ def deepseek_v4_workspace_bytes(
     sequence, so the indexer's part does not grow with the number of sequences in a step.
     ``indexer=False``: the indexer runs in PyTorch and takes nothing from the Workspace.
     ``fp8_linears``: the FP8 projections' activation quantization (:func:`fp8_act_quant_bytes`)
-    is one more such frame, taken and released inside each projection. The prefill FP8 forms
+    and their decode split-K partials (:func:`fp8_gemv_split_bytes`) are more such frames,
+    taken and released inside each projection. The experts' frame is the largest at any step
+    size up to ``chunk_tokens`` (a decode step's split-K partials may outweigh a larger step's
+    unsplit scratch: ``moe_experts_max_workspace_bytes``). The prefill FP8 forms
     are opt-in (``quant_modules.set_prefill_fp8``), so their frames are counted whether or not
     they run, which costs nothing at V4-Flash's shape (the weight-only experts' frame or the
     indexer's is larger)."""
     cfg = DeepseekV4Config.coerce(cfg)
-    moe = fp8_act_quant_bytes(cfg, chunk_tokens) + 256 if fp8_linears else 0
+    moe = 0
+    if fp8_linears:
+        moe = max(fp8_act_quant_bytes(cfg, chunk_tokens), fp8_gemv_split_bytes(cfg, chunk_tokens)) + 256
     if mxfp4_experts:
-        from kernels.mxfp4_moe import moe_experts_workspace_bytes
+        from kernels.mxfp4_moe import moe_experts_max_workspace_bytes
 
         # either form of the experts may run (the FP8 one is opt-in): the larger of the two
-        moe = max(moe, *(moe_experts_workspace_bytes(
+        moe = max(moe, *(moe_experts_max_workspace_bytes(
             chunk_tokens, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size,
             cfg.n_routed_experts, dtype, fp8) + 256 for fp8 in (False, True)))
     if not cfg.uses_csa or not indexer:
