@@ -30,6 +30,7 @@ from engine.models.deepseek_v4.decode_fused import (
 )
 from engine.models.deepseek_v4.decode_step import (
     DecodeRows,
+    DecodeSpans,
     attend_decode,
     compress_decode,
     compressed_rows,
@@ -69,8 +70,11 @@ class _StepRows:
     idx_w: torch.Tensor | None = None  # [N, Hi] fp32
 
     def rows(self, sp: SeqSpan) -> _StepRows:
-        sl = slice(sp.begin, sp.end)
-        return _StepRows(**{k: None if v is None else v[sl] for k, v in vars(self).items()})
+        return self.select(slice(sp.begin, sp.end))
+
+    def select(self, index: slice | torch.Tensor) -> _StepRows:
+        """These rows of every tensor (views for a slice, copies for an index tensor)."""
+        return _StepRows(**{k: None if v is None else v[index] for k, v in vars(self).items()})
 
 
 class V4CSACompressor(V4Compressor):
@@ -127,14 +131,35 @@ class V4Attention(nn.Module):
         cache: LayerPool,
         backend: V4Backend,
         ws: object | None = None,
+        decode: DecodeSpans | None = None,
     ) -> torch.Tensor:
         """x: [N, hidden] (already input-normed); rope: this layer's (cos, sin) [N, R/2] at the
-        tokens' positions. Returns [N, hidden]."""
-        cfg = self.cfg
+        tokens' positions. ``spans``: the step's sequences attended chunk by chunk; ``decode``:
+        its one-token sequences, attended all at once as a decode step (decode_step.py).
+        Returns [N, hidden]."""
         cos, sin = rope
         t = self._project(x, rope, backend)
-        q = t.q
-        out = torch.empty_like(q)
+        out = torch.empty_like(t.q)
+        if spans:
+            self._attend_chunks(t, out, compress_rotary, spans, cache, backend, ws)
+        if decode is not None:
+            # after the chunks: their batched call writes (empty) rows here too
+            index = decode.index
+            dst = out[index] if isinstance(index, slice) else out.new_empty(
+                (decode.rows.num_rows, *out.shape[1:]))
+            self._attend_rows(t.select(index), decode.rows, cache, backend, compress_rotary, dst,
+                              fused=backend.decode == "fused")
+            if not isinstance(index, slice):
+                out.index_copy_(0, index, dst)
+        return self._output(out, cos, sin)
+
+    def _attend_chunks(self, t: _StepRows, out: torch.Tensor, compress_rotary: V4Rotary,
+                       spans: list[SeqSpan], cache: LayerPool, backend: V4Backend,
+                       ws: object | None) -> None:
+        """The spans' state updates and attention into their rows of ``out`` [N, H, D], one
+        sequence after another (the kernels backends attend for all of them in one call). Its
+        own function so that the sequences' windows and entries are freed on return."""
+        cfg = self.cfg
         batched = backend.attention != "torch"
         seqs = []
         for sp in spans:
@@ -144,8 +169,8 @@ class V4Attention(nn.Module):
                 s = self._update_sequence(sp, t.rows(sp), compress_rotary, cache, backend, ws)
                 if batched:  # copy the indices out of the Workspace frame before it closes
                     if s.topk_idx is not None:
-                        s = SeqAttention(s.num_rows, s.start_pos, s.slot, s.window_kv, s.num_prev,
-                                         s.topk_idx.clone(), s.comp)
+                        s = SeqAttention(s.begin, s.num_rows, s.start_pos, s.slot, s.window_kv,
+                                         s.num_prev, s.topk_idx.clone(), s.comp)
                     seqs.append(s)
                 else:
                     out[sp.begin : sp.end] = v4_attention_torch(
@@ -154,9 +179,8 @@ class V4Attention(nn.Module):
                         comp_rate=self._rate, topk_idx=s.topk_idx,
                     )
         if batched:
-            attend_batched(backend, out, q, seqs, cfg.sliding_window, self.sinks, cfg.head_dim**-0.5,
-                           self._rate)
-        return self._output(out, cos, sin)
+            attend_batched(backend, out, t.q, seqs, cfg.sliding_window, self.sinks,
+                           cfg.head_dim**-0.5, self._rate)
 
     def forward_decode(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], compress_rotary: V4Rotary,
@@ -170,6 +194,21 @@ class V4Attention(nn.Module):
         cfg = self.cfg
         fused = inv_rope is not None
         t = self._project_fused(x, rope, rows, cache) if fused else self._project(x, rope, backend)
+        out = torch.empty_like(t.q)
+        self._attend_rows(t, rows, cache, backend, compress_rotary, out, fused)
+        if fused:
+            assert inv_rope is not None
+            grouped = self.o_a_proj(rotate_(out, inv_rope).view(out.shape[0], cfg.o_groups, -1))
+            return self.o_b_proj(grouped)
+        return self._output(out, *rope)
+
+    def _attend_rows(self, t: _StepRows, rows: DecodeRows, cache: LayerPool, backend: V4Backend,
+                     compress_rotary: V4Rotary, out: torch.Tensor, fused: bool) -> None:
+        """One token of each sequence of ``rows`` (t: their projections, row i of ``rows`` row
+        i): window ring, compressors, indexer top-k and attention for all of them at once into
+        ``out`` [B, H, D]. ``fused``: the compressor and indexer through decode_fused.py's
+        kernels."""
+        cfg = self.cfg
         if t.kv is not None:
             write_window(cache, rows, t.kv)
         compress = compress_decode_fused if fused else compress_decode
@@ -188,13 +227,7 @@ class V4Attention(nn.Module):
                               cache.block_size, cfg.index_topk)
             crow, visible = compressed_rows(cache.compressor, rows, topk)
             comp = (cache.compressor.entries, crow, visible)
-        out = torch.empty_like(t.q)
         attend_decode(backend, out, t.q, cache, rows, comp, self.sinks, cfg.head_dim**-0.5)
-        if fused:
-            assert inv_rope is not None
-            grouped = self.o_a_proj(rotate_(out, inv_rope).view(out.shape[0], cfg.o_groups, -1))
-            return self.o_b_proj(grouped)
-        return self._output(out, *rope)
 
     def _project_fused(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                        rows: DecodeRows, cache: LayerPool) -> _StepRows:
@@ -286,4 +319,4 @@ class V4Attention(nn.Module):
                 kv_end = torch.div(torch.arange(n0 + 1, n0 + c + 1, device=dev), self._rate,
                                    rounding_mode="floor")
                 topk_idx = select_topk(backend, t.idx_q, keys, t.idx_w, kv_end, self.cfg.index_topk, ws)
-        return SeqAttention(c, n0, slot, window_kv, num_prev, topk_idx, comp)
+        return SeqAttention(sp.begin, c, n0, slot, window_kv, num_prev, topk_idx, comp)

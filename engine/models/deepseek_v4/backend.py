@@ -121,6 +121,7 @@ def select_topk(
 class SeqAttention:
     """What one sequence of the step contributes to a batched attention call."""
 
+    begin: int  # its first row in the step's flat batch
     num_rows: int  # the sequence's tokens in this step
     start_pos: int  # position of its first token
     slot: int
@@ -136,13 +137,31 @@ def attend_batched(
 ) -> None:
     """One kernels call for every row of the step (kernels / kernels_ref backends): the windows
     concatenated into one flat buffer, the sequences' compressed entries likewise, each
-    sequence's addressed by its offset in that table. out, q: [N, H, D]."""
+    sequence's addressed by its offset in that table. out, q: [N, H, D]; ``seqs`` in row order.
+    Rows no sequence covers (a mixed step's decode rows, attended by decode_step.py afterwards)
+    get an empty window and no entries: the kernel writes zeros there."""
     assert backend.attention in ("kernels", "kernels_ref")
     w_start, w_end, c_start, c_end, idx = [], [], [], [], []
     offset = base = 0
     dev = q.device
     has_comp = seqs[0].comp is not None
+    topk = next((s.topk_idx.shape[1] for s in seqs if s.topk_idx is not None), 0)
+    row = 0
+
+    def skip(num: int) -> None:
+        if num <= 0:
+            return
+        empty = torch.zeros(num, dtype=torch.int32)  # start == end: nothing to attend
+        w_start.append(empty)
+        w_end.append(empty)
+        c_start.append(empty)
+        c_end.append(empty)
+        if topk:
+            idx.append(torch.full((num, topk), -1, dtype=torch.int32, device=dev))
+
     for s in seqs:
+        skip(s.begin - row)
+        row = s.begin + s.num_rows
         rows = torch.arange(s.num_rows, dtype=torch.int32)
         end = rows + (offset + s.num_prev + 1)
         w_end.append(end)
@@ -155,6 +174,7 @@ def attend_batched(
             c_end.append(base + torch.div(rows + (s.start_pos + 1), comp_rate, rounding_mode="floor"))
             base += s.comp.shape[0]
         offset += s.window_kv.shape[0]
+    skip(q.shape[0] - row)
     window_kv = torch.cat([s.window_kv for s in seqs])
     kw: dict[str, torch.Tensor] = {}
     if has_comp:

@@ -79,6 +79,16 @@ class DecodeRows:
         return self.tables.gather(1, entries // per_block) * per_block + entries % per_block
 
 
+@dataclass(frozen=True)
+class DecodeSpans:
+    """The one-token sequences of a mixed step (prefill chunks beside decode tokens, what the
+    scheduler runs under load), attended together as one decode step: their addressing and
+    where their rows sit in the step's flat batch. Built once per step; every layer uses it."""
+
+    rows: DecodeRows
+    index: slice | torch.Tensor  # their rows of the flat batch: a slice when contiguous, else [B]
+
+
 def write_window(cache: LayerPool, rows: DecodeRows, kv: torch.Tensor) -> None:
     """The token's rotated K=V into its slot's window ring. kv: [B, D]. (A block end's window
     snapshot is copied out of the ring after the step: DeepseekV4KVPool.snapshot_from_rings.)"""

@@ -15,10 +15,10 @@ from torch import nn
 
 from engine.errors import CheckpointError, InvalidRequest
 from engine.models.deepseek_v4.attention import SeqSpan, V4Attention
-from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.backend import V4Backend, to_device
 from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.decode_fused import fused_decode_layers
-from engine.models.deepseek_v4.decode_step import DecodeRows
+from engine.models.deepseek_v4.decode_step import DecodeRows, DecodeSpans
 from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, LayerPool
 from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, merge
 from engine.models.deepseek_v4.moe import V4MoE
@@ -189,15 +189,13 @@ class DeepseekV4Model(nn.Module):
         if len(set(cache_slots)) != len(cache_slots):
             raise InvalidRequest(f"a cache slot appears twice in one step: {list(cache_slots)}",
                                  field="cache_slots")
-        decode = all(int(query_start_loc[i + 1]) - int(query_start_loc[i]) == 1
-                     for i in range(len(cache_slots)))
         spans = []
         for i, slot in enumerate(cache_slots):
             b, e = int(query_start_loc[i]), int(query_start_loc[i + 1])
             if not 0 <= slot < cache.max_batch:
                 raise InvalidRequest(f"cache slot {slot} outside [0, {cache.max_batch})", field="cache_slots")
             ids = None if block_tables is None else block_tables[i]
-            if decode:  # host tables only: the step addresses blocks through one [B, width] tensor
+            if e - b == 1:  # host tables only: one-token rows address blocks through DecodeRows
                 assert ids is not None or cache.static_tables is not None
                 table = torch.as_tensor(list(cache.static_tables[slot] if ids is None else ids),
                                         dtype=torch.long)
@@ -205,21 +203,24 @@ class DeepseekV4Model(nn.Module):
                 table = cache.table(slot, ids)
             cache.check_room(slot, e - b, table)
             spans.append(SeqSpan(b, e, slot, cache.num_tokens[slot], table))
-        if spans and decode:
-            tables = block_tables_t
-            if tables is None:
-                tables = torch.zeros(len(spans), max(sp.table.numel() for sp in spans),
-                                     dtype=torch.long)
-                for i, sp in enumerate(spans):
-                    tables[i, : sp.table.numel()] = sp.table
-            rows = DecodeRows(torch.tensor(list(cache_slots), device=input_ids.device),
-                              positions, tables.to(device=input_ids.device, dtype=torch.long))
-            hidden = self.forward_decode(input_ids, rows, cache, ws)
-            for slot in cache_slots:  # the step wrote only the rings: snapshots come from them
-                cache.snapshot_from_rings(slot)
+        singles = [i for i, sp in enumerate(spans) if sp.end - sp.begin == 1]
+        if spans and len(singles) == len(spans):
+            rows = _decode_rows(spans, singles, positions, block_tables_t)
+            hidden = self.forward_decode(input_ids, rows.rows, cache, ws)
         else:
+            decode = None
+            if singles:  # a mixed step: its decode tokens run batched, the chunks one by one
+                decode = _decode_rows(spans, singles, positions, block_tables_t)
+                for i in singles:  # as the chunk path's layer 0 would, unless the family did
+                    sp = spans[i]
+                    if not cache.windows.take_plan(sp.slot, sp.start_pos, 1):
+                        cache.windows.plan_step(sp.slot, sp.table.tolist(), sp.start_pos, 1,
+                                                cache.block_size)
+            chunks = [sp for sp in spans if sp.end - sp.begin > 1]
             hidden = self._layers(input_ids, positions, cache, ws, lambda attn, x, rope, lc: attn(
-                x, rope, self.compress_rotary, spans, lc, backend, ws))
+                x, rope, self.compress_rotary, chunks, lc, backend, ws, decode))
+        for i in singles:  # the one-token rows wrote only the rings: snapshots come from them
+            cache.snapshot_from_rings(spans[i].slot)
         for sp in spans:
             cache.num_tokens[sp.slot] = sp.start_pos + (sp.end - sp.begin)
         return hidden
@@ -271,6 +272,31 @@ class DeepseekV4Model(nn.Module):
             return torch.mm(hidden, w.t(), out=out)  # no [n, vocab] temporary
         out.copy_(hidden @ w.t())
         return out
+
+
+def _decode_rows(spans: list[SeqSpan], singles: list[int], positions: torch.Tensor,
+                 block_tables_t: torch.Tensor | None) -> DecodeSpans:
+    """The addressing of the step's one-token spans ``spans[i] for i in singles`` (host block
+    tables on the spans; ``block_tables_t``: every span's on the device, [B, width]), built
+    once for all layers: one copy of slots and tables to the device, none per layer."""
+    dev = positions.device
+    picked = [spans[i] for i in singles]
+    first, last = picked[0].begin, picked[-1].begin
+    if last - first == len(picked) - 1:  # contiguous rows: views, no gathers
+        index: slice | torch.Tensor = slice(first, last + 1)
+    else:
+        index = to_device(torch.tensor([sp.begin for sp in picked]), dev)
+    if block_tables_t is not None:
+        sel = (slice(singles[0], singles[-1] + 1) if singles[-1] - singles[0] == len(singles) - 1
+               else to_device(torch.tensor(singles), dev))
+        tables = block_tables_t[sel].to(torch.long)
+    else:
+        host = torch.zeros(len(picked), max(sp.table.numel() for sp in picked), dtype=torch.long)
+        for i, sp in enumerate(picked):
+            host[i, : sp.table.numel()] = sp.table
+        tables = to_device(host, dev)
+    slots = to_device(torch.tensor([sp.slot for sp in picked]), dev)
+    return DecodeSpans(DecodeRows(slots, positions[index], tables), index)
 
 
 def _replace(model: nn.Module, name: str, new: torch.Tensor) -> None:

@@ -4,7 +4,7 @@ indexer, mHC and fused MoE), tensor by tensor, for the memory planner's ``activa
 Each part names the tensors that are alive together at one moment of the step, as the model's
 code holds them (docs/memory.md gives the same formulas). ``sizing.py`` keeps the looser
 part-by-part bound of the PyTorch path (CPU). Pure arithmetic on the config; never allocates.
-Keep it in step with attention.py, mhc.py, moe.py and model.py: a tensor added to the step
+Keep it in step with attention.py, decode_step.py, mhc.py, moe.py and model.py: a tensor added to the step
 there is a term here, or the plan-tightness tests fail (GPU: the allocator's reading; CPU: the
 same warm-up's tensors counted by bench/deepseek_v4/step_trace.py). Where a term counts more
 than the code holds (docs/memory.md lists it: ~3% at a 4096-token chunk) that is the margin for
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
+from engine.models.deepseek_v4.sizing import deepseek_v4_decode_scratch_bytes
 
 
 def deepseek_v4_kernels_step_bytes(
@@ -73,7 +74,12 @@ def deepseek_v4_kernels_step_bytes(
                entries * di * e + read_tmp(di) if csa else 0,  # the indexer's keys
                rope, o_proj)  # de-rotating the output / the output projections
     early = n * cfg.q_lora_rank * e + rope  # rotating the queries, before the output exists
-    out["attention"] = q + max(early, q + rest + window + entries * d * e + late)
+    # a mixed step's one-token sequences, attended as one decode step after the chunks (whose
+    # windows and entries are gone by then): their rows of the projections (copies when they
+    # sit between the chunks), their output rows, decode_step.py's own scratch
+    decode = (seqs * (q + rest) // n + seqs * h * d * e
+              + deepseek_v4_decode_scratch_bytes(cfg, seqs, max_context, dtype))
+    out["attention"] = q + max(early, q + rest + max(window + entries * d * e + late, decode))
     inter, ne, kx = cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.num_experts_per_tok
     # router scores (softplus, biased), routing ids/weights, the shared expert's gate/up and
     # their clamped SwiGLU temporaries, its output
