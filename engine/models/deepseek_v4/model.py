@@ -16,6 +16,7 @@ from torch import nn
 from engine.errors import CheckpointError, InvalidRequest
 from engine.models.deepseek_v4.attention import SeqSpan, V4Attention
 from engine.models.deepseek_v4.backend import V4Backend, to_device
+from engine.models.deepseek_v4.chunk_rows import ChunkRows, ChunkSpan
 from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.decode_fused import fused_decode_layers
 from engine.models.deepseek_v4.decode_step import DecodeRows, DecodeSpans
@@ -189,16 +190,18 @@ class DeepseekV4Model(nn.Module):
         if len(set(cache_slots)) != len(cache_slots):
             raise InvalidRequest(f"a cache slot appears twice in one step: {list(cache_slots)}",
                                  field="cache_slots")
-        spans = []
+        spans, host_ids = [], []
         for i, slot in enumerate(cache_slots):
             b, e = int(query_start_loc[i]), int(query_start_loc[i + 1])
             if not 0 <= slot < cache.max_batch:
                 raise InvalidRequest(f"cache slot {slot} outside [0, {cache.max_batch})", field="cache_slots")
             ids = None if block_tables is None else block_tables[i]
+            if ids is None:
+                assert cache.static_tables is not None, "no block table given and no static tables"
+                ids = cache.static_tables[slot]
+            host_ids.append(list(ids))
             if e - b == 1:  # host tables only: one-token rows address blocks through DecodeRows
-                assert ids is not None or cache.static_tables is not None
-                table = torch.as_tensor(list(cache.static_tables[slot] if ids is None else ids),
-                                        dtype=torch.long)
+                table = torch.as_tensor(host_ids[-1], dtype=torch.long)
             else:
                 table = cache.table(slot, ids)
             cache.check_room(slot, e - b, table)
@@ -216,14 +219,35 @@ class DeepseekV4Model(nn.Module):
                     if not cache.windows.take_plan(sp.slot, sp.start_pos, 1):
                         cache.windows.plan_step(sp.slot, sp.table.tolist(), sp.start_pos, 1,
                                                 cache.block_size)
-            chunks = [sp for sp in spans if sp.end - sp.begin > 1]
+            multi = [i for i, sp in enumerate(spans) if sp.end - sp.begin > 1]
+            chunks = [spans[i] for i in multi]
+            rows = self._chunk_rows(chunks, [host_ids[i] for i in multi], cache, input_ids)
             hidden = self._layers(input_ids, positions, cache, ws, lambda attn, x, rope, lc: attn(
-                x, rope, self.compress_rotary, chunks, lc, backend, ws, decode))
+                x, rope, self.compress_rotary, chunks, lc, backend, ws, decode, rows))
+            for sp in chunks:
+                cache.windows.finish_step(sp.slot)
         for i in singles:  # the one-token rows wrote only the rings: snapshots come from them
             cache.snapshot_from_rings(spans[i].slot)
         for sp in spans:
             cache.num_tokens[sp.slot] = sp.start_pos + (sp.end - sp.begin)
         return hidden
+
+    def _chunk_rows(self, chunks: list[SeqSpan], block_ids: list[list[int]],
+                    cache: DeepseekV4KVPool, input_ids: torch.Tensor) -> ChunkRows:
+        """The step's chunk addressing (chunk_rows.py), with the window snapshot each chunk's
+        step plans (unless the family planned it already) from the host block tables."""
+        cfg = self.cfg
+        for sp, ids in zip(chunks, block_ids, strict=True):
+            if not cache.windows.take_plan(sp.slot, sp.start_pos, sp.end - sp.begin):
+                cache.windows.plan_step(sp.slot, ids, sp.start_pos, sp.end - sp.begin,
+                                        cache.block_size)
+        rates = [cfg.rate(lt) for lt in cfg.layer_types if lt != SLIDING]
+        rows = ChunkRows([ChunkSpan(sp.begin, sp.end - sp.begin, sp.slot, sp.start_pos, ids)
+                          for sp, ids in zip(chunks, block_ids, strict=True)],
+                         int(input_ids.shape[0]), cfg.sliding_window, cache.block_size, rates,
+                         input_ids.device)
+        rows.snapshot = cache.windows.chunk_writes([sp.slot for sp in chunks], rows.offsets)
+        return rows
 
     @torch.no_grad()
     def forward_decode(self, input_ids: torch.Tensor, rows: DecodeRows, cache: DeepseekV4KVPool,
