@@ -1,12 +1,15 @@
-"""How many kernels one DeepSeek-V4 decode step launches, with the fused decode loop and with
-the unfused one, counted on the CPU through the Triton interpreter: a toy V4 with V4-Flash's
-layer structure and FP8/MXFP4 weights, every kernel backend on, two sequences prefilled and
-then one decode step of both, whose PyTorch ops that launch work (by source,
+"""How many kernels one DeepSeek-V4 step launches, counted on the CPU through the Triton
+interpreter: a toy V4 with V4-Flash's layer structure and FP8/MXFP4 weights, every kernel backend
+on. ``--step decode`` (default): two sequences prefilled, then one decode step of both, with the
+fused decode loop and with the unfused one. ``--step mixed``: what the scheduler runs under load,
+one step of two prefill chunks of odd lengths (one continuing, one fresh) among ``--decodes``
+decode tokens (3 by default). The step's PyTorch ops that launch work (by source,
 :class:`.kernel_sources.OpSources`) and Triton launches are counted. A count of launches, not of
 time (on the GPU: :mod:`.profile_decode`); per-step work (rope tables, shared addressing, the
 final head) is spread over the layers, so deeper models show fewer per layer.
 
-    TRITON_INTERPRET=1 python -m bench.deepseek_v4.count_launches --layers SCHC
+    TRITON_INTERPRET=1 python -m bench.deepseek_v4.count_launches --layers SCHC \
+        [--step mixed --decodes 3]
 
 Never used by the engine.
 """
@@ -27,8 +30,22 @@ from bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
 from engine.models.deepseek_v4 import DeepseekV4KVPool, DeepseekV4Model, V4Backend
 
 
-def count(layers: str, decode: str, prompts: tuple[int, int] = (30, 21)) -> tuple[Counter, Counter]:
-    """(PyTorch ops by source, Triton launches by kernel) of one decode step of two sequences."""
+def mixed_step(num_decodes: int) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
+    """(prompt lengths by slot, (slot, tokens) of the step in row order) of a mixed step: slots
+    ``0..num_decodes-1`` decode one token after prompts of odd lengths, the next slot continues
+    its 9-token prompt with 13 tokens, a fresh slot takes an 11-token chunk (the chunks cross
+    CSA windows and the 16-token blocks). Rows interleaved: decode, chunk, decode, chunk, the
+    other decodes."""
+    prompts = tuple(17 + (7 * i) % 23 for i in range(num_decodes)) + (9,)
+    chunks = [(num_decodes, 13), (num_decodes + 1, 11)]
+    decodes = [(s, 1) for s in range(num_decodes)]
+    return prompts, decodes[:1] + chunks[:1] + decodes[1:2] + chunks[1:] + decodes[2:]
+
+
+def count(layers: str, decode: str, prompts: tuple[int, ...] = (30, 21),
+          step: str = "decode", num_decodes: int = 3) -> tuple[Counter, Counter]:
+    """(PyTorch ops by source, Triton launches by kernel) of one step: a decode step of two
+    sequences, or (``step="mixed"``) :func:`mixed_step` with ``num_decodes`` decode tokens."""
     import triton.runtime.interpreter as interp
 
     cfg = flash_config(layers, 8, 256, tiny=True)
@@ -36,10 +53,21 @@ def count(layers: str, decode: str, prompts: tuple[int, int] = (30, 21)) -> tupl
     sd = synthetic_quantized_state_dict(cfg, "cpu", torch.float32)
     model = DeepseekV4Model.from_state_dict(cfg, sd, torch.float32, "cpu",
                                             V4Backend("kernels", "kernels", "kernels", decode=decode))
-    cache = DeepseekV4KVPool.for_slots(cfg, 2, 64, torch.float32, "cpu")
-    ids = torch.randint(2, cfg.vocab_size, (max(prompts),), generator=torch.Generator().manual_seed(0))
+    spans: list[tuple[int, int]] = []
+    if step == "mixed":
+        prompts, spans = mixed_step(num_decodes)
+    cache = DeepseekV4KVPool.for_slots(cfg, len(prompts) + (step == "mixed"), 64, torch.float32, "cpu")
+    ids = torch.randint(2, cfg.vocab_size, (64,), generator=torch.Generator().manual_seed(0))
     for slot, n in enumerate(prompts):
         model(ids[:n], torch.arange(n), [0, n], [slot], cache)
+    if step == "mixed":
+        pos = [torch.arange(cache.num_tokens[s], cache.num_tokens[s] + n) for s, n in spans]
+        qsl = [0]
+        for _, n in spans:
+            qsl.append(qsl[-1] + n)
+        args = (ids[: qsl[-1]], torch.cat(pos), qsl, [s for s, _ in spans], cache)
+    else:
+        args = (torch.tensor([5, 6]), torch.tensor(list(prompts)), [0, 1, 2], [0, 1], cache)
     launches: Counter[str] = Counter()
     run = interp.InterpretedFunction.run
 
@@ -51,7 +79,7 @@ def count(layers: str, decode: str, prompts: tuple[int, int] = (30, 21)) -> tupl
     sources = OpSources()
     try:
         with sources:
-            model(torch.tensor([5, 6]), torch.tensor(list(prompts)), [0, 1, 2], [0, 1], cache)
+            model(*args)
     finally:
         interp.InterpretedFunction.run = run  # type: ignore[method-assign]
     # the interpreter's own tensor traffic is attributed to the launchers: not device work
@@ -62,13 +90,19 @@ def count(layers: str, decode: str, prompts: tuple[int, int] = (30, 21)) -> tupl
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.count_launches")
     p.add_argument("--layers", default="SCHC", help="S sliding, C CSA, H HCA (V4-Flash's letters)")
+    p.add_argument("--step", choices=("decode", "mixed"), default="decode",
+                   help="a decode step of two sequences (fused and unfused loops), or a mixed "
+                        "step of two prefill chunks and --decodes decode tokens")
+    p.add_argument("--decodes", type=int, default=3, help="decode tokens of the mixed step")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") != "1":
         print("set TRITON_INTERPRET=1 (before triton is imported)", file=sys.stderr)
         return 2
     n = len(args.layers)
     for decode in ("unfused", "fused"):
-        ops, launches = count(args.layers, decode)
+        ops, launches = count(args.layers, decode, step=args.step, num_decodes=args.decodes)
+        if args.step == "mixed":  # the decode loop's choice also picks the decode rows' kernels
+            decode = f"mixed_{decode}"
         total = sum(ops.values()) + sum(launches.values())
         print(f"[launches] {decode}: {total} a step, {total / n:.1f} a layer ({n} layers): "
               f"{sum(ops.values())} PyTorch ops, {sum(launches.values())} Triton launches")

@@ -13,12 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.models.deepseek_v4.backend import (
-    SeqAttention,
-    V4Backend,
-    attend_batched,
-    select_topk,
-)
+from engine.models.deepseek_v4.backend import V4Backend, select_topk
+from engine.models.deepseek_v4.chunk_rows import ChunkRows, attend_chunks
 from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.decode_fused import (
@@ -30,6 +26,7 @@ from engine.models.deepseek_v4.decode_fused import (
 )
 from engine.models.deepseek_v4.decode_step import (
     DecodeRows,
+    DecodeSpans,
     attend_decode,
     compress_decode,
     compressed_rows,
@@ -57,7 +54,7 @@ class SeqSpan:
 
 @dataclass
 class _StepRows:
-    """Per-token tensors of one layer's step, sliced per sequence by :meth:`rows`."""
+    """Per-token tensors of one layer's step (rows picked by :meth:`select`)."""
 
     q: torch.Tensor  # [N, H, D] rotated queries
     kv: torch.Tensor | None  # [N, D] rotated shared K=V (None: already in the window ring)
@@ -68,9 +65,9 @@ class _StepRows:
     idx_q: torch.Tensor | None = None  # [N, Hi, Di]
     idx_w: torch.Tensor | None = None  # [N, Hi] fp32
 
-    def rows(self, sp: SeqSpan) -> _StepRows:
-        sl = slice(sp.begin, sp.end)
-        return _StepRows(**{k: None if v is None else v[sl] for k, v in vars(self).items()})
+    def select(self, index: slice | torch.Tensor) -> _StepRows:
+        """These rows of every tensor (views for a slice, copies for an index tensor)."""
+        return _StepRows(**{k: None if v is None else v[index] for k, v in vars(self).items()})
 
 
 class V4CSACompressor(V4Compressor):
@@ -127,36 +124,95 @@ class V4Attention(nn.Module):
         cache: LayerPool,
         backend: V4Backend,
         ws: object | None = None,
+        decode: DecodeSpans | None = None,
+        chunks: ChunkRows | None = None,
     ) -> torch.Tensor:
         """x: [N, hidden] (already input-normed); rope: this layer's (cos, sin) [N, R/2] at the
-        tokens' positions. Returns [N, hidden]."""
-        cfg = self.cfg
+        tokens' positions. ``spans``: the step's sequences of several tokens (prefill chunks),
+        addressed by ``chunks``; ``decode``: its one-token sequences, attended all at once as a
+        decode step (decode_step.py). Returns [N, hidden]."""
         cos, sin = rope
         t = self._project(x, rope, backend)
-        q = t.q
-        out = torch.empty_like(q)
-        batched = backend.attention != "torch"
-        seqs = []
-        for sp in spans:
-            # one Workspace frame per sequence: its indexer scratch is reused by the next one
-            scope = ws.scope() if ws is not None else contextlib.nullcontext()  # type: ignore[attr-defined]
-            with scope:
-                s = self._update_sequence(sp, t.rows(sp), compress_rotary, cache, backend, ws)
-                if batched:  # copy the indices out of the Workspace frame before it closes
-                    if s.topk_idx is not None:
-                        s = SeqAttention(s.num_rows, s.start_pos, s.slot, s.window_kv, s.num_prev,
-                                         s.topk_idx.clone(), s.comp)
-                    seqs.append(s)
-                else:
-                    out[sp.begin : sp.end] = v4_attention_torch(
-                        t.q[sp.begin : sp.end], s.window_kv, s.num_prev, cfg.sliding_window,
-                        self.sinks, cfg.head_dim**-0.5, s.start_pos, comp=s.comp,
-                        comp_rate=self._rate, topk_idx=s.topk_idx,
-                    )
-        if batched:
-            attend_batched(backend, out, q, seqs, cfg.sliding_window, self.sinks, cfg.head_dim**-0.5,
-                           self._rate)
+        out = torch.empty_like(t.q)
+        if spans:
+            assert chunks is not None
+            self._attend_chunks(t, out, compress_rotary, spans, chunks, cache, backend, ws)
+        if decode is not None:
+            # after the chunks: their batched call writes (empty) rows here too
+            index = decode.index
+            dst = out[index] if isinstance(index, slice) else out.new_empty(
+                (decode.rows.num_rows, *out.shape[1:]))
+            self._attend_rows(t.select(index), decode.rows, cache, backend, compress_rotary, dst,
+                              fused=backend.decode == "fused")
+            if not isinstance(index, slice):
+                out.index_copy_(0, index, dst)
         return self._output(out, cos, sin)
+
+    def _attend_chunks(self, t: _StepRows, out: torch.Tensor, compress_rotary: V4Rotary,
+                       spans: list[SeqSpan], chunks: ChunkRows, cache: LayerPool,
+                       backend: V4Backend, ws: object | None) -> None:
+        """The chunks' state updates and attention into their rows of ``out`` [N, H, D]. Window
+        ring, window snapshots, entry reads and the attention's bounds: one op each for all
+        chunks (``chunks``: the step's addressing). The compressors and the indexer's top-k
+        still go chunk by chunk: their windows and key ranges differ in length per sequence.
+        Its own function so that the window table and entries are freed on return."""
+        cfg = self.cfg
+        assert t.kv is not None
+        table = chunks.window_table(cache.ring, t.kv)  # before the ring write: the old keys
+        chunks.write_ring(cache.ring, t.kv)
+        if chunks.snapshot is not None:  # the windows at the block ends the chunks reach
+            src, dst = chunks.snapshot
+            cache.windows.layers[cache.index].write(dst, table.index_select(0, src))
+        comp = topk = None
+        local: list[torch.Tensor | None] = [None] * len(spans)
+        batched = backend.attention != "torch"
+        if self.compressor is not None:
+            assert cache.compressor is not None
+            assert t.kv_c is not None and t.gate_c is not None
+            rr = chunks.rates[self._rate]
+            csa = isinstance(self.compressor, V4CSACompressor)
+            if csa and batched:
+                topk = torch.full((out.shape[0], cfg.index_topk), -1, dtype=torch.int32,
+                                  device=out.device)
+            for i, sp in enumerate(spans):
+                sl = slice(sp.begin, sp.end)
+                self.compressor.compress(t.kv_c[sl], t.gate_c[sl], cache.compressor, sp.slot,
+                                         sp.start_pos, compress_rotary, sp.table)
+                if not csa:
+                    continue
+                ix = self.compressor.indexer
+                assert cache.indexer is not None and t.kv_i is not None and t.gate_i is not None
+                assert t.idx_q is not None and t.idx_w is not None
+                ix.compress(t.kv_i[sl], t.gate_i[sl], cache.indexer, sp.slot, sp.start_pos,
+                            compress_rotary, sp.table)
+                base, num = rr.bases[i], rr.num_entries[i]
+                # one Workspace frame per sequence: its indexer scratch is reused by the next one
+                scope = ws.scope() if ws is not None else contextlib.nullcontext()  # type: ignore[attr-defined]
+                with scope:
+                    keys = cache.indexer.entries.read(rr.entry_rows[base : base + num])
+                    idx = select_topk(backend, t.idx_q[sl], keys, t.idx_w[sl], rr.kv_end[sl],
+                                      cfg.index_topk, ws)
+                    if topk is not None:  # copied out of the Workspace frame before it closes
+                        topk[sl] = torch.where(idx >= 0, idx + base, -1)
+                    else:
+                        local[i] = idx.clone() if ws is not None else idx
+            comp = cache.compressor.entries.read(rr.entry_rows)  # [E, D]: every chunk's entries
+        scale = cfg.head_dim**-0.5
+        if batched:
+            attend_chunks(backend, out, t.q, table, chunks, comp, topk, self.sinks, scale,
+                          self._rate)
+            return
+        for i, sp in enumerate(spans):  # the readable reference path (CPU)
+            off, prev = chunks.offsets[i], chunks.num_prev[i]
+            comp_i = None
+            if comp is not None:
+                rr = chunks.rates[self._rate]
+                comp_i = comp[rr.bases[i] : rr.bases[i] + rr.num_entries[i]]
+            out[sp.begin : sp.end] = v4_attention_torch(
+                t.q[sp.begin : sp.end], table[off : off + prev + sp.end - sp.begin], prev,
+                cfg.sliding_window, self.sinks, scale, sp.start_pos, comp=comp_i,
+                comp_rate=self._rate, topk_idx=local[i],
+            )
 
     def forward_decode(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], compress_rotary: V4Rotary,
@@ -170,6 +226,21 @@ class V4Attention(nn.Module):
         cfg = self.cfg
         fused = inv_rope is not None
         t = self._project_fused(x, rope, rows, cache) if fused else self._project(x, rope, backend)
+        out = torch.empty_like(t.q)
+        self._attend_rows(t, rows, cache, backend, compress_rotary, out, fused)
+        if fused:
+            assert inv_rope is not None
+            grouped = self.o_a_proj(rotate_(out, inv_rope).view(out.shape[0], cfg.o_groups, -1))
+            return self.o_b_proj(grouped)
+        return self._output(out, *rope)
+
+    def _attend_rows(self, t: _StepRows, rows: DecodeRows, cache: LayerPool, backend: V4Backend,
+                     compress_rotary: V4Rotary, out: torch.Tensor, fused: bool) -> None:
+        """One token of each sequence of ``rows`` (t: their projections, row i of ``rows`` row
+        i): window ring, compressors, indexer top-k and attention for all of them at once into
+        ``out`` [B, H, D]. ``fused``: the compressor and indexer through decode_fused.py's
+        kernels."""
+        cfg = self.cfg
         if t.kv is not None:
             write_window(cache, rows, t.kv)
         compress = compress_decode_fused if fused else compress_decode
@@ -188,13 +259,7 @@ class V4Attention(nn.Module):
                               cache.block_size, cfg.index_topk)
             crow, visible = compressed_rows(cache.compressor, rows, topk)
             comp = (cache.compressor.entries, crow, visible)
-        out = torch.empty_like(t.q)
         attend_decode(backend, out, t.q, cache, rows, comp, self.sinks, cfg.head_dim**-0.5)
-        if fused:
-            assert inv_rope is not None
-            grouped = self.o_a_proj(rotate_(out, inv_rope).view(out.shape[0], cfg.o_groups, -1))
-            return self.o_b_proj(grouped)
-        return self._output(out, *rope)
 
     def _project_fused(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                        rows: DecodeRows, cache: LayerPool) -> _StepRows:
@@ -249,41 +314,3 @@ class V4Attention(nn.Module):
     @property
     def _rate(self) -> int:
         return 0 if self.compressor is None else self.compressor.rate
-
-    def _update_sequence(
-        self, sp: SeqSpan, t: _StepRows, rotary: V4Rotary, cache: LayerPool,
-        backend: V4Backend, ws: object | None,
-    ) -> SeqAttention:
-        """Extends the sequence's state with this chunk (window ring and the window snapshot
-        at a block end, compressor entries, indexer keys) and returns what its attention needs: the
-        window keys, the sequence's compressed entries gathered from its blocks, and for CSA
-        the top-k entry indices (which may live in ``ws``)."""
-        c, n0, slot, win = sp.end - sp.begin, sp.start_pos, sp.slot, self.cfg.sliding_window
-        dev = t.q.device
-        assert t.kv is not None
-        ring = cache.ring[slot]  # [W, D]
-        num_prev = min(n0, win - 1)
-        prev_pos = torch.arange(n0 - num_prev, n0, device=dev) % win
-        window_kv = torch.cat([ring[prev_pos], t.kv])  # [num_prev + C, D]
-        keep = min(c, win)
-        ring[torch.arange(n0 + c - keep, n0 + c, device=dev) % win] = t.kv[c - keep :]
-        # the window at the last block end this step reaches becomes a resume point
-        cache.write_window(slot, sp.table, n0, window_kv, num_prev)
-        topk_idx = comp = None
-        if self.compressor is not None:
-            assert cache.compressor is not None
-            assert t.kv_c is not None and t.gate_c is not None
-            num_entries = self.compressor.compress(t.kv_c, t.gate_c, cache.compressor, slot, n0,
-                                                   rotary, sp.table)
-            comp = cache.compressor.entries.read(cache.compressor.entry_rows(sp.table, 0, num_entries))
-            if isinstance(self.compressor, V4CSACompressor):
-                assert cache.indexer is not None and t.kv_i is not None and t.gate_i is not None
-                assert t.idx_q is not None and t.idx_w is not None
-                self.compressor.indexer.compress(t.kv_i, t.gate_i, cache.indexer, slot, n0, rotary,
-                                                 sp.table)
-                keys = cache.indexer.entries.read(cache.indexer.entry_rows(sp.table, 0, num_entries))
-                # query i (position n0 + i) sees the entries of windows closed by then
-                kv_end = torch.div(torch.arange(n0 + 1, n0 + c + 1, device=dev), self._rate,
-                                   rounding_mode="floor")
-                topk_idx = select_topk(backend, t.idx_q, keys, t.idx_w, kv_end, self.cfg.index_topk, ws)
-        return SeqAttention(c, n0, slot, window_kv, num_prev, topk_idx, comp)

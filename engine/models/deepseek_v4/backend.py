@@ -117,64 +117,6 @@ def select_topk(
                         workspace=scratch)[1]
 
 
-@dataclass(frozen=True)
-class SeqAttention:
-    """What one sequence of the step contributes to a batched attention call."""
-
-    num_rows: int  # the sequence's tokens in this step
-    start_pos: int  # position of its first token
-    slot: int
-    window_kv: torch.Tensor  # [num_prev + num_rows, D]: the previous window - 1 tokens + the chunk
-    num_prev: int
-    topk_idx: torch.Tensor | None  # CSA: [num_rows, k] entry indices of this sequence (-1 = none)
-    comp: torch.Tensor | None = None  # [E, D] the sequence's compressed entries (from its blocks)
-
-
-def attend_batched(
-    backend: V4Backend, out: torch.Tensor, q: torch.Tensor, seqs: list[SeqAttention],
-    window: int, sinks: torch.Tensor, scale: float, comp_rate: int,
-) -> None:
-    """One kernels call for every row of the step (kernels / kernels_ref backends): the windows
-    concatenated into one flat buffer, the sequences' compressed entries likewise, each
-    sequence's addressed by its offset in that table. out, q: [N, H, D]."""
-    assert backend.attention in ("kernels", "kernels_ref")
-    w_start, w_end, c_start, c_end, idx = [], [], [], [], []
-    offset = base = 0
-    dev = q.device
-    has_comp = seqs[0].comp is not None
-    for s in seqs:
-        rows = torch.arange(s.num_rows, dtype=torch.int32)
-        end = rows + (offset + s.num_prev + 1)
-        w_end.append(end)
-        w_start.append((end - window).clamp(min=offset))
-        if has_comp:
-            assert s.comp is not None
-            if s.topk_idx is not None:
-                idx.append(torch.where(s.topk_idx >= 0, s.topk_idx + base, -1).to(torch.int32))
-            c_start.append(torch.full((s.num_rows,), base, dtype=torch.int32))
-            c_end.append(base + torch.div(rows + (s.start_pos + 1), comp_rate, rounding_mode="floor"))
-            base += s.comp.shape[0]
-        offset += s.window_kv.shape[0]
-    window_kv = torch.cat([s.window_kv for s in seqs])
-    kw: dict[str, torch.Tensor] = {}
-    if has_comp:
-        table = torch.cat([s.comp for s in seqs if s.comp is not None])
-        if table.shape[0] == 0:  # no entry closed yet anywhere: one zero row nobody sees
-            table = q.new_zeros((1, q.shape[-1]))
-        kw["compressed_kv"] = table
-        if idx:
-            kw["indices"] = torch.cat(idx)
-        else:
-            kw["compressed_start"] = to_device(torch.cat(c_start), dev)
-            kw["compressed_end"] = to_device(torch.cat(c_end), dev)
-    if backend.attention == "kernels_ref":
-        from kernels.sparse_attention_ref import sparse_attention_ref as fn
-    else:
-        from kernels.sparse_attention import sparse_attention as fn
-    fn(q, window_kv, to_device(torch.cat(w_start), dev), to_device(torch.cat(w_end), dev),
-       scale=scale, out=out, sinks=sinks, **kw)
-
-
 def to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
     """A host tensor on ``dev`` without a stream sync: a copy from pageable memory waits for
     the device to finish its queue, which stalls a prefill chunk once per layer and sequence;

@@ -2,9 +2,10 @@
 layer done for all of them at once (window KV write, compressors, indexer top-k, sparse
 attention), addressed by device tensors prepared once per step (:class:`DecodeRows`).
 
-Why a separate path: the chunk path (attention.py) walks the sequences of a step one by one,
-~50 small kernels and several host->device copies per sequence and layer, which is what a
-decode step at full depth spent its second on. Here the number of launches per layer does
+Why a separate path: the chunk path (attention.py) still walks its chunks one by one through
+the compressors and the indexer (~50 small kernels per sequence and layer when it walked
+everything, which is what a decode step at full depth spent its second on). A mixed step's
+one-token sequences come here too (:class:`DecodeSpans`). Here the number of launches per layer does
 not depend on B, nothing reads a device value on the host, and every shape depends only on
 B and the block-table width, so a step can be captured as a CUDA graph (engine/cuda_graphs.py).
 
@@ -77,6 +78,16 @@ class DecodeRows:
         """Flat pool rows of entries ``entries`` ([B, K] entry numbers of each row's sequence,
         any value >= 0) -> [B, K]."""
         return self.tables.gather(1, entries // per_block) * per_block + entries % per_block
+
+
+@dataclass(frozen=True)
+class DecodeSpans:
+    """The one-token sequences of a mixed step (prefill chunks beside decode tokens, what the
+    scheduler runs under load), attended together as one decode step: their addressing and
+    where their rows sit in the step's flat batch. Built once per step; every layer uses it."""
+
+    rows: DecodeRows
+    index: slice | torch.Tensor  # their rows of the flat batch: a slice when contiguous, else [B]
 
 
 def write_window(cache: LayerPool, rows: DecodeRows, kv: torch.Tensor) -> None:

@@ -84,15 +84,6 @@ class LayerPool:
     compressor: CompressorPool | None
     indexer: CompressorPool | None
 
-    def write_window(self, slot: int, table: torch.Tensor, start: int, window_kv: torch.Tensor,
-                     num_prev: int) -> None:
-        """After the ring is updated: snapshot the window at the last block end this step of
-        ``slot`` reaches (if any). window_kv: [num_prev + C, D], positions from start - num_prev."""
-        num_new = window_kv.shape[0] - num_prev
-        if self.index == 0 and not self.windows.take_plan(slot, start, num_new):
-            self.windows.plan_step(slot, table.tolist(), start, num_new, self.block_size)
-        self.windows.write(self.index, slot, window_kv)
-
 
 def _compressor_pool(num_blocks: int, block_size: int, max_batch: int, rate: int, dim: int,
                      overlap: bool, dtype: torch.dtype, fp8: bool,

@@ -15,10 +15,11 @@ from torch import nn
 
 from engine.errors import CheckpointError, InvalidRequest
 from engine.models.deepseek_v4.attention import SeqSpan, V4Attention
-from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.backend import V4Backend, to_device
+from engine.models.deepseek_v4.chunk_rows import ChunkRows, ChunkSpan
 from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.decode_fused import fused_decode_layers
-from engine.models.deepseek_v4.decode_step import DecodeRows
+from engine.models.deepseek_v4.decode_step import DecodeRows, DecodeSpans
 from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, LayerPool
 from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, merge
 from engine.models.deepseek_v4.moe import V4MoE
@@ -189,40 +190,64 @@ class DeepseekV4Model(nn.Module):
         if len(set(cache_slots)) != len(cache_slots):
             raise InvalidRequest(f"a cache slot appears twice in one step: {list(cache_slots)}",
                                  field="cache_slots")
-        decode = all(int(query_start_loc[i + 1]) - int(query_start_loc[i]) == 1
-                     for i in range(len(cache_slots)))
-        spans = []
+        spans, host_ids = [], []
         for i, slot in enumerate(cache_slots):
             b, e = int(query_start_loc[i]), int(query_start_loc[i + 1])
             if not 0 <= slot < cache.max_batch:
                 raise InvalidRequest(f"cache slot {slot} outside [0, {cache.max_batch})", field="cache_slots")
             ids = None if block_tables is None else block_tables[i]
-            if decode:  # host tables only: the step addresses blocks through one [B, width] tensor
-                assert ids is not None or cache.static_tables is not None
-                table = torch.as_tensor(list(cache.static_tables[slot] if ids is None else ids),
-                                        dtype=torch.long)
+            if ids is None:
+                assert cache.static_tables is not None, "no block table given and no static tables"
+                ids = cache.static_tables[slot]
+            host_ids.append(list(ids))
+            if e - b == 1:  # host tables only: one-token rows address blocks through DecodeRows
+                table = torch.as_tensor(host_ids[-1], dtype=torch.long)
             else:
                 table = cache.table(slot, ids)
             cache.check_room(slot, e - b, table)
             spans.append(SeqSpan(b, e, slot, cache.num_tokens[slot], table))
-        if spans and decode:
-            tables = block_tables_t
-            if tables is None:
-                tables = torch.zeros(len(spans), max(sp.table.numel() for sp in spans),
-                                     dtype=torch.long)
-                for i, sp in enumerate(spans):
-                    tables[i, : sp.table.numel()] = sp.table
-            rows = DecodeRows(torch.tensor(list(cache_slots), device=input_ids.device),
-                              positions, tables.to(device=input_ids.device, dtype=torch.long))
-            hidden = self.forward_decode(input_ids, rows, cache, ws)
-            for slot in cache_slots:  # the step wrote only the rings: snapshots come from them
-                cache.snapshot_from_rings(slot)
+        singles = [i for i, sp in enumerate(spans) if sp.end - sp.begin == 1]
+        if spans and len(singles) == len(spans):
+            rows = _decode_rows(spans, singles, positions, block_tables_t)
+            hidden = self.forward_decode(input_ids, rows.rows, cache, ws)
         else:
+            decode = None
+            if singles:  # a mixed step: its decode tokens run batched, the chunks one by one
+                decode = _decode_rows(spans, singles, positions, block_tables_t)
+                for i in singles:  # as the chunk path's layer 0 would, unless the family did
+                    sp = spans[i]
+                    if not cache.windows.take_plan(sp.slot, sp.start_pos, 1):
+                        cache.windows.plan_step(sp.slot, sp.table.tolist(), sp.start_pos, 1,
+                                                cache.block_size)
+            multi = [i for i, sp in enumerate(spans) if sp.end - sp.begin > 1]
+            chunks = [spans[i] for i in multi]
+            rows = self._chunk_rows(chunks, [host_ids[i] for i in multi], cache, input_ids)
             hidden = self._layers(input_ids, positions, cache, ws, lambda attn, x, rope, lc: attn(
-                x, rope, self.compress_rotary, spans, lc, backend, ws))
+                x, rope, self.compress_rotary, chunks, lc, backend, ws, decode, rows))
+            for sp in chunks:
+                cache.windows.finish_step(sp.slot)
+        for i in singles:  # the one-token rows wrote only the rings: snapshots come from them
+            cache.snapshot_from_rings(spans[i].slot)
         for sp in spans:
             cache.num_tokens[sp.slot] = sp.start_pos + (sp.end - sp.begin)
         return hidden
+
+    def _chunk_rows(self, chunks: list[SeqSpan], block_ids: list[list[int]],
+                    cache: DeepseekV4KVPool, input_ids: torch.Tensor) -> ChunkRows:
+        """The step's chunk addressing (chunk_rows.py), with the window snapshot each chunk's
+        step plans (unless the family planned it already) from the host block tables."""
+        cfg = self.cfg
+        for sp, ids in zip(chunks, block_ids, strict=True):
+            if not cache.windows.take_plan(sp.slot, sp.start_pos, sp.end - sp.begin):
+                cache.windows.plan_step(sp.slot, ids, sp.start_pos, sp.end - sp.begin,
+                                        cache.block_size)
+        rates = [cfg.rate(lt) for lt in cfg.layer_types if lt != SLIDING]
+        rows = ChunkRows([ChunkSpan(sp.begin, sp.end - sp.begin, sp.slot, sp.start_pos, ids)
+                          for sp, ids in zip(chunks, block_ids, strict=True)],
+                         int(input_ids.shape[0]), cfg.sliding_window, cache.block_size, rates,
+                         input_ids.device)
+        rows.snapshot = cache.windows.chunk_writes([sp.slot for sp in chunks], rows.offsets)
+        return rows
 
     @torch.no_grad()
     def forward_decode(self, input_ids: torch.Tensor, rows: DecodeRows, cache: DeepseekV4KVPool,
@@ -271,6 +296,31 @@ class DeepseekV4Model(nn.Module):
             return torch.mm(hidden, w.t(), out=out)  # no [n, vocab] temporary
         out.copy_(hidden @ w.t())
         return out
+
+
+def _decode_rows(spans: list[SeqSpan], singles: list[int], positions: torch.Tensor,
+                 block_tables_t: torch.Tensor | None) -> DecodeSpans:
+    """The addressing of the step's one-token spans ``spans[i] for i in singles`` (host block
+    tables on the spans; ``block_tables_t``: every span's on the device, [B, width]), built
+    once for all layers: one copy of slots and tables to the device, none per layer."""
+    dev = positions.device
+    picked = [spans[i] for i in singles]
+    first, last = picked[0].begin, picked[-1].begin
+    if last - first == len(picked) - 1:  # contiguous rows: views, no gathers
+        index: slice | torch.Tensor = slice(first, last + 1)
+    else:
+        index = to_device(torch.tensor([sp.begin for sp in picked]), dev)
+    if block_tables_t is not None:
+        sel = (slice(singles[0], singles[-1] + 1) if singles[-1] - singles[0] == len(singles) - 1
+               else to_device(torch.tensor(singles), dev))
+        tables = block_tables_t[sel].to(torch.long)
+    else:
+        host = torch.zeros(len(picked), max(sp.table.numel() for sp in picked), dtype=torch.long)
+        for i, sp in enumerate(picked):
+            host[i, : sp.table.numel()] = sp.table
+        tables = to_device(host, dev)
+    slots = to_device(torch.tensor([sp.slot for sp in picked]), dev)
+    return DecodeSpans(DecodeRows(slots, positions[index], tables), index)
 
 
 def _replace(model: nn.Module, name: str, new: torch.Tensor) -> None:

@@ -110,6 +110,19 @@ class ResumeWindows:
         if plan is not None:
             self.layers[layer].write(plan[1], window_kv.index_select(0, plan[0]))
 
+    def chunk_writes(self, slots: list[int], offsets: list[int]
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The planned snapshot writes of a step's chunks, for all of them at once: (rows of the
+        step's window table, flat snapshot rows), chunk i's window keys starting at table row
+        ``offsets[i]`` (chunk_rows.py). Built once per step (every layer writes through it)."""
+        src, dst = [], []
+        for slot, off in zip(slots, offsets, strict=True):
+            plan = self._writes.get(slot)
+            if plan is not None:
+                src.append(plan[0] + off)
+                dst.append(plan[1])
+        return (torch.cat(src), torch.cat(dst)) if src else None
+
     def write_from_ring(self, layer: int, slot: int, ring: torch.Tensor) -> None:
         """:meth:`write` for a decode step, which updates only the slot's ring ([W, D]; position
         p at p % W): the snapshot's rows are all there once the step has run."""

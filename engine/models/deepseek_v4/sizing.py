@@ -24,7 +24,8 @@ def deepseek_v4_step_scratch_bytes(
     dtype: torch.dtype = torch.bfloat16, backend: str = "kernels",
 ) -> dict[str, int]:
     """Bytes by role: ``mhc_streams``, ``attention_projections``, ``compressor``, ``indexer``,
-    ``sparse_attention``, ``paged_gather``, ``moe``, ``final_norm``. ``cfg``: a DeepseekV4Config or the engine's
+    ``sparse_attention``, ``paged_gather``, ``moe``, ``final_norm``, ``decode_batched``,
+    ``chunk_rows``. ``cfg``: a DeepseekV4Config or the engine's
     ModelConfig; ``backend`` is the resolved :class:`V4Backend` kind ("kernels" or "torch")."""
     cfg = DeepseekV4Config.coerce(cfg)
     n = max(chunk_tokens, max_batch)  # a decode step schedules up to max_batch tokens
@@ -103,7 +104,17 @@ def deepseek_v4_step_scratch_bytes(
     )
     out["final_norm"] = n * hc * hid * f * 3 + n * hid * (e + 2 * f)
     out["decode_batched"] = deepseek_v4_decode_scratch_bytes(cfg, max_batch, max_context, dtype)
+    out["chunk_rows"] = chunk_rows_bytes(max_batch * max_context, n, min(max_batch, n),
+                                         cfg.sliding_window, rates_used)
     return out
+
+
+def chunk_rows_bytes(tokens: int, rows: int, seqs: int, window: int, rates: list[int]) -> int:
+    """The step's chunk addressing (chunk_rows.py), alive through the whole step: the entry
+    rows of each rate of ``tokens`` context tokens, ring and window-table rows, and per-row
+    bounds (int64, the attention's int32 copies). Small next to the entries it addresses."""
+    entries = sum(tokens // r for r in set(rates))
+    return 8 * entries + 8 * 6 * (seqs * window + rows) + rows * (8 * 2 + 4 * 2) * (1 + 3 * len(set(rates)))
 
 
 def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_context: int,
@@ -143,7 +154,8 @@ def deepseek_v4_step_peak_bytes(scratch: dict[str, int]) -> int:
     attention = sum(scratch[k] for k in _ATTENTION_PARTS)
     # a decode step runs decode_step.py instead of the chunk path's gathers and indexer
     attention = max(attention, scratch["attention_projections"] + scratch.get("decode_batched", 0))
-    return scratch["mhc_streams"] + max(attention, scratch["moe"], scratch["final_norm"])
+    return (scratch["mhc_streams"] + scratch.get("chunk_rows", 0)
+            + max(attention, scratch["moe"], scratch["final_norm"]))
 
 
 def fp8_act_quant_bytes(cfg: DeepseekV4Config | Any, tokens: int) -> int:

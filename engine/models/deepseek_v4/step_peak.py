@@ -4,7 +4,7 @@ indexer, mHC and fused MoE), tensor by tensor, for the memory planner's ``activa
 Each part names the tensors that are alive together at one moment of the step, as the model's
 code holds them (docs/memory.md gives the same formulas). ``sizing.py`` keeps the looser
 part-by-part bound of the PyTorch path (CPU). Pure arithmetic on the config; never allocates.
-Keep it in step with attention.py, mhc.py, moe.py and model.py: a tensor added to the step
+Keep it in step with attention.py, decode_step.py, mhc.py, moe.py and model.py: a tensor added to the step
 there is a term here, or the plan-tightness tests fail (GPU: the allocator's reading; CPU: the
 same warm-up's tensors counted by bench/deepseek_v4/step_trace.py). Where a term counts more
 than the code holds (docs/memory.md lists it: ~3% at a 4096-token chunk) that is the margin for
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
+from engine.models.deepseek_v4.sizing import chunk_rows_bytes, deepseek_v4_decode_scratch_bytes
 
 
 def deepseek_v4_kernels_step_bytes(
@@ -45,7 +46,10 @@ def deepseek_v4_kernels_step_bytes(
     # previous attention and MoE outputs (the layer loop's variables hold them until they are
     # reassigned), mHC weights, both rope tables, the step's ids and positions: alive while a
     # block runs
-    out["resident"] = n * hid * e * (5 + hc) + n * (hc + hc * hc) * f + 2 * n * r * e + 2 * n * 8
+    # and the chunks' addressing (chunk_rows.py): their entry rows of each rate, window and ring
+    # rows, per-row bounds (int64 + int32 copies)
+    out["resident"] = (n * hid * e * (5 + hc) + n * (hc + hc * hc) * f + 2 * n * r * e + 2 * n * 8
+                       + chunk_rows_bytes(tokens, n, seqs, cfg.sliding_window, rates))
     # an mHC's mixing input: one fp32 copy of the flattened streams (next to the streams)
     out["mhc_mix"] = n * hid * e * (2 + hc) + n * hc * hid * f + n * (2 * hc + hc * hc) * f * 3
     # the merge after a block: old and new streams, the block output, the collapsed input
@@ -59,12 +63,13 @@ def deepseek_v4_kernels_step_bytes(
     rest = n * (cfg.q_lora_rank + d) * e  # low-rank query, shared K=V
     if rates:  # compressor projections (CSA: two series of width 2D)
         rest += 2 * n * (2 * d if csa else d) * e
-    # CSA: indexer queries and weights, its compressor projections, top-k ids: each sequence's
-    # int32 copy out of its Workspace frame, and in the batched call the rebased copies and their
-    # concatenation (12 B a pick at most; 16 counted throughout)
+    # CSA: indexer queries and weights, its compressor projections, top-k ids: the step's int32
+    # table of rebased picks and a sequence's rebasing temporaries (8 B a pick at most; 16
+    # counted throughout)
     if csa:
         rest += n * hi * di * e + n * hi * f + 2 * n * 2 * di * e + n * k * (4 + 4 + 8)
-    window = 2 * (seqs * (cfg.sliding_window - 1) + n) * d * e  # per-sequence windows + the table
+    # the chunks' window table (counted twice: the margin of docs/memory.md)
+    window = 2 * (seqs * (cfg.sliding_window - 1) + n) * d * e
     comp_rows = n + max(rates, default=0)
     compressor = comp_rows * (2 * d if csa else d) * (5 * e + 3 * f) if rates else 0
     o_proj = n * (cfg.o_groups * cfg.o_lora_rank + hid) * e
@@ -73,7 +78,12 @@ def deepseek_v4_kernels_step_bytes(
                entries * di * e + read_tmp(di) if csa else 0,  # the indexer's keys
                rope, o_proj)  # de-rotating the output / the output projections
     early = n * cfg.q_lora_rank * e + rope  # rotating the queries, before the output exists
-    out["attention"] = q + max(early, q + rest + window + entries * d * e + late)
+    # a mixed step's one-token sequences, attended as one decode step after the chunks (whose
+    # windows and entries are gone by then): their rows of the projections (copies when they
+    # sit between the chunks), their output rows, decode_step.py's own scratch
+    decode = (seqs * (q + rest) // n + seqs * h * d * e
+              + deepseek_v4_decode_scratch_bytes(cfg, seqs, max_context, dtype))
+    out["attention"] = q + max(early, q + rest + max(window + entries * d * e + late, decode))
     inter, ne, kx = cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.num_experts_per_tok
     # router scores (softplus, biased), routing ids/weights, the shared expert's gate/up and
     # their clamped SwiGLU temporaries, its output
