@@ -22,19 +22,11 @@ import triton
 import triton.language as tl
 
 from kernels._triton_support import next_pow2
+from kernels.moe_sort_sizes import BLOCKED_SORT_MIN_PAIRS, SORT_TILE, sort_scratch_numel  # noqa: F401
 
-SORT_TILE = 128  # pairs a tile
-BLOCKED_SORT_MIN_PAIRS = 1024  # below this the all-pairs sort is as fast and needs no scratch
 _COUNT_EXPERTS = 128  # experts a compare tile of the count kernel
 _SCAN_EXPERTS = 32  # experts a program of the scan
 _SCAN_TILES = 64  # tiles a trip of the scan (at 256 it spilled 436 B on sm_90)
-
-
-def sort_scratch_numel(num_pairs: int, num_experts: int) -> int:
-    """int32 elements of the counts scratch (0 where the all-pairs sort is used)."""
-    if num_pairs < BLOCKED_SORT_MIN_PAIRS:
-        return 0
-    return (triton.cdiv(num_pairs, SORT_TILE) + 1) * num_experts
 
 
 @triton.jit

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 
 from kernels._checks import check_tensor
-from kernels._moe_sort_triton import sort_scratch_numel
 from kernels._triton_support import require_triton
 from kernels.errors import KernelArgumentError
+from kernels.moe_sort_sizes import sort_scratch_numel
 from kernels.mxfp4_moe_ref import MXFP4_GROUP, as_bytes
 
 _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

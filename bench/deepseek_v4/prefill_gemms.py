@@ -120,7 +120,7 @@ def bench_moe(tokens: int, dev: str, variants: list[str],
             continue
         ms = _ms(lambda counts=counts: launch_moe_sort(ids.view(-1), buf["order"], buf["row_end"],
                                                        e, counts))
-        rows.append({"sort": sort, "tokens": tokens, "ms": ms})
+        rows.append({"tiles": f"sort:{sort}", "tokens": tokens, "ms": ms})
         print(f"[moe] {tokens} tokens, {sort} sort by expert: {ms:.4f} ms", flush=True)
     for v in variants:
         spec, _, down_spec = v.split(":")[-1].partition("/")  # 'GATE_UP/DOWN' tiles apart

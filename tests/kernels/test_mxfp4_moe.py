@@ -139,8 +139,8 @@ def test_tiled_sort_is_torch_stable_sort(interpret, pairs, e) -> None:
     """The prefill-sized counting sort (tiles of 128 pairs, a scan over tiles, ranks within a
     tile): a partial last tile, expert counts not a power of two or above one compare tile,
     experts with no pairs, heavy repeats; the all-pairs sort gives the same answer."""
-    from kernels._moe_sort_triton import sort_scratch_numel
     from kernels._mxfp4_moe_triton import launch_moe_sort
+    from kernels.moe_sort_sizes import sort_scratch_numel
 
     g = torch.Generator().manual_seed(pairs)
     ids = torch.randint(0, max(1, e - 3), (pairs,), generator=g)
@@ -158,8 +158,8 @@ def test_tiled_sort_is_torch_stable_sort(interpret, pairs, e) -> None:
 
 def test_tiled_sort_drops_ids_out_of_range(interpret) -> None:
     """An id outside [0, E) is neither counted nor written, as in the all-pairs sort."""
-    from kernels._moe_sort_triton import sort_scratch_numel
     from kernels._mxfp4_moe_triton import launch_moe_sort
+    from kernels.moe_sort_sizes import sort_scratch_numel
 
     e, pairs = 5, 1100
     ids = torch.randint(0, e, (pairs,), generator=torch.Generator().manual_seed(0))

@@ -1,0 +1,14 @@
+"""Sizes of the tiled MoE sort (``kernels._moe_sort_triton``) that the planner needs without
+importing Triton: the tile, the size from which the tiled sort runs, and its scratch."""
+
+from __future__ import annotations
+
+SORT_TILE = 128  # pairs a tile
+BLOCKED_SORT_MIN_PAIRS = 1024  # below this the all-pairs sort is as fast and needs no scratch
+
+
+def sort_scratch_numel(num_pairs: int, num_experts: int) -> int:
+    """int32 elements of the counts scratch (0 where the all-pairs sort is used)."""
+    if num_pairs < BLOCKED_SORT_MIN_PAIRS:
+        return 0
+    return (-(-num_pairs // SORT_TILE) + 1) * num_experts
