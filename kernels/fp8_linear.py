@@ -71,12 +71,31 @@ class Fp8GemvVariant:
         assert self.split >= 1 and self.form in ("dot", "sum"), self
 
 
+_SPLIT_PROGRAMS = 512  # split-K until the grid holds this many programs (~4 an H200 SM)
+_SPLIT_MAX = 8
+_SPLIT_MIN_K_TILES = 4  # a slice keeps at least this many K-tiles
+
+
 def fp8_gemv_variant(m: int, n: int, k: int, block_k: int) -> Fp8GemvVariant | None:
     """The decode variant ``fp8_linear`` launches for ``m`` x ``n`` outputs over ``k``, or None
-    (the tiled kernel). The split-K and sum forms are opt-in until measured on the GPU: this
-    is the one place to switch them on (``python -m bench.quant_decode_sweep``)."""
+    (the tiled kernel). The one place the choice is made. Where 64-row N tiles leave fewer
+    than ``_SPLIT_PROGRAMS`` programs and K is long, K is split (up to 8 slices of at least 4
+    K-tiles each) so the weight streams through more SMs at once. H200 sweep
+    (``python -m bench.quant_decode_sweep``, docs/quant_decode_sweep_h200.json): at V4-Flash's
+    shapes this rule picks the best or within 15% of the best variant, 1.3-2.1x over the
+    unsplit kernel, and leaves N = 32768 x K = 1024 (already 512 programs) unsplit."""
     tiles = fp8_gemv_tiles(m, n, block_k)
-    return None if tiles is None else Fp8GemvVariant(tiles)
+    if tiles is None:
+        return None
+    bm, _, bk = tiles[:3]
+    n_tiles, k_tiles = -(-n // 64), -(-k // bk)
+    split = 1
+    while (split < _SPLIT_MAX and n_tiles * split < _SPLIT_PROGRAMS
+           and k_tiles // (2 * split) >= _SPLIT_MIN_K_TILES):
+        split *= 2
+    if split == 1:
+        return Fp8GemvVariant(tiles)
+    return Fp8GemvVariant((bm, 64, bk, 1, 4, 3), split, "dot")
 
 
 def gemv_k_split(k: int, block_k: int, split: int) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import math
 import statistics
@@ -111,6 +112,30 @@ def _decode_path(decode: str) -> Iterator[None]:
         yield
     finally:
         DeepseekV4Family.__init__ = orig  # type: ignore[method-assign]
+
+
+@contextmanager
+def unsplit_decode_gemms(on: bool) -> Iterator[None]:
+    """``--unsplit``: the decode GEMMs as before split-K became the default (the FP8 GEMV's
+    tiled kernel, the MXFP4 experts unsplit), for the plan and every step while held, so one
+    device call can time both. Patches the two choosing functions, nothing else."""
+    # the modules themselves (the package re-exports functions of the same names)
+    fl, mm = importlib.import_module("kernels.fp8_linear"), importlib.import_module("kernels.mxfp4_moe")
+
+    if not on:
+        yield
+        return
+    saved = fl.fp8_gemv_variant, mm.moe_splits
+
+    def tiled(m: int, n: int, k: int, block_k: int) -> fl.Fp8GemvVariant | None:
+        tiles = fl.fp8_gemv_tiles(m, n, block_k)
+        return None if tiles is None else fl.Fp8GemvVariant(tiles)
+
+    fl.fp8_gemv_variant, mm.moe_splits = tiled, lambda *a: (1, 1)
+    try:
+        yield
+    finally:
+        fl.fp8_gemv_variant, mm.moe_splits = saved
 
 
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
@@ -349,7 +374,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.batch_list, args.prompt_list = _ints(args.batches), _ints(args.prompts)
-    result = run_decode(args)
+    with unsplit_decode_gemms(args.unsplit):
+        result = run_decode(args)
+    result["unsplit"] = args.unsplit
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(report_table(result), flush=True)
     bad = result["error"] or any(r["error"] for r in result["rows"])
@@ -390,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--decode", default="auto", choices=("auto", "fused", "unfused"),
                    help="the decode step's layer loop: fused row kernels or "
                         "the unfused loop prefill shares (the previous path and the engine's default: auto)")
+    r.add_argument("--unsplit", action="store_true",
+                   help="decode GEMMs without split-K (the previous default), to compare")
     r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
     r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; {TINY})")
     return run_or_report(p, sub, argv, _cmd_run, _cmd_report)

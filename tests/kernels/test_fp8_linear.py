@@ -197,3 +197,23 @@ def test_fp8_gemv_variant_rejects_small_workspace(interpret) -> None:
     with pytest.raises(KernelArgumentError, match="'workspace'"):
         fp8_linear(torch.zeros(1, 256), q, s, torch.zeros(1, 8), gemv=variant,
                    workspace=torch.empty(need - 4, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize(("m", "n", "k", "split"), [
+    (1, 4096, 4096, 8),    # V4-Flash's square projections: 64 N-tiles, K cut into 8
+    (32, 8192, 4096, 4),   # grouped o_a, all groups: 128 N-tiles x 4 = 512 programs
+    (1, 1024, 4096, 8),    # narrow N: as many slices as 4-tile slices allow
+    (8, 32768, 1024, 1),   # q_b: 512 N-tiles already, short K: unsplit
+    (1, 200, 512, 1),      # 4 K-tiles: a slice would hold fewer than 4
+    (33, 4096, 4096, None),  # more than 32 rows: the tiled prefill kernel
+])
+def test_default_gemv_variant_splits_long_k_of_narrow_grids(m, n, k, split) -> None:
+    from kernels.fp8_linear import fp8_gemv_variant, fp8_linear_scratch_bytes
+
+    v = fp8_gemv_variant(m, n, k, 128)
+    if split is None:
+        assert v is None
+        return
+    assert v is not None and v.split == split and v.form == "dot"
+    # the scratch the planner counts follows the choice: one fp32 partial a slice
+    assert fp8_linear_scratch_bytes(m, n, k) == (0 if split == 1 else split * m * n * 4)

@@ -343,3 +343,16 @@ def test_split_k_variants_replay_from_a_cuda_graph(cuda) -> None:
         ref_l = fp8_linear_ref(xl.float(), q, s)
         for y in yl:
             assert float((y.float() - ref_l).norm() / ref_l.norm()) < 1e-2
+
+
+def test_default_moe_splits_cut_gate_up_at_decode_sizes() -> None:
+    from kernels.mxfp4_moe import moe_splits
+
+    assert moe_splits(6, 4096, 2048) == (2, 1)     # one V4-Flash token, top-6
+    assert moe_splits(48, 4096, 2048) == (2, 1)    # eight
+    assert moe_splits(192, 4096, 2048) == (1, 1)   # 32 tokens: no split won on the H200
+    assert moe_splits(6, 64, 32) == (1, 1)         # toy widths: nothing to split
+    # the workspace follows: the split's fp32 gate-up partials are counted at one token only
+    one = moe_experts_workspace_bytes(1, 6, 4096, 2048, 128)
+    unsplit = moe_experts_workspace_bytes(1, 6, 4096, 2048, 128, splits=(1, 1))
+    assert one - unsplit >= 2 * 6 * 2 * 2048 * 4
