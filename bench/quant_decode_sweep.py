@@ -44,7 +44,9 @@ FP8_SHAPES = ((4096, 4096, 1), (32768, 1024, 1), (1024, 4096, 1), (2048, 4096, 1
 FP8_ROWS = (1, 8, 32)
 MOE_TOKENS = (1, 8, 32)
 MOE_SHAPE = (128, 4096, 2048, 6)  # experts, hidden, intermediate, top-k
-MOE_TILES = ((16, 64, 128, 4, 3), (16, 32, 128, 4, 3))
+# the tiled decode form at two widths, then the per-pair GEMV form (BLOCK_M 1) at four
+MOE_TILES = ((16, 64, 128, 4, 3), (16, 32, 128, 4, 3), (1, 16, 256, 4, 3), (1, 32, 128, 4, 3),
+             (1, 64, 128, 8, 3), (1, 16, 128, 2, 3))
 
 
 def fp8_variants(m: int, n: int, k: int, splits: tuple[int, ...],
@@ -123,23 +125,26 @@ def sweep_moe(timer: Timer, dev: str, shape: tuple[int, int, int, int], tokens: 
         ref = moe_experts_ref(x.float(), w, ids, gu, gus, dn, dns, 10.0)
         wbytes = int(ids.unique().numel()) * expert_bytes
         ws = torch.empty(max(moe_experts_workspace_bytes(t, top_k, hid, inter, e, dt, splits=sp)
-                             for sp in splits), dtype=torch.uint8, device=dev)
-        for tl_ in tiles:
-            for sp in splits:
-                def fn(x=x, w=w, ids=ids, y=y, sp=sp, tl_=tl_, ws=ws) -> object:
-                    return moe_experts(x, w, ids, gu, gus, dn, dns, 10.0, y, workspace=ws,
-                                       splits=sp, tiles=tl_)
-                y.fill_(float("nan"))
-                fn()
-                err = _rel(y, ref)
-                ms = timer(fn, 20)
-                label = "default" if (sp == (1, 1) and tl_ == tiles[0]) else \
-                    f"bn{tl_[1]} split{sp[0]}x{sp[1]}"
-                row = {"case": "mxfp4_moe", "variant": label, "tokens": t, "tiles": list(tl_),
-                       "splits": list(sp), "ms": ms, "gb_s": wbytes / (ms * 1e6),
-                       "pct_of_copy": 100 * wbytes / (ms * 1e9 * copy_tb_s), "rel_err": err}
-                out.append(row)
-                print(json.dumps(row), flush=True)
+                             for sp in (*splits, None)), dtype=torch.uint8, device=dev)
+        variants: list[tuple[str, tuple[int, ...] | None, tuple[int, int] | None]] = [
+            ("default", None, None)]
+        variants += [(f"{'gemv' if tl_[0] == 1 else 'tiled'} bn{tl_[1]} bk{tl_[2]} "
+                      f"split{sp[0]}x{sp[1]}", tl_, sp) for tl_ in tiles for sp in splits]
+        for label, tl_, sp in variants:
+            def fn(x=x, w=w, ids=ids, y=y, sp=sp, tl_=tl_, ws=ws) -> object:
+                return moe_experts(x, w, ids, gu, gus, dn, dns, 10.0, y, workspace=ws,
+                                   splits=sp, tiles=tl_)
+            y.fill_(float("nan"))
+            fn()
+            err = _rel(y, ref)
+            ms = timer(fn, 20)
+            row = {"case": "mxfp4_moe", "variant": label, "tokens": t,
+                   "tiles": None if tl_ is None else list(tl_),
+                   "splits": None if sp is None else list(sp), "ms": ms,
+                   "gb_s": wbytes / (ms * 1e6),
+                   "pct_of_copy": 100 * wbytes / (ms * 1e9 * copy_tb_s), "rel_err": err}
+            out.append(row)
+            print(json.dumps(row), flush=True)
     return out
 
 
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--fp8-split", default="1,2,4,8", help="K slices of the FP8 GEMV")
     parser.add_argument("--fp8-sum-bn", default="4,8,16", help="BLOCK_N of the no-dot form")
-    parser.add_argument("--moe-split", default="1x1,2x1,1x2,2x2,4x2,2x4,4x4,8x4",
+    parser.add_argument("--moe-split", default="1x1,2x1,4x1,2x2,4x2",
                         help="gate-up x down split-K of the experts")
     parser.add_argument("--only", default="fp8,moe")
     parser.add_argument("--copy-tb-s", type=float, default=4.1, help="the copy rate for pct_of_copy")

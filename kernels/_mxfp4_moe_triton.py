@@ -264,6 +264,83 @@ def _moe_down_kernel(
 
 
 @triton.jit
+def _moe_gemv_gate_up_kernel(
+    x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, H, INTER, TOP_K,
+    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm, limit, SPLIT_TILES,
+    stride_ps, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The per-pair GEMV form of :func:`_moe_gate_up_kernel` (decode: a handful of pairs). Grid
+    (pairs, N-tiles, K-slices); each program reads its pair's expert straight from ``ids`` (no
+    sort), decodes a [BLOCK_N, BLOCK_K] weight tile and reduces it against the token's row
+    with a broadcast multiply (no MMA, no rows padded to a tile). Writes ``h[pair]`` (pair
+    order) or, ``PARTIAL``, the slice's fp32 gate and up sums as the tiled form does."""
+    pair = tl.program_id(0)
+    e = tl.load(ids_ptr + pair)
+    tok = pair // TOP_K
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < INTER
+    wg = w_ptr + e * stride_we + n[:, None] * stride_wn
+    sg = s_ptr + e * stride_se + n[:, None] * stride_sn
+    acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    k_lo = 0
+    k_hi = H
+    if PARTIAL:
+        k_lo = tl.program_id(2) * SPLIT_TILES * BLOCK_K
+        k_hi = tl.minimum(H, k_lo + SPLIT_TILES * BLOCK_K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        a = tl.load(x_ptr + tok * stride_xm + k, mask=k < k_hi, other=0.0).to(tl.float32)
+        acc_g += tl.sum(_mxfp4_tile(wg, sg, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K)
+                        * a[None, :], 1)
+        acc_u += tl.sum(_mxfp4_tile(wg + INTER * stride_wn, sg + INTER * stride_sn, kb, kg, n_ok,
+                                    k_hi // 2, BLOCK_N, BLOCK_K) * a[None, :], 1)
+    if PARTIAL:
+        p = h_ptr + tl.program_id(2) * stride_ps + pair * stride_hm + n
+        tl.store(p, acc_g, mask=n_ok)
+        tl.store(p + INTER, acc_u, mask=n_ok)
+    else:
+        g = tl.minimum(acc_g, limit)
+        u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+        tl.store(h_ptr + pair * stride_hm + n, (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty),
+                 mask=n_ok)
+
+
+@triton.jit
+def _moe_gemv_down_kernel(
+    h_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, y_ptr, H, INTER,
+    stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym, SPLIT_TILES, stride_ys,
+    SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The per-pair GEMV form of :func:`_moe_down_kernel`: y[pair] = weight[pair] * (h[pair] @
+    down[e]^T), or with ``SPLIT`` the slice's weighted partial at ``y + slice * stride_ys``."""
+    pair = tl.program_id(0)
+    e = tl.load(ids_ptr + pair)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < H
+    wd = w_ptr + e * stride_we + n[:, None] * stride_wn
+    sd = s_ptr + e * stride_se + n[:, None] * stride_sn
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    k_lo = 0
+    k_hi = INTER
+    if SPLIT:
+        k_lo = tl.program_id(2) * SPLIT_TILES * BLOCK_K
+        k_hi = tl.minimum(INTER, k_lo + SPLIT_TILES * BLOCK_K)
+        y_ptr += tl.program_id(2) * stride_ys
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        a = tl.load(h_ptr + pair * stride_hm + k, mask=k < k_hi, other=0.0).to(tl.float32)
+        acc += tl.sum(_mxfp4_tile(wd, sd, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K)
+                      * a[None, :], 1)
+    tw = tl.load(tw_ptr + pair).to(tl.float32)
+    tl.store(y_ptr + pair * stride_ym + n, (acc * tw).to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
 def _moe_swiglu_split_kernel(p_ptr, h_ptr, INTER, SLICES, stride_ps, stride_pm, stride_hm, limit,
                              BLOCK: tl.constexpr):
     """h[row, n] = swiglu of the gate and up sums over the split-K slices of the gate-up
@@ -302,7 +379,8 @@ def _moe_combine_kernel(y_ptr, out_ptr, H, TOP_K, stride_ym, stride_om, SLICES, 
     tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-# BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, swap[, scaled]]: swap (default: BLOCK_M <
+# BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, swap[, scaled]]; BLOCK_M 1 is the per-pair
+# GEMV form (no sort, no MMA: ``_moe_gemv_*``), for a decode step's few pairs; swap (default: BLOCK_M <
 # 64) makes the decoded weight tile the dot's first operand, so it can stay in registers (wgmma
 # takes its A operand from registers) instead of going through shared memory; scaled (default
 # off; bf16/fp16 activations only) lets ``tl.dot_scaled`` decode the weights
@@ -369,8 +447,13 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     t, hid = x.shape
     e, inter = gate_up.shape[0], down.shape[-1] * 2
     m = t * top_k
-    launch_moe_sort(ids, order, row_end, e, sort_counts)
     bm, bn, bk, warps, stages, *rest = tiles or moe_tiles(m, hid)
+    if bm == 1 and fp8_scratch is None:
+        assert h is not None
+        _launch_moe_gemv(x, ids, tw, gate_up, gate_up_scale, down, down_scale, limit, h, y, out,
+                         top_k, accumulate, (bn, bk, warps, stages), splits, gu_part)
+        return
+    launch_moe_sort(ids, order, row_end, e, sort_counts)
     swap = bool(rest[0]) if rest else bm < 64
     scaled = len(rest) > 1 and bool(rest[1]) and x.dtype != torch.float32
     # every non-empty expert owns >= 1 row, so the tiles are at most min(pairs, ...) in number
@@ -430,3 +513,47 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     block = min(1024, next_pow2(hid))
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
         y, out, hid, top_k, y.stride(0), out.stride(0), 1, 0, ACCUMULATE=accumulate, BLOCK=block)
+
+
+def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_up: torch.Tensor,
+                     gate_up_scale: torch.Tensor, down: torch.Tensor, down_scale: torch.Tensor,
+                     limit: float, h: torch.Tensor, y: torch.Tensor, out: torch.Tensor,
+                     top_k: int, accumulate: bool, tiles: tuple[int, int, int, int],
+                     splits: tuple[int, int], gu_part: torch.Tensor | None) -> None:
+    """The per-pair GEMV form (tiles with ``BLOCK_M`` 1): no sort; gate-up, (the split's
+    SwiGLU), down, (the combine), with the same scratch and split-K layout as the tiled form."""
+    t, hid = x.shape
+    inter = down.shape[-1] * 2
+    m = t * top_k
+    bn, bk, warps, stages = tiles
+    gu_slices, gu_tiles = split_k_slices(hid, bk, splits[0])
+    dst = h
+    if gu_slices > 1:
+        assert gu_part is not None and gu_part.dtype == torch.float32, "gate-up split scratch"
+        dst = gu_part
+    _moe_gemv_gate_up_kernel[(m, triton.cdiv(inter, bn), gu_slices)](
+        x, ids, gate_up, gate_up_scale, dst, hid, inter, top_k, x.stride(0), gate_up.stride(0),
+        gate_up.stride(1), gate_up_scale.stride(0), gate_up_scale.stride(1), dst.stride(-2),
+        float(limit), gu_tiles, dst.stride(0) if gu_slices > 1 else 0, PARTIAL=gu_slices > 1,
+        BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    if gu_slices > 1:
+        rb = min(1024, next_pow2(inter))
+        _moe_swiglu_split_kernel[(m, triton.cdiv(inter, rb))](
+            dst, h, inter, gu_slices, dst.stride(0), dst.stride(1), h.stride(0), float(limit),
+            BLOCK=rb)
+    dn_slices, dn_tiles = split_k_slices(inter, bk, splits[1])
+    if y.dim() == 3:
+        assert y.dtype == torch.float32 and y.shape[0] >= dn_slices, (y.dtype, y.shape)
+        if dn_slices == 1:
+            y = y[0]
+    else:
+        assert dn_slices == 1, "a down split needs fp32 [slices, T * k, H] scratch as y"
+    _moe_gemv_down_kernel[(m, triton.cdiv(hid, bn), dn_slices)](
+        h, ids, tw, down, down_scale, y, hid, inter, h.stride(0), down.stride(0), down.stride(1),
+        down_scale.stride(0), down_scale.stride(1), y.stride(-2), dn_tiles,
+        y.stride(0) if dn_slices > 1 else 0, SPLIT=dn_slices > 1, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=warps, num_stages=stages)
+    block = min(1024, next_pow2(hid))
+    _moe_combine_kernel[(t, triton.cdiv(hid, block))](
+        y, out, hid, top_k, y.stride(-2), out.stride(0), dn_slices,
+        y.stride(0) if dn_slices > 1 else 0, ACCUMULATE=accumulate, BLOCK=block)

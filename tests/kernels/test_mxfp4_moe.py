@@ -233,8 +233,11 @@ def test_down_gemm_takes_its_own_tiles(interpret) -> None:
     torch.testing.assert_close(out, moe_experts_ref(x, w, ids, *weights, 7.0), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("tiles", [None, (16, 64, 128, 4, 3)])
-@pytest.mark.parametrize("splits", [(2, 1), (1, 2), (3, 2), (8, 8)])
+@pytest.mark.parametrize(("tiles", "splits"), [
+    *((tiles, splits) for tiles in (None, (16, 64, 128, 4, 3))
+      for splits in ((2, 1), (1, 2), (3, 2), (8, 8))),
+    ((1, 32, 64, 4, 1), (3, 2)),  # BLOCK_M 1: the per-pair GEMV form, both GEMMs split
+])
 @pytest.mark.parametrize(("t", "k", "e", "hid", "inter", "ids"), [
     (1, 2, 5, 160, 96, None),       # one token; K-tiles 64: hidden 160 ends inside a slice
     (3, 3, 7, 160, 96, "skewed"),   # experts 0, 2, 3, 4 get no row
@@ -356,3 +359,24 @@ def test_default_moe_splits_cut_gate_up_at_decode_sizes() -> None:
     one = moe_experts_workspace_bytes(1, 6, 4096, 2048, 128)
     unsplit = moe_experts_workspace_bytes(1, 6, 4096, 2048, 128, splits=(1, 1))
     assert one - unsplit >= 2 * 6 * 2 * 2048 * 4
+
+
+@pytest.mark.parametrize(("tiles", "t", "k", "e", "hid", "inter", "ids"), [
+    ((1, 32, 64, 4, 1), 1, 6, 9, 96, 64, None),          # one decode token, top-6
+    ((1, 64, 256, 8, 3), 4, 3, 7, 160, 96, "skewed"),    # BLOCK_K past hidden; experts 0, 2-4 idle
+    ((1, 32, 64, 4, 1), 3, 2, 6, 96, 160, "repeat"),     # a token picks one expert twice
+])
+def test_moe_gemv_form_matches_reference(interpret, tiles, t, k, e, hid, inter, ids) -> None:
+    """The per-pair GEMV form (no sort; BLOCK_K wider than hidden in the second tiles), added
+    to what ``out`` holds (the shared expert's output), unsplit."""
+    g = torch.Generator().manual_seed(t * 7 + hid)
+    weights = _experts(e, hid, inter, t + 3)
+    x = torch.randn(t, hid, generator=g)
+    topk_ids = pick_experts(t, k, e, ids, g)
+    topk_w = torch.rand(t, k, generator=g)
+    base = torch.randn(t, hid, generator=g)
+    out = base.clone()
+    moe_experts(x, topk_w, topk_ids, *weights, 7.0, out, accumulate=True, splits=(1, 1),
+                tiles=tiles)
+    ref = base + moe_experts_ref(x, topk_w, topk_ids, *weights, 7.0)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
