@@ -199,14 +199,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     timer: Timer = graph_ms if on_gpu else _run_once
     rows: list[dict] = []
     fp8_shapes, fp8_rows, moe_shape, moe_tokens = FP8_SHAPES, FP8_ROWS, MOE_SHAPE, MOE_TOKENS
+    moe_tiles = MOE_TILES
     if args.smoke:
         fp8_shapes, fp8_rows = ((72, 300, 1), (48, 260, 2)), (1, 3, 17)
         moe_shape, moe_tokens = (6, 160, 96, 2), (1, 3)
+        moe_tiles = ((16, 32, 64, 4, 1), (1, 32, 64, 4, 1))  # tiled and per-pair forms
     if "fp8" in args.only:
         rows += sweep_fp8(timer, dev, fp8_shapes, fp8_rows, _ints(args.fp8_split),
                           _ints(args.fp8_sum_bn), args.copy_tb_s)
     if "moe" in args.only:
-        rows += sweep_moe(timer, dev, moe_shape, moe_tokens, _pairs(args.moe_split), MOE_TILES,
+        rows += sweep_moe(timer, dev, moe_shape, moe_tokens, _pairs(args.moe_split), moe_tiles,
                           args.copy_tb_s)
     best = best_rows(rows)
     for r in best:

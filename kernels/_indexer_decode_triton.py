@@ -21,23 +21,27 @@ def _indexer_decode_kernel(q_ptr, w_ptr, k_ptr, tab_ptr, end_ptr, out_ptr, h, d,
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     ok_t = t < num
     e = first + t
-    blk = tl.load(tab_ptr + row * s_tab + e // per, mask=ok_t, other=0)
-    kr = blk * per + e % per
-    hh = tl.arange(0, BLOCK_H)
-    dd = tl.arange(0, BLOCK_D)
-    ok_d = dd < d
-    q = tl.load(q_ptr + row * s_qb + hh[:, None] * s_qh + dd[None, :],
-                mask=(hh < h)[:, None] & ok_d[None, :], other=0.0)
-    k = tl.load(k_ptr + kr[:, None] * s_k + dd[None, :], mask=ok_t[:, None] & ok_d[None, :],
-                other=0.0)
-    if F32:  # fp32 inputs, and the interpreter (whose bf16 dot is not exact)
-        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:  # bf16 x bf16 products are exact in the fp32 accumulator
-        s = tl.dot(q, tl.trans(k.to(q.dtype)))
-    w = tl.load(w_ptr + row * s_wb + hh, mask=hh < h, other=0.0)
-    sc = tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0)  # [T]
     end = tl.load(end_ptr + row)
-    tl.store(out_ptr + row * s_ob + t, tl.where(e < end, sc, float("-inf")), mask=ok_t)
+    if first + tl.program_id(1) * BLOCK_T < end:
+        blk = tl.load(tab_ptr + row * s_tab + e // per, mask=ok_t, other=0)
+        kr = blk * per + e % per
+        hh = tl.arange(0, BLOCK_H)
+        dd = tl.arange(0, BLOCK_D)
+        ok_d = dd < d
+        q = tl.load(q_ptr + row * s_qb + hh[:, None] * s_qh + dd[None, :],
+                    mask=(hh < h)[:, None] & ok_d[None, :], other=0.0)
+        k = tl.load(k_ptr + kr[:, None] * s_k + dd[None, :], mask=ok_t[:, None] & ok_d[None, :],
+                    other=0.0)
+        if F32:  # fp32 inputs, and the interpreter (whose bf16 dot is not exact)
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:  # bf16 x bf16 products are exact in the fp32 accumulator
+            s = tl.dot(q, tl.trans(k.to(q.dtype)))
+        w = tl.load(w_ptr + row * s_wb + hh, mask=hh < h, other=0.0)
+        sc = tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0)  # [T]
+        tl.store(out_ptr + row * s_ob + t, tl.where(e < end, sc, float("-inf")), mask=ok_t)
+    else:  # a tile wholly past the row's closed entries (a short sequence in a wide table)
+        tl.store(out_ptr + row * s_ob + t, tl.full([BLOCK_T], float("-inf"), tl.float32),
+                 mask=ok_t)
 
 
 def launch_indexer_decode(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
@@ -51,3 +55,29 @@ def launch_indexer_decode(q: torch.Tensor, weights: torch.Tensor, keys: torch.Te
         BLOCK_H=max(16, next_pow2(h)), BLOCK_D=max(16, next_pow2(d)),
         BLOCK_T=INDEXER_DECODE_BLOCK_T, num_warps=8,
     )
+
+
+def launch_indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                               tables: torch.Tensor, kv_end: torch.Tensor, per_block: int,
+                               num_entries: int, topk: int, kp: int, scores: torch.Tensor,
+                               best: torch.Tensor, cand: torch.Tensor, out_scores: torch.Tensor,
+                               out_indices: torch.Tensor) -> None:
+    """Tiles of ``scores.shape[1]`` entries: each scored (``_indexer_decode_kernel``) then merged
+    into the row's running best (the prefill indexer's ``_topk_merge_kernel``, which reads only
+    the row's visible entries); buffers carved by ``kernels.indexer_decode``."""
+    from kernels._indexer_triton import (
+        _topk_finalize_kernel,
+        _topk_init_kernel,
+        _topk_merge_kernel,
+    )
+
+    b = q.shape[0]
+    tile = scores.shape[1]
+    _topk_init_kernel[(b,)](best, KP=kp)
+    for first in range(0, num_entries, tile):
+        num = min(tile, num_entries - first)
+        launch_indexer_decode(q, weights, keys, tables, kv_end, first, num, per_block, scores)
+        _topk_merge_kernel[(b,)](scores, kv_end, best, cand, first, num, topk, scores.stride(0),
+                                 KP=kp, LOG_KP=kp.bit_length() - 1, num_warps=4)
+    _topk_finalize_kernel[(b,)](best, out_scores, out_indices, topk, out_scores.stride(0),
+                                out_indices.stride(0), KP=kp)

@@ -385,14 +385,20 @@ def _moe_combine_kernel(y_ptr, out_ptr, H, TOP_K, stride_ym, stride_om, SLICES, 
 # takes its A operand from registers) instead of going through shared memory; scaled (default
 # off; bf16/fp16 activations only) lets ``tl.dot_scaled`` decode the weights
 MoeTiles = tuple[int, ...]
+GEMV_MAX_PAIRS = 64  # the per-pair form's limit (pairs = tokens x top-k)
 
 
 def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
-    """Tiles of both GEMMs. Decode (a few rows per expert): 16-row tiles with swapped
-    operands; prefill: 128 x 128 x 128 tiles, swapped too, so a decoded weight tile feeds 128
+    """Tiles of both GEMMs. Up to ``GEMV_MAX_PAIRS`` pairs (8 tokens at top-6) the per-pair
+    GEMV form: on the H200 (docs/quant_decode_sweep_moe_h200.json) 0.074 against 0.091 ms at
+    one token and 0.446 against 0.502 at 8, 1.69 against 1.06 ms at 32 (the tiled form reads
+    an expert once for all its rows). Decode beyond (a few rows per expert): 16-row tiles with
+    swapped operands; prefill: 128 x 128 x 128 tiles, swapped too, so a decoded weight tile feeds 128
     rows from registers. H200 sweep at 4096 tokens x top-6, 128 experts (docs/benchmarks.md,
     2026-12-04): 7.09 ms swapped against 8.26 ms for the earlier 128 x 128 x 64 unswapped tiles;
     40 KiB of shared memory, so the same tiles fit an SM120's 99 KiB."""
+    if num_pairs <= GEMV_MAX_PAIRS:
+        return (1, 32, 64, 4, 1) if interpreting() else (1, 16, 256, 4, 3)
     if interpreting():
         return (16, 32, 64, 4, 1) if num_pairs <= 256 else (64, 32, 64, 4, 1)
     if num_pairs <= 256:

@@ -1,9 +1,11 @@
 """The lightning indexer's decode scores as one kernel per tile: each row's single query against
 a tile of its own sequence's compressed entries, read from the paged pool through its block
 table (DeepSeek-V4's CSA layers). Unfused that is a gather of the keys, an fp32 copy, a batched
-matmul, ReLU, weighting, a sum and a mask, each its own kernel. The running top-k over tiles
-stays with the caller. ``kernels.indexer_decode_ref`` is the specification; writes into
-``out``, no scratch.
+matmul, ReLU, weighting, a sum and a mask, each its own kernel. ``indexer_decode_scores``
+scores one tile into ``out`` (no scratch); ``indexer_decode_topk`` walks the whole table width
+in tiles and keeps each row's running top-k with the prefill indexer's merge kernel, in
+``indexer_decode_topk_workspace_bytes`` of scratch: rows x (tile + top-k) values, never rows x
+context. ``kernels.indexer_decode_ref`` is the specification of both.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from kernels._checks import check_tensor
-from kernels._triton_support import require_triton
+from kernels._triton_support import next_pow2, require_triton
 from kernels.errors import KernelArgumentError
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -42,4 +44,58 @@ def indexer_decode_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Te
 
     if b and num:
         launch_indexer_decode(q, weights, keys, tables, kv_end, first, num, per_block, out)
+    return out
+
+
+def _kp(topk: int) -> int:
+    return next_pow2(max(topk, 16))
+
+
+def indexer_decode_topk_workspace_bytes(rows: int, topk: int, tile: int) -> int:
+    """Scratch of :func:`indexer_decode_topk`: per row the running best and the merge's
+    candidates (int64 keys, ``kp`` and ``2 kp`` with ``kp`` = top-k rounded up to a power of
+    two), a tile's fp32 scores and the best's fp32 scores."""
+    kp = _kp(topk)
+    return rows * (tile * 4 + 3 * kp * 8 + topk * 4)
+
+
+def indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                        tables: torch.Tensor, kv_end: torch.Tensor, per_block: int, topk: int,
+                        tile: int, out: torch.Tensor, *, workspace: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+    """Each row's ``topk`` highest-scoring entries among the ``tables.shape[1] * per_block``
+    its table can hold (visible: < kv_end) -> out [B, topk] int64, best first, ties to the lower
+    entry, -1 past the visible ones. Scores as ``indexer_decode_scores``; ``tile`` entries are
+    scored a launch. ``workspace``: uint8, ``indexer_decode_topk_workspace_bytes`` (allocated
+    here when None)."""
+    name = "indexer_decode_topk"
+    dev = q.device
+    b = q.shape[0]
+    check_tensor(name, "out", out, shape=(b, topk), dtypes=(torch.int64,), device=dev)
+    if tile <= 0 or topk <= 0:
+        raise KernelArgumentError(name, "tile", f"tile and topk must be > 0, got {tile}, {topk}")
+    num_entries = tables.shape[1] * per_block
+    tile = min(tile, max(num_entries, 1))
+    need = indexer_decode_topk_workspace_bytes(b, topk, tile)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.uint8, device=dev)
+    if workspace.dtype != torch.uint8 or workspace.numel() < need or workspace.device != dev:
+        raise KernelArgumentError(name, "workspace", f"must be uint8 on {dev} with >= {need} "
+                                  f"bytes, got {workspace.dtype} x {workspace.numel()}")
+    kp = _kp(topk)
+    # int64 keys first (8-byte aligned), then the fp32 scores of a tile and of the best
+    best = workspace[:b * kp * 8].view(torch.int64)
+    cand = workspace[b * kp * 8:3 * b * kp * 8].view(torch.int64)
+    o = 3 * b * kp * 8
+    scores = workspace[o:o + b * tile * 4].view(torch.float32).view(b, tile)
+    o += b * tile * 4
+    best_scores = workspace[o:o + b * topk * 4].view(torch.float32).view(b, topk)
+    # the scoring kernel's checks, once, on an empty tile
+    indexer_decode_scores(q, weights, keys, tables, kv_end, 0, 0, per_block, scores[:, :0])
+    if not b:
+        return out
+    from kernels._indexer_decode_triton import launch_indexer_decode_topk
+
+    launch_indexer_decode_topk(q, weights, keys, tables, kv_end, per_block, num_entries, topk, kp,
+                               scores, best, cand, best_scores, out)
     return out

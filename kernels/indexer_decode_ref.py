@@ -22,3 +22,17 @@ def indexer_decode_scores_ref(q: torch.Tensor, weights: torch.Tensor, keys: torc
     sc = torch.einsum("bhd,btd->bht", q.float(), k)
     sc = (F.relu(sc) * weights[:, :, None]).sum(dim=1)
     return sc.masked_fill(e[None, :] >= kv_end[:, None], float("-inf"))
+
+
+def indexer_decode_topk_ref(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                            tables: torch.Tensor, kv_end: torch.Tensor, per_block: int,
+                            topk: int) -> torch.Tensor:
+    """The ``topk`` best entries of each row over its whole table -> [B, topk] int64, best
+    first, ties to the lower entry, -1 past the visible ones."""
+    num = tables.shape[1] * per_block
+    sc = indexer_decode_scores_ref(q, weights, keys, tables, kv_end, 0, num, per_block)
+    e = torch.arange(num, device=q.device)
+    # order by score descending, then entry ascending (a stable sort of the entries)
+    order = torch.sort(sc, dim=1, descending=True, stable=True).indices[:, :topk]
+    out = torch.where(torch.isinf(sc.gather(1, order)), -1, e[order])
+    return torch.nn.functional.pad(out, (0, topk - out.shape[1]), value=-1)

@@ -44,19 +44,17 @@ def uses_fp8(num_tokens: int, hidden: int, intermediate: int) -> bool:
 
 
 SPLIT_MAX_PAIRS = 256  # split-K is a decode form: (tokens x top-k) pairs up to this many
-SPLIT_DECODE_PAIRS = 64  # the default gate-up split stops here (8 tokens x top-6 = 48 pairs)
 
 
 def moe_splits(num_pairs: int, hidden: int, intermediate: int) -> tuple[int, int]:
     """(gate-up, down) split-K of the weight-decoding form at ``num_pairs`` token-expert
     pairs: at most that many slices of the hidden (gate-up) and intermediate (down) dims, so
     a decode step's few touched experts spread over more programs with shorter K loops. The
-    one place the default is chosen; the workspace helpers below follow it. H200 sweep
-    (``python -m bench.quant_decode_sweep``, V4-Flash's 4096 x 2048 experts, top-6): gate-up
-    cut in two is 1.23x at one token and 1.02x at 8; at 32 tokens no split wins, and no down
-    split ever did."""
-    if num_pairs <= SPLIT_DECODE_PAIRS and hidden >= 2048:
-        return (2, 1)
+    one place the default is chosen; the workspace helpers below follow it. None by default:
+    on the H200 (``python -m bench.quant_decode_sweep``, V4-Flash's 4096 x 2048 experts,
+    top-6) the per-pair form that decode steps of up to 8 tokens take gained at most 3% from a
+    split (0.0719 against 0.0738 ms at one token), and at 32 tokens no split of the tiled form
+    won."""
     return (1, 1)
 
 

@@ -114,28 +114,48 @@ def _decode_path(decode: str) -> Iterator[None]:
         DeepseekV4Family.__init__ = orig  # type: ignore[method-assign]
 
 
-@contextmanager
-def unsplit_decode_gemms(on: bool) -> Iterator[None]:
-    """``--unsplit``: the decode GEMMs as before split-K became the default (the FP8 GEMV's
-    tiled kernel, the MXFP4 experts unsplit), for the plan and every step while held, so one
-    device call can time both. Patches the two choosing functions, nothing else."""
-    # the modules themselves (the package re-exports functions of the same names)
-    fl, mm = importlib.import_module("kernels.fp8_linear"), importlib.import_module("kernels.mxfp4_moe")
+def _tiled_topk_indexer(q: torch.Tensor, weights: torch.Tensor, keys: Any, rows: Any, rate: int,
+                        block_size: int, topk: int) -> torch.Tensor:
+    """The fused loop's CSA indexer as it was before ``kernels.indexer_decode_topk``: each
+    2,048-entry tile scored by the kernel, the running top-k kept with ``torch.topk``."""
+    from engine.models.deepseek_v4.decode_step import indexer_topk_decode
+    from kernels.indexer_decode import indexer_decode_scores
 
+    if keys.scale is not None or keys.data.dtype != q.dtype:
+        return indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk)
+    per, flat = block_size // rate, keys.data.view(-1, keys.dim)
+    kv_end = rows.memo(("kv_end", rate), lambda: (rows.positions + 1) // rate)
+
+    def score(first: int, num: int) -> torch.Tensor:
+        out = torch.empty(q.shape[0], num, dtype=torch.float32, device=q.device)
+        return indexer_decode_scores(q, weights, flat, rows.tables, kv_end, first, num, per, out)
+
+    return indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk, score=score)
+
+
+@contextmanager
+def previous_decode_kernels(on: bool) -> Iterator[None]:
+    """``--previous-kernels``: the fused decode loop's kernels as they were before this
+    session's choices (the FP8 GEMV's unsplit tiled kernel, the MXFP4 experts' tiled form at
+    every size, the CSA indexer's ``torch.topk`` merge), for the plan and every step while
+    held, so one device call can time both. Patches the choosing points, nothing else."""
     if not on:
         yield
         return
-    saved = fl.fp8_gemv_variant, mm.moe_splits
+    # the modules themselves (the package re-exports functions of the same names)
+    fl, mt = importlib.import_module("kernels.fp8_linear"), importlib.import_module("kernels._mxfp4_moe_triton")
+    att = importlib.import_module("engine.models.deepseek_v4.attention")
+    saved = fl.fp8_gemv_variant, mt.GEMV_MAX_PAIRS, att.indexer_topk_fused
 
     def tiled(m: int, n: int, k: int, block_k: int) -> fl.Fp8GemvVariant | None:
         tiles = fl.fp8_gemv_tiles(m, n, block_k)
         return None if tiles is None else fl.Fp8GemvVariant(tiles)
 
-    fl.fp8_gemv_variant, mm.moe_splits = tiled, lambda *a: (1, 1)
+    fl.fp8_gemv_variant, mt.GEMV_MAX_PAIRS, att.indexer_topk_fused = tiled, 0, _tiled_topk_indexer
     try:
         yield
     finally:
-        fl.fp8_gemv_variant, mm.moe_splits = saved
+        fl.fp8_gemv_variant, mt.GEMV_MAX_PAIRS, att.indexer_topk_fused = saved
 
 
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
@@ -374,9 +394,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.batch_list, args.prompt_list = _ints(args.batches), _ints(args.prompts)
-    with unsplit_decode_gemms(args.unsplit):
+    with previous_decode_kernels(args.previous_kernels):
         result = run_decode(args)
-    result["unsplit"] = args.unsplit
+    result["previous_kernels"] = args.previous_kernels
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(report_table(result), flush=True)
     bad = result["error"] or any(r["error"] for r in result["rows"])
@@ -417,8 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--decode", default="auto", choices=("auto", "fused", "unfused"),
                    help="the decode step's layer loop: fused row kernels or "
                         "the unfused loop prefill shares (the previous path and the engine's default: auto)")
-    r.add_argument("--unsplit", action="store_true",
-                   help="decode GEMMs without split-K (the previous default), to compare")
+    r.add_argument("--previous-kernels", action="store_true",
+                   help="the fused decode's previous kernel choices (no split-K, tiled experts, "
+                        "torch.topk indexer merge), to compare")
     r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
     r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; {TINY})")
     return run_or_report(p, sub, argv, _cmd_run, _cmd_report)

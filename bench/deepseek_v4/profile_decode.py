@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bench.deepseek_v4.decode import _DTYPES, build_engine, unsplit_decode_gemms
+from bench.deepseek_v4.decode import _DTYPES, build_engine, previous_decode_kernels
 from bench.deepseek_v4.kernel_sources import OpSources, family_table
 from engine.sampling_params import SamplingParams
 
@@ -112,14 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--decode", default="auto", choices=("auto", "fused", "unfused"))
     p.add_argument("--trace-allocs", action="store_true")
-    p.add_argument("--unsplit", action="store_true", help="decode GEMMs without split-K")
+    p.add_argument("--previous-kernels", action="store_true",
+                   help="the fused decode's previous kernel choices (see bench.deepseek_v4.decode)")
     p.add_argument("--out", default="profile_decode.txt")
     args = p.parse_args(argv)
     args.device, args.dtype, args.tiny, args.batch_list = "cuda", None, False, [args.batch]
     args.block_size = args.num_blocks = None
     args.kv_dtype, args.strict = "auto", False
     assert args.dtype is None or args.dtype in _DTYPES
-    with unsplit_decode_gemms(args.unsplit):
+    with previous_decode_kernels(args.previous_kernels):
         text = profile(args)
     print(text, flush=True)
     Path(args.out).write_text(text)

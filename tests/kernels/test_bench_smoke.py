@@ -34,7 +34,7 @@ def test_bench_smoke_runs_the_quantized_cases(interpret, tmp_path) -> None:
 
 def test_decode_variant_sweep_smoke(interpret, tmp_path) -> None:
     """`python -m bench.quant_decode_sweep --smoke`: every kind of decode variant (split-K dot
-    form, no-dot form, MoE splits) runs end to end on toy shapes and matches its reference."""
+    form, no-dot form, MoE splits, the experts' per-pair form) runs end to end on toy shapes and matches its reference."""
     from bench.quant_decode_sweep import main
 
     out = tmp_path / "sweep.json"
@@ -44,6 +44,9 @@ def test_decode_variant_sweep_smoke(interpret, tmp_path) -> None:
     rows = report["rows"]
     assert {r["form"] for r in rows if r["case"] == "fp8_gemv"} == {"dot", "sum"}
     assert {r["slices"] for r in rows if r["case"] == "fp8_gemv"} == {1, 3}
-    assert {tuple(r["splits"]) for r in rows if r["case"] == "mxfp4_moe"} == {(1, 1), (2, 2)}
+    moe = [r for r in rows if r["case"] == "mxfp4_moe"]
+    assert {r["variant"] for r in moe if r["splits"] is None} == {"default"}
+    assert {tuple(r["splits"]) for r in moe if r["splits"]} == {(1, 1), (2, 2)}
+    assert {r["tiles"][0] for r in moe if r["tiles"]} == {16, 1}  # the tiled and per-pair forms
     assert all(r["rel_err"] < 2e-2 for r in rows)
     assert len(report["best"]) == 8  # 2 fp8 shapes x 3 row counts + 2 token counts

@@ -55,3 +55,36 @@ def test_indexer_decode_on_cuda(cuda, b):
     indexer_decode_scores(q, w, keys, tables, ends, 2048, 2048, 64, out)
     torch.testing.assert_close(out, indexer_decode_scores_ref(q, w, keys, tables, ends, 2048,
                                                               2048, 64), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("b,h,d,per,blocks,topk,tile", [
+    (5, 5, 24, 4, 7, 8, 8),     # 28 entries over 4 tiles (the last one partial)
+    (3, 3, 20, 2, 9, 40, 5),    # top-k wider than the table: -1 padding; odd tile
+    (2, 16, 32, 8, 3, 16, 64),  # one tile wider than the table
+])
+def test_indexer_decode_topk_matches_reference(interpret, b, h, d, per, blocks, topk, tile):
+    from kernels.indexer_decode import indexer_decode_topk, indexer_decode_topk_workspace_bytes
+    from kernels.indexer_decode_ref import indexer_decode_topk_ref
+
+    q, w, keys, tables, ends = _case(b, h, d, per, blocks, 0, blocks * per // 2, torch.float32,
+                                     "cpu", b * h + topk)
+    out = torch.full((b, topk), 7, dtype=torch.int64)
+    ws = torch.full((indexer_decode_topk_workspace_bytes(b, topk, min(tile, blocks * per)),),
+                    0xFF, dtype=torch.uint8)  # dirty: every byte read must be written first
+    for _ in range(2):
+        indexer_decode_topk(q, w, keys, tables, ends, per, topk, tile, out, workspace=ws)
+        assert torch.equal(out, indexer_decode_topk_ref(q, w, keys, tables, ends, per, topk))
+    assert (out[ends == 0] == -1).all()
+
+
+def test_indexer_decode_topk_ties_go_to_the_lower_entry(interpret):
+    """Every key equal: all visible scores tie, so the first ``topk`` entries win, in order."""
+    from kernels.indexer_decode import indexer_decode_topk
+
+    b, h, d, per, blocks = 2, 4, 16, 4, 5
+    q, w, keys, tables, _ = _case(b, h, d, per, blocks, 0, 8, torch.float32, "cpu", 3)
+    keys[:] = keys[0]
+    ends = torch.tensor([17, 3])
+    out = torch.empty(b, 6, dtype=torch.int64)
+    indexer_decode_topk(q, w, keys, tables, ends, per, 6, 8, out)
+    assert out.tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, -1, -1, -1]]

@@ -348,35 +348,14 @@ def test_split_k_variants_replay_from_a_cuda_graph(cuda) -> None:
             assert float((y.float() - ref_l).norm() / ref_l.norm()) < 1e-2
 
 
-def test_default_moe_splits_cut_gate_up_at_decode_sizes() -> None:
+def test_default_moe_form_by_pairs() -> None:
+    """Decode steps of up to 64 pairs take the per-pair GEMV form, unsplit (the H200 sweep),
+    more pairs the tiled form; the workspace holds no split partials by default."""
+    from kernels._mxfp4_moe_triton import GEMV_MAX_PAIRS, moe_tiles
     from kernels.mxfp4_moe import moe_splits
 
-    assert moe_splits(6, 4096, 2048) == (2, 1)     # one V4-Flash token, top-6
-    assert moe_splits(48, 4096, 2048) == (2, 1)    # eight
-    assert moe_splits(192, 4096, 2048) == (1, 1)   # 32 tokens: no split won on the H200
-    assert moe_splits(6, 64, 32) == (1, 1)         # toy widths: nothing to split
-    # the workspace follows: the split's fp32 gate-up partials are counted at one token only
-    one = moe_experts_workspace_bytes(1, 6, 4096, 2048, 128)
-    unsplit = moe_experts_workspace_bytes(1, 6, 4096, 2048, 128, splits=(1, 1))
-    assert one - unsplit >= 2 * 6 * 2 * 2048 * 4
-
-
-@pytest.mark.parametrize(("tiles", "t", "k", "e", "hid", "inter", "ids"), [
-    ((1, 32, 64, 4, 1), 1, 6, 9, 96, 64, None),          # one decode token, top-6
-    ((1, 64, 256, 8, 3), 4, 3, 7, 160, 96, "skewed"),    # BLOCK_K past hidden; experts 0, 2-4 idle
-    ((1, 32, 64, 4, 1), 3, 2, 6, 96, 160, "repeat"),     # a token picks one expert twice
-])
-def test_moe_gemv_form_matches_reference(interpret, tiles, t, k, e, hid, inter, ids) -> None:
-    """The per-pair GEMV form (no sort; BLOCK_K wider than hidden in the second tiles), added
-    to what ``out`` holds (the shared expert's output), unsplit."""
-    g = torch.Generator().manual_seed(t * 7 + hid)
-    weights = _experts(e, hid, inter, t + 3)
-    x = torch.randn(t, hid, generator=g)
-    topk_ids = pick_experts(t, k, e, ids, g)
-    topk_w = torch.rand(t, k, generator=g)
-    base = torch.randn(t, hid, generator=g)
-    out = base.clone()
-    moe_experts(x, topk_w, topk_ids, *weights, 7.0, out, accumulate=True, splits=(1, 1),
-                tiles=tiles)
-    ref = base + moe_experts_ref(x, topk_w, topk_ids, *weights, 7.0)
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert moe_tiles(6)[0] == 1 and moe_tiles(GEMV_MAX_PAIRS)[0] == 1
+    assert moe_tiles(GEMV_MAX_PAIRS + 1)[0] > 1 and moe_tiles(24576)[0] > 1
+    assert moe_splits(6, 4096, 2048) == (1, 1)
+    assert (moe_experts_workspace_bytes(1, 6, 4096, 2048, 128)
+            == moe_experts_workspace_bytes(1, 6, 4096, 2048, 128, splits=(1, 1)))

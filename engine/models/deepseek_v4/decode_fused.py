@@ -6,9 +6,9 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
   instead of ~25); the last one collapses through the model's head and applies its final norm.
 * each compressor (and the indexer's): ``kernels.compress_decode``, the window update, the
   gated sum, norm and RoPE of a closed window's entry (2 launches + the pool write, not ~40).
-* the CSA indexer's scores of a tile of entries: ``kernels.indexer_decode`` (one launch a tile
-  instead of a key gather, a copy, a matmul and four elementwise kernels); the running top-k
-  over tiles stays in PyTorch.
+* the CSA indexer: ``kernels.indexer_decode`` scores a tile of entries a launch (instead of a
+  key gather, a copy, a matmul and four elementwise kernels) and merges it into the running
+  top-k on the device (instead of a concatenation, ``torch.topk``'s sort and a gather).
 * the MoE's routing and its shared expert's clamped SwiGLU: ``kernels.moe_decode`` (one
   launch each instead of ~10 and ~5); the experts themselves are the fused MXFP4 kernels.
 * the attention's row work: ``kernels.rope_norm`` for q_a's RMSNorm, the queries' norm + RoPE,
@@ -33,7 +33,7 @@ from engine.models.deepseek_v4.config import SLIDING
 from engine.models.deepseek_v4.decode_step import DecodeRows, compress_decode, indexer_topk_decode
 from kernels.compress_decode import compress_decode as compress_decode_kernel
 from kernels.hc_decode import hc_decode, hc_decode_partial_shape
-from kernels.indexer_decode import indexer_decode_scores
+from kernels.indexer_decode import indexer_decode_topk
 from kernels.moe_decode import clamped_swiglu, moe_route
 from kernels.rope_norm import rope_norm
 
@@ -169,18 +169,19 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
     return mlp.experts.add_into(x, weights, experts, base, cfg.swiglu_limit, ws)
 
 
+FUSED_INDEXER_TILE = 32768  # entries scored a launch by the fused indexer (fp32 scores a row)
+
+
 def indexer_topk_fused(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows, rows: DecodeRows,
                        rate: int, block_size: int, topk: int) -> torch.Tensor:
-    """decode_step.indexer_topk_decode with each tile scored by ``kernels.indexer_decode``
-    (straight from the pool's rows); the PyTorch scoring where the keys are FP8."""
+    """decode_step.indexer_topk_decode as kernels: each tile of ``FUSED_INDEXER_TILE`` entries
+    scored straight from the pool's rows (``kernels.indexer_decode``) and merged into each row's
+    running top-k on the device (the prefill indexer's merge, which reads only the row's
+    closed entries; a tile past them costs two near-empty launches). The PyTorch scoring and
+    ``torch.topk`` merge where the keys are FP8."""
     if keys.scale is not None or keys.data.dtype != q.dtype:
         return indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk)
-    per = block_size // rate
-    flat = keys.data.view(-1, keys.dim)
     kv_end = rows.memo(("kv_end", rate), lambda: (rows.positions + 1) // rate)
-
-    def score(first: int, num: int) -> torch.Tensor:
-        out = torch.empty(q.shape[0], num, dtype=torch.float32, device=q.device)
-        return indexer_decode_scores(q, weights, flat, rows.tables, kv_end, first, num, per, out)
-
-    return indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk, score=score)
+    out = torch.empty(q.shape[0], topk, dtype=torch.long, device=q.device)
+    return indexer_decode_topk(q, weights, keys.data.view(-1, keys.dim), rows.tables, kv_end,
+                               block_size // rate, topk, FUSED_INDEXER_TILE, out)

@@ -121,11 +121,14 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
                                      dtype: torch.dtype = torch.bfloat16) -> int:
     """What decode_step.py adds to a one-token-per-sequence step of ``max_batch`` rows beyond
     the projections: one tile of the batched indexer (keys gathered and widened to fp32, the
-    [B, Hi, tile] fp32 scores and their ReLU and weighted copies, the running top-k), the
+    [B, Hi, tile] fp32 scores and their ReLU and weighted copies, the running top-k; or, in
+    the fused loop, ``kernels.indexer_decode``'s scratch at its wider tile, whichever is more), the
     attended entries' pool rows (+ their dequantised rows for an FP8 pool, counted at the
     model dtype + fp32), the compressor's window (+ overlap) per row, and the PyTorch
     attention's [B, H, window + entries] fp32 logits x 4 (CPU path; an upper bound on CUDA)."""
+    from engine.models.deepseek_v4.decode_fused import FUSED_INDEXER_TILE
     from engine.models.deepseek_v4.decode_step import DECODE_INDEXER_TILE
+    from kernels.indexer_decode import indexer_decode_topk_workspace_bytes
 
     b, e, f = max_batch, torch.empty((), dtype=dtype).element_size(), 4
     d, h, w = cfg.head_dim, cfg.num_heads, cfg.sliding_window
@@ -137,10 +140,15 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
                   for t in cfg.layer_types if cfg.rate(t)], default=0)
     total += b * window * (e + f) * 4
     if cfg.uses_csa:
-        t = min(DECODE_INDEXER_TILE, max(1, max_context // cfg.csa_rate))
+        entries = max(1, max_context // cfg.csa_rate)
+        t = min(DECODE_INDEXER_TILE, entries)
         hi, di, k = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
-        total += (b * t * (di * (e + f) + 8 * 2) + 3 * b * hi * t * f + 2 * b * t * f
-                  + 2 * b * (k + t) * (f + 8) + b * k * (f + 8) + b * hi * di * f)
+        torch_path = (b * t * (di * (e + f) + 8 * 2) + 3 * b * hi * t * f + 2 * b * t * f
+                      + 2 * b * (k + t) * (f + 8) + b * k * (f + 8) + b * hi * di * f)
+        # the fused loop's kernels: their scratch at its own tile, and the int64 top-k
+        fused = (indexer_decode_topk_workspace_bytes(b, k, min(FUSED_INDEXER_TILE, entries))
+                 + b * k * 8)
+        total += max(torch_path, fused)
     return total
 
 
