@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._indexer_triton import _unpack
 from kernels._triton_support import cdiv, interpreting, next_pow2
 
 INDEXER_DECODE_BLOCK_T = 64  # entries per program
@@ -57,6 +58,20 @@ def launch_indexer_decode(q: torch.Tensor, weights: torch.Tensor, keys: torch.Te
     )
 
 
+@triton.jit
+def _topk_rows_finalize_kernel(best_ptr, tab_ptr, out_ptr, topk, per, s_tab, s_o,
+                               KP: tl.constexpr):
+    """The running best of a row -> the pool rows of its entries (``table[e // per] * per + e
+    % per``), int32, -1 past the visible ones: what the sparse attention takes as indices."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, KP)
+    score, e = _unpack(tl.load(best_ptr + row * KP + offs))
+    valid = (score > float("-inf")) & (offs < topk)
+    blk = tl.load(tab_ptr + row * s_tab + e // per, mask=valid, other=0)
+    tl.store(out_ptr + row * s_o + offs, tl.where(valid, blk * per + e % per, -1).to(tl.int32),
+             mask=offs < topk)
+
+
 def launch_indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                                tables: torch.Tensor, kv_end: torch.Tensor, per_block: int,
                                num_entries: int, topk: int, kp: int, scores: torch.Tensor,
@@ -79,5 +94,9 @@ def launch_indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: tor
         launch_indexer_decode(q, weights, keys, tables, kv_end, first, num, per_block, scores)
         _topk_merge_kernel[(b,)](scores, kv_end, best, cand, first, num, topk, scores.stride(0),
                                  KP=kp, LOG_KP=kp.bit_length() - 1, num_warps=4)
+    if out_indices.dtype == torch.int32:  # pool rows for the attention
+        _topk_rows_finalize_kernel[(b,)](best, tables, out_indices, topk, per_block,
+                                         tables.stride(0), out_indices.stride(0), KP=kp)
+        return
     _topk_finalize_kernel[(b,)](best, out_scores, out_indices, topk, out_scores.stride(0),
                                 out_indices.stride(0), KP=kp)

@@ -64,14 +64,16 @@ def indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tens
                         tile: int, out: torch.Tensor, *, workspace: torch.Tensor | None = None
                         ) -> torch.Tensor:
     """Each row's ``topk`` highest-scoring entries among the ``tables.shape[1] * per_block``
-    its table can hold (visible: < kv_end) -> out [B, topk] int64, best first, ties to the lower
-    entry, -1 past the visible ones. Scores as ``indexer_decode_scores``; ``tile`` entries are
-    scored a launch. ``workspace``: uint8, ``indexer_decode_topk_workspace_bytes`` (allocated
-    here when None)."""
+    its table can hold (visible: < kv_end) -> out [B, topk], best first, ties to the lower
+    entry, -1 past the visible ones: int64 ``out`` gets the entry numbers, int32 ``out`` their
+    pool rows (``tables[b, e // per_block] * per_block + e % per_block``, the indices the sparse
+    attention reads a same-addressed pool by). Scores as ``indexer_decode_scores``; ``tile``
+    entries are scored a launch. ``workspace``: uint8, ``indexer_decode_topk_workspace_bytes``
+    (allocated here when None)."""
     name = "indexer_decode_topk"
     dev = q.device
     b = q.shape[0]
-    check_tensor(name, "out", out, shape=(b, topk), dtypes=(torch.int64,), device=dev)
+    check_tensor(name, "out", out, shape=(b, topk), dtypes=(torch.int64, torch.int32), device=dev)
     if tile <= 0 or topk <= 0:
         raise KernelArgumentError(name, "tile", f"tile and topk must be > 0, got {tile}, {topk}")
     num_entries = tables.shape[1] * per_block

@@ -36,3 +36,10 @@ def indexer_decode_topk_ref(q: torch.Tensor, weights: torch.Tensor, keys: torch.
     order = torch.sort(sc, dim=1, descending=True, stable=True).indices[:, :topk]
     out = torch.where(torch.isinf(sc.gather(1, order)), -1, e[order])
     return torch.nn.functional.pad(out, (0, topk - out.shape[1]), value=-1)
+
+
+def entry_pool_rows_ref(entries: torch.Tensor, tables: torch.Tensor, per_block: int) -> torch.Tensor:
+    """Entry numbers [B, K] (-1: none) -> their flat pool rows, int32, -1 kept."""
+    e = entries.clamp(min=0)
+    rows = tables.gather(1, e // per_block) * per_block + e % per_block
+    return torch.where(entries >= 0, rows, -1).to(torch.int32)

@@ -64,7 +64,7 @@ def test_indexer_decode_on_cuda(cuda, b):
 ])
 def test_indexer_decode_topk_matches_reference(interpret, b, h, d, per, blocks, topk, tile):
     from kernels.indexer_decode import indexer_decode_topk, indexer_decode_topk_workspace_bytes
-    from kernels.indexer_decode_ref import indexer_decode_topk_ref
+    from kernels.indexer_decode_ref import entry_pool_rows_ref, indexer_decode_topk_ref
 
     q, w, keys, tables, ends = _case(b, h, d, per, blocks, 0, blocks * per // 2, torch.float32,
                                      "cpu", b * h + topk)
@@ -75,6 +75,10 @@ def test_indexer_decode_topk_matches_reference(interpret, b, h, d, per, blocks, 
         indexer_decode_topk(q, w, keys, tables, ends, per, topk, tile, out, workspace=ws)
         assert torch.equal(out, indexer_decode_topk_ref(q, w, keys, tables, ends, per, topk))
     assert (out[ends == 0] == -1).all()
+    # int32 out: the same picks as pool rows, what the sparse attention reads
+    rows = torch.full((b, topk), 7, dtype=torch.int32)
+    indexer_decode_topk(q, w, keys, tables, ends, per, topk, tile, rows, workspace=ws)
+    assert torch.equal(rows, entry_pool_rows_ref(out, tables, per))
 
 
 def test_indexer_decode_topk_ties_go_to_the_lower_entry(interpret):

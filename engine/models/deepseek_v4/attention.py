@@ -254,11 +254,16 @@ class V4Attention(nn.Module):
                 assert cache.indexer is not None and t.kv_i is not None and t.gate_i is not None
                 assert t.idx_q is not None and t.idx_w is not None
                 compress(ix, t.kv_i, t.gate_i, cache.indexer, rows, compress_rotary)
-                select = indexer_topk_fused if fused else indexer_topk_decode
-                topk = select(t.idx_q, t.idx_w, cache.indexer.entries, rows, ix.rate,
-                              cache.block_size, cfg.index_topk)
-            crow, visible = compressed_rows(cache.compressor, rows, topk)
-            comp = (cache.compressor.entries, crow, visible)
+                if fused:  # the picks come back as pool rows, -1 for none
+                    crow = indexer_topk_fused(t.idx_q, t.idx_w, cache.indexer.entries, rows,
+                                              ix.rate, cache.block_size, cfg.index_topk)
+                    comp = (cache.compressor.entries, crow, None)
+                else:
+                    topk = indexer_topk_decode(t.idx_q, t.idx_w, cache.indexer.entries, rows,
+                                               ix.rate, cache.block_size, cfg.index_topk)
+            if comp is None:
+                crow, visible = compressed_rows(cache.compressor, rows, topk)
+                comp = (cache.compressor.entries, crow, visible)
         attend_decode(backend, out, t.q, cache, rows, comp, self.sinks, cfg.head_dim**-0.5)
 
     def _project_fused(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],

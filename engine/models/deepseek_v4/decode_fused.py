@@ -174,14 +174,19 @@ FUSED_INDEXER_TILE = 32768  # entries scored a launch by the fused indexer (fp32
 
 def indexer_topk_fused(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows, rows: DecodeRows,
                        rate: int, block_size: int, topk: int) -> torch.Tensor:
-    """decode_step.indexer_topk_decode as kernels: each tile of ``FUSED_INDEXER_TILE`` entries
-    scored straight from the pool's rows (``kernels.indexer_decode``) and merged into each row's
-    running top-k on the device (the prefill indexer's merge, which reads only the row's
-    closed entries; a tile past them costs two near-empty launches). The PyTorch scoring and
-    ``torch.topk`` merge where the keys are FP8."""
+    """decode_step.indexer_topk_decode as kernels, answering with pool rows: each tile of
+    ``FUSED_INDEXER_TILE`` entries scored straight from the pool's rows
+    (``kernels.indexer_decode``), merged into each row's running top-k on the device (the
+    prefill indexer's merge, which reads only the row's closed entries; a tile past them costs
+    two near-empty launches), and the picks written as the pool rows of the entries (the
+    compressor's pool shares the indexer's addressing) -> [B, topk] int32, -1 for none: the
+    sparse attention's indices as they are. The PyTorch scoring and ``torch.topk`` merge
+    where the keys are FP8."""
+    per = block_size // rate
     if keys.scale is not None or keys.data.dtype != q.dtype:
-        return indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk)
+        idx = indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk)
+        return torch.where(idx >= 0, rows.entry_rows(idx.clamp(min=0), per), -1).to(torch.int32)
     kv_end = rows.memo(("kv_end", rate), lambda: (rows.positions + 1) // rate)
-    out = torch.empty(q.shape[0], topk, dtype=torch.long, device=q.device)
+    out = torch.empty(q.shape[0], topk, dtype=torch.int32, device=q.device)
     return indexer_decode_topk(q, weights, keys.data.view(-1, keys.dim), rows.tables, kv_end,
-                               block_size // rate, topk, FUSED_INDEXER_TILE, out)
+                               per, topk, FUSED_INDEXER_TILE, out)

@@ -192,11 +192,19 @@ def compressed_rows(cp: CompressorPool, rows: DecodeRows, topk_idx: torch.Tensor
 
 
 def attend_decode(backend: V4Backend, out: torch.Tensor, q: torch.Tensor, cache: LayerPool,
-                  rows: DecodeRows, comp: tuple[PagedRows, torch.Tensor, torch.Tensor] | None,
+                  rows: DecodeRows,
+                  comp: tuple[PagedRows, torch.Tensor, torch.Tensor | None] | None,
                   sinks: torch.Tensor, scale: float) -> None:
     """Sliding window (the slot's ring, already holding this token) + the given compressed
-    entries (pool, rows [B, K], visible [B, K]) for every row at once into ``out`` [B, H, D]."""
+    entries (pool, rows [B, K], visible [B, K]; visible None: rows are int32 with -1 for none,
+    the fused indexer's answer) for every row at once into ``out`` [B, H, D]."""
     w, dim = cache.ring.shape[1], cache.ring.shape[-1]
+    if comp is not None and comp[2] is None:
+        pool, crow, _ = comp
+        if backend.attention != "torch" and pool.scale is None:
+            comp = (pool, crow, None)  # the kernel's indices as they are
+        else:
+            comp = (pool, crow.clamp(min=0).long(), crow >= 0)
     # ring rows holding positions (pos - W, pos]
     filled = rows.memo(("filled", w), lambda: (rows.positions + 1).clamp(max=w))
     if backend.attention == "torch":
@@ -204,6 +212,7 @@ def attend_decode(backend: V4Backend, out: torch.Tensor, q: torch.Tensor, cache:
         keys, valid = win, torch.arange(w, device=q.device)[None, :] < filled[:, None]
         if comp is not None:
             pool, crow, cvis = comp
+            assert cvis is not None
             keys = torch.cat([win, pool.read(crow.flatten()).view(*crow.shape, dim)], dim=1)
             valid = torch.cat([valid, cvis], dim=1)
         out.copy_(decode_attention_torch(q, keys, valid, sinks, scale))
@@ -213,8 +222,9 @@ def attend_decode(backend: V4Backend, out: torch.Tensor, q: torch.Tensor, cache:
         pool, crow, cvis = comp
         if pool.scale is None:  # the pool's own rows: nothing gathered
             kw["compressed_kv"] = pool.data.view(-1, dim)
-            kw["indices"] = torch.where(cvis, crow, -1).to(torch.int32)
+            kw["indices"] = crow if cvis is None else torch.where(cvis, crow, -1).to(torch.int32)
         else:  # FP8 entries: dequantise the attended rows into one table
+            assert cvis is not None
             kw["compressed_kv"] = pool.read(crow.flatten())
             flat = rows.memo(("flat", crow.numel()), lambda: torch.arange(
                 crow.numel(), device=q.device).view(crow.shape))

@@ -145,9 +145,9 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
         hi, di, k = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
         torch_path = (b * t * (di * (e + f) + 8 * 2) + 3 * b * hi * t * f + 2 * b * t * f
                       + 2 * b * (k + t) * (f + 8) + b * k * (f + 8) + b * hi * di * f)
-        # the fused loop's kernels: their scratch at its own tile, and the int64 top-k
+        # the fused loop's kernels: their scratch at its own tile, and the picks as int32 rows
         fused = (indexer_decode_topk_workspace_bytes(b, k, min(FUSED_INDEXER_TILE, entries))
-                 + b * k * 8)
+                 + b * k * 4)
         total += max(torch_path, fused)
     return total
 
