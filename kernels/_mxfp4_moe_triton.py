@@ -137,6 +137,18 @@ def _mx_acc(acc, a, w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N: tl.constexpr
 
 
 @triton.jit
+def _k_slice(total, SPLIT_TILES, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+    """[k_lo, k_hi) of this program's split-K slice (grid axis 2: ``SPLIT_TILES`` K-tiles a
+    slice), or the whole ``total`` when not split (static: the plain K loop)."""
+    k_lo = 0
+    k_hi = total
+    if SPLIT:
+        k_lo = tl.program_id(2) * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: aligned
+        k_hi = tl.minimum(total, k_lo + SPLIT_TILES * BLOCK_K)
+    return k_lo, k_hi
+
+
+@triton.jit
 def _moe_gate_up_kernel(
     x_ptr, order_ptr, row_end_ptr, w_ptr, s_ptr, h_ptr,
     E, H, INTER, TOP_K,
@@ -167,11 +179,7 @@ def _moe_gate_up_kernel(
         else:
             acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros_like(acc_g)
-        k_lo = 0
-        k_hi = H
-        if PARTIAL:  # (static: the unsplit launch compiles to the plain K loop)
-            k_lo = tl.program_id(2) * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: aligned
-            k_hi = tl.minimum(H, k_lo + SPLIT_TILES * BLOCK_K)
+        k_lo, k_hi = _k_slice(H, SPLIT_TILES, BLOCK_K, PARTIAL)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
@@ -234,11 +242,8 @@ def _moe_down_kernel(
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k_lo = 0
-        k_hi = INTER
-        if SPLIT:  # (static: the unsplit launch compiles to the plain K loop)
-            k_lo = tl.program_id(2) * SPLIT_TILES * BLOCK_K
-            k_hi = tl.minimum(INTER, k_lo + SPLIT_TILES * BLOCK_K)
+        k_lo, k_hi = _k_slice(INTER, SPLIT_TILES, BLOCK_K, SPLIT)
+        if SPLIT:
             y_ptr += tl.program_id(2) * stride_ys
         for k0 in range(k_lo, k_hi, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
@@ -283,11 +288,7 @@ def _moe_gemv_gate_up_kernel(
     sg = s_ptr + e * stride_se + n[:, None] * stride_sn
     acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    k_lo = 0
-    k_hi = H
-    if PARTIAL:
-        k_lo = tl.program_id(2) * SPLIT_TILES * BLOCK_K
-        k_hi = tl.minimum(H, k_lo + SPLIT_TILES * BLOCK_K)
+    k_lo, k_hi = _k_slice(H, SPLIT_TILES, BLOCK_K, PARTIAL)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
@@ -323,11 +324,8 @@ def _moe_gemv_down_kernel(
     wd = w_ptr + e * stride_we + n[:, None] * stride_wn
     sd = s_ptr + e * stride_se + n[:, None] * stride_sn
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    k_lo = 0
-    k_hi = INTER
+    k_lo, k_hi = _k_slice(INTER, SPLIT_TILES, BLOCK_K, SPLIT)
     if SPLIT:
-        k_lo = tl.program_id(2) * SPLIT_TILES * BLOCK_K
-        k_hi = tl.minimum(INTER, k_lo + SPLIT_TILES * BLOCK_K)
         y_ptr += tl.program_id(2) * stride_ys
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
