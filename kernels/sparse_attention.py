@@ -81,6 +81,29 @@ def default_sparse_tiles(num_rows: int) -> SparseTiles:
     return PREFILL_SPARSE_TILES if num_rows >= 1024 else DECODE_SPARSE_TILES
 
 
+SPLIT_TARGET_PROGRAMS = 128  # a decode call splits its entry lists until about this many programs
+SPLIT_MAX = 16
+
+
+def decode_attention_splits(num_rows: int, num_heads: int, max_entries: int,
+                            tiles: SparseTiles | None = None) -> int:
+    """``num_splits`` for a decode-sized call of ``num_rows`` rows attending at most
+    ``max_entries`` entries (window + compressed) a row: doubled while the grid (rows x head
+    blocks x splits) stays within ``SPLIT_TARGET_PROGRAMS`` and every split keeps at least two
+    KV tiles, at most ``SPLIT_MAX``. At batch 1 with V4-Flash's 64 heads one program per 16
+    heads leaves 4 programs for the whole attention; the split spreads a CSA row's 640 entries
+    over 16 and an HCA row's thousands at long context over 64. 1 (no scratch) for prefill-
+    sized calls and short lists."""
+    tiles = tiles or default_sparse_tiles(num_rows)
+    block_h = min(tiles.max_block_h, max(16, next_pow2(num_heads)))
+    programs = num_rows * -(-num_heads // block_h)
+    splits = 1
+    while (splits < SPLIT_MAX and 2 * splits * programs <= SPLIT_TARGET_PROGRAMS
+           and max_entries >= 2 * splits * 2 * tiles.block_n):
+        splits *= 2
+    return splits
+
+
 def _missing(argument: str, problem: str) -> NoReturn:
     raise KernelArgumentError(_NAME, argument, problem)
 
@@ -122,7 +145,7 @@ def sparse_attention(
     window_block_tables [B, max_blocks] int32 and row_seq [S] int32 (paged mode only);
     out [S, H, D] (same dtype as q). All on one device; KV dtype == q dtype.
     ``num_splits`` > 1 splits every row's entry lists over that many programs (more parallelism
-    when there are few rows, as in decode; not yet timed on a GPU, so 1 is the default) and needs
+    when there are few rows, as in decode: :func:`decode_attention_splits` chooses) and needs
     ``workspace`` (uint8, >= ``sparse_attention_workspace_bytes(S, H, D, num_splits)``;
     allocated if None). Returns ``out``.
     """

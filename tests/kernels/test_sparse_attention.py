@@ -152,3 +152,20 @@ def test_split_entries_give_the_same_answer(interpret, num_splits, sinks) -> Non
     with pytest.raises(KernelArgumentError, match="workspace"):
         sparse_attention(q, wkv, ws, we, out=out, num_splits=num_splits, workspace=ws_buf[:8],
                          **kw)
+
+
+def test_decode_splits_fill_the_gpu_only_where_rows_are_few() -> None:
+    """V4-Flash's 64 heads in 16-head programs: batch 1 splits a CSA row's 640 entries 4 ways
+    and an HCA row's 8,320 (1M context) 16 ways; a sliding layer's 128 and 32 rows stay whole;
+    the grid never passes the target, and a split keeps at least two 64-entry tiles."""
+    from kernels.sparse_attention import SPLIT_TARGET_PROGRAMS, decode_attention_splits
+
+    assert decode_attention_splits(1, 64, 640) == 4
+    assert decode_attention_splits(1, 64, 8320) == 16
+    assert decode_attention_splits(1, 64, 128) == 1
+    assert decode_attention_splits(32, 64, 8320) == 1
+    assert decode_attention_splits(4096, 64, 8320) == 1  # prefill
+    for rows in range(1, 40):
+        for entries in (100, 640, 3000, 8320):
+            s = decode_attention_splits(rows, 64, entries)
+            assert s == 1 or (rows * 4 * s <= SPLIT_TARGET_PROGRAMS and entries >= s * 2 * 64)

@@ -229,14 +229,21 @@ def attend_decode(backend: V4Backend, out: torch.Tensor, q: torch.Tensor, cache:
             flat = rows.memo(("flat", crow.numel()), lambda: torch.arange(
                 crow.numel(), device=q.device).view(crow.shape))
             kw["indices"] = torch.where(cvis, flat, -1).to(torch.int32)
-    if backend.attention == "kernels_ref":
-        from kernels.sparse_attention_ref import sparse_attention_ref as fn
-    else:
-        from kernels.sparse_attention import sparse_attention as fn
     start, end = rows.memo(("window_bounds", w), lambda: (
         (rows.slots * w).to(torch.int32), (rows.slots * w + filled).to(torch.int32)))
-    fn(q, cache.ring.view(-1, dim), start, end, scale=scale, out=out,
-       sinks=sinks, **kw)
+    if backend.attention == "kernels_ref":
+        from kernels.sparse_attention_ref import sparse_attention_ref
+
+        sparse_attention_ref(q, cache.ring.view(-1, dim), start, end, scale=scale, out=out,
+                             sinks=sinks, **kw)
+        return
+    from kernels.sparse_attention import decode_attention_splits, sparse_attention
+
+    # the entry lists split over more programs where few rows leave SMs idle (static per layer
+    # and batch size: window + this layer's compressed width)
+    entries = w + (kw["indices"].shape[1] if "indices" in kw else 0)
+    sparse_attention(q, cache.ring.view(-1, dim), start, end, scale=scale, out=out, sinks=sinks,
+                     num_splits=decode_attention_splits(q.shape[0], q.shape[1], entries), **kw)
 
 
 def decode_attention_torch(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor,

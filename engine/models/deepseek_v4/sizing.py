@@ -124,11 +124,16 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
     [B, Hi, tile] fp32 scores and their ReLU and weighted copies, the running top-k; or, in
     the fused loop, ``kernels.indexer_decode``'s scratch at its wider tile, whichever is more), the
     attended entries' pool rows (+ their dequantised rows for an FP8 pool, counted at the
-    model dtype + fp32), the compressor's window (+ overlap) per row, and the PyTorch
-    attention's [B, H, window + entries] fp32 logits x 4 (CPU path; an upper bound on CUDA)."""
+    model dtype + fp32), the compressor's window (+ overlap) per row, the PyTorch
+    attention's [B, H, window + entries] fp32 logits x 4 (CPU path) and the CUDA sparse
+    attention's split-K partials (``decode_attention_splits``)."""
     from engine.models.deepseek_v4.decode_fused import FUSED_INDEXER_TILE
     from engine.models.deepseek_v4.decode_step import DECODE_INDEXER_TILE
     from kernels.indexer_decode import indexer_decode_topk_workspace_bytes
+    from kernels.sparse_attention import (
+        decode_attention_splits,
+        sparse_attention_workspace_bytes,
+    )
 
     b, e, f = max_batch, torch.empty((), dtype=dtype).element_size(), 4
     d, h, w = cfg.head_dim, cfg.num_heads, cfg.sliding_window
@@ -139,6 +144,9 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
     window = max([2 * cfg.rate(t) * 2 * d if t == CSA else cfg.rate(t) * d
                   for t in cfg.layer_types if cfg.rate(t)], default=0)
     total += b * window * (e + f) * 4
+    # CUDA: the sparse attention's split partials, at whichever batch size up to b splits most
+    total += max(sparse_attention_workspace_bytes(r, h, d, decode_attention_splits(r, h, w + comp_k))
+                 for r in range(1, b + 1)) if b else 0
     if cfg.uses_csa:
         entries = max(1, max_context // cfg.csa_rate)
         t = min(DECODE_INDEXER_TILE, entries)
