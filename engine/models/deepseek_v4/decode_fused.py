@@ -164,8 +164,9 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
     moe_route(F.linear(x, mlp.gate.weight), k, cfg.scoring_func, cfg.routed_scaling_factor,
               weights=weights, experts=experts, **route)
     se = mlp.shared_experts
-    gate = se.gate_proj(x)
-    base = se.down_proj(clamped_swiglu(gate, se.up_proj(x), se.limit, torch.empty_like(gate)))
+    gate, up = se.gate_up(x)  # one GEMV when merged (merged_linear.py)
+    act = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    base = se.down_proj(clamped_swiglu(gate, up, se.limit, act))
     return mlp.experts.add_into(x, weights, experts, base, cfg.swiglu_limit, ws)
 
 

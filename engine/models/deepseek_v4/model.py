@@ -21,6 +21,7 @@ from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.decode_fused import fused_decode_layers
 from engine.models.deepseek_v4.decode_step import DecodeRows, DecodeSpans
 from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, LayerPool
+from engine.models.deepseek_v4.merged_linear import merge_projections
 from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, merge
 from engine.models.deepseek_v4.moe import V4MoE
 from engine.models.deepseek_v4.norms import RMSNorm
@@ -164,6 +165,15 @@ class DeepseekV4Model(nn.Module):
                 mod.block = fp8_block_of(name, mod.weight.shape, mod.scale.shape)
             if isinstance(mod, Fp8Linear | Mxfp4Experts):
                 mod.use_kernels = gemm_kernels
+        del own
+        # projections of one input as one GEMM over concatenated weights (merged_linear.py);
+        # the parts' own tensors are replaced by views, so the originals go with the dicts
+        # that still name them (the caller's, when it gives it up)
+        replaced = {id(t) for t in merge_projections(model)}
+        sd.clear()
+        if consume and isinstance(state_dict, dict):
+            for k in [k for k, v in state_dict.items() if id(v) in replaced]:
+                del state_dict[k]
         model.main_rotary, model.compress_rotary = (r.to(device) for r in rotaries(cfg))
         return model.eval()
 
