@@ -15,6 +15,10 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
   the shared KV's norm + RoPE written straight into the window ring, the indexer queries' RoPE
   and the output's inverse RoPE (1 launch each instead of ~10).
 
+* the projections of one input: ``q_a_proj`` + ``kv_proj`` and the shared expert's
+  ``gate_proj`` + ``up_proj`` as one FP8 GEMV each, the compressors' bf16 projections as one
+  GEMM (merged_linear.py, formed at load where the scale grids allow; outputs split by views).
+
 Decode only (one token per sequence; the prefill path is untouched) and numerically the same
 formulas as the unfused step, rounded at the same points; reductions run in another order, so
 results agree to rounding, not bit for bit. Must never loop over sequences or read device

@@ -48,7 +48,8 @@ class MergedLinear:
         self._lin: Fp8Linear | None = None
         if scale is not None:
             assert block is not None
-            lin = Fp8Linear(tuple(weight.shape))
+            with torch.device("meta"):  # its tensors are the merged ones, set below
+                lin = Fp8Linear(tuple(weight.shape))
             lin.weight, lin.scale, lin.block = weight, scale, block
             self._lin = lin
 
