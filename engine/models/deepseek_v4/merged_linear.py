@@ -26,7 +26,7 @@ back to the parts otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -119,20 +119,26 @@ def merge_linears(parts: Sequence[nn.Module]) -> MergedLinear | None:
     return None
 
 
-def merge_projections(model: nn.Module) -> list[torch.Tensor]:
+def merge_projections(model: nn.Module,
+                      drop: Callable[[list[torch.Tensor]], None] | None = None) -> int:
     """Merge every group of the module docstring in ``model`` (a loaded DeepseekV4Model), in
-    place. Returns the tensors the parts held before (the caller drops its references to them
-    so that only the merged copies stay resident)."""
+    place; returns how many groups merged. ``drop`` gets each merged group's former tensors
+    right after it merged, for the caller to let go of its references to them, so that they
+    are freed before the next group is concatenated (loading never holds two copies of more
+    than one group)."""
     from engine.models.deepseek_v4.attention import V4Attention, V4CSACompressor
     from engine.models.deepseek_v4.moe import _SharedExpert
 
-    replaced: list[torch.Tensor] = []
+    count = 0
 
     def merge(parts: list[nn.Module]) -> MergedLinear | None:
+        nonlocal count
         old = [t for p in parts for t in (p.weight, getattr(p, "scale", None)) if t is not None]
         merged = merge_linears(parts)
         if merged is not None:
-            replaced.extend(old)
+            count += 1
+            if drop is not None:
+                drop(old)
         return merged
 
     for mod in model.modules():
@@ -147,7 +153,7 @@ def merge_projections(model: nn.Module) -> list[torch.Tensor]:
                 mod.merged_comp = merge(parts)
         elif isinstance(mod, _SharedExpert):
             mod.merged_gate_up = merge([mod.gate_proj, mod.up_proj])
-    return replaced
+    return count
 
 
 def unmerge_projections(model: nn.Module) -> None:

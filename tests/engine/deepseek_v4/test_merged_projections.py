@@ -140,10 +140,19 @@ def test_loaded_model_merges_without_growing() -> None:
 def test_consumed_state_dict_gives_up_the_merged_originals() -> None:
     from engine.models.deepseek_v4 import DeepseekV4Model
 
-    cfg, sd = _toy("H")
-    name = "model.layers.0.self_attn.q_a_proj.weight"
+    cfg, sd = _toy("C")
+    before = set(sd)
     model = DeepseekV4Model.from_state_dict(cfg, sd, torch.float32, "cpu", consume=True)
-    assert name not in sd  # the caller's reference to the pre-merge tensor is dropped
+    p = "model.layers.0."
+    # (the toy's e8m0 scale grids are not the model's fp32 ones: the caller keeps those)
+    gone = {p + f"self_attn.{m}.weight" for m in ("q_a_proj", "kv_proj")}
+    gone |= {p + f"mlp.shared_experts.{m}.weight" for m in ("gate_proj", "up_proj")}
+    gone |= {p + f"self_attn.compressor.{m}.weight" for m in (
+        "kv_proj", "gate_proj", "indexer.kv_proj", "indexer.gate_proj", "indexer.scorer.weights_proj")}
+    # the caller's references to every pre-merge tensor are dropped (freed as each group
+    # merged), the rest stays as it was
+    assert gone <= before and not gone & set(sd)
+    assert p + "self_attn.q_b_proj.weight" in sd
     assert model.model.layers[0].self_attn.merged_x is not None
 
 
