@@ -26,8 +26,9 @@ import torch
 
 from bench.deepseek_v4.context import flash_config
 from bench.deepseek_v4.kernel_sources import OpSources
-from bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
+from bench.deepseek_v4.quantized_weights import reblock_fp8_scales, synthetic_quantized_state_dict
 from engine.models.deepseek_v4 import DeepseekV4KVPool, DeepseekV4Model, V4Backend
+from engine.models.deepseek_v4.merged_linear import unmerge_projections
 
 
 def mixed_step(num_decodes: int) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
@@ -43,16 +44,25 @@ def mixed_step(num_decodes: int) -> tuple[tuple[int, ...], list[tuple[int, int]]
 
 
 def count(layers: str, decode: str, prompts: tuple[int, ...] = (30, 21),
-          step: str = "decode", num_decodes: int = 3) -> tuple[Counter, Counter]:
+          step: str = "decode", num_decodes: int = 3, fp8_block: int = 16,
+          merge: bool = True) -> tuple[Counter, Counter]:
     """(PyTorch ops by source, Triton launches by kernel) of one step: a decode step of two
-    sequences, or (``step="mixed"``) :func:`mixed_step` with ``num_decodes`` decode tokens."""
+    sequences, or (``step="mixed"``) :func:`mixed_step` with ``num_decodes`` decode tokens.
+    ``fp8_block``: the FP8 scale block of the toy's linears (16: its widths are whole blocks,
+    as V4-Flash's are of 128, so the projections merge as they do there; 128: they cannot).
+    ``merge`` False: the merged projections run one by one again (merged_linear.py)."""
     import triton.runtime.interpreter as interp
 
     cfg = flash_config(layers, 8, 256, tiny=True)
-    cfg = dataclasses.replace(cfg, hidden_size=32, moe_intermediate_size=32)  # MXFP4: x32 widths
-    sd = synthetic_quantized_state_dict(cfg, "cpu", torch.float32)
+    # MXFP4: x32 widths; q_a / kv two 16-row FP8 scale blocks (a one-row grid reads as a
+    # 128 block, which the toy's widths cannot merge on)
+    cfg = dataclasses.replace(cfg, hidden_size=32, moe_intermediate_size=32, q_lora_rank=32,
+                              head_dim=32)
+    sd = reblock_fp8_scales(synthetic_quantized_state_dict(cfg, "cpu", torch.float32), fp8_block)
     model = DeepseekV4Model.from_state_dict(cfg, sd, torch.float32, "cpu",
                                             V4Backend("kernels", "kernels", "kernels", decode=decode))
+    if not merge:
+        unmerge_projections(model)
     spans: list[tuple[int, int]] = []
     if step == "mixed":
         prompts, spans = mixed_step(num_decodes)
@@ -94,13 +104,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="a decode step of two sequences (fused and unfused loops), or a mixed "
                         "step of two prefill chunks and --decodes decode tokens")
     p.add_argument("--decodes", type=int, default=3, help="decode tokens of the mixed step")
+    p.add_argument("--fp8-block", type=int, default=16,
+                   help="FP8 scale block of the toy's linears (16: whole blocks, the projections "
+                        "merge as at V4-Flash's shapes; 128: they cannot)")
+    p.add_argument("--no-merge", action="store_true",
+                   help="run the merged projections one by one (merged_linear.py)")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") != "1":
         print("set TRITON_INTERPRET=1 (before triton is imported)", file=sys.stderr)
         return 2
     n = len(args.layers)
     for decode in ("unfused", "fused"):
-        ops, launches = count(args.layers, decode, step=args.step, num_decodes=args.decodes)
+        ops, launches = count(args.layers, decode, step=args.step, num_decodes=args.decodes,
+                              fp8_block=args.fp8_block, merge=not args.no_merge)
         if args.step == "mixed":  # the decode loop's choice also picks the decode rows' kernels
             decode = f"mixed_{decode}"
         total = sum(ops.values()) + sum(launches.values())

@@ -41,6 +41,24 @@ def synthetic_quantized_state_dict(cfg: DeepseekV4Config, device: torch.device |
     return to_hf_names(sd, dtype, keep_quantized=True, consume=True)
 
 
+def reblock_fp8_scales(sd: dict[str, torch.Tensor], block: int) -> dict[str, torch.Tensor]:
+    """``sd`` (transformers names) with every FP8 linear's 128 x 128 scale grid re-expressed on
+    ``block`` x ``block`` blocks (block divides 128; each small block keeps its 128-block's
+    scale, so the weights stand for the same values). A toy model's widths are then whole
+    blocks, as V4-Flash's are of 128, so the loader merges the projections it merges at
+    V4-Flash's shapes (merged_linear.py). In place; returns ``sd``."""
+    assert 128 % block == 0, block
+    for name in [k for k in sd if k.endswith(".scale")]:
+        w = sd.get(name[: -len("scale")] + "weight")
+        if w is None or w.dtype != torch.float8_e4m3fn:
+            continue
+        n, k = w.shape
+        rows = torch.arange(-(-n // block), device=w.device) * block // 128
+        cols = torch.arange(-(-k // block), device=w.device) * block // 128
+        sd[name] = sd[name][rows][:, cols].contiguous()
+    return sd
+
+
 def active_weight_bytes(model: torch.nn.Module, cfg: DeepseekV4Config, batch: int) -> int:
     """Weight bytes one decode step of ``batch`` tokens must read at least once: everything but
     the routed experts and the embedding table (one row a token), plus the routed experts the

@@ -35,6 +35,7 @@ from engine.models.deepseek_v4.decode_step import (
 )
 from engine.models.deepseek_v4.indexer import V4Indexer
 from engine.models.deepseek_v4.kv_pool import LayerPool
+from engine.models.deepseek_v4.merged_linear import MergedLinear
 from engine.models.deepseek_v4.norms import RMSNorm, unweighted_rms_norm, unweighted_rms_norm_
 from engine.models.deepseek_v4.rope import V4Rotary, apply_rope_
 from engine.models.deepseek_v4.sparse_attention import v4_attention_torch
@@ -114,6 +115,10 @@ class V4Attention(nn.Module):
             self.compressor = V4Compressor(
                 cfg.hidden_size, d, cfg.hca_rate, False, cfg.rms_norm_eps
             )
+        # one GEMM for the projections of x (merged_linear.py, set when the model is finalized):
+        # q_a_proj + kv_proj, and the compressor's (+ the indexer's) kv / gate / weights_proj
+        self.merged_x: MergedLinear | None = None
+        self.merged_comp: MergedLinear | None = None
 
     def forward(
         self,
@@ -272,20 +277,43 @@ class V4Attention(nn.Module):
         straight into the window ring (``kv`` None) unless the ring's dtype differs."""
         cfg = self.cfg
         n, h, d = x.shape[0], cfg.num_heads, cfg.head_dim
-        q_res = rms_norm_row(self.q_a_proj(x), self.q_a_norm.weight, self.q_a_norm.eps)
+        q_a, kv = self._project_x(x)
+        q_res = rms_norm_row(q_a, self.q_a_norm.weight, self.q_a_norm.eps)
         q = rotate_(self.q_b_proj(q_res).view(n, h, d), rope, norm=True, eps=cfg.rms_norm_eps)
-        kv = self.kv_proj(x)
         written = write_window_fused(cache, rows, kv, self.kv_norm.weight, self.kv_norm.eps, rope)
         t = _StepRows(q=q, kv=None if written else
                       apply_rope_(self.kv_norm(kv), *rope))  # type: ignore[arg-type]
-        if self.compressor is not None:
-            t.kv_c, t.gate_c = self.compressor.project(x)
+        self._project_compressors(x, t)
         if isinstance(self.compressor, V4CSACompressor):
             ix = self.compressor.indexer
             t.idx_q = rotate_(ix.q_b_proj(q_res).view(n, ix.n_heads, ix.dim), rope)
-            t.idx_w = ix.score_weights(x)
-            t.kv_i, t.gate_i = ix.project(x)
         return t
+
+    def _project_x(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q_a_proj(x), kv_proj(x): one GEMM when merged (views of its output)."""
+        if self.merged_x is not None:
+            q_a, kv = self.merged_x(x)
+            return q_a, kv
+        return self.q_a_proj(x), self.kv_proj(x)
+
+    def _project_compressors(self, x: torch.Tensor, t: _StepRows) -> None:
+        """The compressor's kv / gate projections of x into ``t`` and, in CSA layers, the
+        indexer's kv / gate and score weights: one GEMM when merged (views of its output)."""
+        comp = self.compressor
+        if comp is None:
+            return
+        csa = isinstance(comp, V4CSACompressor)
+        if self.merged_comp is None:
+            t.kv_c, t.gate_c = comp.project(x)
+            if csa:
+                t.kv_i, t.gate_i = comp.indexer.project(x)
+                t.idx_w = comp.indexer.score_weights(x)
+            return
+        outs = self.merged_comp(x)
+        t.kv_c, t.gate_c = outs[0], outs[1]
+        if csa:
+            t.kv_i, t.gate_i = outs[2], outs[3]
+            t.idx_w = comp.indexer.scale_scores(outs[4])
 
     def _project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                  backend: V4Backend) -> _StepRows:
@@ -295,18 +323,17 @@ class V4Attention(nn.Module):
         n = x.shape[0]
         h, d = cfg.num_heads, cfg.head_dim
         cos, sin = rope
-        q_res = self.q_a_norm(self.q_a_proj(x))  # [N, q_lora_rank]
+        q_a, kv = self._project_x(x)
+        q_res = self.q_a_norm(q_a)  # [N, q_lora_rank]
         q = self.q_b_proj(q_res).view(n, h, d)
         q = (unweighted_rms_norm_(q, cfg.rms_norm_eps) if backend.attention == "kernels"
              else unweighted_rms_norm(q, cfg.rms_norm_eps))
         q = apply_rope_(q, cos, sin)  # [N, H, D] (fresh tensors: rotated in place)
-        kv = apply_rope_(self.kv_norm(self.kv_proj(x)), cos, sin)  # [N, D]
+        kv = apply_rope_(self.kv_norm(kv), cos, sin)  # [N, D]
         t = _StepRows(q=q, kv=kv)
-        if self.compressor is not None:
-            t.kv_c, t.gate_c = self.compressor.project(x)
+        self._project_compressors(x, t)
         if isinstance(self.compressor, V4CSACompressor):
-            t.idx_q, t.idx_w = self.compressor.indexer.queries(q_res, x, cos, sin)
-            t.kv_i, t.gate_i = self.compressor.indexer.project(x)
+            t.idx_q = self.compressor.indexer.index_queries(q_res, cos, sin)
         return t
 
     def _output(self, out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

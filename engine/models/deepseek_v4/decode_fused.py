@@ -15,6 +15,10 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
   the shared KV's norm + RoPE written straight into the window ring, the indexer queries' RoPE
   and the output's inverse RoPE (1 launch each instead of ~10).
 
+* the projections of one input: ``q_a_proj`` + ``kv_proj`` and the shared expert's
+  ``gate_proj`` + ``up_proj`` as one FP8 GEMV each, the compressors' bf16 projections as one
+  GEMM (merged_linear.py, formed at load where the scale grids allow; outputs split by views).
+
 Decode only (one token per sequence; the prefill path is untouched) and numerically the same
 formulas as the unfused step, rounded at the same points; reductions run in another order, so
 results agree to rounding, not bit for bit. Must never loop over sequences or read device
@@ -164,8 +168,9 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
     moe_route(F.linear(x, mlp.gate.weight), k, cfg.scoring_func, cfg.routed_scaling_factor,
               weights=weights, experts=experts, **route)
     se = mlp.shared_experts
-    gate = se.gate_proj(x)
-    base = se.down_proj(clamped_swiglu(gate, se.up_proj(x), se.limit, torch.empty_like(gate)))
+    gate, up = se.gate_up(x)  # one GEMV when merged (merged_linear.py)
+    act = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    base = se.down_proj(clamped_swiglu(gate, up, se.limit, act))
     return mlp.experts.add_into(x, weights, experts, base, cfg.swiglu_limit, ws)
 
 

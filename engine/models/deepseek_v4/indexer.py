@@ -41,14 +41,22 @@ class V4Indexer(V4Compressor):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [N, Hi, Di] (rotated with the compress rope), weights: [N, Hi] fp32 with both
         softmax scales folded in (relu(a) * s == relu(a * s) for s > 0)."""
+        return self.index_queries(q_residual, cos, sin), self.score_weights(x)
+
+    def index_queries(self, q_residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                      ) -> torch.Tensor:
+        """q: [N, Hi, Di], rotated with the compress rope."""
         n = q_residual.shape[0]
         q = self.q_b_proj(q_residual).view(n, self.n_heads, self.dim)
-        q = apply_rope_(q, cos, sin)  # a fresh projection: rotated in place
-        return q, self.score_weights(x)
+        return apply_rope_(q, cos, sin)  # a fresh projection: rotated in place
 
     def score_weights(self, x: torch.Tensor) -> torch.Tensor:
         """Per-head score weights [N, Hi] fp32 of tokens x [N, hidden], scales folded in."""
-        return self.scorer.weights_proj(x).float() * (self.n_heads**-0.5 * self.dim**-0.5)
+        return self.scale_scores(self.scorer.weights_proj(x))
+
+    def scale_scores(self, raw: torch.Tensor) -> torch.Tensor:
+        """weights_proj's output [N, Hi] -> the score weights (fp32, both scales folded in)."""
+        return raw.float() * (self.n_heads**-0.5 * self.dim**-0.5)
 
 
 def indexer_topk_torch(

@@ -21,6 +21,7 @@ from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.decode_fused import fused_decode_layers
 from engine.models.deepseek_v4.decode_step import DecodeRows, DecodeSpans
 from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, LayerPool
+from engine.models.deepseek_v4.merged_linear import merge_projections
 from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, merge
 from engine.models.deepseek_v4.moe import V4MoE
 from engine.models.deepseek_v4.norms import RMSNorm
@@ -164,6 +165,31 @@ class DeepseekV4Model(nn.Module):
                 mod.block = fp8_block_of(name, mod.weight.shape, mod.scale.shape)
             if isinstance(mod, Fp8Linear | Mxfp4Experts):
                 mod.use_kernels = gemm_kernels
+        del own, src, meta
+        # projections of one input as one GEMM over concatenated weights (merged_linear.py):
+        # the parts' tensors become views of it, and each group's originals leave our dict
+        # and (``consume``) the caller's as soon as it merged, so they are freed group by group
+        dicts = [sd] + ([state_dict] if consume and isinstance(state_dict, dict) else [])
+
+        def key(t: torch.Tensor) -> tuple:  # the same memory (a Parameter wraps its source)
+            return t.device, t.data_ptr(), t.dtype, tuple(t.shape)
+
+        names: list[dict[tuple, list[str]]] = []
+        for d in dicts:
+            by_mem: dict[tuple, list[str]] = {}
+            for k, v in d.items():
+                by_mem.setdefault(key(v), []).append(k)
+            names.append(by_mem)
+
+        def drop(old: list[torch.Tensor]) -> None:
+            for d, by_mem in zip(dicts, names, strict=True):
+                for t in old:
+                    for k in by_mem.pop(key(t), ()):
+                        del d[k]
+
+        if merge_projections(model, drop) and torch.device(device).type == "cuda" and consume:
+            torch.cuda.empty_cache()  # start-up only: hand the freed originals back
+        del sd
         model.main_rotary, model.compress_rotary = (r.to(device) for r in rotaries(cfg))
         return model.eval()
 

@@ -53,9 +53,18 @@ class _SharedExpert(nn.Module):
         self.up_proj = nn.Linear(hid, inter, bias=False)
         self.down_proj = nn.Linear(inter, hid, bias=False)
         self.limit = cfg.swiglu_limit
+        # gate_proj + up_proj as one GEMM (merged_linear.py, set when the model is finalized)
+        self.merged_gate_up: Any = None
+
+    def gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """gate_proj(x), up_proj(x): one GEMM when merged (views of its output)."""
+        if self.merged_gate_up is not None:
+            gate, up = self.merged_gate_up(x)
+            return gate, up
+        return self.gate_proj(x), self.up_proj(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(_clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.limit))
+        return self.down_proj(_clamped_swiglu(*self.gate_up(x), self.limit))
 
 
 class _Experts(nn.Module):

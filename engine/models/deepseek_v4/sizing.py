@@ -199,9 +199,11 @@ def fp8_gemv_split_bytes(cfg: DeepseekV4Config | Any, tokens: int) -> int:
     cfg = DeepseekV4Config.coerce(cfg)
     h, d, hid, ql = cfg.num_heads, cfg.head_dim, cfg.hidden_size, cfg.q_lora_rank
     inter, og, ol = cfg.moe_intermediate_size, cfg.o_groups, cfg.o_lora_rank
-    # (outputs over all groups, inputs of one group) of each FP8 projection
+    # (outputs over all groups, inputs of one group) of each FP8 projection, and of the two
+    # merged ones (merged_linear.py: q_a + kv, the shared expert's gate + up), which the
+    # loader forms wherever the scale grids allow (the unmerged shapes stay: the fallback)
     shapes = [(ql, hid), (h * d, ql), (d, hid), (og * ol, h * d // og), (hid, og * ol),
-              (inter, hid), (hid, inter)]
+              (inter, hid), (hid, inter), (ql + d, hid), (2 * inter, hid)]
     if cfg.uses_csa:
         shapes.append((cfg.index_n_heads * cfg.index_head_dim, ql))
     return max(fp8_linear_scratch_bytes(m, n, k) for m in range(1, min(tokens, 32) + 1)
