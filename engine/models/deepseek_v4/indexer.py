@@ -15,6 +15,7 @@ from torch import nn
 from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.rope import apply_rope_
+from kernels.rope_norm import rope_norm
 
 INDEXER_KV_TILE = 2048  # compressed entries scored per tile
 INDEXER_Q_TILE = 512  # query rows per tile (scratch ~ rows x heads x tile fp32)
@@ -37,13 +38,17 @@ class V4Indexer(V4Compressor):
         self.scorer = _Scorer(cfg.hidden_size, cfg.index_n_heads)
 
     def queries(
-        self, q_residual: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, q_residual: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        kernels: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [N, Hi, Di] (rotated with the compress rope), weights: [N, Hi] fp32 with both
-        softmax scales folded in (relu(a) * s == relu(a * s) for s > 0)."""
+        softmax scales folded in (relu(a) * s == relu(a * s) for s > 0). ``kernels``: the
+        rotation as one launch (kernels.rope_norm) instead of PyTorch's fp32 temporaries."""
         n = q_residual.shape[0]
         q = self.q_b_proj(q_residual).view(n, self.n_heads, self.dim)
-        q = apply_rope_(q, cos, sin)  # a fresh projection: rotated in place
+        if kernels:  # a fresh projection: rotated in place
+            return rope_norm(q, cos, sin, q, norm=False), self.score_weights(x)
+        q = apply_rope_(q, cos, sin)
         return q, self.score_weights(x)
 
     def score_weights(self, x: torch.Tensor) -> torch.Tensor:

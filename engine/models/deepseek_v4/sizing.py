@@ -118,20 +118,26 @@ def chunk_rows_bytes(tokens: int, rows: int, seqs: int, window: int, rates: list
 
 
 def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_context: int,
-                                     dtype: torch.dtype = torch.bfloat16) -> int:
+                                     dtype: torch.dtype = torch.bfloat16, kernels: bool = False,
+                                     kv_fp8: bool = False) -> int:
     """What decode_step.py adds to a one-token-per-sequence step of ``max_batch`` rows beyond
     the projections: one tile of the batched indexer (keys gathered and widened to fp32, the
     [B, Hi, tile] fp32 scores and their ReLU and weighted copies, the running top-k), the
-    attended entries' pool rows (+ their dequantised rows for an FP8 pool, counted at the
-    model dtype + fp32), the compressor's window (+ overlap) per row, and the PyTorch
-    attention's [B, H, window + entries] fp32 logits x 4 (CPU path; an upper bound on CUDA)."""
+    attended entries' ids, the compressor's window (+ overlap) per row and the attention's
+    inputs: on the PyTorch path (CPU) the gathered window and entry rows (+ their dequantised
+    rows for an FP8 pool, counted at the model dtype + fp32) and the [B, H, window + entries]
+    fp32 logits x 4; with ``kernels`` (the sparse attention kernel reads the ring and the pool
+    in place) only an FP8 pool's dequantised entry rows (``kv_fp8``)."""
     from engine.models.deepseek_v4.decode_step import DECODE_INDEXER_TILE
 
     b, e, f = max_batch, torch.empty((), dtype=dtype).element_size(), 4
     d, h, w = cfg.head_dim, cfg.num_heads, cfg.sliding_window
     comp_k = max([cfg.index_topk if t == CSA else max_context // cfg.rate(t)
                   for t in cfg.layer_types if cfg.rate(t)], default=0)
-    total = b * comp_k * (8 * 3 + d * (e + f)) + b * h * (w + comp_k) * f * 4 + b * w * d * e
+    if kernels:
+        total = b * comp_k * (8 * 3 + (d * (e + f) if kv_fp8 else 0))
+    else:
+        total = b * comp_k * (8 * 3 + d * (e + f)) + b * h * (w + comp_k) * f * 4 + b * w * d * e
     # gathered window rows x width: CSA 2r rows (overlap) of 2D, HCA r rows of D
     window = max([2 * cfg.rate(t) * 2 * d if t == CSA else cfg.rate(t) * d
                   for t in cfg.layer_types if cfg.rate(t)], default=0)
