@@ -50,8 +50,9 @@ def deepseek_v4_kernels_step_bytes(
     # rows, per-row bounds (int64 + int32 copies)
     out["resident"] = (n * hid * e * (5 + hc) + n * (hc + hc * hc) * f + 2 * n * r * e + 2 * n * 8
                        + chunk_rows_bytes(tokens, n, seqs, cfg.sliding_window, rates))
-    # an mHC's mixing input: one fp32 copy of the flattened streams (next to the streams)
-    out["mhc_mix"] = n * hid * e * (2 + hc) + n * hc * hid * f + n * (2 * hc + hc * hc) * f * 3
+    # an mHC's mixing weights and gates next to the streams (kernels.hc_mixes reads the streams
+    # in place: no fp32 copy of them)
+    out["mhc_mix"] = n * hid * e * (2 + hc) + n * (2 * hc + hc * hc) * f * 3
     # the merge after a block: old and new streams, the block output, the collapsed input
     out["mhc_merge"] = n * hid * e * (3 + 2 * hc)
     # attention, above "resident": queries [n, H, D] (their norm and rope, the shared KV's and
