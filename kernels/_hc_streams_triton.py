@@ -1,5 +1,6 @@
-"""Triton kernels of ``kernels.hc_streams``: one program per (token, slice of the hidden dim),
-the m x m mixing matrix and the m stream rows of the slice in registers. Nothing allocates."""
+"""Triton kernels of ``kernels.hc_streams``. Merge and collapse: one program per (token, slice
+of the hidden dim), the m x m mixing matrix and the m stream rows of the slice in registers.
+Mixes: one program per tile of tokens, looping over the flattened streams. Nothing allocates."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import triton.language as tl
 from kernels._triton_support import cdiv, next_pow2
 
 HC_BLOCK_D = 512  # hidden channels per program: m x 512 stream values in registers
+HC_MIX_BLOCK_N = 16  # tokens per mixes program (tl.dot's least M): 256 programs at 4096 tokens
+HC_MIX_BLOCK_K = 64  # stream channels per step of the mixes' loop
 
 
 @triton.jit
@@ -54,6 +57,33 @@ def _hc_collapse_kernel(pre_ptr, s_ptr, out_ptr, m, d, stride_pn, stride_sn, str
     tl.store(out_ptr + tok * stride_on + cols, out.to(out_ptr.dtype.element_ty), mask=ok_d)
 
 
+@triton.jit
+def _hc_mixes_kernel(s_ptr, fn_ptr, out_ptr, n, m, d, rows, eps, stride_sn, stride_sr, stride_fr,
+                     stride_on, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    toks = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    r = tl.arange(0, BLOCK_R)
+    ck = tl.arange(0, BLOCK_K)
+    ok_n = toks < n
+    ok_r = r < rows
+    s_rows = s_ptr + toks.to(tl.int64)[:, None] * stride_sn
+    acc = tl.zeros((BLOCK_N, BLOCK_R), dtype=tl.float32)
+    sq = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j in range(0, m):  # stream j is columns j * d .. (j + 1) * d of fn
+        for c0 in range(0, d, BLOCK_K):
+            cols = c0 + ck
+            ok_k = cols < d
+            x = tl.load(s_rows + j * stride_sr + cols[None, :], mask=ok_n[:, None] & ok_k[None, :],
+                        other=0.0).to(tl.float32)  # [N, K]
+            w = tl.load(fn_ptr + r[None, :] * stride_fr + (j * d + cols)[:, None],
+                        mask=ok_k[:, None] & ok_r[None, :], other=0.0)  # [K, R]
+            acc = tl.dot(x, w, acc, input_precision="ieee")
+            sq += tl.sum(x * x, axis=1)
+    out = acc * tl.rsqrt(sq / (m * d) + eps)[:, None]
+    tl.store(out_ptr + toks.to(tl.int64)[:, None] * stride_on + r[None, :], out,
+             mask=ok_n[:, None] & ok_r[None, :])
+
+
 def _grid(n: int, d: int, m: int) -> tuple[tuple[int, int], int, int]:
     block_d = min(HC_BLOCK_D, next_pow2(d))
     return (n, cdiv(d, block_d)), max(2, next_pow2(m)), block_d
@@ -76,4 +106,14 @@ def launch_hc_collapse(pre: torch.Tensor, streams: torch.Tensor, out: torch.Tens
     _hc_collapse_kernel[grid](
         pre, streams, out, m, d, pre.stride(0), streams.stride(0), streams.stride(1),
         out.stride(0), BLOCK_M=bm, BLOCK_D=bd, num_warps=4,
+    )
+
+
+def launch_hc_mixes(streams: torch.Tensor, fn: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+    n, m, d = streams.shape
+    rows = fn.shape[0]
+    _hc_mixes_kernel[(cdiv(n, HC_MIX_BLOCK_N),)](
+        streams, fn, out, n, m, d, rows, eps, streams.stride(0), streams.stride(1), fn.stride(0),
+        out.stride(0), BLOCK_N=HC_MIX_BLOCK_N, BLOCK_R=max(16, next_pow2(rows)),
+        BLOCK_K=HC_MIX_BLOCK_K, num_warps=4,
     )

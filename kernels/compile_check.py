@@ -27,6 +27,7 @@ from kernels import _fp8_linear_triton as fp8
 from kernels import _fp8_w8a8_triton as w8a8
 from kernels import _fused_triton as fused
 from kernels import _hc_decode_triton as hcd
+from kernels import _hc_streams_triton as hcs
 from kernels import _indexer_decode_triton as idxd
 from kernels import _indexer_triton as idx
 from kernels import _moe_decode_triton as moed
@@ -83,6 +84,7 @@ def default_specs() -> list[KernelSpec]:
     kv_types = {n: _ptr("bf16") for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
     prefill_types = kv_types | {n: _ptr("i32") for n in ("bt_ptr", "qsl_ptr", "ctx_ptr")}
     prefill_types["qk_scale"] = "fp32"
+    mixes = {"s_ptr": _ptr("bf16"), "fn_ptr": _ptr("fp32"), "out_ptr": _ptr("fp32"), "eps": "fp32"}
     decode_types = kv_types | {"part_acc_ptr": _ptr("fp32"), "part_ml_ptr": _ptr("fp32"),
                                "bt_ptr": _ptr("i32"), "ctx_ptr": _ptr("i32"), "qk_scale": "fp32"}
     return [
@@ -136,6 +138,10 @@ def default_specs() -> list[KernelSpec]:
         KernelSpec("mHC sinkhorn (m 4)", sk._sinkhorn_kernel,
                    {"x_ptr": _ptr("fp32"), "out_ptr": _ptr("fp32"), "eps": "fp32"},
                    {"BLOCK": 4}, num_warps=1),
+        KernelSpec("mHC mixes (prefill, 24 rows)", hcs._hc_mixes_kernel, mixes,
+                   {"BLOCK_N": hcs.HC_MIX_BLOCK_N, "BLOCK_R": 32, "BLOCK_K": hcs.HC_MIX_BLOCK_K}),
+        KernelSpec("mHC mixes (prefill, head)", hcs._hc_mixes_kernel, mixes,
+                   {"BLOCK_N": hcs.HC_MIX_BLOCK_N, "BLOCK_R": 16, "BLOCK_K": hcs.HC_MIX_BLOCK_K}),
         KernelSpec("fused silu * up", fused._silu_and_mul_kernel,
                    {"g_ptr": _ptr("bf16"), "u_ptr": _ptr("bf16"), "out_ptr": _ptr("bf16")},
                    {"BLOCK": 1024}),

@@ -71,11 +71,15 @@ def family_table(events: Any, steps: int, layers: int) -> str:
 class OpSources(TorchDispatchMode):
     """Counts the PyTorch ops that launch device work, by the innermost function of ours
     (engine/, kernels/) on the Python stack when each was dispatched. Triton launches do not
-    pass through here (the family table counts them)."""
+    pass through here (the family table counts them). ``out_bytes`` sums the bytes each source's
+    ops write (their tensor outputs), the weight of a glue op at a chunk's sizes; ``op_bytes``
+    the same per (source, op)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.counts: Counter[str] = Counter()
+        self.out_bytes: Counter[str] = Counter()
+        self.op_bytes: Counter[tuple[str, str]] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         name = func.overloadpacket.__name__.rstrip("_")
@@ -86,6 +90,11 @@ class OpSources(TorchDispatchMode):
             src = "?" if f is None else (f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:"
                                         f"{f.f_code.co_name}")
             self.counts[src] += 1
+            out = func(*args, **(kwargs or {}))
+            written = sum(t.numel() * t.element_size() for t in _tensors(out))
+            self.out_bytes[src] += written
+            self.op_bytes[(src, name)] += written
+            return out
         return func(*args, **(kwargs or {}))
 
     def table(self, layers: int) -> str:
@@ -95,3 +104,21 @@ class OpSources(TorchDispatchMode):
         total = sum(self.counts.values())
         lines.append(f"{'total':<52} {total:9d} {total / layers:10.1f}")
         return "\n".join(lines)
+
+    def bytes_table(self, layers: int, top: int = 40) -> str:
+        """(source, op) pairs by the bytes their outputs wrote, heaviest first."""
+        lines = [f"{'source':<46} {'op':<22} {'MiB/step':>10} {'MiB/layer':>10}"]
+        for (src, op), b in self.op_bytes.most_common(top):
+            lines.append(f"{src:<46} {op:<22} {b / 2**20:10.2f} {b / 2**20 / layers:10.2f}")
+        total = sum(self.op_bytes.values())
+        lines.append(f"{'total':<69} {total / 2**20:10.2f} {total / 2**20 / layers:10.2f}")
+        return "\n".join(lines)
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors of an op's output (a tensor, or a tuple/list holding some)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return []

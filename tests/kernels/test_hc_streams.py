@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kernels.errors import KernelArgumentError
-from kernels.hc_streams import hc_collapse, hc_merge
-from kernels.hc_streams_ref import hc_collapse_ref, hc_merge_ref
+from kernels.hc_streams import hc_collapse, hc_merge, hc_mixes
+from kernels.hc_streams_ref import hc_collapse_ref, hc_merge_ref, hc_mixes_ref
 
 
 def _inputs(n: int, m: int, d: int, dtype: torch.dtype, device: str = "cpu", seed: int = 0):
@@ -65,3 +65,44 @@ def test_hc_streams_on_cuda(cuda, n, m, d):
     col = torch.empty(n, d, dtype=torch.bfloat16, device="cuda")
     hc_collapse(post, streams, col)
     torch.testing.assert_close(col, hc_collapse_ref(post, streams), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("n,m,d,rows", [(1, 4, 64, 24), (17, 3, 33, 15), (5, 6, 200, 48),
+                                        (3, 1, 17, 1), (40, 4, 130, 4), (16, 2, 64, 8)])
+def test_hc_mixes_matches_reference(interpret, n, m, d, rows):
+    g = torch.Generator().manual_seed(n + m + d + rows)
+    # strided stream rows (a wider buffer), tokens not a multiple of the tile, fn rows padded
+    streams = torch.randn(n, m, d + 5, generator=g)[..., :d]
+    fn = torch.randn(rows, m * d, generator=g) * 0.05
+    out = torch.full((n, rows), float("nan"))
+    hc_mixes(streams, fn, 1e-6, out)
+    torch.testing.assert_close(out, hc_mixes_ref(streams, fn, 1e-6), rtol=1e-4, atol=1e-5)
+
+
+def test_hc_mixes_bf16_streams(interpret):
+    g = torch.Generator().manual_seed(3)
+    streams = torch.randn(20, 4, 96, generator=g).bfloat16()
+    fn = torch.randn(24, 4 * 96, generator=g)
+    out = hc_mixes(streams, fn, 1e-6, torch.empty(20, 24))
+    torch.testing.assert_close(out, hc_mixes_ref(streams, fn, 1e-6), rtol=1e-4, atol=1e-4)
+
+
+def test_hc_mixes_names_the_bad_argument(interpret):
+    streams, fn = torch.ones(3, 4, 8), torch.ones(24, 32)
+    with pytest.raises(KernelArgumentError, match="fn"):
+        hc_mixes(streams, torch.ones(24, 31), 1e-6, torch.empty(3, 24))
+    with pytest.raises(KernelArgumentError, match="fn"):
+        hc_mixes(streams, torch.ones(32, 24).t(), 1e-6, torch.empty(3, 24))
+    with pytest.raises(KernelArgumentError, match="out"):
+        hc_mixes(streams, fn, 1e-6, torch.empty(3, 24, dtype=torch.float64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,rows", [(4096, 24), (5, 24), (33, 4)])
+def test_hc_mixes_on_cuda(cuda, n, rows):
+    g = torch.Generator().manual_seed(n)
+    streams = torch.randn(n, 4, 4096, generator=g).to("cuda", torch.bfloat16)
+    fn = (torch.randn(rows, 4 * 4096, generator=g) * 0.02).cuda()
+    out = hc_mixes(streams, fn, 1e-6, torch.empty(n, rows, device="cuda"))
+    torch.backends.cuda.matmul.allow_tf32 = False  # an exact fp32 reference
+    torch.testing.assert_close(out, hc_mixes_ref(streams, fn, 1e-6), rtol=1e-4, atol=1e-4)

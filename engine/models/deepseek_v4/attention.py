@@ -21,6 +21,7 @@ from engine.models.deepseek_v4.decode_fused import (
     compress_decode_fused,
     indexer_topk_fused,
     rms_norm_row,
+    rope_norm_,
     rotate_,
     write_window_fused,
 )
@@ -36,7 +37,7 @@ from engine.models.deepseek_v4.decode_step import (
 from engine.models.deepseek_v4.indexer import V4Indexer
 from engine.models.deepseek_v4.kv_pool import LayerPool
 from engine.models.deepseek_v4.merged_linear import MergedLinear
-from engine.models.deepseek_v4.norms import RMSNorm, unweighted_rms_norm, unweighted_rms_norm_
+from engine.models.deepseek_v4.norms import RMSNorm, unweighted_rms_norm
 from engine.models.deepseek_v4.rope import V4Rotary, apply_rope_
 from engine.models.deepseek_v4.sparse_attention import v4_attention_torch
 
@@ -151,7 +152,7 @@ class V4Attention(nn.Module):
                               fused=backend.decode == "fused")
             if not isinstance(index, slice):
                 out.index_copy_(0, index, dst)
-        return self._output(out, cos, sin)
+        return self._output(out, cos, sin, backend.attention == "kernels")
 
     def _attend_chunks(self, t: _StepRows, out: torch.Tensor, compress_rotary: V4Rotary,
                        spans: list[SeqSpan], chunks: ChunkRows, cache: LayerPool,
@@ -323,23 +324,31 @@ class V4Attention(nn.Module):
         n = x.shape[0]
         h, d = cfg.num_heads, cfg.head_dim
         cos, sin = rope
-        q_a, kv = self._project_x(x)
-        q_res = self.q_a_norm(q_a)  # [N, q_lora_rank]
-        q = self.q_b_proj(q_res).view(n, h, d)
-        q = (unweighted_rms_norm_(q, cfg.rms_norm_eps) if backend.attention == "kernels"
-             else unweighted_rms_norm(q, cfg.rms_norm_eps))
-        q = apply_rope_(q, cos, sin)  # [N, H, D] (fresh tensors: rotated in place)
-        kv = apply_rope_(self.kv_norm(kv), cos, sin)  # [N, D]
+        kernels = backend.attention == "kernels"
+        q_a, kv_raw = self._project_x(x)  # one GEMM when merged (views of its output)
+        if kernels:
+            # one pass a tensor (norm + rope in fp32, rounded once), as the fused decode path:
+            # in PyTorch the rope of the [N, H, D] queries alone is ~10 fp32 temporaries of
+            # [N, H, R/2] (~350 MiB written at a 4096-token chunk), the norms an fp32 copy each
+            q_res = rms_norm_row(q_a, self.q_a_norm.weight, self.q_a_norm.eps)
+            q = rotate_(self.q_b_proj(q_res).view(n, h, d), rope, norm=True, eps=cfg.rms_norm_eps)
+            kv = rope_norm_(kv_raw, rope, self.kv_norm.weight, self.kv_norm.eps)
+        else:
+            q_res = self.q_a_norm(q_a)  # [N, q_lora_rank]
+            q = unweighted_rms_norm(self.q_b_proj(q_res).view(n, h, d), cfg.rms_norm_eps)
+            q = apply_rope_(q, cos, sin)  # [N, H, D] (fresh tensors: rotated in place)
+            kv = apply_rope_(self.kv_norm(kv_raw), cos, sin)  # [N, D]
         t = _StepRows(q=q, kv=kv)
         self._project_compressors(x, t)
         if isinstance(self.compressor, V4CSACompressor):
-            t.idx_q = self.compressor.indexer.index_queries(q_res, cos, sin)
+            t.idx_q = self.compressor.indexer.index_queries(q_res, cos, sin, kernels)
         return t
 
-    def _output(self, out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _output(self, out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kernels: bool = False) -> torch.Tensor:
         """Attention output [N, H, D] -> [N, hidden]: undo the rotation V picked up (K == V),
-        then the grouped low-rank output projection."""
-        out = apply_rope_(out, cos, -sin)
+        then the grouped low-rank output projection (``kernels``: the rotation as one launch)."""
+        out = rotate_(out, (cos, -sin)) if kernels else apply_rope_(out, cos, -sin)
         grouped = self.o_a_proj(out.view(out.shape[0], self.cfg.o_groups, -1))
         return self.o_b_proj(grouped)
 

@@ -114,6 +114,11 @@ def rotate_(t: torch.Tensor, rope: Rope, norm: bool = False, eps: float = 1e-6) 
     return rope_norm(t, rope[0], rope[1], t, norm=norm, eps=eps)
 
 
+def rope_norm_(t: torch.Tensor, rope: Rope, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Weighted RMSNorm + RoPE of [N, D] rows in place (the shared KV of a prefill chunk)."""
+    return rope_norm(t, rope[0], rope[1], t, norm=True, weight=weight, eps=eps)
+
+
 def write_window_fused(cache: LayerPool, rows: DecodeRows, kv_raw: torch.Tensor,
                        weight: torch.Tensor, eps: float, rope: Rope) -> bool:
     """The shared KV's RMSNorm + RoPE written straight into the slot's window ring (row i takes

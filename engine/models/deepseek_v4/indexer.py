@@ -15,6 +15,7 @@ from torch import nn
 from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.rope import apply_rope_
+from kernels.rope_norm import rope_norm
 
 INDEXER_KV_TILE = 2048  # compressed entries scored per tile
 INDEXER_Q_TILE = 512  # query rows per tile (scratch ~ rows x heads x tile fp32)
@@ -37,18 +38,23 @@ class V4Indexer(V4Compressor):
         self.scorer = _Scorer(cfg.hidden_size, cfg.index_n_heads)
 
     def queries(
-        self, q_residual: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, q_residual: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        kernels: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [N, Hi, Di] (rotated with the compress rope), weights: [N, Hi] fp32 with both
-        softmax scales folded in (relu(a) * s == relu(a * s) for s > 0)."""
-        return self.index_queries(q_residual, cos, sin), self.score_weights(x)
+        softmax scales folded in (relu(a) * s == relu(a * s) for s > 0). ``kernels``: the
+        rotation as one launch (kernels.rope_norm) instead of PyTorch's fp32 temporaries."""
+        return self.index_queries(q_residual, cos, sin, kernels), self.score_weights(x)
 
-    def index_queries(self, q_residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                      ) -> torch.Tensor:
-        """q: [N, Hi, Di], rotated with the compress rope."""
+    def index_queries(self, q_residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      kernels: bool = False) -> torch.Tensor:
+        """q: [N, Hi, Di], rotated with the compress rope (a fresh projection: in place;
+        ``kernels``: one launch)."""
         n = q_residual.shape[0]
         q = self.q_b_proj(q_residual).view(n, self.n_heads, self.dim)
-        return apply_rope_(q, cos, sin)  # a fresh projection: rotated in place
+        if kernels:
+            return rope_norm(q, cos, sin, q, norm=False)
+        return apply_rope_(q, cos, sin)
 
     def score_weights(self, x: torch.Tensor) -> torch.Tensor:
         """Per-head score weights [N, Hi] fp32 of tokens x [N, hidden], scales folded in."""

@@ -14,22 +14,21 @@ from torch import nn
 
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.norms import unweighted_rms_norm
-from kernels.hc_streams import hc_collapse, hc_merge
+from kernels.hc_streams import hc_collapse, hc_merge, hc_mixes
 from kernels.hc_streams_ref import hc_collapse_ref, hc_merge_ref
 from kernels.sinkhorn import sinkhorn
 from kernels.sinkhorn_ref import sinkhorn_ref
 
 
 def _mixes(streams: torch.Tensor, fn: torch.Tensor, eps: float, kernels: bool) -> torch.Tensor:
-    """``linear(rms_norm(flattened streams in fp32), fn)`` [N, rows] fp32. ``kernels``: the
-    norm's scale applied to the product instead of the input (a linear map commutes with a
-    per-row scale), so one fp32 copy of the streams exists instead of three (the prefill peak)."""
-    flat = streams.flatten(1)
+    """``linear(rms_norm(flattened streams in fp32), fn)`` [N, rows] fp32. ``kernels``: one
+    pass over the streams (``kernels.hc_mixes``: the product and the sum of squares from the
+    same tiles, the norm's scale applied to the product), where PyTorch writes an fp32 copy of
+    the streams (256 MiB at a 4096-token chunk) and reads it twice more."""
     if not kernels:
-        return F.linear(unweighted_rms_norm(flat.float(), eps), fn.float())
-    xf = flat.float()
-    sq = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_()  # no [N, hc * hidden] temporary
-    return F.linear(xf, fn.float()).mul_(torch.rsqrt(sq.div_(flat.shape[-1]).add_(eps)))
+        return F.linear(unweighted_rms_norm(streams.flatten(1).float(), eps), fn.float())
+    out = torch.empty(streams.shape[0], fn.shape[0], dtype=torch.float32, device=streams.device)
+    return hc_mixes(streams, fn, eps, out)
 
 
 class HyperConnection(nn.Module):

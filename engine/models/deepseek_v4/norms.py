@@ -28,12 +28,3 @@ def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm without weight, scale computed in fp32 and applied in x's dtype."""
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
-
-def unweighted_rms_norm_(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """:func:`unweighted_rms_norm` in place, as one Triton kernel (``kernels.add_rms_norm`` with
-    a unit weight; the scaled row is rounded once). ``x``: contiguous, owned by the caller. In
-    PyTorch the fp32 square of a [tokens, heads, 512] query is 1 GiB at a 4096-token chunk."""
-    from kernels.fused import add_rms_norm
-
-    rows = x.view(-1, x.shape[-1])
-    return add_rms_norm(rows, None, x.new_ones(x.shape[-1]), eps, rows).view(x.shape)

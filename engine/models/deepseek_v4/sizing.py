@@ -118,15 +118,18 @@ def chunk_rows_bytes(tokens: int, rows: int, seqs: int, window: int, rates: list
 
 
 def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_context: int,
-                                     dtype: torch.dtype = torch.bfloat16) -> int:
+                                     dtype: torch.dtype = torch.bfloat16, kernels: bool = False,
+                                     kv_fp8: bool = False) -> int:
     """What decode_step.py adds to a one-token-per-sequence step of ``max_batch`` rows beyond
     the projections: one tile of the batched indexer (keys gathered and widened to fp32, the
     [B, Hi, tile] fp32 scores and their ReLU and weighted copies, the running top-k; or, in
-    the fused loop, ``kernels.indexer_decode``'s scratch at its wider tile, whichever is more), the
-    attended entries' pool rows (+ their dequantised rows for an FP8 pool, counted at the
-    model dtype + fp32), the compressor's window (+ overlap) per row, the PyTorch
-    attention's [B, H, window + entries] fp32 logits x 4 (CPU path) and the CUDA sparse
-    attention's split-K partials (``decode_attention_splits``)."""
+    the fused loop, ``kernels.indexer_decode``'s scratch at its wider tile, whichever is more),
+    the attended entries' ids, the compressor's window (+ overlap) per row and the attention's
+    inputs: on the PyTorch path (CPU) the gathered window and entry rows (+ their dequantised
+    rows for an FP8 pool, counted at the model dtype + fp32) and the [B, H, window + entries]
+    fp32 logits x 4; with ``kernels`` (the sparse attention kernel reads the ring and the pool
+    in place) only an FP8 pool's dequantised entry rows (``kv_fp8``) and the kernel's split-K
+    partials (``decode_attention_splits``)."""
     from engine.models.deepseek_v4.decode_fused import FUSED_INDEXER_TILE
     from engine.models.deepseek_v4.decode_step import DECODE_INDEXER_TILE
     from kernels.indexer_decode import indexer_decode_topk_workspace_bytes
@@ -139,14 +142,17 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
     d, h, w = cfg.head_dim, cfg.num_heads, cfg.sliding_window
     comp_k = max([cfg.index_topk if t == CSA else max_context // cfg.rate(t)
                   for t in cfg.layer_types if cfg.rate(t)], default=0)
-    total = b * comp_k * (8 * 3 + d * (e + f)) + b * h * (w + comp_k) * f * 4 + b * w * d * e
+    if kernels:
+        total = b * comp_k * (8 * 3 + (d * (e + f) if kv_fp8 else 0))
+    else:
+        total = b * comp_k * (8 * 3 + d * (e + f)) + b * h * (w + comp_k) * f * 4 + b * w * d * e
     # gathered window rows x width: CSA 2r rows (overlap) of 2D, HCA r rows of D
     window = max([2 * cfg.rate(t) * 2 * d if t == CSA else cfg.rate(t) * d
                   for t in cfg.layer_types if cfg.rate(t)], default=0)
     total += b * window * (e + f) * 4
-    # CUDA: the sparse attention's split partials, at whichever batch size up to b splits most
-    total += max(sparse_attention_workspace_bytes(r, h, d, decode_attention_splits(r, h, w + comp_k))
-                 for r in range(1, b + 1)) if b else 0
+    if kernels and b:  # the sparse attention's split partials, at the batch size splitting most
+        total += max(sparse_attention_workspace_bytes(r, h, d, decode_attention_splits(r, h, w + comp_k))
+                     for r in range(1, b + 1))
     if cfg.uses_csa:
         entries = max(1, max_context // cfg.csa_rate)
         t = min(DECODE_INDEXER_TILE, entries)
@@ -156,7 +162,7 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
         # the fused loop's kernels: their scratch at its own tile, and the picks as int32 rows
         fused = (indexer_decode_topk_workspace_bytes(b, k, min(FUSED_INDEXER_TILE, entries))
                  + b * k * 4)
-        total += max(torch_path, fused)
+        total += max(torch_path, fused) if kernels else torch_path
     return total
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
+from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.sizing import chunk_rows_bytes, deepseek_v4_decode_scratch_bytes
 
 
@@ -50,40 +50,45 @@ def deepseek_v4_kernels_step_bytes(
     # rows, per-row bounds (int64 + int32 copies)
     out["resident"] = (n * hid * e * (5 + hc) + n * (hc + hc * hc) * f + 2 * n * r * e + 2 * n * 8
                        + chunk_rows_bytes(tokens, n, seqs, cfg.sliding_window, rates))
-    # an mHC's mixing input: one fp32 copy of the flattened streams (next to the streams)
-    out["mhc_mix"] = n * hid * e * (2 + hc) + n * hc * hid * f + n * (2 * hc + hc * hc) * f * 3
+    # an mHC's mixing weights and gates next to the streams (kernels.hc_mixes reads the streams
+    # in place: no fp32 copy of them)
+    out["mhc_mix"] = n * hid * e * (2 + hc) + n * (2 * hc + hc * hc) * f * 3
     # the merge after a block: old and new streams, the block output, the collapsed input
     out["mhc_merge"] = n * hid * e * (3 + 2 * hc)
-    # attention, above "resident": queries [n, H, D]; fp32 rope temporaries on their last R
-    # channels (both halves, both rotated halves, the interleaved result)
+    # attention, above "resident": queries [n, H, D] (their norm and rope, the shared KV's and
+    # the output's de-rotation run in place as rope_norm kernels: no fp32 temporaries)
     q = n * h * d * e
-    rope = 3 * n * h * r * f
     csa = cfg.uses_csa
     hi, di, k = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
     rest = n * (cfg.q_lora_rank + d) * e  # low-rank query, shared K=V
     if rates:  # compressor projections (CSA: two series of width 2D)
         rest += 2 * n * (2 * d if csa else d) * e
-    # CSA: indexer queries and weights, its compressor projections, top-k ids: the step's int32
-    # table of rebased picks and a sequence's rebasing temporaries (8 B a pick at most; 16
-    # counted throughout)
+    # CSA: indexer queries and weights, its compressor projections
     if csa:
-        rest += n * hi * di * e + n * hi * f + 2 * n * 2 * di * e + n * k * (4 + 4 + 8)
+        rest += n * hi * di * e + n * hi * f + 2 * n * 2 * di * e
+    # CSA's top-k ids while the chunks attend: the step's int32 table of rebased picks and a
+    # sequence's rebasing temporaries (8 B a pick at most; 16 counted throughout)
+    topk = n * k * (4 + 4 + 8) if csa else 0
     # the chunks' window table (counted twice: the margin of docs/memory.md)
     window = 2 * (seqs * (cfg.sliding_window - 1) + n) * d * e
-    comp_rows = n + max(rates, default=0)
-    compressor = comp_rows * (2 * d if csa else d) * (5 * e + 3 * f) if rates else 0
+    # a compressor's chunk (the open window's rows ahead of it) at its layer type's width:
+    # CSA n + 4 rows of 2D, HCA n + 128 rows of D
+    compressor = max([(n + cfg.rate(t)) * (2 * d if t == CSA else d) * (5 * e + 3 * f)
+                      for t in cfg.layer_types if t != SLIDING], default=0)
     o_proj = n * (cfg.o_groups * cfg.o_lora_rank + hid) * e
     late = max(compressor, read_tmp(d),  # compressing / reading the entries out of the blocks
                entries * d * e,  # the batched attention's table of every sequence's entries
-               entries * di * e + read_tmp(di) if csa else 0,  # the indexer's keys
-               rope, o_proj)  # de-rotating the output / the output projections
-    early = n * cfg.q_lora_rank * e + rope  # rotating the queries, before the output exists
+               entries * di * e + read_tmp(di) if csa else 0)  # the indexer's keys
+    early = n * cfg.q_lora_rank * e  # the low-rank query, before the output exists
     # a mixed step's one-token sequences, attended as one decode step after the chunks (whose
     # windows and entries are gone by then): their rows of the projections (copies when they
     # sit between the chunks), their output rows, decode_step.py's own scratch
     decode = (seqs * (q + rest) // n + seqs * h * d * e
-              + deepseek_v4_decode_scratch_bytes(cfg, seqs, max_context, dtype))
-    out["attention"] = q + max(early, q + rest + max(window + entries * d * e + late, decode))
+              + deepseek_v4_decode_scratch_bytes(cfg, seqs, max_context, dtype, kernels=True,
+                                                 kv_fp8=kv_fp8))
+    # the output projections come after the chunks' window table, entries and top-k are freed
+    out["attention"] = q + max(early, q + rest + max(topk + window + entries * d * e + late,
+                                                     decode, o_proj))
     inter, ne, kx = cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.num_experts_per_tok
     # router scores (softplus, biased), routing ids/weights, the shared expert's gate/up and
     # their clamped SwiGLU temporaries, its output
