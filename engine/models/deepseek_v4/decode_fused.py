@@ -19,7 +19,8 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
   ``gate_proj`` + ``up_proj`` as one FP8 GEMV each, the compressors' bf16 projections as one
   GEMM (merged_linear.py, formed at load where the scale grids allow; outputs split by views).
 
-Decode only (one token per sequence; the prefill path is untouched) and numerically the same
+Decode only (one token per sequence; the prefill path borrows ``rms_norm_row``, ``rotate_`` and
+``rope_norm_`` for its in-place norms and RoPE) and numerically the same
 formulas as the unfused step, rounded at the same points; reductions run in another order, so
 results agree to rounding, not bit for bit. Must never loop over sequences or read device
 values on the host (the step is captured as a CUDA graph).

@@ -201,9 +201,8 @@ def attend_decode(backend: V4Backend, out: torch.Tensor, q: torch.Tensor, cache:
     w, dim = cache.ring.shape[1], cache.ring.shape[-1]
     if comp is not None and comp[2] is None:
         pool, crow, _ = comp
-        if backend.attention != "torch" and pool.scale is None:
-            comp = (pool, crow, None)  # the kernel's indices as they are
-        else:
+        # the kernel takes a bf16 pool's rows as they are; otherwise rows + visibility
+        if backend.attention == "torch" or pool.scale is not None:
             comp = (pool, crow.clamp(min=0).long(), crow >= 0)
     # ring rows holding positions (pos - W, pos]
     filled = rows.memo(("filled", w), lambda: (rows.positions + 1).clamp(max=w))
