@@ -278,6 +278,25 @@ def _quantized_specs() -> list[KernelSpec]:
                    {"h_ptr": _ptr("bf16"), "ids_ptr": _ptr("i64"), "tw_ptr": _ptr("fp32"),
                     "w_ptr": _ptr("u8"), "s_ptr": _ptr("u8"), "y_ptr": _ptr("bf16")},
                    {"SPLIT": False, "BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=3),
+        # the direct decode (weights built as bits): both per-pair GEMVs, the tiled forms
+        *(KernelSpec(f"mxfp4 moe gemv {name} (16x256, direct)", fn, ptrs,
+                     {flag: False, "BLOCK_N": 16, "BLOCK_K": 256, "DIRECT": True},
+                     num_warps=4, num_stages=3)
+          for name, fn, flag, ptrs in (
+              ("gate-up + swiglu", moe._moe_gemv_gate_up_kernel, "PARTIAL",
+               {"x_ptr": _ptr("bf16"), "ids_ptr": _ptr("i64"), "w_ptr": _ptr("u8"),
+                "s_ptr": _ptr("u8"), "h_ptr": _ptr("bf16"), "limit": "fp32"}),
+              ("down", moe._moe_gemv_down_kernel, "SPLIT",
+               {"h_ptr": _ptr("bf16"), "ids_ptr": _ptr("i64"), "tw_ptr": _ptr("fp32"),
+                "w_ptr": _ptr("u8"), "s_ptr": _ptr("u8"), "y_ptr": _ptr("bf16")}))),
+        *(KernelSpec(f"mxfp4 moe {name} ({bm}x{bn}x{bk}, direct bf16 bits)", fn, ptrs,
+                     {"F32": False, "E_P2": 256, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                      "SWAP": True, "DIRECT": 2,
+                      "PARTIAL" if fn is moe._moe_gate_up_kernel else "SPLIT": False},
+                     num_warps=w, num_stages=3)
+          for name, fn, ptrs in (("gate-up + swiglu", moe._moe_gate_up_kernel, gate_up),
+                                 ("down", moe._moe_down_kernel, down))
+          for bm, bn, bk, w in ((16, 64, 128, 4), (128, 128, 128, 8))),
         # the tl.dot_scaled form (tiles' 7th element), both operand orders
         *(KernelSpec(f"mxfp4 moe {name} ({bm}x{bn}x{bk}, dot_scaled{', swapped' if swap else ''})",
                      fn, ptrs, {"F32": False, "E_P2": 256, "BLOCK_M": bm, "BLOCK_N": bn,
@@ -339,12 +358,16 @@ def _ptx_resources(ptx: str, ptxas: str) -> tuple[int | None, int | None]:
 
 
 def compile_one(spec: KernelSpec, target: GPUTarget) -> CompileResult:
-    params = list(inspect.signature(spec.fn.fn).parameters)  # type: ignore[attr-defined]
-    signature = {p: "constexpr" if p in spec.constexprs else spec.types.get(p, "i32")
-                 for p in params}
+    sig = inspect.signature(spec.fn.fn)  # type: ignore[attr-defined]
+    params = list(sig.parameters)
+    # constexpr parameters the spec leaves out take their defaults, as a launch would
+    given = {p: v.default for p, v in sig.parameters.items()
+             if v.default is not inspect.Parameter.empty and "constexpr" in str(v.annotation)}
+    given.update(spec.constexprs)
+    signature = {p: "constexpr" if p in given else spec.types.get(p, "i32") for p in params}
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
              if signature[p].startswith("*") or p.startswith("stride") or p in _DIV16_INTS}
-    constexprs = {(params.index(k),): v for k, v in spec.constexprs.items()}
+    constexprs = {(params.index(k),): v for k, v in given.items()}
     try:
         kernel = triton.compile(ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs,
                                           attrs=attrs),
