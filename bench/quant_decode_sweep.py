@@ -44,12 +44,9 @@ FP8_SHAPES = ((4096, 4096, 1), (32768, 1024, 1), (1024, 4096, 1), (2048, 4096, 1
 FP8_ROWS = (1, 8, 32)
 MOE_TOKENS = (1, 8, 32)
 MOE_SHAPE = (128, 4096, 2048, 6)  # experts, hidden, intermediate, top-k
-# the tiled decode form at two widths, then the per-pair GEMV form (BLOCK_M 1) at four; then
-# the direct decode (weights built as bits, no fp16 round trip) of the best of each
+# the tiled decode form at two widths, then the per-pair GEMV form (BLOCK_M 1) at four
 MOE_TILES = ((16, 64, 128, 4, 3), (16, 32, 128, 4, 3), (1, 16, 256, 4, 3), (1, 32, 128, 4, 3),
-             (1, 64, 128, 8, 3), (1, 16, 128, 2, 3),
-             (16, 64, 128, 4, 3, 1, 0, 1), (1, 16, 256, 4, 3, 1), (1, 32, 128, 4, 3, 1),
-             (1, 32, 256, 4, 3, 1))
+             (1, 64, 128, 8, 3), (1, 16, 128, 2, 3))
 
 
 def fp8_variants(m: int, n: int, k: int, splits: tuple[int, ...],
@@ -132,8 +129,7 @@ def sweep_moe(timer: Timer, dev: str, shape: tuple[int, int, int, int], tokens: 
         variants: list[tuple[str, tuple[int, ...] | None, tuple[int, int] | None]] = [
             ("default", None, None)]
         variants += [(f"{'gemv' if tl_[0] == 1 else 'tiled'} bn{tl_[1]} bk{tl_[2]} "
-                      f"split{sp[0]}x{sp[1]}{' direct' if _direct(tl_) else ''}", tl_, sp)
-                     for tl_ in tiles for sp in splits]
+                      f"split{sp[0]}x{sp[1]}", tl_, sp) for tl_ in tiles for sp in splits]
         for label, tl_, sp in variants:
             def fn(x=x, w=w, ids=ids, y=y, sp=sp, tl_=tl_, ws=ws) -> object:
                 return moe_experts(x, w, ids, gu, gus, dn, dns, 10.0, y, workspace=ws,
@@ -150,13 +146,6 @@ def sweep_moe(timer: Timer, dev: str, shape: tuple[int, int, int, int], tokens: 
             out.append(row)
             print(json.dumps(row), flush=True)
     return out
-
-
-def _direct(tiles: tuple[int, ...]) -> bool:
-    """Whether MoE tiles ask for the direct decode (field 6 of the per-pair form, 8 of the
-    tiled one)."""
-    at = 5 if tiles[0] == 1 else 7
-    return len(tiles) > at and bool(tiles[at])
 
 
 def best_rows(rows: list[dict]) -> list[dict]:
@@ -214,8 +203,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.smoke:
         fp8_shapes, fp8_rows = ((72, 300, 1), (48, 260, 2)), (1, 3, 17)
         moe_shape, moe_tokens = (6, 160, 96, 2), (1, 3)
-        moe_tiles = ((16, 32, 64, 4, 1), (1, 32, 64, 4, 1),  # tiled and per-pair forms
-                     (16, 32, 64, 4, 1, 1, 0, 1), (1, 32, 64, 4, 1, 1))  # and direct
+        moe_tiles = ((16, 32, 64, 4, 1), (1, 32, 64, 4, 1))  # tiled and per-pair forms
     if "fp8" in args.only:
         rows += sweep_fp8(timer, dev, fp8_shapes, fp8_rows, _ints(args.fp8_split),
                           _ints(args.fp8_sum_bn), args.copy_tb_s)

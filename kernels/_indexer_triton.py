@@ -28,7 +28,7 @@ def _pack(score, idx):
     """int64 key ordered like (score ascending, index descending); distinct for distinct idx."""
     bits = score.to(tl.int32, bitcast=True)
     key32 = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    low = (-1 - idx).to(tl.uint32, bitcast=True).to(tl.int64)
+    low = (-1 - idx.to(tl.int32)).to(tl.uint32, bitcast=True).to(tl.int64)  # idx may be int64
     return (key32.to(tl.int64) << 32) | low
 
 

@@ -97,74 +97,6 @@ def _mxfp4_tile(w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def _e2m1_bits(nib, base, BF16: tl.constexpr):
-    """e2m1 codes (low 4 bits of the int32 ``nib``) times 2**(s - 127) as fp32 (or, ``BF16``,
-    bf16) bit patterns built with integer ops only: no fp16 round trip, no conversion
-    instruction, no multiply by the scale. ``base`` is ``max(s - 1, 0)`` shifted into the
-    exponent field (bit 23, or 7 for bf16). Codes 2-7 (2**(e-1) x (1 + m/2)) put e + s - 1 in the
-    exponent and m in the mantissa's top bit: ``(em << 22) + base``; code 1 (0.5) is
-    exactly ``base`` and code 0 is 0, so ``em * base`` covers both. Exact for scales 2**-125
-    and up (e8m0 s >= 2, every scale a quantizer writes for real weights); below, values under
-    2**-123 may come out as 0 or within 2x (an all-zero group's s = 0 stays exactly 0)."""
-    em = nib & 7
-    if BF16:
-        bits = tl.where(em >= 2, (em << 6) + base, em * base) | ((nib & 8) << 12)
-        out = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    else:
-        bits = tl.where(em >= 2, (em << 22) + base, em * base) | ((nib & 8) << 28)
-        out = bits.to(tl.float32, bitcast=True)
-    return out
-
-
-@triton.jit
-def _scale_base(s_rows, kg, n_ok, K_BYTES, BF16: tl.constexpr):
-    """The e8m0 scales of groups ``kg`` as :func:`_e2m1_bits`'s exponent base, [BN, G]."""
-    sc = tl.load(s_rows + kg[None, :], mask=n_ok[:, None] & (kg < K_BYTES // 16)[None, :],
-                 other=127).to(tl.int32)
-    return tl.maximum(sc - 1, 0) << (7 if BF16 else 23)
-
-
-@triton.jit
-def _mxfp4_tile_direct(w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, BF16: tl.constexpr):
-    """:func:`_mxfp4_tile` with the scale folded into the exponent bits (:func:`_e2m1_bits`):
-    fp32, or bf16 ready for the dot."""
-    ok = n_ok[:, None] & (kb < K_BYTES)[None, :]
-    b = tl.load(w_rows + kb[None, :], mask=ok, other=0).to(tl.int32)
-    nib = tl.interleave(b & 0xF, b >> 4).reshape(BLOCK_N, BLOCK_K // 32, 32)
-    base = _scale_base(s_rows, kg, n_ok, K_BYTES, BF16)
-    return _e2m1_bits(nib, base[:, :, None], BF16).reshape(BLOCK_N, BLOCK_K)
-
-
-@triton.jit
-def _gemv_acts(a_ptr, k0, k_hi, BLOCK_K: tl.constexpr):
-    """The even and the odd activations of ``a_ptr[k0 : k0 + BLOCK_K]`` (up to ``k_hi``), fp32
-    [BLOCK_K / 32, 16] each: the halves :func:`_mxfp4_gemv_direct` meets."""
-    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    a_e = tl.load(a_ptr + 2 * kb, mask=2 * kb < k_hi, other=0.0).to(tl.float32)
-    a_o = tl.load(a_ptr + 2 * kb + 1, mask=2 * kb + 1 < k_hi, other=0.0).to(tl.float32)
-    return a_e.reshape(BLOCK_K // 32, 16), a_o.reshape(BLOCK_K // 32, 16)
-
-
-@triton.jit
-def _mxfp4_gemv_direct(a_e, a_o, w_rows, s_rows, k0, k_hi, n_ok, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
-    """[BN] fp32: the rows' products with the activations of :func:`_gemv_acts` at ``k0``;
-    weights built as :func:`_mxfp4_tile_direct` but left as two halves (low nibbles: even
-    columns, high: odd) that meet the even and the odd activations: no interleave, no
-    per-element scale multiply."""
-    G: tl.constexpr = BLOCK_K // 32
-    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    kg = k0 // 32 + tl.arange(0, G)
-    b = tl.load(w_rows + kb[None, :], mask=n_ok[:, None] & (kb < k_hi // 2)[None, :],
-                other=0).to(tl.int32).reshape(BLOCK_N, G, 16)
-    base = _scale_base(s_rows, kg, n_ok, k_hi // 2, False)[:, :, None]
-    p = (_e2m1_bits(b, base, False) * a_e[None, :, :]
-         + _e2m1_bits(b >> 4, base, False) * a_o[None, :, :])
-    return tl.sum(p.reshape(BLOCK_N, BLOCK_K // 2), 1)
-
-
-@triton.jit
 def _dot_acc(acc, a, w, SWAP: tl.constexpr, F32: tl.constexpr):
     """acc + a @ w^T ([BM, BN]) or, SWAP, acc + w @ a ([BN, BM]; ``a`` given as [BK, BM]).
     F32: fp32 operands with an IEEE dot (fp32 activations, and the interpreter)."""
@@ -184,13 +116,11 @@ def _dot_acc(acc, a, w, SWAP: tl.constexpr, F32: tl.constexpr):
 
 @triton.jit
 def _mx_acc(acc, a, w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, SWAP: tl.constexpr, F32: tl.constexpr, SCALED: tl.constexpr,
-            DIRECT: tl.constexpr = 0):
+            BLOCK_K: tl.constexpr, SWAP: tl.constexpr, F32: tl.constexpr, SCALED: tl.constexpr):
     """acc + the product of activations ``a`` and the MXFP4 weight tile at byte columns ``kb``
     (layouts as :func:`_dot_acc`). SCALED: Triton's own microscaling dot (``tl.dot_scaled``,
     bf16 x e2m1 with the e8m0 scales; the compiler upcasts the weights where the GPU has no
-    fp4 MMA); DIRECT: the weights built as bits (:func:`_mxfp4_tile_direct`; 1 fp32, 2 bf16
-    for bf16 activations); else the weights decoded through fp16 (:func:`_mxfp4_tile`)."""
+    fp4 MMA); else the weights decoded here (:func:`_mxfp4_tile`)."""
     if SCALED:
         ok = n_ok[:, None] & (kb < K_BYTES)[None, :]
         wb = tl.load(w_rows + kb[None, :], mask=ok, other=0)  # [BN, BK/2] packed e2m1
@@ -200,9 +130,6 @@ def _mx_acc(acc, a, w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N: tl.constexpr
             acc = tl.dot_scaled(wb, sc, "e2m1", a.to(tl.bfloat16), None, "bf16", acc)
         else:
             acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", tl.trans(wb), sc, "e2m1", acc)
-    elif DIRECT:
-        acc = _dot_acc(acc, a, _mxfp4_tile_direct(w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N,
-                                                  BLOCK_K, DIRECT == 2), SWAP, F32)
     else:
         acc = _dot_acc(acc, a, _mxfp4_tile(w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N, BLOCK_K),
                        SWAP, F32)
@@ -229,7 +156,7 @@ def _moe_gate_up_kernel(
     limit, SPLIT_TILES, stride_ps,
     F32: tl.constexpr, E_P2: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
-    SCALED: tl.constexpr = False, DIRECT: tl.constexpr = 0,
+    SCALED: tl.constexpr = False,
 ):
     """h[row, n] = swiglu(x[token] @ gate[e, n]^T, x[token] @ up[e, n]^T) for sorted rows.
     Split-K (``PARTIAL``): grid axis 2 is a slice of ``SPLIT_TILES`` K-tiles of the hidden dim;
@@ -264,9 +191,9 @@ def _moe_gate_up_kernel(
             else:
                 a = tl.load(x_ptr + tok[:, None] * stride_xm + k[None, :], mask=a_ok, other=0.0)
             acc_g = _mx_acc(acc_g, a, wg, sg, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K, SWAP,
-                            F32, SCALED, DIRECT)
+                            F32, SCALED)
             acc_u = _mx_acc(acc_u, a, wu, su, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K, SWAP,
-                            F32, SCALED, DIRECT)
+                            F32, SCALED)
         if PARTIAL:
             p = h_ptr + tl.program_id(2) * stride_ps
             if SWAP:
@@ -296,7 +223,7 @@ def _moe_down_kernel(
     stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym, SPLIT_TILES, stride_ys,
     F32: tl.constexpr, E_P2: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
-    SCALED: tl.constexpr = False, DIRECT: tl.constexpr = 0,
+    SCALED: tl.constexpr = False,
 ):
     """y[pair, n] = routing weight[pair] * (h[row] @ down[e, n]^T), stored at the pair's
     unsorted index so the combine reads each token's top-k rows contiguously. Split-K: grid
@@ -329,7 +256,7 @@ def _moe_down_kernel(
             else:
                 a = tl.load(h_ptr + rows[:, None] * stride_hm + k[None, :], mask=a_ok, other=0.0)
             acc = _mx_acc(acc, a, wd, sd, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K, SWAP, F32,
-                          SCALED, DIRECT)
+                          SCALED)
         tw = tl.load(tw_ptr + pair, mask=r_ok, other=0.0).to(tl.float32)
         if SWAP:
             tl.store(y_ptr + pair[None, :] * stride_ym + n[:, None],
@@ -346,7 +273,6 @@ def _moe_gemv_gate_up_kernel(
     x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, H, INTER, TOP_K,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm, limit, SPLIT_TILES,
     stride_ps, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DIRECT: tl.constexpr = False,
 ):
     """The per-pair GEMV form of :func:`_moe_gate_up_kernel` (decode: a handful of pairs). Grid
     (pairs, N-tiles, K-slices); each program reads its pair's expert straight from ``ids`` (no
@@ -364,20 +290,14 @@ def _moe_gemv_gate_up_kernel(
     acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
     k_lo, k_hi = _k_slice(H, SPLIT_TILES, BLOCK_K, PARTIAL)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if DIRECT:
-            a_e, a_o = _gemv_acts(x_ptr + tok * stride_xm, k0, k_hi, BLOCK_K)
-            acc_g += _mxfp4_gemv_direct(a_e, a_o, wg, sg, k0, k_hi, n_ok, BLOCK_N, BLOCK_K)
-            acc_u += _mxfp4_gemv_direct(a_e, a_o, wg + INTER * stride_wn, sg + INTER * stride_sn,
-                                        k0, k_hi, n_ok, BLOCK_N, BLOCK_K)
-        else:
-            k = k0 + tl.arange(0, BLOCK_K)
-            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            a = tl.load(x_ptr + tok * stride_xm + k, mask=k < k_hi, other=0.0).to(tl.float32)
-            acc_g += tl.sum(_mxfp4_tile(wg, sg, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K)
-                            * a[None, :], 1)
-            acc_u += tl.sum(_mxfp4_tile(wg + INTER * stride_wn, sg + INTER * stride_sn, kb, kg,
-                                        n_ok, k_hi // 2, BLOCK_N, BLOCK_K) * a[None, :], 1)
+        k = k0 + tl.arange(0, BLOCK_K)
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        a = tl.load(x_ptr + tok * stride_xm + k, mask=k < k_hi, other=0.0).to(tl.float32)
+        acc_g += tl.sum(_mxfp4_tile(wg, sg, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K)
+                        * a[None, :], 1)
+        acc_u += tl.sum(_mxfp4_tile(wg + INTER * stride_wn, sg + INTER * stride_sn, kb, kg, n_ok,
+                                    k_hi // 2, BLOCK_N, BLOCK_K) * a[None, :], 1)
     if PARTIAL:
         p = h_ptr + tl.program_id(2) * stride_ps + pair * stride_hm + n
         tl.store(p, acc_g, mask=n_ok)
@@ -394,7 +314,6 @@ def _moe_gemv_down_kernel(
     h_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, y_ptr, H, INTER,
     stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym, SPLIT_TILES, stride_ys,
     SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DIRECT: tl.constexpr = False,
 ):
     """The per-pair GEMV form of :func:`_moe_down_kernel`: y[pair] = weight[pair] * (h[pair] @
     down[e]^T), or with ``SPLIT`` the slice's weighted partial at ``y + slice * stride_ys``."""
@@ -409,16 +328,12 @@ def _moe_gemv_down_kernel(
     if SPLIT:
         y_ptr += tl.program_id(2) * stride_ys
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if DIRECT:
-            a_e, a_o = _gemv_acts(h_ptr + pair * stride_hm, k0, k_hi, BLOCK_K)
-            acc += _mxfp4_gemv_direct(a_e, a_o, wd, sd, k0, k_hi, n_ok, BLOCK_N, BLOCK_K)
-        else:
-            k = k0 + tl.arange(0, BLOCK_K)
-            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            a = tl.load(h_ptr + pair * stride_hm + k, mask=k < k_hi, other=0.0).to(tl.float32)
-            acc += tl.sum(_mxfp4_tile(wd, sd, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K)
-                          * a[None, :], 1)
+        k = k0 + tl.arange(0, BLOCK_K)
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        a = tl.load(h_ptr + pair * stride_hm + k, mask=k < k_hi, other=0.0).to(tl.float32)
+        acc += tl.sum(_mxfp4_tile(wd, sd, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K)
+                      * a[None, :], 1)
     tw = tl.load(tw_ptr + pair).to(tl.float32)
     tl.store(y_ptr + pair * stride_ym + n, (acc * tw).to(y_ptr.dtype.element_ty), mask=n_ok)
 
@@ -462,13 +377,11 @@ def _moe_combine_kernel(y_ptr, out_ptr, H, TOP_K, stride_ym, stride_om, SLICES, 
     tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-# BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, swap[, scaled[, direct]]]; BLOCK_M 1 is the
-# per-pair GEMV form (no sort, no MMA: ``_moe_gemv_*``), for a decode step's few pairs, whose
-# sixth field is direct; swap (default: BLOCK_M < 64) makes the decoded weight tile the dot's
-# first operand, so it can stay in registers (wgmma takes its A operand from registers) instead
-# of going through shared memory; scaled (default off; bf16/fp16 activations only) lets
-# ``tl.dot_scaled`` decode the weights; direct (default off) builds the scaled weights as bits
-# (``_e2m1_bits``: no conversion instructions, no scale multiply)
+# BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, swap[, scaled]]; BLOCK_M 1 is the per-pair
+# GEMV form (no sort, no MMA: ``_moe_gemv_*``), for a decode step's few pairs; swap (default: BLOCK_M <
+# 64) makes the decoded weight tile the dot's first operand, so it can stay in registers (wgmma
+# takes its A operand from registers) instead of going through shared memory; scaled (default
+# off; bf16/fp16 activations only) lets ``tl.dot_scaled`` decode the weights
 MoeTiles = tuple[int, ...]
 GEMV_MAX_PAIRS = 64  # the per-pair form's limit (pairs = tokens x top-k)
 
@@ -489,14 +402,6 @@ def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
     if num_pairs <= 256:
         return 16, 64, 128, 4, 3
     return 128, 128, 128, 8, 3, 1
-
-
-def _direct_code(direct: int, dtype: torch.dtype, f32: bool) -> int:
-    """The tiled kernels' DIRECT: 0 off, 1 fp32 bits (fp32 dots), 2 bf16 bits (bf16
-    activations: the dot's operand as built)."""
-    if not direct:
-        return 0
-    return 2 if dtype == torch.bfloat16 and not f32 else 1
 
 
 def split_k_slices(k: int, block_k: int, split: int) -> tuple[int, int]:
@@ -550,8 +455,7 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     if bm == 1 and fp8_scratch is None:
         assert h is not None
         _launch_moe_gemv(x, ids, tw, gate_up, gate_up_scale, down, down_scale, limit, h, y, out,
-                         top_k, accumulate, (bn, bk, warps, stages), splits, gu_part,
-                         direct=bool(rest[0]) if rest else False)
+                         top_k, accumulate, (bn, bk, warps, stages), splits, gu_part)
         return
     launch_moe_sort(ids, order, row_end, e, sort_counts)
     swap = bool(rest[0]) if rest else bm < 64
@@ -559,7 +463,6 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     # every non-empty expert owns >= 1 row, so the tiles are at most min(pairs, ...) in number
     max_tiles = min(m, triton.cdiv(m, bm) + e - 1)
     f32 = x.dtype == torch.float32 or interpreting()
-    direct = _direct_code(rest[2] if len(rest) > 2 else 0, x.dtype, f32)
     ep2 = next_pow2(e)
     if fp8_scratch is not None:
         from kernels._mxfp4_moe_fp8_triton import fp8_moe_tiles, launch_moe_fp8_gemms
@@ -582,14 +485,14 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
             gate_up_scale.stride(1), dst.stride(-2), float(limit), gu_tiles,
             dst.stride(0) if gu_slices > 1 else 0,
             F32=f32, E_P2=ep2, PARTIAL=gu_slices > 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            SWAP=swap, SCALED=scaled, DIRECT=direct, num_warps=warps, num_stages=stages)
+            SWAP=swap, SCALED=scaled, num_warps=warps, num_stages=stages)
         if gu_slices > 1:
             rb = min(1024, next_pow2(inter))
             _moe_swiglu_split_kernel[(m, triton.cdiv(inter, rb))](
                 dst, h, inter, gu_slices, dst.stride(0), dst.stride(1), h.stride(0),
                 float(limit), BLOCK=rb)
         dbm, dbn, dbk, dwarps, dstages, *drest = down_tiles or (bm, bn, bk, warps, stages, swap,
-                                                                scaled, direct)
+                                                                scaled)
         dn_slices, dn_tiles = split_k_slices(inter, dbk, splits[1])
         if y.dim() == 3:  # scratch for a down split: fp32 [>= slices, T * k, H]
             assert y.dtype == torch.float32 and y.shape[0] >= dn_slices, (y.dtype, y.shape)
@@ -604,7 +507,6 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
             F32=f32, E_P2=ep2, SPLIT=dn_slices > 1, BLOCK_M=dbm, BLOCK_N=dbn, BLOCK_K=dbk,
             SWAP=bool(drest[0]) if drest else dbm < 64,
             SCALED=len(drest) > 1 and bool(drest[1]) and x.dtype != torch.float32,
-            DIRECT=_direct_code(drest[2] if len(drest) > 2 else 0, x.dtype, f32),
             num_warps=dwarps, num_stages=dstages)
         if dn_slices > 1:
             block = min(1024, next_pow2(hid))
@@ -621,8 +523,7 @@ def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_
                      gate_up_scale: torch.Tensor, down: torch.Tensor, down_scale: torch.Tensor,
                      limit: float, h: torch.Tensor, y: torch.Tensor, out: torch.Tensor,
                      top_k: int, accumulate: bool, tiles: tuple[int, int, int, int],
-                     splits: tuple[int, int], gu_part: torch.Tensor | None,
-                     direct: bool = False) -> None:
+                     splits: tuple[int, int], gu_part: torch.Tensor | None) -> None:
     """The per-pair GEMV form (tiles with ``BLOCK_M`` 1): no sort; gate-up, (the split's
     SwiGLU), down, (the combine), with the same scratch and split-K layout as the tiled form."""
     t, hid = x.shape
@@ -638,7 +539,7 @@ def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_
         x, ids, gate_up, gate_up_scale, dst, hid, inter, top_k, x.stride(0), gate_up.stride(0),
         gate_up.stride(1), gate_up_scale.stride(0), gate_up_scale.stride(1), dst.stride(-2),
         float(limit), gu_tiles, dst.stride(0) if gu_slices > 1 else 0, PARTIAL=gu_slices > 1,
-        BLOCK_N=bn, BLOCK_K=bk, DIRECT=direct, num_warps=warps, num_stages=stages)
+        BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     if gu_slices > 1:
         rb = min(1024, next_pow2(inter))
         _moe_swiglu_split_kernel[(m, triton.cdiv(inter, rb))](
@@ -655,7 +556,7 @@ def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_
         h, ids, tw, down, down_scale, y, hid, inter, h.stride(0), down.stride(0), down.stride(1),
         down_scale.stride(0), down_scale.stride(1), y.stride(-2), dn_tiles,
         y.stride(0) if dn_slices > 1 else 0, SPLIT=dn_slices > 1, BLOCK_N=bn, BLOCK_K=bk,
-        DIRECT=direct, num_warps=warps, num_stages=stages)
+        num_warps=warps, num_stages=stages)
     block = min(1024, next_pow2(hid))
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
         y, out, hid, top_k, y.stride(-2), out.stride(0), dn_slices,

@@ -96,6 +96,10 @@ def default_specs() -> list[KernelSpec]:
                    {"scores_ptr": _ptr("fp32"), "kv_end_ptr": _ptr("i32"),
                     "best_ptr": _ptr("i64"), "cand_ptr": _ptr("i64")},
                    {"KP": 512, "LOG_KP": 9}),
+        KernelSpec("indexer merge top-512 (decode: int64 kv_end)", idx._topk_merge_kernel,
+                   {"scores_ptr": _ptr("fp32"), "kv_end_ptr": _ptr("i64"),
+                    "best_ptr": _ptr("i64"), "cand_ptr": _ptr("i64")},
+                   {"KP": 512, "LOG_KP": 9}),
         KernelSpec("indexer merge top-2048", idx._topk_merge_kernel,
                    {"scores_ptr": _ptr("fp32"), "kv_end_ptr": _ptr("i32"),
                     "best_ptr": _ptr("i64"), "cand_ptr": _ptr("i64")},
@@ -140,6 +144,10 @@ def default_specs() -> list[KernelSpec]:
                    {"BLOCK": 4}, num_warps=1),
         KernelSpec("mHC mixes (prefill, 24 rows)", hcs._hc_mixes_kernel, mixes,
                    {"BLOCK_N": hcs.HC_MIX_BLOCK_N, "BLOCK_R": 32, "BLOCK_K": hcs.HC_MIX_BLOCK_K}),
+        KernelSpec("mHC mixes (prefill, 24 rows, bf16 streams: 3-part bf16 dots)",
+                   hcs._hc_mixes_kernel, mixes | {"s_ptr": _ptr("bf16")},
+                   {"BLOCK_N": hcs.HC_MIX_BLOCK_N, "BLOCK_R": 32, "BLOCK_K": hcs.HC_MIX_BLOCK_K,
+                    "SPLIT3": True}, num_stages=3),
         KernelSpec("mHC mixes (prefill, head)", hcs._hc_mixes_kernel, mixes,
                    {"BLOCK_N": hcs.HC_MIX_BLOCK_N, "BLOCK_R": 16, "BLOCK_K": hcs.HC_MIX_BLOCK_K}),
         KernelSpec("fused silu * up", fused._silu_and_mul_kernel,
@@ -278,25 +286,6 @@ def _quantized_specs() -> list[KernelSpec]:
                    {"h_ptr": _ptr("bf16"), "ids_ptr": _ptr("i64"), "tw_ptr": _ptr("fp32"),
                     "w_ptr": _ptr("u8"), "s_ptr": _ptr("u8"), "y_ptr": _ptr("bf16")},
                    {"SPLIT": False, "BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=3),
-        # the direct decode (weights built as bits): both per-pair GEMVs, the tiled forms
-        *(KernelSpec(f"mxfp4 moe gemv {name} (16x256, direct)", fn, ptrs,
-                     {flag: False, "BLOCK_N": 16, "BLOCK_K": 256, "DIRECT": True},
-                     num_warps=4, num_stages=3)
-          for name, fn, flag, ptrs in (
-              ("gate-up + swiglu", moe._moe_gemv_gate_up_kernel, "PARTIAL",
-               {"x_ptr": _ptr("bf16"), "ids_ptr": _ptr("i64"), "w_ptr": _ptr("u8"),
-                "s_ptr": _ptr("u8"), "h_ptr": _ptr("bf16"), "limit": "fp32"}),
-              ("down", moe._moe_gemv_down_kernel, "SPLIT",
-               {"h_ptr": _ptr("bf16"), "ids_ptr": _ptr("i64"), "tw_ptr": _ptr("fp32"),
-                "w_ptr": _ptr("u8"), "s_ptr": _ptr("u8"), "y_ptr": _ptr("bf16")}))),
-        *(KernelSpec(f"mxfp4 moe {name} ({bm}x{bn}x{bk}, direct bf16 bits)", fn, ptrs,
-                     {"F32": False, "E_P2": 256, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                      "SWAP": True, "DIRECT": 2,
-                      "PARTIAL" if fn is moe._moe_gate_up_kernel else "SPLIT": False},
-                     num_warps=w, num_stages=3)
-          for name, fn, ptrs in (("gate-up + swiglu", moe._moe_gate_up_kernel, gate_up),
-                                 ("down", moe._moe_down_kernel, down))
-          for bm, bn, bk, w in ((16, 64, 128, 4), (128, 128, 128, 8))),
         # the tl.dot_scaled form (tiles' 7th element), both operand orders
         *(KernelSpec(f"mxfp4 moe {name} ({bm}x{bn}x{bk}, dot_scaled{', swapped' if swap else ''})",
                      fn, ptrs, {"F32": False, "E_P2": 256, "BLOCK_M": bm, "BLOCK_N": bn,

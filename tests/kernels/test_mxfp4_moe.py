@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
-from kernels._mxfp4_moe_triton import _e2m1_bits
 from kernels.errors import KernelArgumentError
 from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes
 from kernels.mxfp4_moe_ref import E2M1_VALUES, dequantize_mxfp4, moe_experts_ref, quantize_mxfp4
@@ -362,87 +359,3 @@ def test_default_moe_form_by_pairs() -> None:
     assert moe_splits(6, 4096, 2048) == (1, 1)
     assert (moe_experts_workspace_bytes(1, 6, 4096, 2048, 128)
             == moe_experts_workspace_bytes(1, 6, 4096, 2048, 128, splits=(1, 1)))
-
-
-@triton.jit
-def _e2m1_bits_kernel(codes_ptr, scales_ptr, out32_ptr, out16_ptr, N: tl.constexpr):
-    i = tl.arange(0, N)
-    nib = tl.load(codes_ptr + i).to(tl.int32)
-    s = tl.load(scales_ptr + i).to(tl.int32)
-    tl.store(out32_ptr + i, _e2m1_bits(nib, tl.maximum(s - 1, 0) << 23, False))
-    tl.store(out16_ptr + i, _e2m1_bits(nib, tl.maximum(s - 1, 0) << 7, True))
-
-
-def test_e2m1_bits_every_code_and_scale(interpret) -> None:
-    """The direct decode (scale folded into the exponent bits, no conversion instruction) gives
-    every one of the 16 codes at every e8m0 scale from 2 to 252 exactly, in fp32 and in bf16;
-    scales 0 and 1 only ever err below 2**-123."""
-    codes = torch.arange(16, dtype=torch.uint8).repeat(256)
-    scales = torch.arange(256, dtype=torch.uint8).repeat_interleave(16)
-    keep = scales <= 252
-    codes, scales = codes[keep].contiguous(), scales[keep].contiguous()
-    n = 1 << (codes.numel() - 1).bit_length()
-    codes = torch.cat([codes, torch.zeros(n - codes.numel(), dtype=torch.uint8)])
-    scales = torch.cat([scales, torch.full((n - scales.numel(),), 127, dtype=torch.uint8)])
-    out32, out16 = torch.empty(n), torch.empty(n, dtype=torch.bfloat16)
-    _e2m1_bits_kernel[(1,)](codes, scales, out32, out16, N=n)
-    want = torch.tensor(E2M1_VALUES, dtype=torch.float64)[codes.long()] * torch.pow(2.0, scales.double() - 127)
-    normal = scales >= 2
-    assert torch.equal(out32.double()[normal], want[normal])
-    assert torch.equal(out16.double()[normal], want[normal])
-    assert float((out32.double() - want)[~normal].abs().max()) < 2.0 ** -123
-
-
-@pytest.mark.parametrize(("tiles", "splits"), [
-    ((1, 32, 64, 4, 1, 1), (1, 1)),            # per-pair GEMV, direct
-    ((1, 16, 128, 4, 1, 1), (2, 2)),           # per-pair GEMV, direct, split-K
-    ((16, 32, 64, 4, 1, 1, 0, 1), (1, 1)),     # tiled decode (swapped), direct
-    ((64, 32, 64, 4, 1, 0, 0, 1), (2, 1)),     # prefill-shaped, unswapped, direct, split
-])
-def test_direct_decode_matches_reference(interpret, tiles, splits) -> None:
-    """Both forms with the weights built as bits (the ``direct`` tile field) at hidden 160 and
-    intermediate 96 (partial K-, N- and scale-group tiles): the reference's answer."""
-    t, k, e, hid, inter = 5, 3, 6, 160, 96
-    g = torch.Generator().manual_seed(23)
-    weights = _experts(e, hid, inter, 8)
-    x = torch.randn(t, hid, generator=g)
-    topk_ids = pick_experts(t, k, e, "repeat", g)
-    topk_w = torch.rand(t, k, generator=g)
-    ws = torch.full((moe_experts_workspace_bytes(t, k, hid, inter, e, x.dtype, splits=splits),),
-                    0xFF, dtype=torch.uint8)
-    out = torch.zeros(t, hid)
-    moe_experts(x, topk_w, topk_ids, *weights, 7.0, out, workspace=ws, splits=splits,
-                tiles=tiles)
-    torch.testing.assert_close(out, moe_experts_ref(x, topk_w, topk_ids, *weights, 7.0),
-                               rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(("t", "tiles"), [
-    (1, (1, 16, 256, 4, 3, 1)), (8, (1, 32, 128, 4, 3, 1)),       # per-pair GEMV, direct
-    (32, (16, 64, 128, 4, 3, 1, 0, 1)),                          # tiled decode, bf16 bits
-    (700, (128, 128, 128, 8, 3, 1, 0, 1)),                       # prefill tiles, bf16 bits
-])
-def test_direct_decode_on_cuda(cuda, t, tiles) -> None:
-    """The bit-built weights compiled for the GPU (bf16 operands straight into the dot) give
-    the answer of the fp16-decoding default at V4-Flash's expert shape."""
-    k, e, hid, inter = 6, 16, 4096, 2048
-    g = torch.Generator(device="cuda").manual_seed(t)
-    u8 = dict(device="cuda", generator=g, dtype=torch.uint8)
-    weights = [torch.randint(0, 256, (e, 2 * inter, hid // 2), **u8),
-               torch.randint(116, 124, (e, 2 * inter, hid // 32), **u8),
-               torch.randint(0, 256, (e, hid, inter // 2), **u8),
-               torch.randint(116, 124, (e, hid, inter // 32), **u8)]
-    x = torch.randn(t, hid, device="cuda", generator=g).to(torch.bfloat16)
-    ids = torch.randint(0, e, (t, k), device="cuda", generator=g)
-    w = torch.rand(t, k, device="cuda", generator=g)
-    ws = torch.empty(moe_experts_workspace_bytes(t, k, hid, inter, e), dtype=torch.uint8,
-                     device="cuda")
-    outs = []
-    for tl_ in (tiles[:5] + ((tiles[5],) if tiles[0] > 1 else ()), tiles):
-        out = torch.empty(t, hid, device="cuda", dtype=torch.bfloat16)
-        moe_experts(x, w, ids, *weights, 7.0, out, workspace=ws, tiles=tl_)
-        outs.append(out.float())
-    ref = moe_experts_ref(x.float(), w, ids, *weights, 7.0)
-    err = [float((o - ref).norm() / ref.norm()) for o in outs]
-    assert err[1] < 2e-2 and err[1] < 2 * err[0] + 1e-3, err
