@@ -1,5 +1,7 @@
 """``python -m kernels.compile_check``: compile every Triton kernel for an H100/H200 (sm_90) on a
-machine without a GPU, and report shared memory, registers and spills.
+machine without a GPU, and report shared memory, registers and spills. ``--records FILE``:
+compile instead the launches a :class:`LaunchRecorder` saw under the interpreter (what the
+engine really passed; ``bench.deepseek_v4.count_launches --record FILE`` writes one).
 
 Catches what the CPU interpreter cannot (non-constexpr globals, shapes the GPU backend rejects,
 register spills) before any GPU time is spent. Pointer arguments and strides are declared
@@ -373,6 +375,105 @@ def compile_one(spec: KernelSpec, target: GPUTarget) -> CompileResult:
     return result
 
 
+_TORCH_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int64": "i64",
+                "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1",
+                "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5"}
+
+
+def _arg_type(value: object) -> str | None:
+    """The Triton type a launch gives a runtime argument (None: passed as a constexpr)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return "*" + _TORCH_TYPES[str(value.dtype).removeprefix("torch.")]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2 ** 31) <= value < 2 ** 31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    return None
+
+
+def _json_value(value: object) -> object:
+    import triton.language as tl
+
+    return {"tl_dtype": str(value)} if isinstance(value, tl.dtype) else value
+
+
+class LaunchRecorder:
+    """Under ``TRITON_INTERPRET=1``, records each distinct Triton launch made inside the
+    ``with`` block (kernel, argument types, constexpr values, warps, stages) so that
+    :func:`specs_from_records` can compile exactly what ran, for each GPU: a kernel that the
+    interpreter runs but that the GPU backend rejects for the types a caller passes (an int64
+    where an int32 was assumed) shows before any GPU time is spent. The interpreter's own tile
+    choices (``interpreting()``) are what get recorded, not the GPU's; the specs above cover
+    those."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, dict] = {}
+
+    def __enter__(self) -> LaunchRecorder:
+        import json
+
+        import triton.runtime.interpreter as interp
+
+        self._interp = interp
+        self._run = run = interp.InterpretedFunction.run
+
+        def recorded(fn_self, *args, grid, warmup, **kwargs):  # type: ignore[no-untyped-def]
+            params = inspect.signature(fn_self.fn).parameters
+            bound = dict(zip(fn_self.arg_names, args, strict=False))
+            bound.update({k: v for k, v in kwargs.items() if k in params})
+            types, consts = {}, {}
+            for name, value in bound.items():
+                kind = _arg_type(value)
+                if "constexpr" in str(params[name].annotation) or kind is None:
+                    consts[name] = _json_value(value)
+                else:
+                    types[name] = kind
+            rec = {"module": fn_self.fn.__module__, "kernel": fn_self.fn.__name__,
+                   "types": types, "constexprs": consts,
+                   "num_warps": int(kwargs.get("num_warps", 4)),
+                   "num_stages": int(kwargs.get("num_stages", 2))}
+            self.records.setdefault(json.dumps(rec, sort_keys=True, default=str), rec)
+            return run(fn_self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        interp.InterpretedFunction.run = recorded  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._interp.InterpretedFunction.run = self._run  # type: ignore[method-assign]
+
+    def dump(self, path: str) -> None:
+        import json
+
+        with open(path, "w") as f:
+            json.dump(list(self.records.values()), f, indent=1)
+
+
+def specs_from_records(path: str) -> list[KernelSpec]:
+    """:class:`LaunchRecorder`'s file -> specs (in a process without the interpreter, where the
+    kernels are JIT functions that compile)."""
+    import importlib
+    import json
+
+    import triton.language as tl
+
+    specs = []
+    with open(path) as f:
+        for rec in json.load(f):
+            fn = getattr(importlib.import_module(rec["module"]), rec["kernel"])
+            consts = {k: tl.dtype(v["tl_dtype"]) if isinstance(v, dict) else v
+                      for k, v in rec["constexprs"].items()}
+            label = ", ".join(f"{k}={v}" for k, v in sorted(rec["constexprs"].items())
+                              if not isinstance(v, dict))
+            types = ",".join(f"{k}:{v}" for k, v in sorted(rec["types"].items()))
+            specs.append(KernelSpec(f"{rec['kernel']} [{label}] ({types})", fn, rec["types"],
+                                    consts, rec["num_warps"], rec["num_stages"]))
+    return specs
+
+
 def check_all(specs: list[KernelSpec] | None = None, arch: int = 90) -> list[CompileResult]:
     """``arch`` 90 (H100/H200) or 120 (RTX PRO 6000 / RTX 50xx): the portable kernels must
     compile for both; registers are read by ptxas for sm_90a only."""
@@ -383,10 +484,17 @@ def check_all(specs: list[KernelSpec] | None = None, arch: int = 90) -> list[Com
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, choices=(90, 120))
-    results = check_all(arch=parser.parse_args(argv).arch)
+    parser.add_argument("--records", help="compile the launches a LaunchRecorder wrote here "
+                                          "instead of the default specs")
+    parser.add_argument("--failures-only", action="store_true", help="table rows of failures")
+    args = parser.parse_args(argv)
+    results = check_all(specs_from_records(args.records) if args.records else None,
+                        arch=args.arch)
     print("| kernel | compiles | shared KiB | registers | spill bytes | wgmma |")
     print("|---|---|---|---|---|---|")
     for r in results:
+        if args.failures_only and r.ok:
+            continue
         print(f"| {r.name} | {'yes' if r.ok else 'NO'} | {r.shared_bytes / 1024:.0f} | "
               f"{r.registers if r.registers is not None else '-'} | "
               f"{r.spill_bytes if r.spill_bytes is not None else '-'} | "
@@ -394,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if not r.ok:
             print(f"\n{r.name}:\n{r.error}")
+    print(f"{sum(r.ok for r in results)} of {len(results)} compile for sm_{args.arch}")
     return 0 if all(r.ok for r in results) else 1
 
 

@@ -9,7 +9,7 @@ time (on the GPU: :mod:`.profile_decode`); per-step work (rope tables, shared ad
 final head) is spread over the layers, so deeper models show fewer per layer.
 
     TRITON_INTERPRET=1 python -m bench.deepseek_v4.count_launches --layers SCHC \
-        [--step mixed --decodes 3]
+        [--step mixed --decodes 3] [--record launches.json]
 
 Never used by the engine.
 """
@@ -93,7 +93,9 @@ def count(layers: str, decode: str, prompts: tuple[int, ...] = (30, 21),
     finally:
         interp.InterpretedFunction.run = run  # type: ignore[method-assign]
     # the interpreter's own tensor traffic is attributed to the launchers: not device work
-    ops = Counter({k: v for k, v in sources.counts.items() if "_triton.py" not in k})
+    # (and so is a LaunchRecorder's, which wraps the launches: compile_check.py)
+    ops = Counter({k: v for k, v in sources.counts.items()
+                   if "_triton.py" not in k and "compile_check.py" not in k})
     return ops, launches
 
 
@@ -109,14 +111,20 @@ def main(argv: list[str] | None = None) -> int:
                         "merge as at V4-Flash's shapes; 128: they cannot)")
     p.add_argument("--no-merge", action="store_true",
                    help="run the merged projections one by one (merged_linear.py)")
+    p.add_argument("--record", help="also write every distinct launch (prefills included) here "
+                                    "for `python -m kernels.compile_check --records FILE`")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") != "1":
         print("set TRITON_INTERPRET=1 (before triton is imported)", file=sys.stderr)
         return 2
+    from kernels.compile_check import LaunchRecorder
+
     n = len(args.layers)
+    recorder = LaunchRecorder()
     for decode in ("unfused", "fused"):
-        ops, launches = count(args.layers, decode, step=args.step, num_decodes=args.decodes,
-                              fp8_block=args.fp8_block, merge=not args.no_merge)
+        with recorder:
+            ops, launches = count(args.layers, decode, step=args.step, num_decodes=args.decodes,
+                                  fp8_block=args.fp8_block, merge=not args.no_merge)
         if args.step == "mixed":  # the decode loop's choice also picks the decode rows' kernels
             decode = f"mixed_{decode}"
         total = sum(ops.values()) + sum(launches.values())
@@ -124,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(ops.values())} PyTorch ops, {sum(launches.values())} Triton launches")
         print("  PyTorch ops by source: " + ", ".join(f"{k} {v}" for k, v in ops.most_common(10)))
         print("  Triton: " + ", ".join(f"{k} {v}" for k, v in launches.most_common()))
+    if args.record:
+        recorder.dump(args.record)
+        print(f"[launches] {len(recorder.records)} distinct launches written to {args.record}")
     return 0
 
 
