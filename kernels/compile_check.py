@@ -7,7 +7,8 @@ Catches what the CPU interpreter cannot (non-constexpr globals, shapes the GPU b
 register spills) before any GPU time is spent. Pointer arguments and strides are declared
 16-divisible, as Triton specialises them at a real launch; without that its software pipeliner
 stays off and the report would describe different code. Needs a triton with the NVIDIA backend
-(the PyPI wheel has it). Diagnostic only: nothing imports it, and it never runs a kernel.
+(the PyPI wheel has it). Diagnostic only: the engine never imports it (bench.deepseek_v4.count_launches does, for
+its LaunchRecorder), and it never runs a kernel.
 """
 
 from __future__ import annotations
