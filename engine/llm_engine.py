@@ -98,7 +98,8 @@ class LLMEngine:
             lambda block: layout.can_resume_after(self.runner.kv, block))
         eos = model_config.eos_token_ids
         self.scheduler = Scheduler(
-            SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos)),
+            SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos),
+                            family.step_context_limit(ec)),
             self.block_manager)
         self.warmup_report = self.runner.warmup(progress)
         rep = self.warmup_report

@@ -20,6 +20,11 @@ class SchedulerConfig:
     chunk_tokens: int  # tokens computed in one step, all sequences together
     max_context: int  # longest prompt + output a sequence may reach
     eos_token_ids: tuple[int, ...] = ()
+    # the most context (tokens) the multi-token chunks of one step may reach together, where
+    # the family's step gathers every chunk's history (DeepSeek-V4: its compressed entries) and
+    # its plan counts that gather for this many tokens; None: no limit. Prefix-cached sequences
+    # share blocks, so the pool does not bound it by itself: the scheduler does
+    max_step_context: int | None = None
 
     def __post_init__(self) -> None:
         assert self.max_batch >= 1 and self.chunk_tokens >= 1 and self.max_context >= 2
@@ -98,6 +103,16 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def _context_fits(self, planned: list[tuple[Sequence, int]], seq: Sequence, n: int) -> bool:
+        """Whether ``n`` tokens of ``seq`` keep the step's multi-token chunks within
+        ``max_step_context`` (one-token rows gather nothing; the first chunk always fits, a
+        sequence's context being within the pool)."""
+        limit = self.config.max_step_context
+        if limit is None or n <= 1:
+            return True
+        chunks = [s.num_computed_tokens + k for s, k in planned if k > 1]
+        return not chunks or sum(chunks) + seq.num_computed_tokens + n <= limit
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.chunk_tokens
@@ -109,6 +124,8 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING or seq.is_importing:
                 continue  # preempted in this loop, or its imported KV is not all in yet
             n = min(seq.num_uncomputed, budget)
+            if not self._context_fits(planned, seq, n):
+                continue  # its chunk waits for a step with less history to gather
             while not self.blocks.append_slots(seq.block_ids, seq.num_computed_tokens + n):
                 victim = max(self.running, key=lambda s: s.arrival)
                 self._preempt(victim)
@@ -134,6 +151,8 @@ class Scheduler:
                     seq.num_computed_tokens, min(seq.num_prompt_tokens, seq.num_tokens - 1)))
                 continue
             n = min(seq.num_uncomputed, budget)
+            if not self._context_fits(planned, seq, n):
+                break  # admitted: its first chunk runs in a later step, and later arrivals wait
             planned.append((seq, n))
             budget -= n
         for seq, n in planned:

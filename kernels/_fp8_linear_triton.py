@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels._triton_support import interpreting
-from kernels.fp8_linear import gemv_k_split, gemv_num_splits
+from kernels.fp8_linear import gemv_k_split, gemv_num_splits, gemv_semaphores_needed
 
 E4M3_TO_F16_FACTOR = 256.0  # e4m3 bits placed in an fp16 read 2**-8 of their value
 
@@ -88,12 +88,32 @@ def _fp8_linear_kernel(
 
 
 @triton.jit
+def _last_slice_sum(p_tile, o_tile, mask, stride_ys, SLICES, sem_ptr, tile):
+    """Split-K without a second launch: each slice has stored its fp32 partial (``p_tile``, the
+    pointers of slice 0's tile, slice s at ``+ s * stride_ys``); the program that counts in last
+    on ``sem_ptr[tile]`` sums all ``SLICES`` partials in slice order (the same sum, bit for bit,
+    as ``_split_k_reduce_kernel``), stores it at ``o_tile`` and puts the counter back to 0 for
+    the next launch. The barrier orders every thread's partial store before the counting
+    atomic (release at GPU scope, the grid-sync pattern); the last program's acquire orders its
+    reads after the other slices' stores, which it reads from L2 (``.cg``), not L1."""
+    tl.debug_barrier()
+    count = tl.atomic_add(sem_ptr + tile, 1, sem="acq_rel")
+    if count == SLICES - 1:
+        acc = tl.load(p_tile, mask=mask, other=0.0, cache_modifier=".cg")
+        for s in range(1, SLICES):
+            acc += tl.load(p_tile + s * stride_ys, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(o_tile, acc.to(o_tile.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(sem_ptr + tile, 0)
+
+
+@triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr,
     M, N, K, SPLIT_TILES,
     stride_xm, stride_xg, stride_wn, stride_sn, stride_ym, stride_yg, stride_ys,
     SCALE_BN, SCALE_BK,
-    F32: tl.constexpr, SPLIT: tl.constexpr,
+    o_ptr, stride_om, stride_og, sem_ptr, SLICES,
+    F32: tl.constexpr, SPLIT: tl.constexpr, SERIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """Few rows (decode): the weight-streaming form. Operands swapped (acc [BN, BM] = W x^T) so
@@ -102,7 +122,9 @@ def _fp8_gemv_kernel(
     BLOCK_K | SCALE_BK: one scale per weight row per K-tile.
     Split-K: grid axis 0 is (K slice, M tile); slice ``s`` covers the ``SPLIT_TILES`` K-tiles
     from tile ``s * SPLIT_TILES`` and writes its fp32 partial at ``y + s * stride_ys`` (one
-    slice: the output itself). Slices are whole K-tiles, so the one-scale-per-tile rule holds."""
+    slice: the output itself). Slices are whole K-tiles, so the one-scale-per-tile rule holds.
+    ``SERIAL``: the last slice of a tile to finish sums the partials into ``o`` [M, G, N]
+    (``_last_slice_sum``, one int32 counter a tile at ``sem_ptr``); else a second launch does."""
     pid_m = tl.program_id(0)
     split = 0
     if SPLIT:
@@ -111,7 +133,8 @@ def _fp8_gemv_kernel(
     pid_n = tl.program_id(1)
     g = tl.program_id(2)
     x_ptr += g * stride_xg
-    y_ptr += g * stride_yg + split * stride_ys
+    p_ptr = y_ptr + g * stride_yg  # slice 0's partials of this group
+    y_ptr = p_ptr + split * stride_ys
     w_ptr += g * N * stride_wn
     k_lo = 0
     k_hi = K
@@ -143,8 +166,14 @@ def _fp8_gemv_kernel(
                 part = tl.dot(w.to(tl.float32).to(xt.dtype), xt)
             acc += part * s[:, None]
     acc = acc * 256.0
-    tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], acc.to(y_ptr.dtype.element_ty),
-             mask=n_ok[:, None] & m_ok[None, :])
+    tile_off = offs_m[None, :] * stride_ym + offs_n[:, None]
+    mask = n_ok[:, None] & m_ok[None, :]
+    tl.store(y_ptr + tile_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    if SPLIT and SERIAL:
+        tile = (g * tl.num_programs(1) + pid_n) * tl.cdiv(M, BLOCK_M) + pid_m
+        _last_slice_sum(p_ptr + tile_off,
+                        o_ptr + g * stride_og + offs_m[None, :] * stride_om + offs_n[:, None],
+                        mask, stride_ys, SLICES, sem_ptr, tile)
 
 
 @triton.jit
@@ -153,14 +182,16 @@ def _fp8_gemv_sum_kernel(
     M, N, K, SPLIT_TILES,
     stride_xm, stride_xg, stride_wn, stride_sn, stride_ym, stride_yg, stride_ys,
     SCALE_BN, SCALE_BK,
-    HW: tl.constexpr, SPLIT: tl.constexpr,
+    o_ptr, stride_om, stride_og, sem_ptr, SLICES,
+    HW: tl.constexpr, SPLIT: tl.constexpr, SERIAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """The no-dot decode form: one activation row a program, ``BLOCK_N`` (4-16) weight rows
     decoded and multiplied elementwise into a [BN, BK] fp32 accumulator that is summed once at
     the end. With no MMA tile to fill, N splits into many more programs than the dot form's
     (more loads in flight at M = 1); a second row re-reads the weight (from L2), so it is for
-    one or a few rows. Grid axis 0 is (K slice, row); split-K as in ``_fp8_gemv_kernel``."""
+    one or a few rows. Grid axis 0 is (K slice, row); split-K (``SERIAL`` too) as in
+    ``_fp8_gemv_kernel``."""
     row = tl.program_id(0)
     split = 0
     if SPLIT:
@@ -169,7 +200,8 @@ def _fp8_gemv_sum_kernel(
     pid_n = tl.program_id(1)
     g = tl.program_id(2)
     x_ptr += g * stride_xg + row * stride_xm
-    y_ptr += g * stride_yg + split * stride_ys + row * stride_ym
+    p_ptr = y_ptr + g * stride_yg + row * stride_ym  # slice 0's partial row
+    y_ptr = p_ptr + split * stride_ys
     w_ptr += g * N * stride_wn
     k_lo = 0
     k_hi = K
@@ -194,6 +226,10 @@ def _fp8_gemv_sum_kernel(
             acc += w * s[:, None] * xk[None, :]
     y = tl.sum(acc, 1) * 256.0
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+    if SPLIT and SERIAL:
+        tile = (g * tl.num_programs(1) + pid_n) * M + row
+        _last_slice_sum(p_ptr + offs_n, o_ptr + g * stride_og + row * stride_om + offs_n, n_ok,
+                        stride_ys, SLICES, sem_ptr, tile)
 
 
 @triton.jit
@@ -216,11 +252,14 @@ GemvTiles = tuple[int, int, int, int, int, int]  # BM, BN, BK, UNROLL, num_warps
 
 def launch_fp8_gemv(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
                     block: tuple[int, int], tiles: GemvTiles, split: int = 1,
-                    partial: torch.Tensor | None = None, form: str = "dot") -> None:
+                    partial: torch.Tensor | None = None, form: str = "dot",
+                    semaphores: torch.Tensor | None = None) -> None:
     """x [M, G, K], w_u8 [G * N, K], out [M, G, N]; M small; BLOCK_K must divide block[1].
     ``split`` > 1: K cut into ``gemv_num_splits`` slices whose fp32 partials go to
-    ``partial`` [>= slices, M, G * N] (contiguous rows) and are summed into ``out`` by a second
-    launch. ``form``: "dot" (``_fp8_gemv_kernel``) or "sum" (``_fp8_gemv_sum_kernel``, BLOCK_M
+    ``partial`` [>= slices, M, G * N] (contiguous rows) and are summed into ``out`` in slice
+    order: by the last slice of each output tile when ``semaphores`` (int32, zero, at least
+    ``gemv_semaphores_needed`` of them; left zero again) is given, else by a second launch.
+    ``form``: "dot" (``_fp8_gemv_kernel``) or "sum" (``_fp8_gemv_sum_kernel``, BLOCK_M
     unused)."""
     m, groups, k = x.shape
     n = w_u8.shape[0] // groups
@@ -230,26 +269,35 @@ def launch_fp8_gemv(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, ou
     slices = gemv_num_splits(k, bk, split)
     dst = out
     stride_ys = 0
+    serial = False
+    sem = out  # any pointer: unused unless serial
     if slices > 1:
         assert partial is not None and partial.dtype == torch.float32, "split-K needs fp32 scratch"
         assert partial.shape[0] >= slices and partial.shape[1:] == (m, groups * n), partial.shape
         assert partial.stride(2) == 1 and partial.stride(1) == groups * n, partial.stride()
         dst = partial.view(partial.shape[0], m, groups, n)[0]
         stride_ys = partial.stride(0)
+        if semaphores is not None:
+            need = gemv_semaphores_needed(m, groups * n, tiles, form, groups)
+            assert semaphores.dtype == torch.int32 and semaphores.numel() >= need, (
+                semaphores.dtype, semaphores.numel(), need)
+            serial, sem = True, semaphores
     args = (x, w_u8, scale, dst, m, n, k, k_split // bk,
             x.stride(0), x.stride(1), w_u8.stride(0), scale.stride(0), dst.stride(0),
-            dst.stride(1), stride_ys, block[0], block[1])
+            dst.stride(1), stride_ys, block[0], block[1],
+            out, out.stride(0), out.stride(1), sem, slices)
     if form == "sum":
         _fp8_gemv_sum_kernel[(m * slices, triton.cdiv(n, bn), groups)](
             *args, HW=not (x.dtype == torch.float32 or interpreting()), SPLIT=slices > 1,
-            BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps, num_stages=stages)
+            SERIAL=serial, BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps,
+            num_stages=stages)
     else:
         assert form == "dot", form
         _fp8_gemv_kernel[(triton.cdiv(m, bm) * slices, triton.cdiv(n, bn), groups)](
             *args, F32=x.dtype == torch.float32 or interpreting(), SPLIT=slices > 1,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps,
+            SERIAL=serial, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps,
             num_stages=stages)
-    if slices > 1:
+    if slices > 1 and not serial:
         assert partial is not None
         rb = 1024
         _split_k_reduce_kernel[(m, triton.cdiv(groups * n, rb))](

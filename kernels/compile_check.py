@@ -230,6 +230,8 @@ def _decode_specs() -> list[KernelSpec]:
 def _quantized_specs() -> list[KernelSpec]:
     """FP8 block-scaled linear and the MXFP4 MoE kernels at their decode and prefill tiles."""
     lin = {"x_ptr": _ptr("bf16"), "w_ptr": _ptr("u8"), "s_ptr": _ptr("fp32"), "y_ptr": _ptr("bf16")}
+    # split-K: y_ptr is the fp32 partials, o_ptr the output, sem_ptr the int32 counters
+    gemv = lin | {"y_ptr": _ptr("fp32"), "o_ptr": _ptr("bf16"), "sem_ptr": _ptr("i32")}
     flags = {"TILE_SCALE": True, "F32": False}
     moe_ptrs = {"order_ptr": _ptr("i64"), "row_end_ptr": _ptr("i32"), "w_ptr": _ptr("u8"),
                 "s_ptr": _ptr("u8"), "limit": "fp32"}
@@ -244,20 +246,22 @@ def _quantized_specs() -> list[KernelSpec]:
                    flags | {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128}),
         # the decode forms: dot (the default tiles unsplit, and split-K) and the no-dot sum form
         # at its narrowest and widest BLOCK_N, + the split-K reduce
-        KernelSpec("fp8 gemv decode (16x32x128, unroll 2)", fp8._fp8_gemv_kernel, lin,
-                   {"F32": False, "SPLIT": False, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128,
-                    "UNROLL": 2},
+        KernelSpec("fp8 gemv decode (16x32x128, unroll 2)", fp8._fp8_gemv_kernel, gemv,
+                   {"F32": False, "SPLIT": False, "SERIAL": False, "BLOCK_M": 16, "BLOCK_N": 32,
+                    "BLOCK_K": 128, "UNROLL": 2},
                    num_stages=3),
-        KernelSpec("fp8 gemv decode split-K (16x64x128)", fp8._fp8_gemv_kernel, lin,
-                   {"F32": False, "SPLIT": True, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128,
-                    "UNROLL": 1},
-                   num_stages=3),
-        KernelSpec("fp8 gemv no-dot (4x128, unroll 4, 1 warp)", fp8._fp8_gemv_sum_kernel, lin,
-                   {"HW": True, "SPLIT": False, "BLOCK_N": 4, "BLOCK_K": 128, "UNROLL": 4}, num_warps=1,
-                   num_stages=3),
-        KernelSpec("fp8 gemv no-dot split-K (16x128, unroll 2)", fp8._fp8_gemv_sum_kernel, lin,
-                   {"HW": True, "SPLIT": True, "BLOCK_N": 16, "BLOCK_K": 128, "UNROLL": 2},
-                   num_stages=3),
+        *(KernelSpec(f"fp8 gemv decode split-K (16x64x128{', serial sum' if serial else ''})",
+                     fp8._fp8_gemv_kernel, gemv,
+                     {"F32": False, "SPLIT": True, "SERIAL": serial, "BLOCK_M": 16, "BLOCK_N": 64,
+                      "BLOCK_K": 128, "UNROLL": 1},
+                     num_stages=3) for serial in (False, True)),
+        KernelSpec("fp8 gemv no-dot (4x128, unroll 4, 1 warp)", fp8._fp8_gemv_sum_kernel, gemv,
+                   {"HW": True, "SPLIT": False, "SERIAL": False, "BLOCK_N": 4, "BLOCK_K": 128,
+                    "UNROLL": 4}, num_warps=1, num_stages=3),
+        *(KernelSpec(f"fp8 gemv no-dot split-K (16x128, unroll 2{', serial sum' if serial else ''})",
+                     fp8._fp8_gemv_sum_kernel, gemv,
+                     {"HW": True, "SPLIT": True, "SERIAL": serial, "BLOCK_N": 16, "BLOCK_K": 128,
+                      "UNROLL": 2}, num_stages=3) for serial in (False, True)),
         KernelSpec("fp8 gemv split-K reduce", fp8._split_k_reduce_kernel,
                    {"p_ptr": _ptr("fp32"), "y_ptr": _ptr("bf16")}, {"BLOCK": 1024}),
         KernelSpec("fp8 linear prefill (64x128x128)", fp8._fp8_linear_kernel, lin,

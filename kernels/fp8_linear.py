@@ -7,6 +7,9 @@ decoded tile by tile inside the kernel, so the full-precision weight never exist
 ``kernels.fp8_linear_ref`` is the specification. Writes into ``out``; the split-K decode
 variant (:class:`Fp8GemvVariant`) also needs fp32 partials, ``fp8_linear_scratch_bytes`` of
 them, from the caller's ``workspace`` (allocated here when None: benchmarks and tests only).
+Given ``semaphores`` (:func:`gemv_semaphores`: zeroed int32 counters the caller keeps for the
+life of the model, left zero by every launch), the last slice of each output tile sums the
+partials itself; without them a second launch does (same sum, same order, same bits).
 """
 
 from __future__ import annotations
@@ -109,6 +112,25 @@ def gemv_num_splits(k: int, block_k: int, split: int) -> int:
     return -(-k // gemv_k_split(k, block_k, split))
 
 
+GEMV_SEMAPHORES = 4096  # counters one model keeps: enough for any split GEMV (< 512 tiles)
+SERIAL_SPLIT_REDUCE = True  # False: the two-launch reduce even where semaphores are given (benches)
+
+
+def gemv_semaphores(device: torch.device | str) -> torch.Tensor:
+    """The zeroed int32 counters a model hands to every split-K GEMV (``GEMV_SEMAPHORES`` of
+    them, 16 KiB). Launches on one stream share them: each launch puts its counters back to 0
+    before it ends."""
+    return torch.zeros(GEMV_SEMAPHORES, dtype=torch.int32, device=device)
+
+
+def gemv_semaphores_needed(m: int, n: int, tiles: tuple[int, ...], form: str,
+                           groups: int = 1) -> int:
+    """Counters a split-K launch uses: one per output tile (``n`` outputs over all groups)."""
+    bm, bn = tiles[0], tiles[1]
+    rows = m if form == "sum" else -(-m // bm)
+    return rows * -(-(n // groups) // bn) * groups
+
+
 def fp8_linear_scratch_bytes(m: int, n: int, k: int, block: tuple[int, int] = (128, 128),
                              variant: Fp8GemvVariant | None = None) -> int:
     """Workspace bytes ``fp8_linear`` / ``fp8_grouped_linear`` need at ``m`` rows, ``n``
@@ -123,23 +145,26 @@ def fp8_linear_scratch_bytes(m: int, n: int, k: int, block: tuple[int, int] = (1
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
                block: tuple[int, int] = (128, 128), *, workspace: torch.Tensor | None = None,
-               gemv: Fp8GemvVariant | None = None) -> torch.Tensor:
+               gemv: Fp8GemvVariant | None = None,
+               semaphores: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32, rows strided, last dim contiguous); weight [N, K] e4m3 (or its
     uint8 bits); scale fp32 [ceil(N/bn), ceil(K/bk)]; out [M, N] -> out. ``workspace``: uint8
     of at least ``fp8_linear_scratch_bytes`` bytes; ``gemv``: override the decode variant (M
-    <= 32; benchmarks sweep it)."""
+    <= 32; benchmarks sweep it); ``semaphores``: :func:`gemv_semaphores`, for a split-K variant
+    to sum its partials in its own launch."""
     check_tensor("fp8_linear", "x", x, shape=(None, None), dtypes=_ACT_DTYPES, device=x.device)
     check_tensor("fp8_linear", "out", out, shape=(x.shape[0], None), dtypes=_ACT_DTYPES,
                  device=x.device)
     _fp8_linear("fp8_linear", x.unsqueeze(1), weight, scale, out.unsqueeze(1), block, workspace,
-                gemv)
+                gemv, semaphores)
     return out
 
 
 def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                        out: torch.Tensor, block: tuple[int, int] = (128, 128), *,
                        workspace: torch.Tensor | None = None,
-                       gemv: Fp8GemvVariant | None = None) -> torch.Tensor:
+                       gemv: Fp8GemvVariant | None = None,
+                       semaphores: torch.Tensor | None = None) -> torch.Tensor:
     """Block-diagonal form (DeepSeek-V4's grouped output projection): x [M, G, K]; weight
     [G * N, K] (group g owns rows g*N..(g+1)*N; one scale grid over all of them, so a scale
     block may straddle two groups); out [M, G * N] -> out, ``out[:, g*N:(g+1)*N] = x[:, g] @
@@ -151,13 +176,14 @@ def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
         raise KernelArgumentError(name, "weight", f"must be [G * N, K] with G = {groups} "
                                   f"groups, got {list(weight.shape)}")
     check_tensor(name, "out", out, shape=(m, weight.shape[0]), dtypes=_ACT_DTYPES, device=x.device)
-    _fp8_linear(name, x, weight, scale, out.view(m, groups, -1), block, workspace, gemv)
+    _fp8_linear(name, x, weight, scale, out.view(m, groups, -1), block, workspace, gemv,
+                semaphores)
     return out
 
 
 def _fp8_linear(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                 out: torch.Tensor, block: tuple[int, int], workspace: torch.Tensor | None,
-                gemv: Fp8GemvVariant | None) -> None:
+                gemv: Fp8GemvVariant | None, semaphores: torch.Tensor | None = None) -> None:
     """x [M, G, K], out [M, G, N] (views checked by the caller)."""
     dev = x.device
     m, groups, k = x.shape
@@ -190,8 +216,14 @@ def _fp8_linear(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.T
                 raise KernelArgumentError(name, "workspace", f"must be uint8 on {dev} with >= "
                                           f"{need} bytes, got {workspace.dtype} x {workspace.numel()}")
             partial = workspace[:need].view(torch.float32).view(-1, m, groups * n)
+        if semaphores is not None:
+            check_tensor(name, "semaphores", semaphores, shape=(None,), dtypes=(torch.int32,),
+                         device=dev)
+            if (not SERIAL_SPLIT_REDUCE or semaphores.numel()
+                    < gemv_semaphores_needed(m, groups * n, gemv.tiles, gemv.form, groups)):
+                semaphores = None  # the two-launch reduce
         launch_fp8_gemv(x, weight.view(torch.uint8), scale, out, block, gemv.tiles, gemv.split,
-                        partial, gemv.form)
+                        partial, gemv.form, semaphores)
     else:
         launch_fp8_linear(x, weight.view(torch.uint8), scale, out, block,
                           fp8_linear_tiles(m, groups * n, block[1]))

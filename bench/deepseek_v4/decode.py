@@ -106,31 +106,37 @@ def hf_dict(cfg: DeepseekV4Config) -> dict[str, Any]:
 def _decode_path(decode: str) -> Iterator[None]:
     """``--decode`` reaches the model the engine builds (and captures graphs of) itself: the
     family's constructor gets that backend for the duration of the build, and only then."""
-    orig = DeepseekV4Family.__init__
+    orig, plan = DeepseekV4Family.__init__, DeepseekV4Family.plan_decode
     DeepseekV4Family.__init__ = partialmethod(orig, backend=V4Backend(decode=decode))  # type: ignore[method-assign]
+    DeepseekV4Family.plan_decode = decode  # the plan counts the loop the model runs
     try:
         yield
     finally:
         DeepseekV4Family.__init__ = orig  # type: ignore[method-assign]
+        DeepseekV4Family.plan_decode = plan
 
 
 def _tiled_topk_indexer(q: torch.Tensor, weights: torch.Tensor, keys: Any, rows: Any, rate: int,
                         block_size: int, topk: int) -> torch.Tensor:
     """The fused loop's CSA indexer as it was before ``kernels.indexer_decode_topk``: each
-    2,048-entry tile scored by the kernel, the running top-k kept with ``torch.topk``."""
+    2,048-entry tile scored by the kernel, the running top-k kept with ``torch.topk``; the
+    picks made pool rows (int32, -1 none: what the fused loop's attention takes) by PyTorch
+    ops, as they were then."""
     from engine.models.deepseek_v4.decode_step import indexer_topk_decode
     from kernels.indexer_decode import indexer_decode_scores
 
-    if keys.scale is not None or keys.data.dtype != q.dtype:
-        return indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk)
     per, flat = block_size // rate, keys.data.view(-1, keys.dim)
-    kv_end = rows.memo(("kv_end", rate), lambda: (rows.positions + 1) // rate)
+    score = None
+    if keys.scale is None and keys.data.dtype == q.dtype:
+        kv_end = rows.memo(("kv_end", rate), lambda: (rows.positions + 1) // rate)
 
-    def score(first: int, num: int) -> torch.Tensor:
-        out = torch.empty(q.shape[0], num, dtype=torch.float32, device=q.device)
-        return indexer_decode_scores(q, weights, flat, rows.tables, kv_end, first, num, per, out)
+        def score(first: int, num: int) -> torch.Tensor:
+            out = torch.empty(q.shape[0], num, dtype=torch.float32, device=q.device)
+            return indexer_decode_scores(q, weights, flat, rows.tables, kv_end, first, num, per,
+                                         out)
 
-    return indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk, score=score)
+    idx = indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk, score=score)
+    return torch.where(idx >= 0, rows.entry_rows(idx.clamp(min=0), per), -1).to(torch.int32)
 
 
 @contextmanager
@@ -398,9 +404,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.batch_list, args.prompt_list = _ints(args.batches), _ints(args.prompts)
-    with previous_decode_kernels(args.previous_kernels):
-        result = run_decode(args)
+    fl = importlib.import_module("kernels.fp8_linear")
+    serial = fl.SERIAL_SPLIT_REDUCE
+    fl.SERIAL_SPLIT_REDUCE = not args.two_launch_reduce
+    try:
+        with previous_decode_kernels(args.previous_kernels):
+            result = run_decode(args)
+    finally:
+        fl.SERIAL_SPLIT_REDUCE = serial
     result["previous_kernels"] = args.previous_kernels
+    result["two_launch_reduce"] = args.two_launch_reduce
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(report_table(result), flush=True)
     bad = result["error"] or any(r["error"] for r in result["rows"])
@@ -441,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--decode", default="auto", choices=("auto", "fused", "unfused"),
                    help="the decode step's layer loop: fused row kernels or "
                         "the unfused loop prefill shares (the previous path and the engine's default: auto)")
+    r.add_argument("--two-launch-reduce", action="store_true",
+                   help="split-K FP8 GEMVs sum their partials in a second launch (as before) "
+                        "instead of in their last slice")
     r.add_argument("--previous-kernels", action="store_true",
                    help="the fused decode's previous kernel choices (no split-K, tiled experts, "
                         "torch.topk indexer merge), to compare")

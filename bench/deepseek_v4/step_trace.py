@@ -203,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", default="SCH")
     p.add_argument("--experts", type=int, default=16)
     p.add_argument("--block-size", type=int, default=256)
+    p.add_argument("--num-blocks", type=int, default=None, help="KV pool blocks (default: the plan's)")
+    p.add_argument("--kv-dtype", default="auto", choices=("auto", "fp8"))
     p.add_argument("--tiny", action="store_true", help="toy dimensions (a quick check)")
     p.add_argument("--top", type=int, default=40, help="tensors listed at the peak")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, hidden_size=32, moe_intermediate_size=32)
     torch.manual_seed(0)
     t = trace_warmup(cfg, engine_config(args.chunk, args.batch, args.context, args.block_size,
-                                        device=args.device))
+                                        args.num_blocks, args.kv_dtype, device=args.device))
     for label, peak in t.step_peaks.items():
         print(f"step {label}: peak {peak:,} B")
     print(t.tracker.report(args.top))

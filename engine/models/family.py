@@ -206,6 +206,12 @@ class ModelFamily(ABC):
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
 
+    @classmethod
+    def step_context_limit(cls, ec: EngineConfig) -> int | None:
+        """The scheduler's ``max_step_context``: the context the multi-token chunks of one step
+        may reach together, where the plan counts a gather of it (None: no limit)."""
+        return None
+
     def warmup_steps(self, ec: EngineConfig, table: tuple[int, ...]) -> list[list[ScheduledChunk]]:
         """The plan's worst steps: the longest chunk against the longest context, a full batch
         of decodes at the longest context, and a full token budget spread over a full batch."""

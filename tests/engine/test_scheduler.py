@@ -105,3 +105,29 @@ def test_abort_waiting_and_running():
     assert s.abort("b") is not None
     assert s.abort("zzz") is None
     assert bm.num_free_blocks == free0 and not s.has_unfinished()
+
+
+def test_step_context_limit_defers_chunks_not_decodes():
+    """max_step_context (a family whose step gathers every chunk's history, DeepSeek-V4): the
+    multi-token chunks of one step reach at most that much context together. The first chunk
+    always runs; a chunk past the limit waits for the next step (a waiting prompt is admitted,
+    its first chunk deferred, and later arrivals wait behind it); one-token decodes gather
+    nothing and are never held back."""
+    bm = BlockManager(64, 4)
+    s = Scheduler(SchedulerConfig(4, 32, 64, (0,), max_step_context=20), bm)
+    for rid, arrival in (("a", 0), ("b", 1), ("c", 2)):
+        s.add(seq(rid, 12, arrival, first=1 + 100 * arrival))  # no shared prefix
+    out, _ = run_step(s)
+    assert [(c.request_id, c.start, c.num_tokens) for c in out.chunks] == [("a", 0, 12)]
+    assert out.admitted == ["a", "b"]  # b holds its slot; c waits in the queue
+    out, _ = run_step(s)
+    # a decodes (one token), b's chunk runs alone among the chunks, c's would pass 20
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [("a", 1), ("b", 12)]
+    assert out.chunks[1].is_first
+    out, _ = run_step(s)
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [("a", 1), ("b", 1), ("c", 12)]
+    # without the limit all three prompts share the first step
+    s2, _ = make(chunk=40, max_context=64)
+    for rid, arrival in (("a", 0), ("b", 1), ("c", 2)):
+        s2.add(seq(rid, 12, arrival))
+    assert len(s2.schedule().chunks) == 3

@@ -217,3 +217,49 @@ def test_default_gemv_variant_splits_long_k_of_narrow_grids(m, n, k, split) -> N
     assert v is not None and v.split == split and v.form == "dot"
     # the scratch the planner counts follows the choice: one fp32 partial a slice
     assert fp8_linear_scratch_bytes(m, n, k) == (0 if split == 1 else split * m * n * 4)
+
+
+@pytest.mark.parametrize(("tiles", "split", "form"), [v for v in _GEMV_VARIANTS if v[1] > 1])
+@pytest.mark.parametrize("groups", [1, 3])
+def test_split_gemv_sums_its_own_partials(interpret, tiles, split, form, groups) -> None:
+    """With the model's counters the last slice of each tile sums the partials in the same
+    launch: the same bits as the two-launch reduce, no second launch, the counters left zero
+    for the next launch (run twice over a dirty workspace, as a replayed graph does)."""
+    import kernels._fp8_linear_triton as impl
+    from kernels.fp8_linear import (
+        Fp8GemvVariant,
+        fp8_grouped_linear,
+        fp8_linear_scratch_bytes,
+        gemv_semaphores,
+    )
+    from kernels.fp8_linear_ref import fp8_grouped_linear_ref
+
+    m, n, k = 3, 37, 300
+    variant = Fp8GemvVariant(tiles, split, form)
+    g = torch.Generator().manual_seed(split * 11 + groups)
+    q, s = quantize_fp8_block(torch.randn(groups * n, k, generator=g), (128, 128))
+    x = torch.randn(m, groups * k, generator=g).view(m, groups, k)
+    ws = torch.full((fp8_linear_scratch_bytes(m, groups * n, k, (128, 128), variant),), 0xFF,
+                    dtype=torch.uint8)
+    two = torch.full((m, groups * n), float("nan"))
+    fp8_grouped_linear(x, q, s, two, workspace=ws, gemv=variant)
+    sem = gemv_semaphores("cpu")
+    launched: list[str] = []
+    real = impl._split_k_reduce_kernel
+    with pytest.MonkeyPatch.context() as mp:
+        class Spy:
+            def __getitem__(self, grid):
+                launched.append("reduce")
+                return real[grid]
+        mp.setattr(impl, "_split_k_reduce_kernel", Spy())
+        for _ in range(2):
+            one = torch.full((m, groups * n), float("nan"))
+            ws.fill_(0xFF)
+            fp8_grouped_linear(x, q, s, one, workspace=ws, gemv=variant, semaphores=sem)
+            assert torch.equal(one, two)
+            assert not sem.any(), "a counter was left set"
+        assert not launched
+        # too few counters for this launch's tiles: the second launch sums instead
+        fp8_grouped_linear(x, q, s, one, workspace=ws, gemv=variant, semaphores=sem[:1])
+        assert torch.equal(one, two) and launched == ["reduce"]
+    torch.testing.assert_close(one, fp8_grouped_linear_ref(x, q, s), rtol=1e-4, atol=1e-4)

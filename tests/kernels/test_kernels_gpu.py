@@ -156,7 +156,10 @@ def test_sparse_attention_split_decode(cuda) -> None:
 
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 32768, 1024), (7, 4096, 4000), (4096, 1024, 4096)])
 def test_fp8_linear_at_v4_shapes_allocation_free(cuda, m, n, k) -> None:
-    from kernels.fp8_linear import fp8_linear
+    """With the scratch the planner counts and the model's counters (as Fp8Linear passes them),
+    no allocation; (7, 4096, 4000) splits K and sums its partials in its own launch on the GPU
+    (atomics, barrier): the counters are left zero and the result matches the reference."""
+    from kernels.fp8_linear import fp8_linear, fp8_linear_scratch_bytes, gemv_semaphores
     from kernels.fp8_linear_ref import fp8_linear_ref
 
     g = torch.Generator(device="cuda").manual_seed(m)
@@ -164,8 +167,23 @@ def test_fp8_linear_at_v4_shapes_allocation_free(cuda, m, n, k) -> None:
     s = torch.rand(-(-n // 128), -(-k // 128), device="cuda", generator=g) * 1e-2
     x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    assert _allocations(lambda: fp8_linear(x, q, s, out)) == 0
-    assert _rel(out, fp8_linear_ref(x.float(), q, s)) < 1e-2
+    need = fp8_linear_scratch_bytes(m, n, k)
+    assert (need > 0) == (m == 7)
+    ws = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
+    sem = gemv_semaphores("cuda")
+    for _ in range(3):
+        assert _allocations(lambda: fp8_linear(x, q, s, out, workspace=ws, semaphores=sem)) == 0
+        assert _rel(out, fp8_linear_ref(x.float(), q, s)) < 1e-2
+        assert not sem.any()
+    import kernels.fp8_linear as fl
+
+    two = torch.empty_like(out)
+    fl.SERIAL_SPLIT_REDUCE = False
+    try:  # the two-launch reduce: the same sum in the same order, so the same bits
+        fp8_linear(x, q, s, two, workspace=ws, semaphores=sem)
+    finally:
+        fl.SERIAL_SPLIT_REDUCE = True
+    assert torch.equal(out, two)
 
 
 @pytest.mark.parametrize("tokens", [1, 32, 2048])

@@ -124,9 +124,10 @@ def _activations_term(v4: DeepseekV4Config, ec: EngineConfig, scratch: dict[str,
                         "mHC streams + max(attention parts, MoE, final norm) at chunk "
                         f"{ec.chunk_tokens} against {ec.max_context}: "
                         + ", ".join(f"{k}={v}" for k, v in scratch.items()))
-    kv_tokens = (ec.resolved_num_blocks - 1) * ec.block_size
+    kv_tokens = DeepseekV4Family.step_context_limit(ec)
     parts = deepseek_v4_kernels_step_bytes(v4, ec.chunk_tokens, ec.max_context, ec.max_batch,
-                                           ec.torch_dtype, kv_tokens, ec.kv_dtype == "fp8")
+                                           ec.torch_dtype, kv_tokens, ec.kv_dtype == "fp8",
+                                           DeepseekV4Family.plan_decode != "unfused")
     return PlanTerm("activations", deepseek_v4_kernels_peak_bytes(parts),
                     "max(resident + attention, resident + MoE, mHC mix, mHC merge, final norm) "
                     f"at chunk {ec.chunk_tokens}, batch {ec.max_batch}, context {ec.max_context},"
@@ -138,6 +139,10 @@ class DeepseekV4Family(ModelFamily):
     # decode steps are pure device work (decode_step.py) once the experts are the fused MXFP4
     # ones (the bf16 loop reads expert counts on the host); set per instance in __init__
     uses_cuda_graphs: ClassVar[bool] = False
+    # the decode loop the plan counts for: "auto" (fused with the kernels' attention, as
+    # V4Backend() resolves) or "unfused"; whoever builds the family with another backend sets
+    # this too (bench.deepseek_v4.decode --decode)
+    plan_decode: ClassVar[str] = "auto"
     graph_pads_copy_first: ClassVar[bool] = True  # pad rows must not touch slot 0's window ring
     cast_weights_on_load: ClassVar[bool] = False  # FP8/FP4 payloads and scales kept as stored
     supports_tensor_parallel: ClassVar[bool] = True  # dequantized weights (tensor_parallel.py)
@@ -233,6 +238,12 @@ class DeepseekV4Family(ModelFamily):
                 "scratch: tokens x top_k x (16 + (hidden + intermediate) x dtype) B, FP8 "
                 "activation codes + scales: tokens x widest FP8 input x (1 + 4/128) B) "
                 "(kernels' size functions)", True))
+        if fp8w:
+            from kernels.fp8_linear import GEMV_SEMAPHORES
+
+            terms.append(PlanTerm("fp8_gemv_semaphores", GEMV_SEMAPHORES * 4,
+                                  f"{GEMV_SEMAPHORES} int32 counters of the split-K decode GEMVs "
+                                  "(kernels.fp8_linear.gemv_semaphores), one set for the model"))
         terms += [*common_step_terms(cfg, ec), _activations_term(v4, ec, scratch, kernels)]
         if ec.use_cuda_graphs:
             decode = deepseek_v4_step_scratch_bytes(v4, ec.max_batch, ec.max_context, ec.max_batch,
@@ -279,6 +290,41 @@ class DeepseekV4Family(ModelFamily):
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden, out)
+
+    @classmethod
+    def step_context_limit(cls, ec: EngineConfig) -> int:
+        """A step's chunks gather their compressed entries (and indexer keys) into one table:
+        the plan counts it for the pool's tokens (``_activations_term``), and the scheduler
+        keeps the chunks' contexts within that, which the pool alone does not do once
+        prefix-cached sequences share blocks."""
+        return (ec.resolved_num_blocks - 1) * ec.block_size
+
+    def warmup_steps(self, ec: EngineConfig, table: tuple[int, ...]) -> list[list[Any]]:
+        """The base worst steps, with the mixed step's chunks ending where their contexts
+        together reach :meth:`step_context_limit` at most (what the scheduler lets through; the
+        base step puts every chunk at the longest context), and a mixed step of decodes."""
+        steps = super().warmup_steps(ec, table)
+        limit = self.step_context_limit(ec)
+        mixed = steps[-1]
+        if sum(c.context_len for c in mixed if c.num_tokens > 1) > limit:
+            share = limit // max(1, len(mixed))
+            steps[-1] = [dataclasses.replace(c, start=min(c.start, max(0, share - c.num_tokens)))
+                         if c.num_tokens > 1 else c for c in mixed]
+        # a mixed step's one-token rows take the unfused decode path after the chunks attend
+        # (its gathered windows, the PyTorch indexer tile): a full batch of them at the longest
+        # context beside one chunk with the rest of the budget, which the plan's attention
+        # term counts ("decode") and the steps above never run
+        rest = ec.chunk_tokens - (ec.max_batch - 1)
+        end = ec.max_context - 1
+        if ec.max_batch > 1 and rest >= 2:
+            m = min(rest, end)
+            from engine.scheduler import ScheduledChunk
+
+            steps.append([ScheduledChunk(f"warmup-mixdec-{i}", end, 1, (0,), table, i, True)
+                          for i in range(ec.max_batch - 1)]
+                         + [ScheduledChunk("warmup-mixdec-chunk", end - m, m, (0,) * m, table,
+                                           ec.max_batch - 1, True)])
+        return steps
 
     def prepare_warmup(self, kv: DeepseekV4KVPool, chunks: list[Any]) -> None:
         for c in chunks:

@@ -78,6 +78,7 @@ class MergedLinear:
             first, lin = self.parts[0], self._lin
             # the parts' settings (bind_workspace, set_prefill_fp8, the loader's use_kernels)
             lin.use_kernels, lin.w8a8, lin.workspace = first.use_kernels, first.w8a8, first.workspace
+            lin.semaphores = first.semaphores
             y = lin(x)
         return y.split(self.sizes, dim=-1)
 

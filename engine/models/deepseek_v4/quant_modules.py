@@ -14,7 +14,12 @@ import torch
 from torch import nn
 
 from engine.errors import CheckpointError
-from kernels.fp8_linear import fp8_grouped_linear, fp8_linear, fp8_linear_scratch_bytes
+from kernels.fp8_linear import (
+    fp8_grouped_linear,
+    fp8_linear,
+    fp8_linear_scratch_bytes,
+    gemv_semaphores,
+)
 from kernels.fp8_linear_ref import fp8_grouped_linear_ref, fp8_linear_ref
 from kernels.fp8_w8a8 import (
     fp8_grouped_linear_w8a8,
@@ -36,7 +41,8 @@ class Fp8Linear(nn.Module):
     the H200 it made a full-depth 4096-token chunk 10% faster (docs/benchmarks.md, 2026-12-04);
     :func:`set_prefill_fp8` turns it off (benchmarks compare both). A decode GEMV variant that
     splits K (``kernels.fp8_linear.fp8_gemv_variant``) takes its partials from the bound
-    Workspace too."""
+    Workspace too, and sums them in its own launch through the model's split-K counters
+    (``semaphores``, bound with the Workspace)."""
 
     def __init__(self, weight_shape: tuple[int, int], groups: int = 1) -> None:
         super().__init__()
@@ -45,6 +51,7 @@ class Fp8Linear(nn.Module):
         self.use_kernels = False
         self.w8a8 = True
         self.workspace: object | None = None
+        self.semaphores: torch.Tensor | None = None
         self.register_buffer("weight", torch.empty(weight_shape, dtype=torch.float8_e4m3fn))
         self.register_buffer("scale", torch.empty(0, 0, dtype=torch.float32))
 
@@ -77,8 +84,9 @@ class Fp8Linear(nn.Module):
             scratch = ws.take((need,), torch.uint8, caller="deepseek_v4.fp8_gemv_split")  # type: ignore[attr-defined]
             if groups > 1:
                 return fp8_grouped_linear(x, self.weight, self.scale, out, self.block,
-                                          workspace=scratch)
-            return fp8_linear(x[:, 0], self.weight, self.scale, out, self.block, workspace=scratch)
+                                          workspace=scratch, semaphores=self.semaphores)
+            return fp8_linear(x[:, 0], self.weight, self.scale, out, self.block, workspace=scratch,
+                              semaphores=self.semaphores)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.groups > 1:
@@ -101,12 +109,21 @@ class Fp8Linear(nn.Module):
 
 def bind_workspace(model: nn.Module, ws: object | None) -> None:
     """Hands the engine's Workspace to every FP8 linear of ``model`` (their prefill path takes
-    its activation scratch from it); nothing to do when this one is bound already."""
+    its activation scratch from it, a split-K decode GEMV its partials), and with it the
+    model's split-K counters (``kernels.fp8_linear.gemv_semaphores``, 16 KiB made at the first
+    bind: the warm-up; the plan's ``fp8_gemv_semaphores``); nothing to do when this one is
+    bound already."""
     if model.__dict__.get("_fp8_workspace") is ws:
         return
+    sem = model.__dict__.get("_fp8_semaphores")
+    if ws is not None and sem is None:
+        lins = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+        if lins:
+            sem = model.__dict__["_fp8_semaphores"] = gemv_semaphores(lins[0].weight.device)
     for mod in model.modules():
         if isinstance(mod, Fp8Linear):
             mod.workspace = ws
+            mod.semaphores = sem if ws is not None else None
     model.__dict__["_fp8_workspace"] = ws
 
 

@@ -119,7 +119,7 @@ def chunk_rows_bytes(tokens: int, rows: int, seqs: int, window: int, rates: list
 
 def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_context: int,
                                      dtype: torch.dtype = torch.bfloat16, kernels: bool = False,
-                                     kv_fp8: bool = False) -> int:
+                                     kv_fp8: bool = False, fused: bool = False) -> int:
     """What decode_step.py adds to a one-token-per-sequence step of ``max_batch`` rows beyond
     the projections: one tile of the batched indexer (keys gathered and widened to fp32, the
     [B, Hi, tile] fp32 scores and their ReLU and weighted copies, the running top-k; or, in
@@ -129,7 +129,10 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
     rows for an FP8 pool, counted at the model dtype + fp32) and the [B, H, window + entries]
     fp32 logits x 4; with ``kernels`` (the sparse attention kernel reads the ring and the pool
     in place) only an FP8 pool's dequantised entry rows (``kv_fp8``) and the kernel's split-K
-    partials (``decode_attention_splits``)."""
+    partials (``decode_attention_splits``). ``fused`` (with ``kernels``: the fused decode
+    loop, the default there) and a model-dtype pool: the compressors run as kernels (no
+    gathered window) and the indexer only as kernels (no PyTorch tile); an FP8 pool keeps both
+    PyTorch fallbacks counted."""
     from engine.models.deepseek_v4.decode_fused import FUSED_INDEXER_TILE
     from engine.models.deepseek_v4.decode_step import DECODE_INDEXER_TILE
     from kernels.indexer_decode import indexer_decode_topk_workspace_bytes
@@ -149,7 +152,9 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
     # gathered window rows x width: CSA 2r rows (overlap) of 2D, HCA r rows of D
     window = max([2 * cfg.rate(t) * 2 * d if t == CSA else cfg.rate(t) * d
                   for t in cfg.layer_types if cfg.rate(t)], default=0)
-    total += b * window * (e + f) * 4
+    lean = fused and kernels and not kv_fp8  # no PyTorch fallback can run
+    if not lean:
+        total += b * window * (e + f) * 4
     if kernels and b:  # the sparse attention's split partials, at the batch size splitting most
         total += max(sparse_attention_workspace_bytes(r, h, d, decode_attention_splits(r, h, w + comp_k))
                      for r in range(1, b + 1))
@@ -159,10 +164,10 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
         hi, di, k = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
         torch_path = (b * t * (di * (e + f) + 8 * 2) + 3 * b * hi * t * f + 2 * b * t * f
                       + 2 * b * (k + t) * (f + 8) + b * k * (f + 8) + b * hi * di * f)
-        # the fused loop's kernels: their scratch at its own tile, and the picks as int32 rows
-        fused = (indexer_decode_topk_workspace_bytes(b, k, min(FUSED_INDEXER_TILE, entries))
-                 + b * k * 4)
-        total += max(torch_path, fused) if kernels else torch_path
+        # (the fused loop's kernels: their scratch at its own tile, and the picks as int32 rows)
+        fused_path = (indexer_decode_topk_workspace_bytes(b, k, min(FUSED_INDEXER_TILE, entries))
+                      + b * k * 4)
+        total += fused_path if lean else max(torch_path, fused_path) if kernels else torch_path
     return total
 
 

@@ -24,10 +24,13 @@ from engine.models.deepseek_v4.sizing import chunk_rows_bytes, deepseek_v4_decod
 def deepseek_v4_kernels_step_bytes(
     cfg: DeepseekV4Config | Any, chunk_tokens: int, max_context: int, max_batch: int,
     dtype: torch.dtype = torch.bfloat16, kv_tokens: int | None = None, kv_fp8: bool = False,
+    fused_decode: bool = True,
 ) -> dict[str, int]:
     """Bytes by moment of the step at ``chunk_tokens`` scheduled tokens (``n``, at least
     ``max_batch``) over ``S = min(max_batch, n)`` sequences of at most ``max_context`` tokens,
-    whose compressed entries together are bounded by the pool (``kv_tokens``, when known)."""
+    whose compressed entries together are bounded by the pool (``kv_tokens``, when known: the
+    scheduler's ``max_step_context``). ``fused_decode``: a mixed step's one-token rows take the
+    fused decode loop's kernels (the default on this path)."""
     cfg = DeepseekV4Config.coerce(cfg)
     n = max(chunk_tokens, max_batch)
     seqs = min(max_batch, n)
@@ -36,10 +39,14 @@ def deepseek_v4_kernels_step_bytes(
     tokens = seqs * max_context if kv_tokens is None else min(seqs * max_context, kv_tokens)
     rates = [cfg.rate(t) for t in cfg.layer_types if t != SLIDING]
     entries = tokens // min(rates) if rates else 0  # every sequence's entries of one layer
+    # one sequence's (the indexer reads its keys sequence by sequence)
+    seq_entries = min(max_context, tokens) // min(rates) if rates else 0
 
-    def read_tmp(dim: int) -> int:
-        """Reading FP8 rows out of the blocks: the bytes, their fp32 widening, the scaled copy."""
-        return entries * (dim + 4 + 2 * dim * f) if kv_fp8 else 0
+    def read_tmp(dim: int, rows: int) -> int:
+        """Reading ``rows`` FP8 rows out of the blocks: the bytes, their fp32 widening, the
+        scaled copy (the model-dtype result is made while the bytes and the scaled copy live:
+        rows x (1 + 4 + 2) x dim, within this)."""
+        return rows * (dim + 4 + 2 * dim * f) if kv_fp8 else 0
 
     out: dict[str, int] = {}
     # the embedding output, the streams, the block's collapsed input and its normed copy, the
@@ -76,19 +83,22 @@ def deepseek_v4_kernels_step_bytes(
     compressor = max([(n + cfg.rate(t)) * (2 * d if t == CSA else d) * (5 * e + 3 * f)
                       for t in cfg.layer_types if t != SLIDING], default=0)
     o_proj = n * (cfg.o_groups * cfg.o_lora_rank + hid) * e
-    late = max(compressor, read_tmp(d),  # compressing / reading the entries out of the blocks
-               entries * d * e,  # the batched attention's table of every sequence's entries
-               entries * di * e + read_tmp(di) if csa else 0)  # the indexer's keys
+    # after the window table and the top-k table, one of: a compressor at work, a sequence's
+    # indexer keys read out of the blocks (freed before the next sequence's), or the batched
+    # attention's table of every sequence's entries (made by one read, alive while the chunks
+    # attend)
+    late = max(compressor,
+               seq_entries * di * e + read_tmp(di, seq_entries) if csa else 0,
+               max(entries * d * e, read_tmp(d, entries)))
     early = n * cfg.q_lora_rank * e  # the low-rank query, before the output exists
     # a mixed step's one-token sequences, attended as one decode step after the chunks (whose
     # windows and entries are gone by then): their rows of the projections (copies when they
     # sit between the chunks), their output rows, decode_step.py's own scratch
     decode = (seqs * (q + rest) // n + seqs * h * d * e
               + deepseek_v4_decode_scratch_bytes(cfg, seqs, max_context, dtype, kernels=True,
-                                                 kv_fp8=kv_fp8))
+                                                 kv_fp8=kv_fp8, fused=fused_decode))
     # the output projections come after the chunks' window table, entries and top-k are freed
-    out["attention"] = q + max(early, q + rest + max(topk + window + entries * d * e + late,
-                                                     decode, o_proj))
+    out["attention"] = q + max(early, q + rest + max(topk + window + late, decode, o_proj))
     inter, ne, kx = cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.num_experts_per_tok
     # router scores (softplus, biased), routing ids/weights, the shared expert's gate/up and
     # their clamped SwiGLU temporaries, its output

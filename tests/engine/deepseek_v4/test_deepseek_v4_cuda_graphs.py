@@ -30,6 +30,7 @@ def decode_loop(request, monkeypatch) -> str:
     """Both decode layer loops: the engine builds its family with this backend."""
     monkeypatch.setattr(DeepseekV4Family, "__init__", partialmethod(
         DeepseekV4Family.__init__, backend=V4Backend(decode=request.param)))
+    monkeypatch.setattr(DeepseekV4Family, "plan_decode", request.param)
     return request.param
 
 

@@ -52,7 +52,8 @@ def test_counted_warmup_peak_within_ten_percent_of_the_plan(chunk: int, batch: i
 
     cfg = dataclasses.replace(flash_config("SCH", 4, context), vocab_size=1000)
     t = trace_warmup(cfg, engine_config(chunk, batch, context), stacks=False)
-    assert len(t.step_peaks) == 3  # the chunk at the longest context, the decode batch, mixed
+    # the chunk at the longest context, the decode batch, mixed, decodes beside a chunk
+    assert len(t.step_peaks) == 4
     assert t.peak == max(t.step_peaks.values())
     assert t.peak <= t.planned, t.tracker.report(20)
     assert t.peak >= 0.9 * t.planned, t.tracker.report(20)
