@@ -62,8 +62,10 @@ def _hc_mixes_kernel(s_ptr, fn_ptr, out_ptr, n, m, d, rows, eps, stride_sn, stri
                      stride_on, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
                      BLOCK_K: tl.constexpr, SPLIT3: tl.constexpr = False):
     """SPLIT3 (bf16 streams on a GPU): the fp32 weights as the sum of three bf16 parts (8
-    significand bits each: all 24 of fp32), each on the tensor cores against the bf16 streams,
-    whose products with bf16 are exact in the fp32 accumulator; else an IEEE fp32 dot, which
+    significand bits each: all 24 of fp32), each on the tensor cores against the bf16 streams.
+    The products are exact, but the tensor cores' fp32 accumulation is not IEEE: an H100
+    measured 5.5e-5 relative error against the fp64 product (TF32 2.9e-4, an fp32 cuBLAS GEMM
+    without TF32 ~1e-7), at 0.26 ms a 4096-token call on the H200. Else an IEEE fp32 dot, which
     runs on the CUDA cores (an H100 measured 1.1 ms a 4096-token chunk that way)."""
     toks = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     r = tl.arange(0, BLOCK_R)

@@ -100,16 +100,17 @@ def test_hc_mixes_names_the_bad_argument(interpret):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,rows", [(4096, 24), (5, 24), (33, 4)])
 def test_hc_mixes_on_cuda(cuda, n, rows):
-    """bf16 streams take three bf16 dots of the fp32 weights' parts on the GPU: as close to an
-    fp64 product as an fp32 GEMM is, where the weights' first bf16 part alone would not be."""
+    """bf16 streams take three bf16 dots of the fp32 weights' parts on the GPU. The tensor
+    cores' fp32 accumulation is not IEEE (an H100 measured 5.4-5.7e-5 relative to the fp64
+    product at these shapes, 2026-12-05; TF32, which the engine's cuBLAS GEMMs may use, 2.6-3e-4),
+    so the bound is 1e-4: well inside TF32's error and over 10x better than the weights' first
+    bf16 part alone (1.3-2e-3)."""
     g = torch.Generator().manual_seed(n)
     streams = torch.randn(n, 4, 4096, generator=g).to("cuda", torch.bfloat16)
     fn = (torch.randn(rows, 4 * 4096, generator=g) * 0.02).cuda()
     out = hc_mixes(streams, fn, 1e-6, torch.empty(n, rows, device="cuda"))
-    torch.backends.cuda.matmul.allow_tf32 = False  # an exact fp32 reference
-    torch.testing.assert_close(out, hc_mixes_ref(streams, fn, 1e-6), rtol=1e-4, atol=1e-4)
     exact = hc_mixes_ref(streams.double(), fn.double(), 1e-6)
     one_part = hc_mixes_ref(streams.double(), fn.bfloat16().double(), 1e-6)
     err = float((out.double() - exact).norm() / exact.norm())
-    assert err < 1e-6 < float((one_part - exact).norm() / exact.norm()) / 10, err
+    assert err < 1e-4 and 10 * err < float((one_part - exact).norm() / exact.norm()), err
 
