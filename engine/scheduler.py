@@ -21,7 +21,7 @@ class SchedulerConfig:
     max_context: int  # longest prompt + output a sequence may reach
     eos_token_ids: tuple[int, ...] = ()
     # the most context (tokens) the multi-token chunks of one step may reach together, where
-    # the family's step gathers every chunk's history (DeepSeek-V4: its compressed entries) and
+    # the family's step gathers every chunk's history (e.g. compressed attention entries) and
     # its plan counts that gather for this many tokens; None: no limit. Prefix-cached sequences
     # share blocks, so the pool does not bound it by itself: the scheduler does
     max_step_context: int | None = None
