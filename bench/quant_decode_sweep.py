@@ -44,9 +44,12 @@ FP8_SHAPES = ((4096, 4096, 1), (32768, 1024, 1), (1024, 4096, 1), (2048, 4096, 1
 FP8_ROWS = (1, 8, 32)
 MOE_TOKENS = (1, 8, 32)
 MOE_SHAPE = (128, 4096, 2048, 6)  # experts, hidden, intermediate, top-k
-# the tiled decode form at two widths, then the per-pair GEMV form (BLOCK_M 1) at four
-MOE_TILES = ((16, 64, 128, 4, 3), (16, 32, 128, 4, 3), (1, 16, 256, 4, 3), (1, 32, 128, 4, 3),
-             (1, 64, 128, 8, 3), (1, 16, 128, 2, 3))
+# the tiled decode form at two widths, then the per-pair GEMV form (BLOCK_M 1): its 6th element
+# 1 reads the weights as int32 words (the default), 0 as bytes (the earlier decode)
+MOE_TILES = ((16, 64, 128, 4, 3), (16, 32, 128, 4, 3), (1, 16, 256, 4, 3, 0),
+             (1, 16, 256, 4, 3, 1), (1, 32, 256, 4, 3, 1), (1, 16, 512, 4, 3, 1),
+             (1, 32, 128, 4, 3, 1), (1, 64, 256, 8, 3, 1), (1, 16, 256, 2, 3, 1),
+             (1, 8, 256, 2, 3, 1))
 
 
 def fp8_variants(m: int, n: int, k: int, splits: tuple[int, ...],
@@ -128,7 +131,8 @@ def sweep_moe(timer: Timer, dev: str, shape: tuple[int, int, int, int], tokens: 
                              for sp in (*splits, None)), dtype=torch.uint8, device=dev)
         variants: list[tuple[str, tuple[int, ...] | None, tuple[int, int] | None]] = [
             ("default", None, None)]
-        variants += [(f"{'gemv' if tl_[0] == 1 else 'tiled'} bn{tl_[1]} bk{tl_[2]} "
+        variants += [(f"{'gemv' if tl_[0] == 1 else 'tiled'} bn{tl_[1]} bk{tl_[2]} w{tl_[3]}"
+                      f"{' words' if tl_[0] == 1 and tl_[5:6] == (1,) else ''} "
                       f"split{sp[0]}x{sp[1]}", tl_, sp) for tl_ in tiles for sp in splits]
         for label, tl_, sp in variants:
             def fn(x=x, w=w, ids=ids, y=y, sp=sp, tl_=tl_, ws=ws) -> object:

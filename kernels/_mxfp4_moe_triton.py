@@ -269,16 +269,80 @@ def _moe_down_kernel(
 
 
 @triton.jit
+def _nibble_pair(wd, J: tl.constexpr):
+    """Nibbles ``J`` and ``J + 4`` of int32 words ``wd`` (packed e2m1, nibble j is column
+    8w + j) -> two fp32 tensors of value * 2**-14: both fp16 bit patterns are built at once in
+    the two halves of one int32 (e2m1's sign, exponent and mantissa shifted into place; fp16's
+    subnormals hold 0.5), then split. ~3 integer ops a value where one at a time takes ~6."""
+    t = wd >> (4 * J)
+    pair = ((t & 0x00070007) << 9) | ((t & 0x00080008) << 12)
+    lo = pair.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _gemv_words(w_rows, n_ok, kw, w_ok, a_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Unscaled partial dots [BN, BK/8]: for each int32 word of ``BLOCK_N`` rows (``w_rows`` [BN,
+    1] int32 row pointers) at word columns ``kw`` [BK/8], the sum of its 8 values times the
+    activations at ``a_ptr`` (columns 8w..8w+7). No interleave: column order is nibble order."""
+    wd = tl.load(w_rows + kw[None, :], mask=n_ok[:, None] & w_ok[None, :], other=0)
+    part = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+    for j in tl.static_range(4):
+        lo, hi = _nibble_pair(wd, j)
+        a_lo = tl.load(a_ptr + kw * 8 + j, mask=w_ok, other=0.0).to(tl.float32)
+        a_hi = tl.load(a_ptr + kw * 8 + (j + 4), mask=w_ok, other=0.0).to(tl.float32)
+        part += lo * a_lo[None, :] + hi * a_hi[None, :]
+    return part
+
+
+@triton.jit
+def _scale_groups(part, s_rows, kg, n_ok, K_GROUPS, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """Partial dots per word [BN, BK/8] -> [BN]: summed per 32-column group (4 words), times
+    the group's e8m0 scale (and fp16's 2**14 back), summed over groups."""
+    sc = tl.load(s_rows + kg[None, :], mask=n_ok[:, None] & (kg < K_GROUPS)[None, :],
+                 other=127).to(tl.int32)
+    f = (sc << 23).to(tl.float32, bitcast=True) * 16384.0
+    g = tl.sum(part.reshape(BLOCK_N, BLOCK_K // 32, 4), 2)
+    return tl.sum(g * f, 1)
+
+
+@triton.jit
+def _gemv_acc(acc, w_rows, s_rows, a_ptr, k0, k_hi, n_ok, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, WORDS: tl.constexpr):
+    """acc [BN] + the K-tile at ``k0`` (columns below ``k_hi``) of ``BLOCK_N`` MXFP4 rows dotted
+    with the activation row at ``a_ptr``. WORDS: ``w_rows`` point at int32 words, decoded two
+    values an op (:func:`_nibble_pair`), the scale applied once per 32-column group; else
+    ``w_rows`` point at bytes and each value is decoded and scaled (:func:`_mxfp4_tile`)."""
+    if WORDS:
+        kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        part = _gemv_words(w_rows, n_ok, kw, kw < k_hi // 8, a_ptr, BLOCK_N, BLOCK_K)
+        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        acc += _scale_groups(part, s_rows, kg, n_ok, k_hi // 32, BLOCK_N, BLOCK_K)
+    else:
+        k = k0 + tl.arange(0, BLOCK_K)
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        a = tl.load(a_ptr + k, mask=k < k_hi, other=0.0).to(tl.float32)
+        acc += tl.sum(_mxfp4_tile(w_rows, s_rows, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K)
+                      * a[None, :], 1)
+    return acc
+
+
+@triton.jit
 def _moe_gemv_gate_up_kernel(
     x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, H, INTER, TOP_K,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm, limit, SPLIT_TILES,
     stride_ps, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    WORDS: tl.constexpr = False,
 ):
     """The per-pair GEMV form of :func:`_moe_gate_up_kernel` (decode: a handful of pairs). Grid
     (pairs, N-tiles, K-slices); each program reads its pair's expert straight from ``ids`` (no
     sort), decodes a [BLOCK_N, BLOCK_K] weight tile and reduces it against the token's row
     with a broadcast multiply (no MMA, no rows padded to a tile). Writes ``h[pair]`` (pair
-    order) or, ``PARTIAL``, the slice's fp32 gate and up sums as the tiled form does."""
+    order) or, ``PARTIAL``, the slice's fp32 gate and up sums as the tiled form does.
+    ``WORDS``: ``w_ptr`` and its strides are in int32 words (see :func:`_gemv_acc`)."""
     pair = tl.program_id(0)
     e = tl.load(ids_ptr + pair)
     tok = pair // TOP_K
@@ -288,16 +352,12 @@ def _moe_gemv_gate_up_kernel(
     sg = s_ptr + e * stride_se + n[:, None] * stride_sn
     acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    a_ptr = x_ptr + tok * stride_xm
     k_lo, k_hi = _k_slice(H, SPLIT_TILES, BLOCK_K, PARTIAL)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        a = tl.load(x_ptr + tok * stride_xm + k, mask=k < k_hi, other=0.0).to(tl.float32)
-        acc_g += tl.sum(_mxfp4_tile(wg, sg, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K)
-                        * a[None, :], 1)
-        acc_u += tl.sum(_mxfp4_tile(wg + INTER * stride_wn, sg + INTER * stride_sn, kb, kg, n_ok,
-                                    k_hi // 2, BLOCK_N, BLOCK_K) * a[None, :], 1)
+        acc_g = _gemv_acc(acc_g, wg, sg, a_ptr, k0, k_hi, n_ok, BLOCK_N, BLOCK_K, WORDS)
+        acc_u = _gemv_acc(acc_u, wg + INTER * stride_wn, sg + INTER * stride_sn, a_ptr, k0, k_hi,
+                          n_ok, BLOCK_N, BLOCK_K, WORDS)
     if PARTIAL:
         p = h_ptr + tl.program_id(2) * stride_ps + pair * stride_hm + n
         tl.store(p, acc_g, mask=n_ok)
@@ -314,6 +374,7 @@ def _moe_gemv_down_kernel(
     h_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, y_ptr, H, INTER,
     stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym, SPLIT_TILES, stride_ys,
     SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    WORDS: tl.constexpr = False,
 ):
     """The per-pair GEMV form of :func:`_moe_down_kernel`: y[pair] = weight[pair] * (h[pair] @
     down[e]^T), or with ``SPLIT`` the slice's weighted partial at ``y + slice * stride_ys``."""
@@ -328,12 +389,8 @@ def _moe_gemv_down_kernel(
     if SPLIT:
         y_ptr += tl.program_id(2) * stride_ys
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        a = tl.load(h_ptr + pair * stride_hm + k, mask=k < k_hi, other=0.0).to(tl.float32)
-        acc += tl.sum(_mxfp4_tile(wd, sd, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K)
-                      * a[None, :], 1)
+        acc = _gemv_acc(acc, wd, sd, h_ptr + pair * stride_hm, k0, k_hi, n_ok, BLOCK_N, BLOCK_K,
+                        WORDS)
     tw = tl.load(tw_ptr + pair).to(tl.float32)
     tl.store(y_ptr + pair * stride_ym + n, (acc * tw).to(y_ptr.dtype.element_ty), mask=n_ok)
 
@@ -395,8 +452,8 @@ def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
     rows from registers. H200 sweep at 4096 tokens x top-6, 128 experts (docs/benchmarks.md,
     2026-12-04): 7.09 ms swapped against 8.26 ms for the earlier 128 x 128 x 64 unswapped tiles;
     40 KiB of shared memory, so the same tiles fit an SM120's 99 KiB."""
-    if num_pairs <= GEMV_MAX_PAIRS:
-        return (1, 32, 64, 4, 1) if interpreting() else (1, 16, 256, 4, 3)
+    if num_pairs <= GEMV_MAX_PAIRS:  # the 6th element: int32-word decode (``_gemv_acc``)
+        return (1, 32, 64, 4, 1, 1) if interpreting() else (1, 16, 256, 4, 3, 1)
     if interpreting():
         return (16, 32, 64, 4, 1) if num_pairs <= 256 else (64, 32, 64, 4, 1)
     if num_pairs <= 256:
@@ -455,7 +512,8 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     if bm == 1 and fp8_scratch is None:
         assert h is not None
         _launch_moe_gemv(x, ids, tw, gate_up, gate_up_scale, down, down_scale, limit, h, y, out,
-                         top_k, accumulate, (bn, bk, warps, stages), splits, gu_part)
+                         top_k, accumulate, (bn, bk, warps, stages), splits, gu_part,
+                         words=bool(rest[0]) if rest else False)
         return
     launch_moe_sort(ids, order, row_end, e, sort_counts)
     swap = bool(rest[0]) if rest else bm < 64
@@ -519,27 +577,43 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
         y, out, hid, top_k, y.stride(0), out.stride(0), 1, 0, ACCUMULATE=accumulate, BLOCK=block)
 
 
+def _as_words(w: torch.Tensor) -> torch.Tensor | None:
+    """Packed MXFP4 bytes [E, N, K/2] as int32 words [E, N, K/8] (the same memory), or None
+    where the layout does not allow it (rows not whole words, or not word-aligned)."""
+    if (w.dtype != torch.uint8 or w.stride(-1) != 1 or w.shape[-1] % 4
+            or w.storage_offset() % 4 or any(st % 4 for st in w.stride()[:-1])):
+        return None
+    return w.view(torch.int32)
+
+
 def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_up: torch.Tensor,
                      gate_up_scale: torch.Tensor, down: torch.Tensor, down_scale: torch.Tensor,
                      limit: float, h: torch.Tensor, y: torch.Tensor, out: torch.Tensor,
                      top_k: int, accumulate: bool, tiles: tuple[int, int, int, int],
-                     splits: tuple[int, int], gu_part: torch.Tensor | None) -> None:
+                     splits: tuple[int, int], gu_part: torch.Tensor | None,
+                     words: bool = False) -> None:
     """The per-pair GEMV form (tiles with ``BLOCK_M`` 1): no sort; gate-up, (the split's
-    SwiGLU), down, (the combine), with the same scratch and split-K layout as the tiled form."""
+    SwiGLU), down, (the combine), with the same scratch and split-K layout as the tiled form.
+    ``words``: the weights are read as int32 words where their layout allows (``_as_words``)."""
     t, hid = x.shape
     inter = down.shape[-1] * 2
     m = t * top_k
     bn, bk, warps, stages = tiles
+    gu_w = _as_words(gate_up) if words else None
+    dn_w = _as_words(down) if words else None
+    if gu_w is None or dn_w is None or bk % 32:
+        gu_w = dn_w = None
     gu_slices, gu_tiles = split_k_slices(hid, bk, splits[0])
     dst = h
     if gu_slices > 1:
         assert gu_part is not None and gu_part.dtype == torch.float32, "gate-up split scratch"
         dst = gu_part
+    gu = gate_up if gu_w is None else gu_w
     _moe_gemv_gate_up_kernel[(m, triton.cdiv(inter, bn), gu_slices)](
-        x, ids, gate_up, gate_up_scale, dst, hid, inter, top_k, x.stride(0), gate_up.stride(0),
-        gate_up.stride(1), gate_up_scale.stride(0), gate_up_scale.stride(1), dst.stride(-2),
+        x, ids, gu, gate_up_scale, dst, hid, inter, top_k, x.stride(0), gu.stride(0),
+        gu.stride(1), gate_up_scale.stride(0), gate_up_scale.stride(1), dst.stride(-2),
         float(limit), gu_tiles, dst.stride(0) if gu_slices > 1 else 0, PARTIAL=gu_slices > 1,
-        BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        BLOCK_N=bn, BLOCK_K=bk, WORDS=gu_w is not None, num_warps=warps, num_stages=stages)
     if gu_slices > 1:
         rb = min(1024, next_pow2(inter))
         _moe_swiglu_split_kernel[(m, triton.cdiv(inter, rb))](
@@ -552,11 +626,12 @@ def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_
             y = y[0]
     else:
         assert dn_slices == 1, "a down split needs fp32 [slices, T * k, H] scratch as y"
+    dn = down if dn_w is None else dn_w
     _moe_gemv_down_kernel[(m, triton.cdiv(hid, bn), dn_slices)](
-        h, ids, tw, down, down_scale, y, hid, inter, h.stride(0), down.stride(0), down.stride(1),
+        h, ids, tw, dn, down_scale, y, hid, inter, h.stride(0), dn.stride(0), dn.stride(1),
         down_scale.stride(0), down_scale.stride(1), y.stride(-2), dn_tiles,
         y.stride(0) if dn_slices > 1 else 0, SPLIT=dn_slices > 1, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=warps, num_stages=stages)
+        WORDS=dn_w is not None, num_warps=warps, num_stages=stages)
     block = min(1024, next_pow2(hid))
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
         y, out, hid, top_k, y.stride(-2), out.stride(0), dn_slices,

@@ -285,14 +285,20 @@ def _quantized_specs() -> list[KernelSpec]:
                                           (128, 128, 64, 8, 3, True),
                                           (128, 128, 64, 8, 3, False))),
         # the per-pair GEMV form (BLOCK_M 1), the decode default up to 64 pairs
-        KernelSpec("mxfp4 moe gemv gate-up + swiglu (16x256, 4 warps)", moe._moe_gemv_gate_up_kernel,
-                   {"x_ptr": _ptr("bf16"), "ids_ptr": _ptr("i64"), "w_ptr": _ptr("u8"),
-                    "s_ptr": _ptr("u8"), "h_ptr": _ptr("bf16"), "limit": "fp32"},
-                   {"PARTIAL": False, "BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=3),
-        KernelSpec("mxfp4 moe gemv down (16x256, 4 warps)", moe._moe_gemv_down_kernel,
-                   {"h_ptr": _ptr("bf16"), "ids_ptr": _ptr("i64"), "tw_ptr": _ptr("fp32"),
-                    "w_ptr": _ptr("u8"), "s_ptr": _ptr("u8"), "y_ptr": _ptr("bf16")},
-                   {"SPLIT": False, "BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=3),
+        # (int32 words: the default; bytes: the earlier decode, a sweep option)
+        *(KernelSpec(f"mxfp4 moe gemv gate-up + swiglu (16x256, 4 warps, {wn})",
+                     moe._moe_gemv_gate_up_kernel,
+                     {"x_ptr": _ptr("bf16"), "ids_ptr": _ptr("i64"), "w_ptr": _ptr(wt),
+                      "s_ptr": _ptr("u8"), "h_ptr": _ptr("bf16"), "limit": "fp32"},
+                     {"PARTIAL": False, "BLOCK_N": 16, "BLOCK_K": 256, "WORDS": words},
+                     num_warps=4, num_stages=3)
+          for wn, wt, words in (("words", "i32", True), ("bytes", "u8", False))),
+        *(KernelSpec(f"mxfp4 moe gemv down (16x256, 4 warps, {wn})", moe._moe_gemv_down_kernel,
+                     {"h_ptr": _ptr("bf16"), "ids_ptr": _ptr("i64"), "tw_ptr": _ptr("fp32"),
+                      "w_ptr": _ptr(wt), "s_ptr": _ptr("u8"), "y_ptr": _ptr("bf16")},
+                     {"SPLIT": False, "BLOCK_N": 16, "BLOCK_K": 256, "WORDS": words},
+                     num_warps=4, num_stages=3)
+          for wn, wt, words in (("words", "i32", True), ("bytes", "u8", False))),
         # the tl.dot_scaled form (tiles' 7th element), both operand orders
         *(KernelSpec(f"mxfp4 moe {name} ({bm}x{bn}x{bk}, dot_scaled{', swapped' if swap else ''})",
                      fn, ptrs, {"F32": False, "E_P2": 256, "BLOCK_M": bm, "BLOCK_N": bn,

@@ -174,11 +174,14 @@ def test_tiled_sort_drops_ids_out_of_range(interpret) -> None:
 
 
 @pytest.mark.parametrize("tiles", [(16, 64, 128, 4, 3), (128, 128, 64, 8, 3),
-                                   (64, 128, 64, 8, 3, 1), (16, 32, 64, 4, 3, 0)])
+                                   (64, 128, 64, 8, 3, 1), (16, 32, 64, 4, 3, 0),
+                                   (1, 16, 256, 4, 3, 1), (1, 16, 128, 4, 3, 0),
+                                   (1, 32, 64, 4, 1, 1)])
 def test_gpu_tiles_on_awkward_shapes(interpret, tiles) -> None:
     """The decode (swapped operands) and prefill tiles the GPU launches, and prefill-sized tiles
     with the operands swapped (a 6th element), through the interpreter: hidden 160 and
-    intermediate 96 leave partial K- and N-tiles everywhere."""
+    intermediate 96 leave partial K- and N-tiles everywhere. ``BLOCK_M`` 1 is the per-pair GEMV,
+    its 6th element the int32-word decode (1) or the per-byte one (0)."""
     from kernels._mxfp4_moe_triton import launch_moe
 
     t, k, e, hid, inter = 7, 3, 5, 160, 96
@@ -359,3 +362,16 @@ def test_default_moe_form_by_pairs() -> None:
     assert moe_splits(6, 4096, 2048) == (1, 1)
     assert (moe_experts_workspace_bytes(1, 6, 4096, 2048, 128)
             == moe_experts_workspace_bytes(1, 6, 4096, 2048, 128, splits=(1, 1)))
+
+
+def test_gemv_reads_words_only_where_the_layout_allows() -> None:
+    """The per-pair GEMV reads packed weights as int32 words when rows are whole, aligned words
+    (the same memory, no copy), and falls back to bytes otherwise."""
+    from kernels._mxfp4_moe_triton import _as_words
+
+    w = torch.randint(0, 256, (3, 8, 16), dtype=torch.uint8)
+    words = _as_words(w)
+    assert words is not None and words.shape == (3, 8, 4) and words.data_ptr() == w.data_ptr()
+    assert _as_words(w[:, :, 2:14]) is None  # not word-aligned
+    assert _as_words(torch.zeros(3, 8, 6, dtype=torch.uint8)) is None  # rows not whole words
+    assert _as_words(w[:, :, :8]) is None or _as_words(w[:, :, :8]).shape == (3, 8, 2)
