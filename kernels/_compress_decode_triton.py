@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_support import cdiv, next_pow2
+from kernels._pdl_triton import gdc_wait
+from kernels._triton_support import cdiv, next_pow2, pdl_kwargs
 
 COMPRESS_BLOCK_C = 64  # entry channels per window program
 COMPRESS_BLOCK_W = 32  # window rows per step of the window loops
@@ -59,7 +60,10 @@ def _window_tile(i, cols, ok_c, slot, b0, tok_kv, tok_g, prev, has_prev, r, d, w
 def _compress_window_kernel(kv_ptr, g_ptr, wr_ptr, slot_ptr, pos_ptr, tab_ptr, bkv_ptr, bg_ptr,
                             pb_ptr, okv_ptr, og_ptr, ent_ptr, r, d, win, block_size,
                             s_kv, s_g, s_tab, s_bs, s_br, s_pb, s_os, s_or, s_ent,
-                            OVERLAP: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
+                            OVERLAP: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+                            PDL: tl.constexpr = False):
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     wr = tl.load(wr_ptr + row)
     is_writer = wr == row
@@ -135,7 +139,9 @@ def _compress_window_kernel(kv_ptr, g_ptr, wr_ptr, slot_ptr, pos_ptr, tab_ptr, b
 @triton.jit
 def _compress_entry_kernel(ent_ptr, w_ptr, freq_ptr, wr_ptr, pos_ptr, tab_ptr, out_ptr, dst_ptr,
                            r, d, half, per, eps, rope_scale, s_ent, s_tab, s_out,
-                           BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+                           BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + row)
     e0 = pos // r
@@ -178,16 +184,17 @@ def launch_compress_decode(kv: torch.Tensor, gate: torch.Tensor, writer: torch.T
     win = 2 * r if overlap else r
     okv = ov_kv if ov_kv is not None else buf_kv
     og = ov_gate if ov_gate is not None else buf_gate
+    pdl = pdl_kwargs(kv.device)
     _compress_window_kernel[(n, cdiv(d, COMPRESS_BLOCK_C))](
         kv, gate, writer, slots, positions, tables, buf_kv, buf_gate, position_bias, okv, og,
         ent, r, d, win, block_size, kv.stride(0), gate.stride(0), tables.stride(0),
         buf_kv.stride(0), buf_kv.stride(1), position_bias.stride(0), okv.stride(0),
         okv.stride(1), ent.stride(0), OVERLAP=overlap, BLOCK_C=COMPRESS_BLOCK_C,
-        BLOCK_W=min(COMPRESS_BLOCK_W, max(2, next_pow2(win))), num_warps=4,
+        BLOCK_W=min(COMPRESS_BLOCK_W, max(2, next_pow2(win))), num_warps=4, **pdl,
     )
     half = inv_freq.shape[0]
     _compress_entry_kernel[(n,)](
         ent, norm_weight, inv_freq, writer, positions, tables, out, dst, r, d, half,
         block_size // r, eps, rope_scale, ent.stride(0), tables.stride(0), out.stride(0),
-        BLOCK_D=next_pow2(d), BLOCK_R=max(2, next_pow2(half)), num_warps=4,
+        BLOCK_D=next_pow2(d), BLOCK_R=max(2, next_pow2(half)), num_warps=4, **pdl,
     )

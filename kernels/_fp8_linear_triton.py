@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_support import interpreting
+from kernels._pdl_triton import gdc_wait
+from kernels._triton_support import interpreting, pdl_kwargs
 from kernels.fp8_linear import gemv_k_split, gemv_num_splits, gemv_semaphores_needed
 
 E4M3_TO_F16_FACTOR = 256.0  # e4m3 bits placed in an fp16 read 2**-8 of their value
@@ -115,6 +116,7 @@ def _fp8_gemv_kernel(
     o_ptr, stride_om, stride_og, sem_ptr, SLICES,
     F32: tl.constexpr, SPLIT: tl.constexpr, SERIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Few rows (decode): the weight-streaming form. Operands swapped (acc [BN, BM] = W x^T) so
     the decoded weight tile is the dot's wide side and a narrow ``BLOCK_N`` spreads N over many
@@ -125,6 +127,8 @@ def _fp8_gemv_kernel(
     slice: the output itself). Slices are whole K-tiles, so the one-scale-per-tile rule holds.
     ``SERIAL``: the last slice of a tile to finish sums the partials into ``o`` [M, G, N]
     (``_last_slice_sum``, one int32 counter a tile at ``sem_ptr``); else a second launch does."""
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     pid_m = tl.program_id(0)
     split = 0
     if SPLIT:
@@ -184,7 +188,7 @@ def _fp8_gemv_sum_kernel(
     SCALE_BN, SCALE_BK,
     o_ptr, stride_om, stride_og, sem_ptr, SLICES,
     HW: tl.constexpr, SPLIT: tl.constexpr, SERIAL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """The no-dot decode form: one activation row a program, ``BLOCK_N`` (4-16) weight rows
     decoded and multiplied elementwise into a [BN, BK] fp32 accumulator that is summed once at
@@ -192,6 +196,8 @@ def _fp8_gemv_sum_kernel(
     (more loads in flight at M = 1); a second row re-reads the weight (from L2), so it is for
     one or a few rows. Grid axis 0 is (K slice, row); split-K (``SERIAL`` too) as in
     ``_fp8_gemv_kernel``."""
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     row = tl.program_id(0)
     split = 0
     if SPLIT:
@@ -234,8 +240,10 @@ def _fp8_gemv_sum_kernel(
 
 @triton.jit
 def _split_k_reduce_kernel(p_ptr, y_ptr, N, NG, SPLIT, stride_ps, stride_pm, stride_ym, stride_yg,
-                           BLOCK: tl.constexpr):
+                           BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """y[m, g, n] = sum over slices s of p[s, m, g * N + n], in slice order (deterministic)."""
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < NG
@@ -286,23 +294,24 @@ def launch_fp8_gemv(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, ou
             x.stride(0), x.stride(1), w_u8.stride(0), scale.stride(0), dst.stride(0),
             dst.stride(1), stride_ys, block[0], block[1],
             out, out.stride(0), out.stride(1), sem, slices)
+    pdl = pdl_kwargs(x.device)
     if form == "sum":
         _fp8_gemv_sum_kernel[(m * slices, triton.cdiv(n, bn), groups)](
             *args, HW=not (x.dtype == torch.float32 or interpreting()), SPLIT=slices > 1,
             SERIAL=serial, BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps,
-            num_stages=stages)
+            num_stages=stages, **pdl)
     else:
         assert form == "dot", form
         _fp8_gemv_kernel[(triton.cdiv(m, bm) * slices, triton.cdiv(n, bn), groups)](
             *args, F32=x.dtype == torch.float32 or interpreting(), SPLIT=slices > 1,
             SERIAL=serial, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps,
-            num_stages=stages)
+            num_stages=stages, **pdl)
     if slices > 1 and not serial:
         assert partial is not None
         rb = 1024
         _split_k_reduce_kernel[(m, triton.cdiv(groups * n, rb))](
             partial, out, n, groups * n, slices, partial.stride(0), partial.stride(1),
-            out.stride(0), out.stride(1), BLOCK=rb)
+            out.stride(0), out.stride(1), BLOCK=rb, **pdl)
 
 
 def launch_fp8_linear(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,

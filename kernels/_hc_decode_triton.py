@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_support import cdiv, next_pow2
+from kernels._pdl_triton import gdc_wait
+from kernels._triton_support import cdiv, next_pow2, pdl_kwargs
 
 HC_MIX_BLOCK_D = 64  # hidden channels per mix program: fn tile rows x m x 64 fp32 in registers
 
@@ -30,7 +31,9 @@ def _hc_mix_kernel(s_ptr, fn_ptr, part_ptr, post_ptr, comb_ptr, bo_ptr, out_ptr,
                    m, d, rows, num_slices,
                    stride_sn, stride_sr, stride_fr, stride_bn, stride_on, stride_or,
                    MERGE: tl.constexpr, F32: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     tok = tl.program_id(0).to(tl.int64)
     sl = tl.program_id(1)
     cols = sl * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -68,7 +71,9 @@ def _hc_finish_kernel(part_ptr, s_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, 
                       m, d, rows, num_slices, iters, hc_eps, norm_eps,
                       stride_sn, stride_sr, stride_xn,
                       HEAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
-                      BLOCK_D: tl.constexpr):
+                      BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     tok = tl.program_id(0).to(tl.int64)
     sl_id = tl.program_id(1)
     sl = tl.arange(0, BLOCK_S)
@@ -119,7 +124,9 @@ def _hc_finish_kernel(part_ptr, s_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, 
 
 @triton.jit
 def _hc_norm_kernel(part_ptr, w_ptr, x_ptr, d, rows, num_slices, norm_eps, stride_xn,
-                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     tok = tl.program_id(0).to(tl.int64)
     sl = tl.arange(0, BLOCK_S)
     sq = tl.sum(tl.load(part_ptr + (tok * num_slices + sl) * (rows + 2) + rows + 1,
@@ -146,13 +153,14 @@ def launch_hc_decode(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor
     rows = fn.shape[0]
     ns = num_slices(d)
     bm = max(2, next_pow2(m))
+    pdl = pdl_kwargs(streams.device)
     if merge is not None:
         p0, c0, bo = merge
         _hc_mix_kernel[(n, ns)](
             streams, fn, partial, p0, c0, bo, merged, m, d, rows, ns,
             streams.stride(0), streams.stride(1), fn.stride(0), bo.stride(0), merged.stride(0),
             merged.stride(1), MERGE=True, F32=streams.dtype == torch.float32, BLOCK_M=bm,
-            BLOCK_R=next_pow2(rows + 1), BLOCK_D=HC_MIX_BLOCK_D, num_warps=4,
+            BLOCK_R=next_pow2(rows + 1), BLOCK_D=HC_MIX_BLOCK_D, num_warps=4, **pdl,
         )
         src = merged
     else:
@@ -160,7 +168,7 @@ def launch_hc_decode(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor
             streams, fn, partial, partial, partial, partial, partial, m, d, rows, ns,
             streams.stride(0), streams.stride(1), fn.stride(0), 0, 0, 0,
             MERGE=False, F32=True, BLOCK_M=bm, BLOCK_R=next_pow2(rows + 1),
-            BLOCK_D=HC_MIX_BLOCK_D, num_warps=4,
+            BLOCK_D=HC_MIX_BLOCK_D, num_warps=4, **pdl,
         )
         src = streams
     bs = max(2, next_pow2(ns))
@@ -168,7 +176,7 @@ def launch_hc_decode(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor
         partial, src, base, scale, partial if post is None else post,
         partial if comb is None else comb, x, m, d, rows, ns, iters, hc_eps, norm_eps,
         src.stride(0), src.stride(1), x.stride(0), HEAD=head, BLOCK_M=bm, BLOCK_S=bs,
-        BLOCK_D=HC_MIX_BLOCK_D, num_warps=4,
+        BLOCK_D=HC_MIX_BLOCK_D, num_warps=4, **pdl,
     )
     _hc_norm_kernel[(n, ns)](partial, norm_weight, x, d, rows, ns, norm_eps, x.stride(0),
-                             BLOCK_S=bs, BLOCK_D=HC_MIX_BLOCK_D, num_warps=2)
+                             BLOCK_S=bs, BLOCK_D=HC_MIX_BLOCK_D, num_warps=2, **pdl)

@@ -9,7 +9,8 @@ import triton
 import triton.language as tl
 
 from kernels._indexer_triton import _unpack
-from kernels._triton_support import cdiv, interpreting, next_pow2
+from kernels._pdl_triton import gdc_wait
+from kernels._triton_support import cdiv, interpreting, next_pow2, pdl_kwargs
 
 INDEXER_DECODE_BLOCK_T = 64  # entries per program
 
@@ -17,7 +18,10 @@ INDEXER_DECODE_BLOCK_T = 64  # entries per program
 @triton.jit
 def _indexer_decode_kernel(q_ptr, w_ptr, k_ptr, tab_ptr, end_ptr, out_ptr, h, d, first, num, per,
                            s_qb, s_qh, s_wb, s_k, s_tab, s_ob, F32: tl.constexpr,
-                           BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+                           BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+                           PDL: tl.constexpr = False):
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     ok_t = t < num
@@ -54,15 +58,17 @@ def launch_indexer_decode(q: torch.Tensor, weights: torch.Tensor, keys: torch.Te
         q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), tables.stride(0),
         out.stride(0), F32=q.dtype == torch.float32 or interpreting(),
         BLOCK_H=max(16, next_pow2(h)), BLOCK_D=max(16, next_pow2(d)),
-        BLOCK_T=INDEXER_DECODE_BLOCK_T, num_warps=8,
+        BLOCK_T=INDEXER_DECODE_BLOCK_T, num_warps=8, **pdl_kwargs(q.device),
     )
 
 
 @triton.jit
 def _topk_rows_finalize_kernel(best_ptr, tab_ptr, out_ptr, topk, per, s_tab, s_o,
-                               KP: tl.constexpr):
+                               KP: tl.constexpr, PDL: tl.constexpr = False):
     """The running best of a row -> the pool rows of its entries (``table[e // per] * per + e
     % per``), int32, -1 past the visible ones: what the sparse attention takes as indices."""
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, KP)
     score, e = _unpack(tl.load(best_ptr + row * KP + offs))
@@ -88,15 +94,16 @@ def launch_indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: tor
 
     b = q.shape[0]
     tile = scores.shape[1]
-    _topk_init_kernel[(b,)](best, KP=kp)
+    pdl = pdl_kwargs(q.device)
+    _topk_init_kernel[(b,)](best, KP=kp, **pdl)
     for first in range(0, num_entries, tile):
         num = min(tile, num_entries - first)
         launch_indexer_decode(q, weights, keys, tables, kv_end, first, num, per_block, scores)
         _topk_merge_kernel[(b,)](scores, kv_end, best, cand, first, num, topk, scores.stride(0),
-                                 KP=kp, LOG_KP=kp.bit_length() - 1, num_warps=4)
+                                 KP=kp, LOG_KP=kp.bit_length() - 1, num_warps=4, **pdl)
     if out_indices.dtype == torch.int32:  # pool rows for the attention
         _topk_rows_finalize_kernel[(b,)](best, tables, out_indices, topk, per_block,
-                                         tables.stride(0), out_indices.stride(0), KP=kp)
+                                         tables.stride(0), out_indices.stride(0), KP=kp, **pdl)
         return
     _topk_finalize_kernel[(b,)](best, out_scores, out_indices, topk, out_scores.stride(0),
                                 out_indices.stride(0), KP=kp)

@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_support import interpreting
+from kernels._pdl_triton import gdc_wait
+from kernels._triton_support import interpreting, pdl_kwargs
 
 _INT64_MIN = tl.constexpr(-9223372036854775808)
 
@@ -137,8 +138,10 @@ def _indexer_scores_kernel(
 def _topk_merge_kernel(
     scores_ptr, kv_end_ptr, best_ptr, cand_ptr,
     col0, n_cols, topk, stride_ss,
-    KP: tl.constexpr, LOG_KP: tl.constexpr,
+    KP: tl.constexpr, LOG_KP: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, KP)
     best_row = best_ptr + row * KP
@@ -176,7 +179,9 @@ def _topk_merge_kernel(
 
 
 @triton.jit
-def _topk_init_kernel(best_ptr, KP: tl.constexpr):
+def _topk_init_kernel(best_ptr, KP: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     offs = tl.arange(0, KP)
     tl.store(best_ptr + tl.program_id(0).to(tl.int64) * KP + offs,
              tl.full([KP], _INT64_MIN, tl.int64))
@@ -253,7 +258,8 @@ def launch_indexer_topk(
     num_rows = q.shape[0]
     num_keys = k.shape[0]
     tile_w = scores.shape[1]
-    _topk_init_kernel[(num_rows,)](best, KP=kp)
+    pdl = pdl_kwargs(q.device)
+    _topk_init_kernel[(num_rows,)](best, KP=kp, **pdl)
     for col0 in range(0, num_keys, tile_w):
         n_cols = min(tile_w, num_keys - col0)
         launch_indexer_scores(
@@ -263,7 +269,7 @@ def launch_indexer_topk(
         )
         _topk_merge_kernel[(num_rows,)](
             scores, kv_end, best, cand, col0, n_cols, topk, scores.stride(0),
-            KP=kp, LOG_KP=kp.bit_length() - 1, num_warps=4,
+            KP=kp, LOG_KP=kp.bit_length() - 1, num_warps=4, **pdl,
         )
     _topk_finalize_kernel[(num_rows,)](
         best, out_scores, out_indices, topk, out_scores.stride(0), out_indices.stride(0), KP=kp

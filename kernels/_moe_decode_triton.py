@@ -8,7 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_support import cdiv, next_pow2
+from kernels._pdl_triton import gdc_wait
+from kernels._triton_support import cdiv, next_pow2, pdl_kwargs
 
 SWIGLU_BLOCK = 1024  # channels per SwiGLU program
 
@@ -16,7 +17,9 @@ SWIGLU_BLOCK = 1024  # channels per SwiGLU program
 @triton.jit
 def _moe_route_kernel(lg_ptr, bias_ptr, hash_ptr, tok_ptr, w_ptr, idx_ptr, e, k, scaling,
                       stride_l, stride_h, SCORING: tl.constexpr, HASH: tl.constexpr,
-                      BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     ex = tl.arange(0, BLOCK_E)
     ok = ex < e
@@ -53,7 +56,9 @@ def _moe_route_kernel(lg_ptr, bias_ptr, hash_ptr, tok_ptr, w_ptr, idx_ptr, e, k,
 
 @triton.jit
 def _clamped_swiglu_kernel(g_ptr, u_ptr, out_ptr, n, limit, stride_g, stride_u, stride_o,
-                           BLOCK: tl.constexpr):
+                           BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n
@@ -79,6 +84,7 @@ def launch_moe_route(logits: torch.Tensor, top_k: int, scoring: str, scaling: fl
         logits.stride(0), 0 if hash_table is None else hash_table.stride(0),
         SCORING=_SCORING_CODE[scoring], HASH=hash_table is not None,
         BLOCK_E=max(2, next_pow2(e)), BLOCK_K=max(2, next_pow2(top_k)), num_warps=4,
+        **pdl_kwargs(logits.device),
     )
 
 
@@ -88,5 +94,5 @@ def launch_clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float,
     block = min(SWIGLU_BLOCK, next_pow2(c))
     _clamped_swiglu_kernel[(n, cdiv(c, block))](
         gate, up, out, c, limit, gate.stride(0), up.stride(0), out.stride(0), BLOCK=block,
-        num_warps=4,
+        num_warps=4, **pdl_kwargs(gate.device),
     )

@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from kernels._moe_sort_triton import BLOCKED_SORT_MIN_PAIRS, launch_tiled_sort
-from kernels._triton_support import interpreting, next_pow2
+from kernels._pdl_triton import gdc_wait
+from kernels._triton_support import interpreting, next_pow2, pdl_kwargs
 
 _SORT_BLOCK = 128
 _ORDER_BLOCK = 32
@@ -417,9 +418,11 @@ def _moe_swiglu_split_kernel(p_ptr, h_ptr, INTER, SLICES, stride_ps, stride_pm, 
 
 @triton.jit
 def _moe_combine_kernel(y_ptr, out_ptr, H, TOP_K, stride_ym, stride_om, SLICES, stride_ys,
-                        ACCUMULATE: tl.constexpr, BLOCK: tl.constexpr):
+                        ACCUMULATE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """out[t] (+)= sum_s sum_j y[s, t * TOP_K + j] in fp32, in a fixed order (deterministic);
     ``SLICES`` > 1: the down GEMM's split-K partials."""
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < H
@@ -570,11 +573,12 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
             block = min(1024, next_pow2(hid))
             _moe_combine_kernel[(t, triton.cdiv(hid, block))](
                 y, out, hid, top_k, y.stride(1), out.stride(0), dn_slices, y.stride(0),
-                ACCUMULATE=accumulate, BLOCK=block)
+                ACCUMULATE=accumulate, BLOCK=block, **pdl_kwargs(out.device))
             return
     block = min(1024, next_pow2(hid))
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
-        y, out, hid, top_k, y.stride(0), out.stride(0), 1, 0, ACCUMULATE=accumulate, BLOCK=block)
+        y, out, hid, top_k, y.stride(0), out.stride(0), 1, 0, ACCUMULATE=accumulate, BLOCK=block,
+        **pdl_kwargs(out.device))
 
 
 def _as_words(w: torch.Tensor) -> torch.Tensor | None:

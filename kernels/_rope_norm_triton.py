@@ -8,14 +8,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_support import next_pow2
+from kernels._pdl_triton import gdc_wait
+from kernels._triton_support import next_pow2, pdl_kwargs
 
 
 @triton.jit
 def _rope_norm_kernel(x_ptr, cos_ptr, sin_ptr, w_ptr, src_ptr, dst_ptr, out_ptr, d, half, eps,
                       stride_xn, stride_xh, stride_cn, stride_on, stride_oh,
                       NORM: tl.constexpr, WEIGHT: tl.constexpr, SRC: tl.constexpr,
-                      DST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+                      DST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     src = row
@@ -66,5 +70,5 @@ def launch_rope_norm(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out:
         x.stride(0), x.stride(1), cos.stride(0), out.stride(0), out.stride(1),
         NORM=norm, WEIGHT=weight is not None, SRC=src_rows is not None,
         DST=dst_rows is not None, BLOCK_D=next_pow2(d), BLOCK_R=max(2, next_pow2(half)),
-        num_warps=4,
+        num_warps=4, **pdl_kwargs(x.device),
     )

@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_support import interpreting
+from kernels._pdl_triton import gdc_wait
+from kernels._triton_support import interpreting, pdl_kwargs
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -47,8 +48,10 @@ def _sparse_attention_kernel(
     stride_wblock, stride_wrow, stride_bt, stride_c, stride_idx,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_IDX: tl.constexpr, HAS_RANGE: tl.constexpr,
     HAS_SINK: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(2)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -147,9 +150,11 @@ def _finish(acc, m_i, l_i, sink_ptr, offs_h, h_mask, HAS_SINK: tl.constexpr):
 def _sparse_combine_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, sink_ptr, num_heads, head_dim, num_splits,
     stride_os, stride_oh,
-    HAS_SINK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_SINK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Merge the splits of one (row, head) into ``out`` (flash-decoding's second pass)."""
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -210,6 +215,7 @@ def launch_sparse_attention(
     else:
         stride_wblock, stride_wrow, page_size = 0, window_kv.stride(0), 1
     grid = (num_rows, triton.cdiv(num_heads, block_h), num_splits)
+    pdl = pdl_kwargs(q.device)
     _sparse_attention_kernel[grid](
         q, out, window_kv, window_start, window_end, block_tables, row_seq,
         compressed_kv, indices, compressed_start, compressed_end, sinks, part_acc, part_ml,
@@ -220,12 +226,12 @@ def launch_sparse_attention(
         PAGE_SIZE=page_size, PAGED=paged, HAS_IDX=has_idx, HAS_RANGE=has_range, HAS_SINK=has_sink,
         UPCAST=interpreting(), SPLIT=num_splits > 1,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl,
     )
     if num_splits > 1:
         _sparse_combine_kernel[(num_rows, num_heads)](
             part_acc, part_ml, out, sinks, num_heads, head_dim, num_splits,
             out.stride(0), out.stride(1),
             HAS_SINK=has_sink, BLOCK_S=max(2, 1 << max(num_splits - 1, 0).bit_length()),
-            BLOCK_D=block_d,
+            BLOCK_D=block_d, **pdl,
         )

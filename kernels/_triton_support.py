@@ -1,8 +1,8 @@
 """Where the Triton path may run, and the small helpers every launcher shares.
 
 Triton is imported lazily here so ``import kernels`` works without it (the CPU engine uses the
-PyTorch references). The one environment variable we read, TRITON_INTERPRET, is read here and
-nowhere else. This module must never launch a kernel itself.
+PyTorch references). The environment variables the kernels read, TRITON_INTERPRET and
+BULKHEAD_PDL, are read here and nowhere else. This module must never launch a kernel itself.
 """
 
 from __future__ import annotations
@@ -34,6 +34,40 @@ def require_triton(kernel: str, device: torch.device) -> None:
             f"{kernel}: CPU tensors need TRITON_INTERPRET=1 (set before triton is imported); "
             f"otherwise call {kernel}_ref"
         )
+
+
+_PDL_DEVICES: dict[int, bool] = {}  # device index -> griddepcontrol available
+
+
+def _gdc_importable() -> bool:
+    try:
+        from triton.language.extra.cuda import gdc_wait  # noqa: F401
+    except Exception:  # noqa: BLE001  (an older triton: launch without PDL)
+        return False
+    return True
+
+
+def pdl_launch(device: torch.device) -> bool:
+    """True when a kernel on ``device`` is to be launched with programmatic dependent launch
+    (``launch_pdl=True``, its ``PDL`` constexpr on: ``gdc_wait()`` first thing): a CUDA device
+    of compute capability 9 or more (Hopper, Blackwell), not under the interpreter, a triton
+    that has ``gdc_wait``, and ``BULKHEAD_PDL`` not "0" (read at every call, so a process can
+    switch it off before it captures its graphs). See kernels/NOTES.md."""
+    if device.type != "cuda" or interpreting() or os.environ.get("BULKHEAD_PDL", "1") == "0":
+        return False
+    index = torch.cuda.current_device() if device.index is None else device.index
+    ok = _PDL_DEVICES.get(index)
+    if ok is None:
+        ok = _gdc_importable() and torch.cuda.get_device_capability(index)[0] >= 9
+        _PDL_DEVICES[index] = ok
+    return ok
+
+
+def pdl_kwargs(device: torch.device) -> dict[str, bool]:
+    """The launch keywords of a kernel with a ``PDL`` constexpr: ``PDL`` and ``launch_pdl``
+    both True where :func:`pdl_launch` says so, else none (the interpreter never sees
+    ``launch_pdl``; the kernel's ``PDL=False`` default applies)."""
+    return {"PDL": True, "launch_pdl": True} if pdl_launch(device) else {}
 
 
 def next_pow2(n: int) -> int:

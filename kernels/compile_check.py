@@ -2,6 +2,9 @@
 machine without a GPU, and report shared memory, registers and spills. ``--records FILE``:
 compile instead the launches a :class:`LaunchRecorder` saw under the interpreter (what the
 engine really passed; ``bench.deepseek_v4.count_launches --record FILE`` writes one).
+Kernels that take a ``PDL`` constexpr (programmatic dependent launch, kernels/NOTES.md) are
+compiled with it on as well (every default spec of theirs twice, each record with it on unless
+``--no-pdl``), and their PTX must wait on the grid dependency before any global memory access.
 
 Catches what the CPU interpreter cannot (non-constexpr globals, shapes the GPU backend rejects,
 register spills) before any GPU time is spent. Pointer arguments and strides are declared
@@ -19,7 +22,7 @@ import os
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -159,6 +162,17 @@ def default_specs() -> list[KernelSpec]:
         *_quantized_specs(),
         *_decode_specs(),
     ]
+
+
+def takes_pdl(fn: object) -> bool:
+    """Whether a kernel has the ``PDL`` constexpr (launched with ``launch_pdl`` on sm_90+)."""
+    return "PDL" in inspect.signature(fn.fn).parameters  # type: ignore[attr-defined]
+
+
+def with_pdl(specs: list[KernelSpec]) -> list[KernelSpec]:
+    """``specs`` and, after them, each spec of a kernel that takes ``PDL`` with it on."""
+    return specs + [replace(s, name=f"{s.name} [PDL]", constexprs=s.constexprs | {"PDL": True})
+                    for s in specs if takes_pdl(s.fn) and "PDL" not in s.constexprs]
 
 
 def _decode_specs() -> list[KernelSpec]:
@@ -338,6 +352,25 @@ def _quantized_specs() -> list[KernelSpec]:
     ]
 
 
+# a global load, store or atomic, or an async copy (predicated or not) in PTX
+_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld\.global|st\.global|atom\.|red\.|cp\.async|"
+                            r"cp\.reduce\.async)", re.M)
+
+
+def pdl_wait_problem(ptx: str) -> str:
+    """'' when the PTX waits on the grid dependency (``griddepcontrol.wait``) before its first
+    global load, store or atomic (a PDL launch may start before the previous kernel's writes
+    are visible); else what is wrong."""
+    wait = ptx.find("griddepcontrol.wait")
+    if wait < 0:
+        return "PDL=True but no griddepcontrol.wait in the PTX"
+    first = _GLOBAL_ACCESS.search(ptx)
+    if first is not None and first.start() < wait:
+        line = ptx[first.start():ptx.find("\n", first.start() + 1)].strip()
+        return f"PDL=True but global memory is accessed before griddepcontrol.wait: {line}"
+    return ""
+
+
 def _ptxas() -> str | None:
     base = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     for name in ("ptxas-blackwell", "ptxas"):  # the newer one reads the newer PTX
@@ -370,16 +403,20 @@ def compile_one(spec: KernelSpec, target: GPUTarget) -> CompileResult:
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
              if signature[p].startswith("*") or p.startswith("stride") or p in _DIV16_INTS}
     constexprs = {(params.index(k),): v for k, v in given.items()}
+    pdl = given.get("PDL") is True
+    options: dict[str, object] = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    if pdl:
+        options["launch_pdl"] = True
     try:
         kernel = triton.compile(ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs,
                                           attrs=attrs),
-                                target=target,
-                                options={"num_warps": spec.num_warps,
-                                         "num_stages": spec.num_stages})
+                                target=target, options=options)
     except Exception as exc:  # report every kernel, not just the first failure
         return CompileResult(spec.name, ok=False, error=f"{type(exc).__name__}: {exc}"[:2000])
     result = CompileResult(spec.name, ok=True, shared_bytes=int(kernel.metadata.shared),
                            uses_wgmma="wgmma" in kernel.asm["ptx"])
+    if pdl and (problem := pdl_wait_problem(kernel.asm["ptx"])):
+        result.ok, result.error = False, problem
     ptxas = _ptxas()
     if ptxas and target.arch == 90:
         result.registers, result.spill_bytes = _ptx_resources(kernel.asm["ptx"], ptxas)
@@ -463,9 +500,10 @@ class LaunchRecorder:
             json.dump(list(self.records.values()), f, indent=1)
 
 
-def specs_from_records(path: str) -> list[KernelSpec]:
+def specs_from_records(path: str, pdl: bool = True) -> list[KernelSpec]:
     """:class:`LaunchRecorder`'s file -> specs (in a process without the interpreter, where the
-    kernels are JIT functions that compile)."""
+    kernels are JIT functions that compile). ``pdl``: a kernel that takes ``PDL`` gets it on, as
+    a launch on sm_90/sm_120 passes it (the interpreter never does)."""
     import importlib
     import json
 
@@ -477,8 +515,10 @@ def specs_from_records(path: str) -> list[KernelSpec]:
             fn = getattr(importlib.import_module(rec["module"]), rec["kernel"])
             consts = {k: tl.dtype(v["tl_dtype"]) if isinstance(v, dict) else v
                       for k, v in rec["constexprs"].items()}
-            label = ", ".join(f"{k}={v}" for k, v in sorted(rec["constexprs"].items())
-                              if not isinstance(v, dict))
+            if pdl and takes_pdl(fn) and "PDL" not in consts:
+                consts["PDL"] = True
+            label = ", ".join(f"{k}={v}" for k, v in sorted(consts.items())
+                              if not isinstance(v, tl.dtype))
             types = ",".join(f"{k}:{v}" for k, v in sorted(rec["types"].items()))
             specs.append(KernelSpec(f"{rec['kernel']} [{label}] ({types})", fn, rec["types"],
                                     consts, rec["num_warps"], rec["num_stages"]))
@@ -489,7 +529,7 @@ def check_all(specs: list[KernelSpec] | None = None, arch: int = 90) -> list[Com
     """``arch`` 90 (H100/H200) or 120 (RTX PRO 6000 / RTX 50xx): the portable kernels must
     compile for both; registers are read by ptxas for sm_90a only."""
     target = GPUTarget("cuda", arch, 32)
-    return [compile_one(s, target) for s in (specs or default_specs())]
+    return [compile_one(s, target) for s in (specs or with_pdl(default_specs()))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -497,10 +537,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, default=90, choices=(90, 120))
     parser.add_argument("--records", help="compile the launches a LaunchRecorder wrote here "
                                           "instead of the default specs")
+    parser.add_argument("--no-pdl", action="store_true",
+                        help="with --records: compile the launches with PDL off, as recorded "
+                             "(default: on where the kernel takes it, as sm_90/sm_120 launch it)")
     parser.add_argument("--failures-only", action="store_true", help="table rows of failures")
     args = parser.parse_args(argv)
-    results = check_all(specs_from_records(args.records) if args.records else None,
-                        arch=args.arch)
+    results = check_all(specs_from_records(args.records, pdl=not args.no_pdl)
+                        if args.records else None, arch=args.arch)
     print("| kernel | compiles | shared KiB | registers | spill bytes | wgmma |")
     print("|---|---|---|---|---|---|")
     for r in results:

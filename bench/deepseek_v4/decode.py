@@ -22,6 +22,7 @@ import dataclasses
 import importlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -56,6 +57,7 @@ from engine.models.deepseek_v4.family import DeepseekV4Family
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
 from engine.sampling_params import SamplingParams
+from kernels import pdl_launch
 
 _MARK_BEGIN = "<!-- bench_decode:begin -->"
 _MARK_END = "<!-- bench_decode:end -->"
@@ -407,13 +409,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
     fl = importlib.import_module("kernels.fp8_linear")
     serial = fl.SERIAL_SPLIT_REDUCE
     fl.SERIAL_SPLIT_REDUCE = not args.two_launch_reduce
+    pdl_env = os.environ.get("BULKHEAD_PDL")
+    if args.no_pdl:  # before the engine's warm-up launches or captures anything
+        os.environ["BULKHEAD_PDL"] = "0"
     try:
+        pdl = pdl_launch(torch.device(args.device))
         with previous_decode_kernels(args.previous_kernels):
             result = run_decode(args)
     finally:
         fl.SERIAL_SPLIT_REDUCE = serial
+        if pdl_env is None:
+            os.environ.pop("BULKHEAD_PDL", None)
+        else:
+            os.environ["BULKHEAD_PDL"] = pdl_env
     result["previous_kernels"] = args.previous_kernels
     result["two_launch_reduce"] = args.two_launch_reduce
+    result["no_pdl"] = args.no_pdl
+    result["pdl"] = pdl  # whether the Triton kernels were launched with PDL
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(report_table(result), flush=True)
     bad = result["error"] or any(r["error"] for r in result["rows"])
@@ -460,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--previous-kernels", action="store_true",
                    help="the fused decode's previous kernel choices (no split-K, tiled experts, "
                         "torch.topk indexer merge), to compare")
+    r.add_argument("--no-pdl", action="store_true",
+                   help="launch the Triton kernels without programmatic dependent launch "
+                        "(sets BULKHEAD_PDL=0; default: PDL on sm_90+), to compare")
     r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
     r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; {TINY})")
     return run_or_report(p, sub, argv, _cmd_run, _cmd_report)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,25 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
     return rc, out
 
 
+def test_no_pdl_switches_pdl_off_for_the_run(tmp_path, monkeypatch) -> None:
+    import bench.deepseek_v4.decode as dec
+
+    seen = []
+
+    def fake_run(args):  # what the run's launches would see
+        seen.append(os.environ.get("BULKHEAD_PDL"))
+        return {"rows": [], "stopped": None, "error": None}
+
+    monkeypatch.setattr(dec, "run_decode", fake_run)
+    monkeypatch.setattr(dec, "report_table", lambda result: "")
+    monkeypatch.setenv("BULKHEAD_PDL", "1")
+    rc, res = _run(tmp_path / "r.json", "--no-pdl")
+    assert rc == 0 and seen == ["0"] and res["no_pdl"] is True and res["pdl"] is False
+    assert os.environ["BULKHEAD_PDL"] == "1"  # put back
+    rc, res = _run(tmp_path / "r.json")
+    assert seen == ["0", "1"] and res["no_pdl"] is False
+
+
 def test_hf_dict_round_trips_the_flash_config() -> None:
     cfg = flash_config("SCHS", 8, 16384)
     d = hf_dict(cfg)
@@ -52,6 +72,7 @@ def test_run_rows(tiny_run: tuple[int, Path]) -> None:
     assert (res["context"], res["chunk"], res["steps"]) == (256, 16, 3)
     assert res["warmup"]["activation_planned_bytes"] > 0 and res["warmup"]["workspace_capacity_bytes"] > 0
     assert res["warmup"]["activation_peak_bytes"] is None  # measured on CUDA only
+    assert res["no_pdl"] is False and res["pdl"] is False  # no PDL on the CPU
     assert [(r["batch"], r["prompt"]) for r in res["rows"]] == [(1, 20), (1, 200), (2, 20), (2, 200)]
     for r in res["rows"]:
         assert r["error"] is None

@@ -1,0 +1,63 @@
+"""GPU tier: the fused DeepSeek-V4 decode step replayed as CUDA graphs gives the same greedy
+tokens with programmatic dependent launch (the default on sm_90+) as with it switched off
+(``BULKHEAD_PDL=0``). A kernel that touched memory before its ``gdc_wait()`` would read its
+predecessor's outputs half-written and part the two runs. The quantized tiny checkpoint of
+test_deepseek_v4_quantized (FP8 projections, MXFP4 experts)."""
+
+from __future__ import annotations
+
+from functools import partialmethod
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.family import DeepseekV4Family
+from engine.sampling_params import SamplingParams
+from kernels import pdl_launch
+
+from .test_deepseek_v4_quantized import quantized  # noqa: F401  (the module's fixture)
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+PROMPTS = (23, 9, 40)
+NEW = 10
+
+
+@pytest.fixture(autouse=True)
+def fused_decode(monkeypatch) -> None:
+    monkeypatch.setattr(DeepseekV4Family, "__init__", partialmethod(
+        DeepseekV4Family.__init__, backend=V4Backend(decode="fused")))
+    monkeypatch.setattr(DeepseekV4Family, "plan_decode", "fused")
+
+
+def _tokens(folder) -> tuple[dict[str, list[int]], int]:
+    ec = EngineConfig(model=str(folder), device="cuda", dtype="float32", max_context=128,
+                      chunk_tokens=64, max_batch=4, block_size=16, attn_tile_tokens=16,
+                      strict_allocations=True)
+    engine = LLMEngine.from_config(ec)
+    assert engine.runner.graphs is not None
+    g = torch.Generator().manual_seed(7)
+    for i, n in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", torch.randint(2, 97, (n,), generator=g).tolist(),
+                           SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True))
+    out: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return out, engine.runner.num_graph_steps
+
+
+def test_v4_pdl_tokens_equal_no_pdl(quantized, monkeypatch) -> None:  # noqa: F811
+    if not pdl_launch(torch.device("cuda")):
+        pytest.skip("PDL is off on this device (needs compute capability 9 or more)")
+    folder, _, _ = quantized
+    with_pdl, graph_steps = _tokens(folder)
+    assert graph_steps >= NEW - 2
+    monkeypatch.setenv("BULKHEAD_PDL", "0")
+    assert not pdl_launch(torch.device("cuda"))
+    without, _ = _tokens(folder)
+    assert with_pdl == without
