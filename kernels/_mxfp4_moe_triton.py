@@ -336,7 +336,7 @@ def _moe_gemv_gate_up_kernel(
     x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, H, INTER, TOP_K,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm, limit, SPLIT_TILES,
     stride_ps, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    WORDS: tl.constexpr = False,
+    WORDS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """The per-pair GEMV form of :func:`_moe_gate_up_kernel` (decode: a handful of pairs). Grid
     (pairs, N-tiles, K-slices); each program reads its pair's expert straight from ``ids`` (no
@@ -344,6 +344,8 @@ def _moe_gemv_gate_up_kernel(
     with a broadcast multiply (no MMA, no rows padded to a tile). Writes ``h[pair]`` (pair
     order) or, ``PARTIAL``, the slice's fp32 gate and up sums as the tiled form does.
     ``WORDS``: ``w_ptr`` and its strides are in int32 words (see :func:`_gemv_acc`)."""
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     pair = tl.program_id(0)
     e = tl.load(ids_ptr + pair)
     tok = pair // TOP_K
@@ -375,10 +377,12 @@ def _moe_gemv_down_kernel(
     h_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, y_ptr, H, INTER,
     stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym, SPLIT_TILES, stride_ys,
     SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    WORDS: tl.constexpr = False,
+    WORDS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """The per-pair GEMV form of :func:`_moe_down_kernel`: y[pair] = weight[pair] * (h[pair] @
     down[e]^T), or with ``SPLIT`` the slice's weighted partial at ``y + slice * stride_ys``."""
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     pair = tl.program_id(0)
     e = tl.load(ids_ptr + pair)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -398,9 +402,11 @@ def _moe_gemv_down_kernel(
 
 @triton.jit
 def _moe_swiglu_split_kernel(p_ptr, h_ptr, INTER, SLICES, stride_ps, stride_pm, stride_hm, limit,
-                             BLOCK: tl.constexpr):
+                             BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """h[row, n] = swiglu of the gate and up sums over the split-K slices of the gate-up
     partials p [slices, rows, 2 * INTER] (summed in slice order: deterministic)."""
+    if PDL:  # before any memory access (kernels/NOTES.md)
+        gdc_wait()
     r = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = n < INTER
@@ -551,7 +557,7 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
             rb = min(1024, next_pow2(inter))
             _moe_swiglu_split_kernel[(m, triton.cdiv(inter, rb))](
                 dst, h, inter, gu_slices, dst.stride(0), dst.stride(1), h.stride(0),
-                float(limit), BLOCK=rb)
+                float(limit), BLOCK=rb, **pdl_kwargs(out.device))
         dbm, dbn, dbk, dwarps, dstages, *drest = down_tiles or (bm, bn, bk, warps, stages, swap,
                                                                 scaled)
         dn_slices, dn_tiles = split_k_slices(inter, dbk, splits[1])
@@ -603,6 +609,7 @@ def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_
     inter = down.shape[-1] * 2
     m = t * top_k
     bn, bk, warps, stages = tiles
+    pdl = pdl_kwargs(out.device)
     gu_w = _as_words(gate_up) if words else None
     dn_w = _as_words(down) if words else None
     if gu_w is None or dn_w is None or bk % 32:
@@ -617,12 +624,13 @@ def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_
         x, ids, gu, gate_up_scale, dst, hid, inter, top_k, x.stride(0), gu.stride(0),
         gu.stride(1), gate_up_scale.stride(0), gate_up_scale.stride(1), dst.stride(-2),
         float(limit), gu_tiles, dst.stride(0) if gu_slices > 1 else 0, PARTIAL=gu_slices > 1,
-        BLOCK_N=bn, BLOCK_K=bk, WORDS=gu_w is not None, num_warps=warps, num_stages=stages)
+        BLOCK_N=bn, BLOCK_K=bk, WORDS=gu_w is not None, num_warps=warps, num_stages=stages,
+        **pdl)
     if gu_slices > 1:
         rb = min(1024, next_pow2(inter))
         _moe_swiglu_split_kernel[(m, triton.cdiv(inter, rb))](
             dst, h, inter, gu_slices, dst.stride(0), dst.stride(1), h.stride(0), float(limit),
-            BLOCK=rb)
+            BLOCK=rb, **pdl)
     dn_slices, dn_tiles = split_k_slices(inter, bk, splits[1])
     if y.dim() == 3:
         assert y.dtype == torch.float32 and y.shape[0] >= dn_slices, (y.dtype, y.shape)
@@ -635,8 +643,9 @@ def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_
         h, ids, tw, dn, down_scale, y, hid, inter, h.stride(0), dn.stride(0), dn.stride(1),
         down_scale.stride(0), down_scale.stride(1), y.stride(-2), dn_tiles,
         y.stride(0) if dn_slices > 1 else 0, SPLIT=dn_slices > 1, BLOCK_N=bn, BLOCK_K=bk,
-        WORDS=dn_w is not None, num_warps=warps, num_stages=stages)
+        WORDS=dn_w is not None, num_warps=warps, num_stages=stages, **pdl)
     block = min(1024, next_pow2(hid))
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
         y, out, hid, top_k, y.stride(-2), out.stride(0), dn_slices,
-        y.stride(0) if dn_slices > 1 else 0, ACCUMULATE=accumulate, BLOCK=block)
+        y.stride(0) if dn_slices > 1 else 0, ACCUMULATE=accumulate, BLOCK=block,
+        **pdl)
