@@ -45,11 +45,11 @@ FP8_ROWS = (1, 8, 32)
 MOE_TOKENS = (1, 8, 32)
 MOE_SHAPE = (128, 4096, 2048, 6)  # experts, hidden, intermediate, top-k
 # the tiled decode form at two widths, then the per-pair GEMV form (BLOCK_M 1): its 6th element
-# 1 reads the weights as int32 words (the default), 0 as bytes (the earlier decode)
+# 1 reads the weights as int32 words, 0 as bytes (the earlier decode); 2 warps, words: the default
 MOE_TILES = ((16, 64, 128, 4, 3), (16, 32, 128, 4, 3), (1, 16, 256, 4, 3, 0),
-             (1, 16, 256, 4, 3, 1), (1, 32, 256, 4, 3, 1), (1, 16, 512, 4, 3, 1),
-             (1, 32, 128, 4, 3, 1), (1, 64, 256, 8, 3, 1), (1, 16, 256, 2, 3, 1),
-             (1, 8, 256, 2, 3, 1))
+             (1, 16, 256, 2, 3, 0), (1, 16, 256, 4, 3, 1), (1, 16, 256, 2, 3, 1),
+             (1, 32, 256, 4, 3, 1), (1, 32, 256, 2, 3, 1), (1, 16, 128, 2, 3, 1),
+             (1, 16, 256, 1, 3, 1))
 
 
 def fp8_variants(m: int, n: int, k: int, splits: tuple[int, ...],

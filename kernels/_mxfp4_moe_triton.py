@@ -25,6 +25,7 @@ import triton.language as tl
 from kernels._moe_sort_triton import BLOCKED_SORT_MIN_PAIRS, launch_tiled_sort
 from kernels._pdl_triton import gdc_wait
 from kernels._triton_support import interpreting, next_pow2, pdl_kwargs
+from kernels.moe_sort_sizes import GEMV_MAX_PAIRS
 
 _SORT_BLOCK = 128
 _ORDER_BLOCK = 32
@@ -449,7 +450,6 @@ def _moe_combine_kernel(y_ptr, out_ptr, H, TOP_K, stride_ym, stride_om, SLICES, 
 # takes its A operand from registers) instead of going through shared memory; scaled (default
 # off; bf16/fp16 activations only) lets ``tl.dot_scaled`` decode the weights
 MoeTiles = tuple[int, ...]
-GEMV_MAX_PAIRS = 64  # the per-pair form's limit (pairs = tokens x top-k)
 
 
 def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
@@ -462,7 +462,7 @@ def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
     2026-12-04): 7.09 ms swapped against 8.26 ms for the earlier 128 x 128 x 64 unswapped tiles;
     40 KiB of shared memory, so the same tiles fit an SM120's 99 KiB."""
     if num_pairs <= GEMV_MAX_PAIRS:  # the 6th element: int32-word decode (``_gemv_acc``)
-        return (1, 32, 64, 4, 1, 1) if interpreting() else (1, 16, 256, 4, 3, 1)
+        return (1, 32, 64, 4, 1, 1) if interpreting() else (1, 16, 256, 2, 3, 1)
     if interpreting():
         return (16, 32, 64, 4, 1) if num_pairs <= 256 else (64, 32, 64, 4, 1)
     if num_pairs <= 256:

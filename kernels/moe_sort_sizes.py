@@ -1,10 +1,12 @@
-"""Sizes of the tiled MoE sort (``kernels._moe_sort_triton``) that the planner needs without
-importing Triton: the tile, the size from which the tiled sort runs, and its scratch."""
+"""Sizes of the MoE kernels that the planner needs without importing Triton: the tiled sort's
+tile (``kernels._moe_sort_triton``), the size from which it runs and its scratch, and the most
+pairs the per-pair GEMV form takes."""
 
 from __future__ import annotations
 
 SORT_TILE = 128  # pairs a tile
 BLOCKED_SORT_MIN_PAIRS = 1024  # below this the all-pairs sort is as fast and needs no scratch
+GEMV_MAX_PAIRS = 64  # the per-pair GEMV form's limit (pairs = tokens x top-k)
 
 
 def sort_scratch_numel(num_pairs: int, num_experts: int) -> int:

@@ -17,7 +17,7 @@ import torch
 from kernels._checks import check_tensor
 from kernels._triton_support import require_triton
 from kernels.errors import KernelArgumentError
-from kernels.moe_sort_sizes import sort_scratch_numel
+from kernels.moe_sort_sizes import GEMV_MAX_PAIRS, sort_scratch_numel
 from kernels.mxfp4_moe_ref import MXFP4_GROUP, as_bytes
 
 _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -50,11 +50,13 @@ def moe_splits(num_pairs: int, hidden: int, intermediate: int) -> tuple[int, int
     """(gate-up, down) split-K of the weight-decoding form at ``num_pairs`` token-expert
     pairs: at most that many slices of the hidden (gate-up) and intermediate (down) dims, so
     a decode step's few touched experts spread over more programs with shorter K loops. The
-    one place the default is chosen; the workspace helpers below follow it. None by default:
-    on the H200 (``python -m bench.quant_decode_sweep``, V4-Flash's 4096 x 2048 experts,
-    top-6) the per-pair form that decode steps of up to 8 tokens take gained at most 3% from a
-    split (0.0719 against 0.0738 ms at one token), and at 32 tokens no split of the tiled form
-    won."""
+    one place the default is chosen; the workspace helpers below follow it. The per-pair form
+    (up to ``GEMV_MAX_PAIRS``) cuts the gate-up GEMV in two: on the H200 (``python -m
+    bench.quant_decode_sweep --only moe``, V4-Flash's 4096 x 2048 experts, top-6, 2-warp
+    int32-word tiles) 0.061 against 0.074 ms at one token and 0.358 against 0.367 at 8. The
+    tiled form gained nothing from a split at 32 tokens."""
+    if num_pairs <= GEMV_MAX_PAIRS:
+        return (2, 1)
     return (1, 1)
 
 

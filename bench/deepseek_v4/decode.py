@@ -145,7 +145,7 @@ def _tiled_topk_indexer(q: torch.Tensor, weights: torch.Tensor, keys: Any, rows:
 def previous_decode_kernels(on: bool) -> Iterator[None]:
     """``--previous-kernels``: the fused decode loop's kernels as they were before this
     session's choices (the FP8 GEMV's unsplit tiled kernel, the MXFP4 experts' tiled form at
-    every size, the CSA indexer's ``torch.topk`` merge, the sparse attention unsplit), for the
+    every size, unsplit, the CSA indexer's ``torch.topk`` merge, the sparse attention unsplit), for the
     plan and every step while
     held, so one device call can time both. Patches the choosing points, nothing else."""
     if not on:
@@ -155,7 +155,9 @@ def previous_decode_kernels(on: bool) -> Iterator[None]:
     fl, mt = importlib.import_module("kernels.fp8_linear"), importlib.import_module("kernels._mxfp4_moe_triton")
     att = importlib.import_module("engine.models.deepseek_v4.attention")
     sa = importlib.import_module("kernels.sparse_attention")
-    saved = fl.fp8_gemv_variant, mt.GEMV_MAX_PAIRS, att.indexer_topk_fused, sa.decode_attention_splits
+    mm = importlib.import_module("kernels.mxfp4_moe")
+    saved = (fl.fp8_gemv_variant, mt.GEMV_MAX_PAIRS, att.indexer_topk_fused,
+             sa.decode_attention_splits, mm.moe_splits)
 
     def tiled(m: int, n: int, k: int, block_k: int) -> fl.Fp8GemvVariant | None:
         tiles = fl.fp8_gemv_tiles(m, n, block_k)
@@ -163,11 +165,12 @@ def previous_decode_kernels(on: bool) -> Iterator[None]:
 
     fl.fp8_gemv_variant, mt.GEMV_MAX_PAIRS, att.indexer_topk_fused = tiled, 0, _tiled_topk_indexer
     sa.decode_attention_splits = lambda *a, **k: 1
+    mm.moe_splits = lambda *a, **k: (1, 1)
     try:
         yield
     finally:
         (fl.fp8_gemv_variant, mt.GEMV_MAX_PAIRS, att.indexer_topk_fused,
-         sa.decode_attention_splits) = saved
+         sa.decode_attention_splits, mm.moe_splits) = saved
 
 
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:

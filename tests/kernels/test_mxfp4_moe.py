@@ -352,16 +352,21 @@ def test_split_k_variants_replay_from_a_cuda_graph(cuda) -> None:
 
 
 def test_default_moe_form_by_pairs() -> None:
-    """Decode steps of up to 64 pairs take the per-pair GEMV form, unsplit (the H200 sweep),
-    more pairs the tiled form; the workspace holds no split partials by default."""
+    """Decode steps of up to 64 pairs take the per-pair GEMV form with the gate-up GEMV cut in
+    two (the H200 sweep), more pairs the tiled form, unsplit; the workspace holds the gate-up
+    partials only where the split is taken."""
     from kernels._mxfp4_moe_triton import GEMV_MAX_PAIRS, moe_tiles
     from kernels.mxfp4_moe import moe_splits
 
     assert moe_tiles(6)[0] == 1 and moe_tiles(GEMV_MAX_PAIRS)[0] == 1
     assert moe_tiles(GEMV_MAX_PAIRS + 1)[0] > 1 and moe_tiles(24576)[0] > 1
-    assert moe_splits(6, 4096, 2048) == (1, 1)
+    assert moe_splits(6, 4096, 2048) == (2, 1) and moe_splits(GEMV_MAX_PAIRS, 4096, 2048) == (2, 1)
+    assert moe_splits(GEMV_MAX_PAIRS + 1, 4096, 2048) == (1, 1)
     assert (moe_experts_workspace_bytes(1, 6, 4096, 2048, 128)
-            == moe_experts_workspace_bytes(1, 6, 4096, 2048, 128, splits=(1, 1)))
+            == moe_experts_workspace_bytes(1, 6, 4096, 2048, 128, splits=(1, 1))
+            + 2 * 6 * 2 * 2048 * 4)  # fp32 gate and up partials of two slices
+    assert (moe_experts_workspace_bytes(32, 6, 4096, 2048, 128)
+            == moe_experts_workspace_bytes(32, 6, 4096, 2048, 128, splits=(1, 1)))
 
 
 def test_gemv_reads_words_only_where_the_layout_allows() -> None:
