@@ -99,15 +99,64 @@ def _mxfp4_tile(w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
+def _bf16_pair(wd, J: tl.constexpr):
+    """Nibbles ``J`` and ``J + 4`` of int32 words ``wd`` -> two bf16 tensors of value * 2**-126:
+    both bf16 bit patterns built at once in the halves of one int32 (e2m1's exponent and
+    mantissa shifted under bf16's, whose subnormals hold 0.5, and the sign), then split."""
+    t = wd >> (4 * J)
+    pair = ((t & 0x00070007) << 6) | ((t & 0x00080008) << 12)
+    lo = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _mxfp4_tile_words(w_rows, s_rows, kw, kg, n_ok, K_WORDS, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, F32: tl.constexpr):
+    """``BLOCK_N`` rows (``w_rows`` [BN, 1] int32 word row pointers, ``s_rows`` scale rows) at
+    word columns ``kw`` [BK/8] and scale groups ``kg`` [BK/32] -> [BN, BK] in column order
+    (nibble j of word w is column 8w + j; joins put the decoded pairs in that order). bf16 with
+    no float conversion: bf16 bit patterns (:func:`_bf16_pair`), times 2**126 and the group's
+    e8m0 scale in bf16 (exact: powers of two; two products, as 2**(s - 1) alone overflows bf16
+    from s = 129). F32 (fp32 activations, and the interpreter, whose bf16 arithmetic is not
+    IEEE): fp32 from fp16 bit patterns (:func:`_nibble_pair`) scaled in fp32."""
+    ok = n_ok[:, None] & (kw < K_WORDS)[None, :]
+    wd = tl.load(w_rows + kw[None, :], mask=ok, other=0)
+    sc = tl.load(s_rows + kg[None, :], mask=n_ok[:, None] & (kg < K_WORDS // 4)[None, :],
+                 other=127).to(tl.int32)
+    f = (sc << 23).to(tl.float32, bitcast=True)  # 2**(s - 127)
+    if F32:
+        lo0, hi0 = _nibble_pair(wd, 0)
+        lo1, hi1 = _nibble_pair(wd, 1)
+        lo2, hi2 = _nibble_pair(wd, 2)
+        lo3, hi3 = _nibble_pair(wd, 3)
+        f = f * 16384.0  # fp16's 2**14 back
+    else:
+        lo0, hi0 = _bf16_pair(wd, 0)
+        lo1, hi1 = _bf16_pair(wd, 1)
+        lo2, hi2 = _bf16_pair(wd, 2)
+        lo3, hi3 = _bf16_pair(wd, 3)
+        f = f.to(tl.bfloat16)
+    # three joins: the first one's index (lo/hi: column bit 2) is the slowest of the three
+    q0 = tl.join(tl.join(lo0, hi0), tl.join(lo2, hi2))
+    q1 = tl.join(tl.join(lo1, hi1), tl.join(lo3, hi3))
+    v = tl.join(q0, q1).reshape(BLOCK_N, BLOCK_K)
+    if not F32:
+        v = v * tl.full((1, 1), 2.0 ** 126, tl.bfloat16)
+    v = v.reshape(BLOCK_N, BLOCK_K // 32, 32) * f[:, :, None]
+    return v.reshape(BLOCK_N, BLOCK_K)
+
+
+@triton.jit
 def _dot_acc(acc, a, w, SWAP: tl.constexpr, F32: tl.constexpr):
     """acc + a @ w^T ([BM, BN]) or, SWAP, acc + w @ a ([BN, BM]; ``a`` given as [BK, BM]).
     F32: fp32 operands with an IEEE dot (fp32 activations, and the interpreter)."""
     # one return at the end: code after a constexpr-guarded early return is still compiled
     if F32:
         if SWAP:
-            acc = tl.dot(w, a.to(tl.float32), acc, input_precision="ieee")
+            acc = tl.dot(w.to(tl.float32), a.to(tl.float32), acc, input_precision="ieee")
         else:
-            acc = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+            acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
     else:
         if SWAP:  # noqa: SIM108 (a static branch: each side has its own shapes)
             acc = tl.dot(w.to(a.dtype), a, acc)
@@ -117,12 +166,14 @@ def _dot_acc(acc, a, w, SWAP: tl.constexpr, F32: tl.constexpr):
 
 
 @triton.jit
-def _mx_acc(acc, a, w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, SWAP: tl.constexpr, F32: tl.constexpr, SCALED: tl.constexpr):
+def _mx_acc(acc, a, w_rows, s_rows, kb, kg, kw, n_ok, K_BYTES, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, SWAP: tl.constexpr, F32: tl.constexpr, SCALED: tl.constexpr,
+            WORDS: tl.constexpr):
     """acc + the product of activations ``a`` and the MXFP4 weight tile at byte columns ``kb``
     (layouts as :func:`_dot_acc`). SCALED: Triton's own microscaling dot (``tl.dot_scaled``,
     bf16 x e2m1 with the e8m0 scales; the compiler upcasts the weights where the GPU has no
-    fp4 MMA); else the weights decoded here (:func:`_mxfp4_tile`)."""
+    fp4 MMA); WORDS: ``w_rows`` point at int32 words, decoded at word columns ``kw`` straight to
+    bf16 (:func:`_mxfp4_tile_words`); else the weights decoded here (:func:`_mxfp4_tile`)."""
     if SCALED:
         ok = n_ok[:, None] & (kb < K_BYTES)[None, :]
         wb = tl.load(w_rows + kb[None, :], mask=ok, other=0)  # [BN, BK/2] packed e2m1
@@ -132,6 +183,9 @@ def _mx_acc(acc, a, w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N: tl.constexpr
             acc = tl.dot_scaled(wb, sc, "e2m1", a.to(tl.bfloat16), None, "bf16", acc)
         else:
             acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", tl.trans(wb), sc, "e2m1", acc)
+    elif WORDS:
+        acc = _dot_acc(acc, a, _mxfp4_tile_words(w_rows, s_rows, kw, kg, n_ok, K_BYTES // 4,
+                                                 BLOCK_N, BLOCK_K, F32), SWAP, F32)
     else:
         acc = _dot_acc(acc, a, _mxfp4_tile(w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N, BLOCK_K),
                        SWAP, F32)
@@ -158,7 +212,7 @@ def _moe_gate_up_kernel(
     limit, SPLIT_TILES, stride_ps,
     F32: tl.constexpr, E_P2: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
-    SCALED: tl.constexpr = False,
+    SCALED: tl.constexpr = False, WORDS: tl.constexpr = False,
 ):
     """h[row, n] = swiglu(x[token] @ gate[e, n]^T, x[token] @ up[e, n]^T) for sorted rows.
     Split-K (``PARTIAL``): grid axis 2 is a slice of ``SPLIT_TILES`` K-tiles of the hidden dim;
@@ -186,16 +240,17 @@ def _moe_gate_up_kernel(
             k = k0 + tl.arange(0, BLOCK_K)
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
             kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
             a_ok = r_ok[:, None] & (k < k_hi)[None, :]
             if SWAP:
                 a = tl.load(x_ptr + tok[None, :] * stride_xm + k[:, None], mask=tl.trans(a_ok),
                             other=0.0)
             else:
                 a = tl.load(x_ptr + tok[:, None] * stride_xm + k[None, :], mask=a_ok, other=0.0)
-            acc_g = _mx_acc(acc_g, a, wg, sg, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K, SWAP,
-                            F32, SCALED)
-            acc_u = _mx_acc(acc_u, a, wu, su, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K, SWAP,
-                            F32, SCALED)
+            acc_g = _mx_acc(acc_g, a, wg, sg, kb, kg, kw, n_ok, k_hi // 2, BLOCK_N, BLOCK_K,
+                            SWAP, F32, SCALED, WORDS)
+            acc_u = _mx_acc(acc_u, a, wu, su, kb, kg, kw, n_ok, k_hi // 2, BLOCK_N, BLOCK_K,
+                            SWAP, F32, SCALED, WORDS)
         if PARTIAL:
             p = h_ptr + tl.program_id(2) * stride_ps
             if SWAP:
@@ -225,7 +280,7 @@ def _moe_down_kernel(
     stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym, SPLIT_TILES, stride_ys,
     F32: tl.constexpr, E_P2: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
-    SCALED: tl.constexpr = False,
+    SCALED: tl.constexpr = False, WORDS: tl.constexpr = False,
 ):
     """y[pair, n] = routing weight[pair] * (h[row] @ down[e, n]^T), stored at the pair's
     unsorted index so the combine reads each token's top-k rows contiguously. Split-K: grid
@@ -251,14 +306,15 @@ def _moe_down_kernel(
             k = k0 + tl.arange(0, BLOCK_K)
             kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
             kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
             a_ok = r_ok[:, None] & (k < k_hi)[None, :]
             if SWAP:
                 a = tl.load(h_ptr + rows[None, :] * stride_hm + k[:, None], mask=tl.trans(a_ok),
                             other=0.0)
             else:
                 a = tl.load(h_ptr + rows[:, None] * stride_hm + k[None, :], mask=a_ok, other=0.0)
-            acc = _mx_acc(acc, a, wd, sd, kb, kg, n_ok, k_hi // 2, BLOCK_N, BLOCK_K, SWAP, F32,
-                          SCALED)
+            acc = _mx_acc(acc, a, wd, sd, kb, kg, kw, n_ok, k_hi // 2, BLOCK_N, BLOCK_K, SWAP,
+                          F32, SCALED, WORDS)
         tw = tl.load(tw_ptr + pair, mask=r_ok, other=0.0).to(tl.float32)
         if SWAP:
             tl.store(y_ptr + pair[None, :] * stride_ym + n[:, None],
@@ -467,7 +523,7 @@ def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
         return (16, 32, 64, 4, 1) if num_pairs <= 256 else (64, 32, 64, 4, 1)
     if num_pairs <= 256:
         return 16, 64, 128, 4, 3
-    return 128, 128, 128, 8, 3, 1
+    return 128, 128, 128, 8, 3, 1, 0, 1  # swapped, not dot_scaled, int32 words straight to bf16
 
 
 def split_k_slices(k: int, block_k: int, split: int) -> tuple[int, int]:
@@ -527,6 +583,7 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     launch_moe_sort(ids, order, row_end, e, sort_counts)
     swap = bool(rest[0]) if rest else bm < 64
     scaled = len(rest) > 1 and bool(rest[1]) and x.dtype != torch.float32
+    words = len(rest) > 2 and bool(rest[2]) and not scaled
     # every non-empty expert owns >= 1 row, so the tiles are at most min(pairs, ...) in number
     max_tiles = min(m, triton.cdiv(m, bm) + e - 1)
     f32 = x.dtype == torch.float32 or interpreting()
@@ -546,20 +603,27 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
             assert gu_part is not None and gu_part.dtype == torch.float32, "gate-up split scratch"
             assert gu_part.shape[0] >= gu_slices and gu_part.shape[1:] == (m, 2 * inter)
             dst = gu_part
+        gu = _as_words(gate_up) if words and bk % 32 == 0 else None
+        gu = gate_up if gu is None else gu
         _moe_gate_up_kernel[(max_tiles, triton.cdiv(inter, bn), gu_slices)](
-            x, order, row_end, gate_up, gate_up_scale, dst, e, hid, inter, top_k,
-            x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up_scale.stride(0),
+            x, order, row_end, gu, gate_up_scale, dst, e, hid, inter, top_k,
+            x.stride(0), gu.stride(0), gu.stride(1), gate_up_scale.stride(0),
             gate_up_scale.stride(1), dst.stride(-2), float(limit), gu_tiles,
             dst.stride(0) if gu_slices > 1 else 0,
             F32=f32, E_P2=ep2, PARTIAL=gu_slices > 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            SWAP=swap, SCALED=scaled, num_warps=warps, num_stages=stages)
+            SWAP=swap, SCALED=scaled, WORDS=gu is not gate_up, num_warps=warps,
+            num_stages=stages)
         if gu_slices > 1:
             rb = min(1024, next_pow2(inter))
             _moe_swiglu_split_kernel[(m, triton.cdiv(inter, rb))](
                 dst, h, inter, gu_slices, dst.stride(0), dst.stride(1), h.stride(0),
                 float(limit), BLOCK=rb, **pdl_kwargs(out.device))
         dbm, dbn, dbk, dwarps, dstages, *drest = down_tiles or (bm, bn, bk, warps, stages, swap,
-                                                                scaled)
+                                                                scaled, words)
+        dscaled = len(drest) > 1 and bool(drest[1]) and x.dtype != torch.float32
+        dn = (_as_words(down) if len(drest) > 2 and bool(drest[2]) and not dscaled
+              and dbk % 32 == 0 else None)
+        dn = down if dn is None else dn
         dn_slices, dn_tiles = split_k_slices(inter, dbk, splits[1])
         if y.dim() == 3:  # scratch for a down split: fp32 [>= slices, T * k, H]
             assert y.dtype == torch.float32 and y.shape[0] >= dn_slices, (y.dtype, y.shape)
@@ -568,12 +632,11 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
         else:
             assert dn_slices == 1, "a down split needs fp32 [slices, T * k, H] scratch as y"
         _moe_down_kernel[(min(m, triton.cdiv(m, dbm) + e - 1), triton.cdiv(hid, dbn), dn_slices)](
-            h, order, row_end, tw, down, down_scale, y, e, hid, inter,
-            h.stride(0), down.stride(0), down.stride(1), down_scale.stride(0),
+            h, order, row_end, tw, dn, down_scale, y, e, hid, inter,
+            h.stride(0), dn.stride(0), dn.stride(1), down_scale.stride(0),
             down_scale.stride(1), y.stride(-2), dn_tiles, y.stride(0) if dn_slices > 1 else 0,
             F32=f32, E_P2=ep2, SPLIT=dn_slices > 1, BLOCK_M=dbm, BLOCK_N=dbn, BLOCK_K=dbk,
-            SWAP=bool(drest[0]) if drest else dbm < 64,
-            SCALED=len(drest) > 1 and bool(drest[1]) and x.dtype != torch.float32,
+            SWAP=bool(drest[0]) if drest else dbm < 64, SCALED=dscaled, WORDS=dn is not down,
             num_warps=dwarps, num_stages=dstages)
         if dn_slices > 1:
             block = min(1024, next_pow2(hid))

@@ -176,12 +176,14 @@ def test_tiled_sort_drops_ids_out_of_range(interpret) -> None:
 @pytest.mark.parametrize("tiles", [(16, 64, 128, 4, 3), (128, 128, 64, 8, 3),
                                    (64, 128, 64, 8, 3, 1), (16, 32, 64, 4, 3, 0),
                                    (1, 16, 256, 4, 3, 1), (1, 16, 128, 4, 3, 0),
-                                   (1, 32, 64, 4, 1, 1)])
+                                   (1, 32, 64, 4, 1, 1), (64, 128, 64, 8, 3, 1, 0, 1),
+                                   (16, 32, 64, 4, 3, 0, 0, 1)])
 def test_gpu_tiles_on_awkward_shapes(interpret, tiles) -> None:
     """The decode (swapped operands) and prefill tiles the GPU launches, and prefill-sized tiles
     with the operands swapped (a 6th element), through the interpreter: hidden 160 and
     intermediate 96 leave partial K- and N-tiles everywhere. ``BLOCK_M`` 1 is the per-pair GEMV,
-    its 6th element the int32-word decode (1) or the per-byte one (0)."""
+    its 6th element the int32-word decode (1) or the per-byte one (0); a tiled form's 8th element
+    decodes int32 words straight to bf16."""
     from kernels._mxfp4_moe_triton import launch_moe
 
     t, k, e, hid, inter = 7, 3, 5, 160, 96
@@ -217,6 +219,67 @@ def test_scaled_dot_tiles(interpret, tiles) -> None:
                torch.empty(m, hid, dtype=torch.bfloat16), out, k, False, tiles)
     ref = moe_experts_ref(x.float(), w, ids, *weights, 7.0)
     assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [(128, 128, 128, 8, 3, 1), (128, 128, 64, 8, 3, 0),
+                                   (16, 64, 128, 4, 3, 1)])
+def test_tiled_word_decode_on_cuda(cuda, tiles) -> None:
+    """On the GPU the word decode runs in bf16 (the interpreter cannot): the same bits as the
+    byte decode at the prefill and decode tiles, with scales from 2**-120 to 2**8 and every
+    code, at V4-Flash's expert widths (a prefill-sized step of 1,500 tokens x top-6)."""
+    from kernels._mxfp4_moe_triton import launch_moe
+
+    t, k, e, hid, inter = 1500, 6, 16, 4096, 2048
+    g = torch.Generator(device="cuda").manual_seed(3)
+    u8 = dict(device="cuda", generator=g, dtype=torch.uint8)
+    gu, dn = (torch.randint(0, 256, (e, 2 * inter, hid // 2), **u8),
+              torch.randint(0, 256, (e, hid, inter // 2), **u8))
+    gus, dns = (torch.randint(7, 136, (e, 2 * inter, hid // 32), **u8),
+                torch.randint(7, 136, (e, hid, inter // 32), **u8))
+    x = (torch.randn(t, hid, device="cuda", generator=g) * 1e-3).to(torch.bfloat16)
+    ids = torch.randint(0, e, (t * k,), device="cuda", generator=g)
+    w = torch.rand(t * k, device="cuda", generator=g)
+    outs = []
+    for words in (0, 1):
+        m = t * k
+        out = torch.empty(t, hid, device="cuda", dtype=torch.bfloat16)
+        launch_moe(x, ids, torch.empty(m, dtype=torch.int64, device="cuda"),
+                   torch.empty(e, dtype=torch.int32, device="cuda"), w, gu, gus, dn, dns, 7.0,
+                   torch.empty(m, inter, device="cuda", dtype=torch.bfloat16),
+                   torch.empty(m, hid, device="cuda", dtype=torch.bfloat16), out, k, False,
+                   (*tiles, 0, words))
+        outs.append(out)
+    assert bool(outs[0].isfinite().all())
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("tiles", [(16, 32, 64, 4, 1, 1, 0, 1), (64, 32, 64, 4, 1, 0, 0, 1)])
+def test_tiled_word_decode_is_the_byte_decode(interpret, tiles) -> None:
+    """The tiled forms' word decode (straight to bf16, scaled in bf16) gives the byte decode's
+    answer bit for bit on bf16 activations, with scales across e8m0's range: 2**-120 to 2**8
+    (the bf16 product 2**(s - 1) alone would overflow from s = 129), partial K- and N-tiles."""
+    from kernels._mxfp4_moe_triton import launch_moe
+
+    t, k, e, hid, inter = 9, 3, 5, 160, 96
+    g = torch.Generator().manual_seed(17)
+    gu, gus, dn, dns = _experts(e, hid, inter, 21)
+    gus = torch.randint(7, 136, gus.shape, generator=g).to(torch.uint8)
+    dns = torch.randint(7, 136, dns.shape, generator=g).to(torch.uint8)
+    x = (torch.randn(t, hid, generator=g) * 1e-3).bfloat16()
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=g)
+    outs = []
+    for words in (0, 1):
+        m, out = t * k, torch.empty(t, hid, dtype=torch.bfloat16)
+        launch_moe(x, ids.view(-1), torch.empty(m, dtype=torch.int64),
+                   torch.empty(e, dtype=torch.int32), w.view(-1), gu, gus, dn, dns, 7.0,
+                   torch.empty(m, inter, dtype=torch.bfloat16),
+                   torch.empty(m, hid, dtype=torch.bfloat16), out, k, False,
+                   (*tiles[:-1], words))
+        outs.append(out)
+    assert outs[0].isfinite().all() and outs[0].abs().max() > 0
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_down_gemm_takes_its_own_tiles(interpret) -> None:
