@@ -45,8 +45,10 @@ FP8_ROWS = (1, 8, 32)
 MOE_TOKENS = (1, 8, 32)
 MOE_SHAPE = (128, 4096, 2048, 6)  # experts, hidden, intermediate, top-k
 # the tiled decode form at two widths, then the per-pair GEMV form (BLOCK_M 1): its 6th element
-# 1 reads the weights as int32 words, 0 as bytes (the earlier decode); 2 warps, words: the default
-MOE_TILES = ((16, 64, 128, 4, 3), (16, 32, 128, 4, 3), (1, 16, 256, 4, 3, 0),
+# 1 reads the weights as int32 words, 0 as bytes (the earlier decode); 2 warps, words: the default.
+# A tiled form's 8th element 1: int32 words decoded straight to bf16
+MOE_TILES = ((16, 64, 128, 4, 3), (16, 32, 128, 4, 3), (16, 64, 128, 4, 3, 1, 0, 1),
+             (1, 16, 256, 4, 3, 0),
              (1, 16, 256, 2, 3, 0), (1, 16, 256, 4, 3, 1), (1, 16, 256, 2, 3, 1),
              (1, 32, 256, 4, 3, 1), (1, 32, 256, 2, 3, 1), (1, 16, 128, 2, 3, 1),
              (1, 16, 256, 1, 3, 1))
@@ -132,7 +134,7 @@ def sweep_moe(timer: Timer, dev: str, shape: tuple[int, int, int, int], tokens: 
         variants: list[tuple[str, tuple[int, ...] | None, tuple[int, int] | None]] = [
             ("default", None, None)]
         variants += [(f"{'gemv' if tl_[0] == 1 else 'tiled'} bn{tl_[1]} bk{tl_[2]} w{tl_[3]}"
-                      f"{' words' if tl_[0] == 1 and tl_[5:6] == (1,) else ''} "
+                      f"{' words' if (tl_[5:6] if tl_[0] == 1 else tl_[7:8]) == (1,) else ''} "
                       f"split{sp[0]}x{sp[1]}", tl_, sp) for tl_ in tiles for sp in splits]
         for label, tl_, sp in variants:
             def fn(x=x, w=w, ids=ids, y=y, sp=sp, tl_=tl_, ws=ws) -> object:
