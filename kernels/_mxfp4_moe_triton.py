@@ -516,7 +516,10 @@ def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
     swapped operands; prefill: 128 x 128 x 128 tiles, swapped too, so a decoded weight tile feeds 128
     rows from registers. H200 sweep at 4096 tokens x top-6, 128 experts (docs/benchmarks.md,
     2026-12-04): 7.09 ms swapped against 8.26 ms for the earlier 128 x 128 x 64 unswapped tiles;
-    40 KiB of shared memory, so the same tiles fit an SM120's 99 KiB."""
+    40 KiB of shared memory, so the same tiles fit an SM120's 99 KiB. Since the twelfth session
+    (docs/benchmarks.md, H100): the per-pair form at 2 warps with int32-word weights (0.061 ms
+    at one token with the gate-up split of ``moe_splits``), and the prefill tiles decode words
+    straight to bf16 (6.37 against 6.57 ms at 4096 tokens, 11.03 against 11.58 at 8192)."""
     if num_pairs <= GEMV_MAX_PAIRS:  # the 6th element: int32-word decode (``_gemv_acc``)
         return (1, 32, 64, 4, 1, 1) if interpreting() else (1, 16, 256, 2, 3, 1)
     if interpreting():
