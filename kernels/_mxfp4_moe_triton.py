@@ -82,6 +82,21 @@ def _expert_tile(row_end_ptr, t, E, BLOCK_M: tl.constexpr, E_P2: tl.constexpr):
 
 
 @triton.jit
+def _tile_ids(N_FIRST: tl.constexpr):
+    """(row tile, N-tile) of this program. N_FIRST: grid axis 0 walks the N-tiles, so the
+    programs in flight together share a row tile's gathered activations (read from HBM once,
+    then from L2) and the expert's weights stay in L2 between its consecutive row tiles; else
+    axis 0 walks the row tiles (every N-tile pass re-reads all the activations)."""
+    if N_FIRST:
+        t = tl.program_id(1)
+        nt = tl.program_id(0)
+    else:
+        t = tl.program_id(0)
+        nt = tl.program_id(1)
+    return t, nt
+
+
+@triton.jit
 def _mxfp4_tile(w_rows, s_rows, kb, kg, n_ok, K_BYTES, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr):
     """``BLOCK_N`` rows (``w_rows``/``s_rows`` [BN, 1] row pointers) at packed byte columns
@@ -213,18 +228,20 @@ def _moe_gate_up_kernel(
     F32: tl.constexpr, E_P2: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
     SCALED: tl.constexpr = False, WORDS: tl.constexpr = False,
+    N_FIRST: tl.constexpr = False,
 ):
     """h[row, n] = swiglu(x[token] @ gate[e, n]^T, x[token] @ up[e, n]^T) for sorted rows.
     Split-K (``PARTIAL``): grid axis 2 is a slice of ``SPLIT_TILES`` K-tiles of the hidden dim;
     its fp32 gate and up sums go to ``h + slice * stride_ps`` as a [rows, 2 * INTER] partial
     (gate columns, then up), and ``_moe_swiglu_split_kernel`` sums the slices and applies
     the SwiGLU (which needs whole sums)."""
-    e, valid, row0, row_end = _expert_tile(row_end_ptr, tl.program_id(0), E, BLOCK_M, E_P2)
+    tile, n_tile = _tile_ids(N_FIRST)
+    e, valid, row0, row_end = _expert_tile(row_end_ptr, tile, E, BLOCK_M, E_P2)
     if valid:
         rows = row0 + tl.arange(0, BLOCK_M)
         r_ok = rows < row_end
         tok = tl.load(order_ptr + rows, mask=r_ok, other=0) // TOP_K
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < INTER
         wg = w_ptr + e.to(tl.int64) * stride_we + n[:, None] * stride_wn
         sg = s_ptr + e.to(tl.int64) * stride_se + n[:, None] * stride_sn
@@ -281,17 +298,19 @@ def _moe_down_kernel(
     F32: tl.constexpr, E_P2: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
     SCALED: tl.constexpr = False, WORDS: tl.constexpr = False,
+    N_FIRST: tl.constexpr = False,
 ):
     """y[pair, n] = routing weight[pair] * (h[row] @ down[e, n]^T), stored at the pair's
     unsorted index so the combine reads each token's top-k rows contiguously. Split-K: grid
     axis 2 is a slice of ``SPLIT_TILES`` K-tiles of the intermediate dim, whose (weighted)
     partial goes to ``y + slice * stride_ys``; the combine sums the slices with the top-k."""
-    e, valid, row0, row_end = _expert_tile(row_end_ptr, tl.program_id(0), E, BLOCK_M, E_P2)
+    tile, n_tile = _tile_ids(N_FIRST)
+    e, valid, row0, row_end = _expert_tile(row_end_ptr, tile, E, BLOCK_M, E_P2)
     if valid:
         rows = row0 + tl.arange(0, BLOCK_M)
         r_ok = rows < row_end
         pair = tl.load(order_ptr + rows, mask=r_ok, other=0)
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < H
         wd = w_ptr + e.to(tl.int64) * stride_we + n[:, None] * stride_wn
         sd = s_ptr + e.to(tl.int64) * stride_se + n[:, None] * stride_sn
@@ -504,7 +523,8 @@ def _moe_combine_kernel(y_ptr, out_ptr, H, TOP_K, stride_ym, stride_om, SLICES, 
 # GEMV form (no sort, no MMA: ``_moe_gemv_*``), for a decode step's few pairs; swap (default: BLOCK_M <
 # 64) makes the decoded weight tile the dot's first operand, so it can stay in registers (wgmma
 # takes its A operand from registers) instead of going through shared memory; scaled (default
-# off; bf16/fp16 activations only) lets ``tl.dot_scaled`` decode the weights
+# off; bf16/fp16 activations only) lets ``tl.dot_scaled`` decode the weights; words decodes
+# int32 words straight to bf16; n-first orders the programs N-tiles first (``_tile_ids``)
 MoeTiles = tuple[int, ...]
 
 
@@ -526,7 +546,8 @@ def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
         return (16, 32, 64, 4, 1) if num_pairs <= 256 else (64, 32, 64, 4, 1)
     if num_pairs <= 256:
         return 16, 64, 128, 4, 3
-    return 128, 128, 128, 8, 3, 1, 0, 1  # swapped, not dot_scaled, int32 words straight to bf16
+    # swapped, not dot_scaled, int32 words straight to bf16, N-tiles first
+    return 128, 128, 128, 8, 3, 1, 0, 1, 1
 
 
 def split_k_slices(k: int, block_k: int, split: int) -> tuple[int, int]:
@@ -587,6 +608,7 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     swap = bool(rest[0]) if rest else bm < 64
     scaled = len(rest) > 1 and bool(rest[1]) and x.dtype != torch.float32
     words = len(rest) > 2 and bool(rest[2]) and not scaled
+    n_first = len(rest) > 3 and bool(rest[3])
     # every non-empty expert owns >= 1 row, so the tiles are at most min(pairs, ...) in number
     max_tiles = min(m, triton.cdiv(m, bm) + e - 1)
     f32 = x.dtype == torch.float32 or interpreting()
@@ -608,21 +630,21 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
             dst = gu_part
         gu = _as_words(gate_up) if words and bk % 32 == 0 else None
         gu = gate_up if gu is None else gu
-        _moe_gate_up_kernel[(max_tiles, triton.cdiv(inter, bn), gu_slices)](
+        _moe_gate_up_kernel[_grid(max_tiles, triton.cdiv(inter, bn), gu_slices, n_first)](
             x, order, row_end, gu, gate_up_scale, dst, e, hid, inter, top_k,
             x.stride(0), gu.stride(0), gu.stride(1), gate_up_scale.stride(0),
             gate_up_scale.stride(1), dst.stride(-2), float(limit), gu_tiles,
             dst.stride(0) if gu_slices > 1 else 0,
             F32=f32, E_P2=ep2, PARTIAL=gu_slices > 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            SWAP=swap, SCALED=scaled, WORDS=gu is not gate_up, num_warps=warps,
-            num_stages=stages)
+            SWAP=swap, SCALED=scaled, WORDS=gu is not gate_up,
+            N_FIRST=_n_first(max_tiles, n_first), num_warps=warps, num_stages=stages)
         if gu_slices > 1:
             rb = min(1024, next_pow2(inter))
             _moe_swiglu_split_kernel[(m, triton.cdiv(inter, rb))](
                 dst, h, inter, gu_slices, dst.stride(0), dst.stride(1), h.stride(0),
                 float(limit), BLOCK=rb, **pdl_kwargs(out.device))
         dbm, dbn, dbk, dwarps, dstages, *drest = down_tiles or (bm, bn, bk, warps, stages, swap,
-                                                                scaled, words)
+                                                                scaled, words, n_first)
         dscaled = len(drest) > 1 and bool(drest[1]) and x.dtype != torch.float32
         dn = (_as_words(down) if len(drest) > 2 and bool(drest[2]) and not dscaled
               and dbk % 32 == 0 else None)
@@ -634,13 +656,15 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
                 y = y[0]
         else:
             assert dn_slices == 1, "a down split needs fp32 [slices, T * k, H] scratch as y"
-        _moe_down_kernel[(min(m, triton.cdiv(m, dbm) + e - 1), triton.cdiv(hid, dbn), dn_slices)](
+        d_tiles = min(m, triton.cdiv(m, dbm) + e - 1)
+        d_first = len(drest) > 3 and bool(drest[3])
+        _moe_down_kernel[_grid(d_tiles, triton.cdiv(hid, dbn), dn_slices, d_first)](
             h, order, row_end, tw, dn, down_scale, y, e, hid, inter,
             h.stride(0), dn.stride(0), dn.stride(1), down_scale.stride(0),
             down_scale.stride(1), y.stride(-2), dn_tiles, y.stride(0) if dn_slices > 1 else 0,
             F32=f32, E_P2=ep2, SPLIT=dn_slices > 1, BLOCK_M=dbm, BLOCK_N=dbn, BLOCK_K=dbk,
             SWAP=bool(drest[0]) if drest else dbm < 64, SCALED=dscaled, WORDS=dn is not down,
-            num_warps=dwarps, num_stages=dstages)
+            N_FIRST=_n_first(d_tiles, d_first), num_warps=dwarps, num_stages=dstages)
         if dn_slices > 1:
             block = min(1024, next_pow2(hid))
             _moe_combine_kernel[(t, triton.cdiv(hid, block))](
@@ -651,6 +675,22 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
         y, out, hid, top_k, y.stride(0), out.stride(0), 1, 0, ACCUMULATE=accumulate, BLOCK=block,
         **pdl_kwargs(out.device))
+
+
+_GRID_Y_MAX = 65535  # CUDA's limit on grid axis 1
+
+
+def _n_first(row_tiles: int, asked: bool) -> bool:
+    """Whether the tiled GEMMs run N-tiles first (``_tile_ids``): asked for, and the row tiles
+    fit grid axis 1."""
+    return asked and row_tiles <= _GRID_Y_MAX
+
+
+def _grid(row_tiles: int, n_tiles: int, slices: int, asked: bool) -> tuple[int, int, int]:
+    """The tiled GEMMs' grid in the order :func:`_n_first` picks."""
+    if _n_first(row_tiles, asked):
+        return n_tiles, row_tiles, slices
+    return row_tiles, n_tiles, slices
 
 
 def _as_words(w: torch.Tensor) -> torch.Tensor | None:

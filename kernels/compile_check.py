@@ -298,17 +298,21 @@ def _quantized_specs() -> list[KernelSpec]:
                                           (128, 128, 128, 8, 2, True),
                                           (128, 128, 64, 8, 3, True),
                                           (128, 128, 64, 8, 3, False))),
-        # the same with int32-word weights decoded straight to bf16 (tiles' 8th element)
+        # the same with int32-word weights decoded straight to bf16 (tiles' 8th element), and
+        # N-tiles first (the 9th: the prefill default)
         *(KernelSpec(f"mxfp4 moe {name} ({bm}x{bn}x{bk}, {w} warps, {st} stages, words"
-                     f"{', swapped' if swap else ''}; 256 experts)", fn, ptrs | {"w_ptr": _ptr("i32")},
+                     f"{', swapped' if swap else ''}{', n-first' if nf else ''}; 256 experts)",
+                     fn, ptrs | {"w_ptr": _ptr("i32")},
                      {"F32": False, "E_P2": 256, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                      "SWAP": swap, "WORDS": True,
+                      "SWAP": swap, "WORDS": True, "N_FIRST": nf,
                       "PARTIAL" if fn is moe._moe_gate_up_kernel else "SPLIT": False},
                      num_warps=w, num_stages=st)
           for name, fn, ptrs in (("gate-up + swiglu", moe._moe_gate_up_kernel, gate_up),
                                  ("down", moe._moe_down_kernel, down))
-          for bm, bn, bk, w, st, swap in ((128, 128, 128, 8, 3, True),
-                                          (128, 128, 64, 8, 3, False))),
+          for bm, bn, bk, w, st, swap, nf in ((128, 128, 128, 8, 3, True, True),
+                                              (128, 128, 128, 8, 4, True, True),
+                                              (256, 64, 128, 8, 3, True, True),
+                                              (128, 128, 64, 8, 3, False, False))),
         # the per-pair GEMV form (BLOCK_M 1), the decode default up to 64 pairs
         # (int32 words: the default; bytes: the earlier decode, a sweep option)
         *(KernelSpec(f"mxfp4 moe gemv gate-up + swiglu (16x256, 4 warps, {wn})",

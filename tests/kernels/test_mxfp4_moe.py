@@ -177,13 +177,14 @@ def test_tiled_sort_drops_ids_out_of_range(interpret) -> None:
                                    (64, 128, 64, 8, 3, 1), (16, 32, 64, 4, 3, 0),
                                    (1, 16, 256, 4, 3, 1), (1, 16, 128, 4, 3, 0),
                                    (1, 32, 64, 4, 1, 1), (64, 128, 64, 8, 3, 1, 0, 1),
-                                   (16, 32, 64, 4, 3, 0, 0, 1)])
+                                   (16, 32, 64, 4, 3, 0, 0, 1), (64, 128, 64, 8, 3, 1, 0, 1, 1),
+                                   (16, 32, 64, 4, 3, 0, 0, 0, 1)])
 def test_gpu_tiles_on_awkward_shapes(interpret, tiles) -> None:
     """The decode (swapped operands) and prefill tiles the GPU launches, and prefill-sized tiles
     with the operands swapped (a 6th element), through the interpreter: hidden 160 and
     intermediate 96 leave partial K- and N-tiles everywhere. ``BLOCK_M`` 1 is the per-pair GEMV,
     its 6th element the int32-word decode (1) or the per-byte one (0); a tiled form's 8th element
-    decodes int32 words straight to bf16."""
+    decodes int32 words straight to bf16, its 9th runs the programs N-tiles first."""
     from kernels._mxfp4_moe_triton import launch_moe
 
     t, k, e, hid, inter = 7, 3, 5, 160, 96
@@ -227,7 +228,8 @@ def test_scaled_dot_tiles(interpret, tiles) -> None:
 def test_tiled_word_decode_on_cuda(cuda, tiles) -> None:
     """On the GPU the word decode runs in bf16 (the interpreter cannot): the same bits as the
     byte decode at the prefill and decode tiles, with scales from 2**-120 to 2**8 and every
-    code, at V4-Flash's expert widths (a prefill-sized step of 1,500 tokens x top-6)."""
+    code, at V4-Flash's expert widths (a prefill-sized step of 1,500 tokens x top-6); and the
+    same bits again with the programs N-tiles first."""
     from kernels._mxfp4_moe_triton import launch_moe
 
     t, k, e, hid, inter = 1500, 6, 16, 4096, 2048
@@ -241,17 +243,17 @@ def test_tiled_word_decode_on_cuda(cuda, tiles) -> None:
     ids = torch.randint(0, e, (t * k,), device="cuda", generator=g)
     w = torch.rand(t * k, device="cuda", generator=g)
     outs = []
-    for words in (0, 1):
+    for rest in ((0, 0), (0, 1), (0, 1, 1)):
         m = t * k
         out = torch.empty(t, hid, device="cuda", dtype=torch.bfloat16)
         launch_moe(x, ids, torch.empty(m, dtype=torch.int64, device="cuda"),
                    torch.empty(e, dtype=torch.int32, device="cuda"), w, gu, gus, dn, dns, 7.0,
                    torch.empty(m, inter, device="cuda", dtype=torch.bfloat16),
                    torch.empty(m, hid, device="cuda", dtype=torch.bfloat16), out, k, False,
-                   (*tiles, 0, words))
+                   (*tiles, *rest))
         outs.append(out)
     assert bool(outs[0].isfinite().all())
-    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
 
 
 @pytest.mark.parametrize("tiles", [(16, 32, 64, 4, 1, 1, 0, 1), (64, 32, 64, 4, 1, 0, 0, 1)])
