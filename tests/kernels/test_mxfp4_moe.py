@@ -178,7 +178,7 @@ def test_tiled_sort_drops_ids_out_of_range(interpret) -> None:
                                    (1, 16, 256, 4, 3, 1), (1, 16, 128, 4, 3, 0),
                                    (1, 32, 64, 4, 1, 1), (64, 128, 64, 8, 3, 1, 0, 1),
                                    (16, 32, 64, 4, 3, 0, 0, 1), (64, 128, 64, 8, 3, 1, 0, 1, 1),
-                                   (16, 32, 64, 4, 3, 0, 0, 0, 1)])
+                                   (16, 32, 64, 4, 3, 0, 0, 0, 1), (64, 128, 64, 8, 3, 0, 0, 1, 1)])
 def test_gpu_tiles_on_awkward_shapes(interpret, tiles) -> None:
     """The decode (swapped operands) and prefill tiles the GPU launches, and prefill-sized tiles
     with the operands swapped (a 6th element), through the interpreter: hidden 160 and
