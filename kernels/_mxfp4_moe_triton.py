@@ -25,7 +25,7 @@ import triton.language as tl
 from kernels._moe_sort_triton import BLOCKED_SORT_MIN_PAIRS, launch_tiled_sort
 from kernels._pdl_triton import gdc_wait
 from kernels._triton_support import interpreting, next_pow2, pdl_kwargs
-from kernels.moe_sort_sizes import GEMV_MAX_PAIRS
+from kernels.moe_sort_sizes import GEMV_MAX_PAIRS, PREFILL_MIN_PAIRS
 
 _SORT_BLOCK = 128
 _ORDER_BLOCK = 32
@@ -543,8 +543,8 @@ def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
     if num_pairs <= GEMV_MAX_PAIRS:  # the 6th element: int32-word decode (``_gemv_acc``)
         return (1, 32, 64, 4, 1, 1) if interpreting() else (1, 16, 256, 2, 3, 1)
     if interpreting():
-        return (16, 32, 64, 4, 1) if num_pairs <= 256 else (64, 32, 64, 4, 1)
-    if num_pairs <= 256:
+        return (16, 32, 64, 4, 1) if num_pairs <= PREFILL_MIN_PAIRS else (64, 32, 64, 4, 1)
+    if num_pairs <= PREFILL_MIN_PAIRS:
         return 16, 64, 128, 4, 3
     # swapped, not dot_scaled, int32 words straight to bf16, N-tiles first
     return 128, 128, 128, 8, 3, 1, 0, 1, 1

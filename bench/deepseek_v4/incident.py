@@ -203,6 +203,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sd = synthetic_quantized_state_dict(cfg, dev, torch.bfloat16)
     model = DeepseekV4Model.from_state_dict(cfg, sd, torch.bfloat16, dev, V4Backend(), consume=True)
     sd.clear()
+    if args.moe_tiles:
+        tiles = tuple(int(t) for t in args.moe_tiles.split(","))
+        for mod in model.modules():
+            if hasattr(mod, "prefill_tiles"):
+                mod.prefill_tiles = tiles
     if args.moe_fp8_tiles:
         tiles = tuple(int(t) for t in args.moe_fp8_tiles.split(","))
         for mod in model.modules():
@@ -293,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="prefill GEMMs of the main sweeps: FP8 activations (>= 128 rows) in the "
                         "linears and experts, in the linears only (the engine's default), or "
                         "nowhere")
+    r.add_argument("--moe-tiles", default="",
+                   help="BM,BN,BK,warps,stages[,swap,scaled,words,n-first] of the weight-decoding "
+                        "experts at prefill sizes (empty: the kernel's choice)")
     r.add_argument("--moe-fp8-tiles", default="",
                    help="BM,BN,BK,warps,stages of the FP8 experts (empty: the kernel's choice)")
     r.add_argument("--prompt-previous", type=int, default=0,

@@ -445,3 +445,35 @@ def test_gemv_reads_words_only_where_the_layout_allows() -> None:
     assert _as_words(w[:, :, 2:14]) is None  # not word-aligned
     assert _as_words(torch.zeros(3, 8, 6, dtype=torch.uint8)) is None  # rows not whole words
     assert _as_words(w[:, :, :8]) is None or _as_words(w[:, :, :8]).shape == (3, 8, 2)
+
+
+def test_experts_module_takes_prefill_tiles_only_at_prefill_sizes(interpret, monkeypatch) -> None:
+    """``Mxfp4Experts.prefill_tiles`` (benchmarks sweep it in the full model) reaches the kernels
+    only for a step of more than ``PREFILL_MIN_PAIRS`` pairs; a decode step keeps the kernel's
+    choice. Both give the reference's answer."""
+    import kernels._mxfp4_moe_triton as moe
+    from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
+    from kernels.moe_sort_sizes import PREFILL_MIN_PAIRS
+
+    e, hid, inter, k = 4, 64, 32, 3
+    mod = Mxfp4Experts(e, hid, inter)
+    gu, gus, dn, dns = _experts(e, hid, inter, 31)
+    mod.gate_up_proj.copy_(gu)
+    mod.gate_up_proj_scale.copy_(gus)
+    mod.down_proj.copy_(dn)
+    mod.down_proj_scale.copy_(dns)
+    mod.use_kernels = True
+    mod.prefill_tiles = (16, 32, 64, 4, 1, 0, 0, 1, 1)
+    seen: list[object] = []
+    launch = moe.launch_moe
+    monkeypatch.setattr(moe, "launch_moe", lambda *a, **kw: (seen.append(kw.get("tiles")),
+                                                             launch(*a, **kw))[1])
+    g = torch.Generator().manual_seed(2)
+    for t in (5, PREFILL_MIN_PAIRS // k + 1):
+        x = torch.randn(t, hid, generator=g)
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+        w = torch.rand(t, k, generator=g)
+        out = mod.add_into(x, w, ids, torch.zeros(t, hid), 7.0, None)
+        torch.testing.assert_close(out, moe_experts_ref(x, w, ids, gu, gus, dn, dns, 7.0),
+                                   rtol=1e-4, atol=1e-4)
+    assert seen == [None, mod.prefill_tiles]

@@ -27,6 +27,7 @@ from kernels.fp8_w8a8 import (
     fp8_w8a8_scratch_bytes,
     uses_w8a8,
 )
+from kernels.moe_sort_sizes import PREFILL_MIN_PAIRS
 from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes, uses_fp8
 from kernels.mxfp4_moe_ref import moe_experts_ref
 
@@ -140,6 +141,9 @@ class Mxfp4Experts(nn.Module):
         self.use_kernels = False
         self.fp8 = False
         self.fp8_tiles: tuple[int, int, int, int, int] | None = None  # None: the kernel's choice
+        # tiles of the weight-decoding form at prefill sizes (more pairs than a decode step's
+        # 256; ``_mxfp4_moe_triton.MoeTiles``); None: the kernel's choice (benchmarks sweep it)
+        self.prefill_tiles: tuple[int, ...] | None = None
         self.shape = (num_experts, hidden, inter)
         for name, rows, cols in (("gate_up_proj", 2 * inter, hidden), ("down_proj", hidden, inter)):
             self.register_buffer(name, torch.empty(num_experts, rows, cols // 2, dtype=torch.uint8))
@@ -154,15 +158,16 @@ class Mxfp4Experts(nn.Module):
             return out
         e, hid, inter = self.shape
         fp8 = self.fp8 and uses_fp8(x.shape[0], hid, inter)
+        tiles = self.prefill_tiles if indices.numel() > PREFILL_MIN_PAIRS else None
         if ws is None:
             return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True, fp8=fp8,
-                               fp8_tiles=self.fp8_tiles)
+                               fp8_tiles=self.fp8_tiles, tiles=tiles)
         need = moe_experts_workspace_bytes(x.shape[0], indices.shape[1], hid, inter, e, x.dtype,
                                            fp8)
         with ws.scope():  # type: ignore[attr-defined]
             scratch = ws.take((need,), torch.uint8, caller="deepseek_v4.moe_experts")  # type: ignore[attr-defined]
             return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True,
-                               workspace=scratch, fp8=fp8, fp8_tiles=self.fp8_tiles)
+                               workspace=scratch, fp8=fp8, fp8_tiles=self.fp8_tiles, tiles=tiles)
 
 
 def set_prefill_fp8(model: nn.Module, linears: bool, experts: bool | None = None) -> None:
