@@ -528,7 +528,10 @@ def _moe_combine_kernel(y_ptr, out_ptr, H, TOP_K, stride_ym, stride_om, SLICES, 
 MoeTiles = tuple[int, ...]
 
 
-def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
+WIDE_ROWS_PER_EXPERT = 160  # mean rows an expert from which the 256-row prefill tiles pay
+
+
+def moe_tiles(num_pairs: int, hidden: int = 4096, num_experts: int = 0) -> MoeTiles:
     """Tiles of both GEMMs. Up to ``GEMV_MAX_PAIRS`` pairs (8 tokens at top-6) the per-pair
     GEMV form: on the H200 (docs/quant_decode_sweep_moe_h200.json) 0.074 against 0.091 ms at
     one token and 0.446 against 0.502 at 8, 1.69 against 1.06 ms at 32 (the tiled form reads
@@ -539,15 +542,32 @@ def moe_tiles(num_pairs: int, hidden: int = 4096) -> MoeTiles:
     40 KiB of shared memory, so the same tiles fit an SM120's 99 KiB. Since the twelfth session
     (docs/benchmarks.md, H100): the per-pair form at 2 warps with int32-word weights (0.061 ms
     at one token with the gate-up split of ``moe_splits``), and the prefill tiles decode words
-    straight to bf16 (6.37 against 6.57 ms at 4096 tokens, 11.03 against 11.58 at 8192)."""
+    straight to bf16 (6.37 against 6.57 ms at 4096 tokens, 11.03 against 11.58 at 8192).
+    Thirteenth session (H100, both GEMMs, 128 experts): the programs N-tiles first (10.23
+    against 11.02 ms at 8192 tokens) and, from ``WIDE_ROWS_PER_EXPERT`` mean rows an expert,
+    256 x 64 tiles (9.77 at 8192, 5.17 against 5.97 at 4096; at 2048 tokens, 96 rows an
+    expert, they lose: 5.01 against 3.21). 80 KiB of shared memory on sm_120."""
     if num_pairs <= GEMV_MAX_PAIRS:  # the 6th element: int32-word decode (``_gemv_acc``)
         return (1, 32, 64, 4, 1, 1) if interpreting() else (1, 16, 256, 2, 3, 1)
     if interpreting():
         return (16, 32, 64, 4, 1) if num_pairs <= PREFILL_MIN_PAIRS else (64, 32, 64, 4, 1)
     if num_pairs <= PREFILL_MIN_PAIRS:
         return 16, 64, 128, 4, 3
-    # swapped, not dot_scaled, int32 words straight to bf16, N-tiles first
+    # swapped, not dot_scaled, int32 words straight to bf16, N-tiles first; 256 rows a tile
+    # (a decoded weight tile feeds twice the rows) where the experts' mean rows fill them
+    if num_experts and num_pairs >= WIDE_ROWS_PER_EXPERT * num_experts:
+        return 256, 64, 128, 8, 3, 1, 0, 1, 1
     return 128, 128, 128, 8, 3, 1, 0, 1, 1
+
+
+def moe_down_tiles(gate_up_tiles: MoeTiles) -> MoeTiles:
+    """The down GEMM's tiles beside the gate-up GEMM's default ones: its K (the intermediate
+    width, 2048 at V4-Flash) is half the gate-up's, and with the 256-row tiles it was faster at
+    128 x 128 x 128 unswapped, N-tiles first (H100, 2026-12-06: 9.45 against 9.74 ms for both
+    GEMMs at 8192 tokens, 5.18 against 5.23 at 4096); else the gate-up's own."""
+    if gate_up_tiles[0] == 256:
+        return 128, 128, 128, 8, 3, 0, 0, 1, 1
+    return gate_up_tiles
 
 
 def split_k_slices(k: int, block_k: int, split: int) -> tuple[int, int]:
@@ -597,7 +617,10 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     t, hid = x.shape
     e, inter = gate_up.shape[0], down.shape[-1] * 2
     m = t * top_k
-    bm, bn, bk, warps, stages, *rest = tiles or moe_tiles(m, hid)
+    if tiles is None:
+        tiles = moe_tiles(m, hid, gate_up.shape[0])
+        down_tiles = down_tiles or moe_down_tiles(tiles)
+    bm, bn, bk, warps, stages, *rest = tiles
     if bm == 1 and fp8_scratch is None:
         assert h is not None
         _launch_moe_gemv(x, ids, tw, gate_up, gate_up_scale, down, down_scale, limit, h, y, out,

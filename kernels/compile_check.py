@@ -312,6 +312,7 @@ def _quantized_specs() -> list[KernelSpec]:
           for bm, bn, bk, w, st, swap, nf in ((128, 128, 128, 8, 3, True, True),
                                               (128, 128, 128, 8, 4, True, True),
                                               (256, 64, 128, 8, 3, True, True),
+                                              (128, 128, 128, 8, 3, False, True),
                                               (128, 128, 64, 8, 3, False, False))),
         # the per-pair GEMV form (BLOCK_M 1), the decode default up to 64 pairs
         # (int32 words: the default; bytes: the earlier decode, a sweep option)

@@ -224,7 +224,8 @@ def test_scaled_dot_tiles(interpret, tiles) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiles", [(128, 128, 128, 8, 3, 1), (128, 128, 64, 8, 3, 0),
-                                   (16, 64, 128, 4, 3, 1)])
+                                   (16, 64, 128, 4, 3, 1), (256, 64, 128, 8, 3, 1),
+                                   (128, 128, 128, 8, 3, 0)])
 def test_tiled_word_decode_on_cuda(cuda, tiles) -> None:
     """On the GPU the word decode runs in bf16 (the interpreter cannot): the same bits as the
     byte decode at the prefill and decode tiles, with scales from 2**-120 to 2**8 and every
@@ -477,3 +478,20 @@ def test_experts_module_takes_prefill_tiles_only_at_prefill_sizes(interpret, mon
         torch.testing.assert_close(out, moe_experts_ref(x, w, ids, gu, gus, dn, dns, 7.0),
                                    rtol=1e-4, atol=1e-4)
     assert seen == [None, mod.prefill_tiles]
+
+
+def test_prefill_tiles_by_rows_an_expert(monkeypatch) -> None:
+    """The GPU's prefill tiles (the interpreter has its own): 256-row tiles once the experts'
+    mean rows reach ``WIDE_ROWS_PER_EXPERT`` (4096 tokens x top-6 over 128 experts: 192), with the
+    down GEMM at its own 128 x 128 tiles; 128-row tiles below (2048 tokens: 96 rows an expert),
+    where the down GEMM takes the gate-up's tiles. Every prefill tile runs N-tiles first."""
+    import kernels._mxfp4_moe_triton as moe
+
+    monkeypatch.setattr(moe, "interpreting", lambda: False)
+    wide = moe.moe_tiles(4096 * 6, 4096, 128)
+    narrow = moe.moe_tiles(2048 * 6, 4096, 128)
+    assert wide[0] == 256 and narrow[0] == 128
+    assert moe.moe_tiles(4096 * 6, 4096, 256)[0] == 128  # 96 rows an expert over 256 experts
+    assert moe.moe_down_tiles(wide)[:2] == (128, 128) and moe.moe_down_tiles(narrow) == narrow
+    assert wide[8] == narrow[8] == moe.moe_down_tiles(wide)[8] == 1
+    assert moe.moe_tiles(200, 4096, 128)[0] == 16  # a decode step stays on the decode tiles
