@@ -100,37 +100,47 @@ def _hc_mixes_kernel(s_ptr, fn_ptr, out_ptr, n, m, d, rows, eps, stride_sn, stri
              mask=ok_n[:, None] & ok_r[None, :])
 
 
-def _grid(n: int, d: int, m: int) -> tuple[tuple[int, int], int, int]:
-    block_d = min(HC_BLOCK_D, next_pow2(d))
+def _grid(n: int, d: int, m: int, block_d: int) -> tuple[tuple[int, int], int, int]:
+    block_d = min(block_d, next_pow2(d))
     return (n, cdiv(d, block_d)), max(2, next_pow2(m)), block_d
 
 
+# (BLOCK_D, num_warps) of merge and collapse; (BLOCK_N, BLOCK_K, num_warps, num_stages) of the
+# mixes: benchmarks pass others (``bench.deepseek_v4.hc_sweep``)
+HcTiles = tuple[int, ...]
+
+
 def launch_hc_merge(post: torch.Tensor, comb: torch.Tensor, block_out: torch.Tensor,
-                    streams: torch.Tensor, out: torch.Tensor) -> None:
+                    streams: torch.Tensor, out: torch.Tensor, tiles: HcTiles | None = None) -> None:
     n, m, d = streams.shape
-    grid, bm, bd = _grid(n, d, m)
+    block_d, warps = tiles or (HC_BLOCK_D, 4)
+    grid, bm, bd = _grid(n, d, m, block_d)
     _hc_merge_kernel[grid](
         post, comb, block_out, streams, out, m, d, post.stride(0), comb.stride(0), comb.stride(1),
         block_out.stride(0), streams.stride(0), streams.stride(1), out.stride(0), out.stride(1),
-        BLOCK_M=bm, BLOCK_D=bd, F32=streams.dtype == torch.float32, num_warps=4,
+        BLOCK_M=bm, BLOCK_D=bd, F32=streams.dtype == torch.float32, num_warps=warps,
     )
 
 
-def launch_hc_collapse(pre: torch.Tensor, streams: torch.Tensor, out: torch.Tensor) -> None:
+def launch_hc_collapse(pre: torch.Tensor, streams: torch.Tensor, out: torch.Tensor,
+                       tiles: HcTiles | None = None) -> None:
     n, m, d = streams.shape
-    grid, bm, bd = _grid(n, d, m)
+    block_d, warps = tiles or (HC_BLOCK_D, 4)
+    grid, bm, bd = _grid(n, d, m, block_d)
     _hc_collapse_kernel[grid](
         pre, streams, out, m, d, pre.stride(0), streams.stride(0), streams.stride(1),
-        out.stride(0), BLOCK_M=bm, BLOCK_D=bd, num_warps=4,
+        out.stride(0), BLOCK_M=bm, BLOCK_D=bd, num_warps=warps,
     )
 
 
-def launch_hc_mixes(streams: torch.Tensor, fn: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+def launch_hc_mixes(streams: torch.Tensor, fn: torch.Tensor, eps: float, out: torch.Tensor,
+                    tiles: HcTiles | None = None) -> None:
     n, m, d = streams.shape
     rows = fn.shape[0]
-    _hc_mixes_kernel[(cdiv(n, HC_MIX_BLOCK_N),)](
+    block_n, block_k, warps, stages = tiles or (HC_MIX_BLOCK_N, HC_MIX_BLOCK_K, 4, 3)
+    _hc_mixes_kernel[(cdiv(n, block_n),)](
         streams, fn, out, n, m, d, rows, eps, streams.stride(0), streams.stride(1), fn.stride(0),
-        out.stride(0), BLOCK_N=HC_MIX_BLOCK_N, BLOCK_R=max(16, next_pow2(rows)),
-        BLOCK_K=HC_MIX_BLOCK_K, SPLIT3=streams.dtype == torch.bfloat16 and not interpreting(),
-        num_warps=4, num_stages=3,
+        out.stride(0), BLOCK_N=block_n, BLOCK_R=max(16, next_pow2(rows)),
+        BLOCK_K=block_k, SPLIT3=streams.dtype == torch.bfloat16 and not interpreting(),
+        num_warps=warps, num_stages=stages,
     )
