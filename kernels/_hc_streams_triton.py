@@ -10,8 +10,15 @@ import triton.language as tl
 
 from kernels._triton_support import cdiv, interpreting, next_pow2
 
-HC_BLOCK_D = 512  # hidden channels per program: m x 512 stream values in registers
+# hidden channels per merge/collapse program: m x 1024 stream values in registers. H100, 4 x 4096
+# bf16 streams (bench.deepseek_v4.hc_sweep, 2026-12-06): collapse 0.064 against 0.165 ms at 512
+# (4096 tokens), 0.118 against 0.306 (8192); merge 0.113 against 0.121, 0.218 against 0.235
+HC_BLOCK_D = 1024
 HC_MIX_BLOCK_N = 16  # tokens per mixes program (tl.dot's least M): 256 programs at 4096 tokens
+# from HC_MIX_WIDE_FROM tokens, 64 a program: fewer programs re-read the mixing weights (H100:
+# 0.223 against 0.247 ms at 4096 tokens, 0.217 against 0.417 at 8192)
+HC_MIX_BLOCK_N_WIDE = 64
+HC_MIX_WIDE_FROM = 4096
 HC_MIX_BLOCK_K = 64  # stream channels per step of the mixes' loop
 
 
@@ -137,7 +144,8 @@ def launch_hc_mixes(streams: torch.Tensor, fn: torch.Tensor, eps: float, out: to
                     tiles: HcTiles | None = None) -> None:
     n, m, d = streams.shape
     rows = fn.shape[0]
-    block_n, block_k, warps, stages = tiles or (HC_MIX_BLOCK_N, HC_MIX_BLOCK_K, 4, 3)
+    block_n, block_k, warps, stages = tiles or (
+        HC_MIX_BLOCK_N_WIDE if n >= HC_MIX_WIDE_FROM else HC_MIX_BLOCK_N, HC_MIX_BLOCK_K, 4, 3)
     _hc_mixes_kernel[(cdiv(n, block_n),)](
         streams, fn, out, n, m, d, rows, eps, streams.stride(0), streams.stride(1), fn.stride(0),
         out.stride(0), BLOCK_N=block_n, BLOCK_R=max(16, next_pow2(rows)),
