@@ -124,13 +124,15 @@ W8A8Tiles = tuple[int, int, int, int, int]  # BLOCK_M, BLOCK_N, GROUP_M, num_war
 
 
 def launch_act_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group: int,
-                     amax_floor: float) -> None:
-    """x [M, G, K] (last dim contiguous) -> q [M, G, K] uint8, s [M, G, ceil(K/group)] fp32."""
+                     amax_floor: float, tiles: tuple[int, int] | None = None) -> None:
+    """x [M, G, K] (last dim contiguous) -> q [M, G, K] uint8, s [M, G, ceil(K/group)] fp32.
+    ``tiles``: (rows a program, warps) in place of the default (benchmarks sweep them)."""
     m, groups, k = x.shape
     nkb = triton.cdiv(k, group)
-    _act_quant_kernel[(triton.cdiv(m, _QUANT_ROWS), groups * nkb)](
+    block_r, warps = tiles or (_QUANT_ROWS, 4)
+    _act_quant_kernel[(triton.cdiv(m, block_r), groups * nkb)](
         x, q, s, m, groups, k, nkb, x.stride(0), x.stride(1),
-        AMAX_FLOOR=amax_floor, BLOCK_R=_QUANT_ROWS, GROUP=group, num_warps=4)
+        AMAX_FLOOR=amax_floor, BLOCK_R=block_r, GROUP=group, num_warps=warps)
 
 
 def launch_fp8_w8a8(q: torch.Tensor, s: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor,

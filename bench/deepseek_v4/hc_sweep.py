@@ -1,12 +1,16 @@
-"""The mHC stream kernels of a prefill chunk (``kernels.hc_streams``: mixes, collapse, merge) at
-V4-Flash's shape (4 streams x 4096, 24 mixing rows), at the tiles given, each against the
-default tiles' answer and the copy rate of the bytes it must move.
+"""The memory-bound kernels of a prefill chunk at V4-Flash's shapes, at the tiles given, each
+against the default tiles' answer and the copy rate of the bytes it must move: the mHC stream
+kernels (``kernels.hc_streams``: mixes, collapse, merge; 4 streams x 4096, 24 mixing rows) and
+the FP8 activation quantizer of the prefill projections (``kernels.fp8_w8a8``, at the inputs
+1024, 4096 and 8192 wide).
 
     python -m bench.deepseek_v4.hc_sweep --tokens 4096 \
-        --mixes "default;32,64,4,3;16,128,8,3" --collapse "default;1024,4" --merge "default;1024,4"
+        --mixes "default;32,64,4,3;16,128,8,3" --collapse "default;1024,4" --merge "default;1024,4" \
+        --act-quant "default;64,4;128,8"
 
-Mixes tiles: BLOCK_N,BLOCK_K,warps,stages; collapse and merge: BLOCK_D,warps. On a machine
-without a GPU it runs each once through the Triton interpreter (a smoke test, tiny widths).
+Mixes tiles: BLOCK_N,BLOCK_K,warps,stages; collapse and merge: BLOCK_D,warps; act-quant:
+rows,warps. On a machine without a GPU it runs each once through the Triton interpreter (a
+smoke test, tiny widths).
 """
 
 from __future__ import annotations
@@ -25,10 +29,14 @@ def _tiles(spec: str) -> tuple[int, ...] | None:
 
 
 def sweep(tokens: int, dev: str, mixes: list[str], collapse: list[str], merge: list[str],
-          streams: int = 4, hidden: int = 4096, rows: int = 24) -> list[dict[str, Any]]:
+          act_quant: list[str] | None = None, streams: int = 4, hidden: int = 4096,
+          rows: int = 24, quant_widths: tuple[int, ...] = (1024, 4096, 8192)
+          ) -> list[dict[str, Any]]:
     """One row per (kernel, tiles): ms, GB/s of the bytes the kernel must move, and the largest
     difference from the default tiles' output (0 where the tiles only regroup the same sums)."""
+    from kernels._fp8_w8a8_triton import launch_act_quant
     from kernels._hc_streams_triton import launch_hc_collapse, launch_hc_merge, launch_hc_mixes
+    from kernels.fp8_w8a8 import AMAX_FLOOR, GROUP
 
     g = torch.Generator(device=dev).manual_seed(0)
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -48,6 +56,14 @@ def sweep(tokens: int, dev: str, mixes: list[str], collapse: list[str], merge: l
         "merge": (merge, lambda t, o: launch_hc_merge(post, comb, bo, s, o, t),
                   lambda: torch.empty_like(s), 2 * s.numel() * esz + bo.numel() * esz),
     }
+    for width in quant_widths if act_quant else ():
+        xq = torch.randn(tokens, 1, width, device=dev, generator=g).to(dt)
+        codes = torch.empty(tokens, 1, width, device=dev, dtype=torch.uint8)
+        cases[f"act_quant {width}"] = (
+            act_quant, lambda t, o, xq=xq, codes=codes: launch_act_quant(xq, codes, o, GROUP,
+                                                                        AMAX_FLOOR, t),
+            lambda width=width: torch.empty(tokens, 1, -(-width // GROUP), device=dev),
+            xq.numel() * esz + codes.numel())
     rows_out: list[dict[str, Any]] = []
     for name, (specs, run, make, moved) in cases.items():
         ref = None
@@ -78,13 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mixes", default="default")
     p.add_argument("--collapse", default="default")
     p.add_argument("--merge", default="default")
+    p.add_argument("--act-quant", default="", help="tiles of the FP8 activation quantizer too")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    shape: dict[str, int] = {} if dev == "cuda" else {"hidden": 64, "rows": 5}
+    shape: dict[str, Any] = {} if dev == "cuda" else {"hidden": 64, "rows": 5,
+                                                      "quant_widths": (256, 384)}
     tokens = args.tokens if dev == "cuda" else min(args.tokens, 40)
     rows = sweep(tokens, dev, args.mixes.split(";"), args.collapse.split(";"),
-                 args.merge.split(";"), **shape)
+                 args.merge.split(";"), [c for c in args.act_quant.split(";") if c], **shape)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
