@@ -532,7 +532,8 @@ WIDE_ROWS_PER_EXPERT = 160  # mean rows an expert from which the 256-row prefill
 
 
 def moe_tiles(num_pairs: int, hidden: int = 4096, num_experts: int = 0) -> MoeTiles:
-    """Tiles of both GEMMs. Up to ``GEMV_MAX_PAIRS`` pairs (8 tokens at top-6) the per-pair
+    """Tiles of the gate-up GEMM, and of the down GEMM where :func:`moe_down_tiles` gives it
+    no tiles of its own. Up to ``GEMV_MAX_PAIRS`` pairs (8 tokens at top-6) the per-pair
     GEMV form: on the H200 (docs/quant_decode_sweep_moe_h200.json) 0.074 against 0.091 ms at
     one token and 0.446 against 0.502 at 8, 1.69 against 1.06 ms at 32 (the tiled form reads
     an expert once for all its rows). Decode beyond (a few rows per expert): 16-row tiles with
