@@ -529,6 +529,11 @@ MoeTiles = tuple[int, ...]
 
 
 WIDE_ROWS_PER_EXPERT = 160  # mean rows an expert from which the 256-row prefill tiles pay
+# prefill tiles: swapped, not dot_scaled, int32 words straight to bf16, N-tiles first; the wide
+# ones hold 256 rows (a decoded weight tile feeds twice the rows), their down GEMM its own
+PREFILL_TILES: MoeTiles = (128, 128, 128, 8, 3, 1, 0, 1, 1)
+WIDE_PREFILL_TILES: MoeTiles = (256, 64, 128, 8, 3, 1, 0, 1, 1)
+WIDE_DOWN_TILES: MoeTiles = (128, 128, 128, 8, 3, 0, 0, 1, 1)
 
 
 def moe_tiles(num_pairs: int, hidden: int = 4096, num_experts: int = 0) -> MoeTiles:
@@ -554,11 +559,9 @@ def moe_tiles(num_pairs: int, hidden: int = 4096, num_experts: int = 0) -> MoeTi
         return (16, 32, 64, 4, 1) if num_pairs <= PREFILL_MIN_PAIRS else (64, 32, 64, 4, 1)
     if num_pairs <= PREFILL_MIN_PAIRS:
         return 16, 64, 128, 4, 3
-    # swapped, not dot_scaled, int32 words straight to bf16, N-tiles first; 256 rows a tile
-    # (a decoded weight tile feeds twice the rows) where the experts' mean rows fill them
     if num_experts and num_pairs >= WIDE_ROWS_PER_EXPERT * num_experts:
-        return 256, 64, 128, 8, 3, 1, 0, 1, 1
-    return 128, 128, 128, 8, 3, 1, 0, 1, 1
+        return WIDE_PREFILL_TILES
+    return PREFILL_TILES
 
 
 def moe_down_tiles(gate_up_tiles: MoeTiles) -> MoeTiles:
@@ -566,9 +569,7 @@ def moe_down_tiles(gate_up_tiles: MoeTiles) -> MoeTiles:
     width, 2048 at V4-Flash) is half the gate-up's, and with the 256-row tiles it was faster at
     128 x 128 x 128 unswapped, N-tiles first (H100, 2026-12-06: 9.45 against 9.74 ms for both
     GEMMs at 8192 tokens, 5.18 against 5.23 at 4096); else the gate-up's own."""
-    if gate_up_tiles[0] == 256:
-        return 128, 128, 128, 8, 3, 0, 0, 1, 1
-    return gate_up_tiles
+    return WIDE_DOWN_TILES if gate_up_tiles == WIDE_PREFILL_TILES else gate_up_tiles
 
 
 def split_k_slices(k: int, block_k: int, split: int) -> tuple[int, int]:

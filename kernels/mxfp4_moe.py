@@ -141,7 +141,7 @@ def moe_experts(
     accumulate: bool = False, workspace: torch.Tensor | None = None, fp8: bool = False,
     fp8_tiles: tuple[int, int, int, int, int] | None = None,
     splits: tuple[int, int] | None = None,
-    tiles: tuple[int, int, int, int, int] | None = None,
+    tiles: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """x [T, H] (H a multiple of 32); topk_weights [T, k] fp32; topk_ids [T, k] int64 in
     [0, E); gate_up [E, 2I, H/2] packed e2m1 with gate_up_scale [E, 2I, H/32] e8m0; down
@@ -154,7 +154,8 @@ def moe_experts(
     ``fp8_tiles``: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of that form, BLOCK_K 32, 64 or
     128 (None: ``_mxfp4_moe_fp8_triton.fp8_moe_tiles``). ``splits``: (gate-up, down) split-K
     of the weight-only form at decode sizes (None: :func:`moe_splits`). ``tiles``: (BLOCK_M,
-    BLOCK_N, BLOCK_K, warps, stages) of that form (None: ``_mxfp4_moe_triton.moe_tiles``)."""
+    BLOCK_N, BLOCK_K, warps, stages[, swap, scaled, words, n-first]) of that form (None:
+    ``_mxfp4_moe_triton.moe_tiles``)."""
     name = "moe_experts"
     dev = x.device
     check_tensor(name, "x", x, shape=(None, None), dtypes=_ACT_DTYPES, device=dev)

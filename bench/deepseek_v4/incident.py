@@ -193,6 +193,18 @@ def sweep(sc: Scenario, name: str, args: argparse.Namespace, end: int, with_deco
     return run
 
 
+def _tiles_arg(flag: str, spec: str) -> tuple[int, ...]:
+    """'BM,BN,BK,warps,stages[,...]' -> ints, or exit naming the flag."""
+    try:
+        tiles = tuple(int(t) for t in spec.split(","))
+    except ValueError:
+        tiles = ()
+    if len(tiles) < 5 or min(tiles[:5]) < 1:
+        raise SystemExit(f"--{flag.replace('_', '-')} wants BM,BN,BK,warps,stages[,...] as "
+                         f"positive integers, got {spec!r}")
+    return tiles
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     t_begin = time.time()
     stop_at = t_begin + args.deadline
@@ -203,16 +215,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sd = synthetic_quantized_state_dict(cfg, dev, torch.bfloat16)
     model = DeepseekV4Model.from_state_dict(cfg, sd, torch.bfloat16, dev, V4Backend(), consume=True)
     sd.clear()
-    if args.moe_tiles:
-        tiles = tuple(int(t) for t in args.moe_tiles.split(","))
-        for mod in model.modules():
-            if hasattr(mod, "prefill_tiles"):
-                mod.prefill_tiles = tiles
-    if args.moe_fp8_tiles:
-        tiles = tuple(int(t) for t in args.moe_fp8_tiles.split(","))
-        for mod in model.modules():
-            if hasattr(mod, "fp8_tiles"):
-                mod.fp8_tiles = tiles
+    for flag, attr in (("moe_tiles", "prefill_tiles"), ("moe_fp8_tiles", "fp8_tiles")):
+        spec = getattr(args, flag)
+        if spec:
+            tiles = _tiles_arg(flag, spec)
+            for mod in model.modules():
+                if hasattr(mod, attr):
+                    setattr(mod, attr, tiles)
     _sync()
     weights = sum(t.numel() * t.element_size() for n, t in model.state_dict().items() if "rotary" not in n)
     device_bytes = torch.cuda.get_device_properties(dev).total_memory

@@ -68,3 +68,15 @@ def test_report_renders_runs_ratio_and_plot(tmp_path: Path) -> None:
     assert (tmp_path / "deepseek_v4_incident.png").stat().st_size > 0
     text = (tmp_path / "deepseek_v4.md").read_text()
     assert "bench_incident:begin" in text and "today's formulas" in text  # re-planned
+
+
+def test_tile_flags_name_themselves_on_bad_input() -> None:
+    """--moe-tiles / --moe-fp8-tiles: five positive integers at least, or an exit naming the flag."""
+    import pytest
+
+    from bench.deepseek_v4.incident import _tiles_arg
+
+    assert _tiles_arg("moe_tiles", "256,64,128,8,3,1,0,1,1") == (256, 64, 128, 8, 3, 1, 0, 1, 1)
+    for bad in ("1,2,3", "a,b,c,d,e", "128,0,128,8,3"):
+        with pytest.raises(SystemExit, match="--moe-fp8-tiles"):
+            _tiles_arg("moe_fp8_tiles", bad)
