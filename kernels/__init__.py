@@ -8,7 +8,7 @@ engine uses the references); the Triton modules load on the first wrapper call.
 This package must never import anything else of ours.
 """
 
-from kernels._triton_support import pdl_launch
+from kernels._triton_support import pdl_launch, pdl_mode
 from kernels.compress_decode import compress_decode
 from kernels.compress_decode_ref import compress_decode_ref
 from kernels.errors import KernelArgumentError, KernelUnavailableError
@@ -98,6 +98,7 @@ __all__ = [
     "paged_decode_attention_ref",
     "paged_decode_workspace_bytes",
     "pdl_launch",
+    "pdl_mode",
     "rope_and_cache",
     "rope_and_cache_ref",
     "silu_and_mul",

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._pdl_triton import gdc_wait
+from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import cdiv, next_pow2, pdl_kwargs
 
 COMPRESS_BLOCK_C = 64  # entry channels per window program
@@ -61,9 +61,8 @@ def _compress_window_kernel(kv_ptr, g_ptr, wr_ptr, slot_ptr, pos_ptr, tab_ptr, b
                             pb_ptr, okv_ptr, og_ptr, ent_ptr, r, d, win, block_size,
                             s_kv, s_g, s_tab, s_bs, s_br, s_pb, s_os, s_or, s_ent,
                             OVERLAP: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
-                            PDL: tl.constexpr = False):
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+                            PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     wr = tl.load(wr_ptr + row)
     is_writer = wr == row
@@ -139,9 +138,8 @@ def _compress_window_kernel(kv_ptr, g_ptr, wr_ptr, slot_ptr, pos_ptr, tab_ptr, b
 @triton.jit
 def _compress_entry_kernel(ent_ptr, w_ptr, freq_ptr, wr_ptr, pos_ptr, tab_ptr, out_ptr, dst_ptr,
                            r, d, half, per, eps, rope_scale, s_ent, s_tab, s_out,
-                           BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+                           BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + row)
     e0 = pos // r

@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._pdl_triton import gdc_wait
-from kernels._triton_support import interpreting, pdl_kwargs
+from kernels._pdl_triton import l2_prefetch, pdl_wait
+from kernels._triton_support import PDL_PREFETCH, interpreting, pdl_kwargs
 from kernels.fp8_linear import gemv_k_split, gemv_num_splits, gemv_semaphores_needed
 
 E4M3_TO_F16_FACTOR = 256.0  # e4m3 bits placed in an fp16 read 2**-8 of their value
@@ -108,6 +108,27 @@ def _last_slice_sum(p_tile, o_tile, mask, stride_ys, SLICES, sem_ptr, tile):
 
 
 @triton.jit
+def _prefetch_gemv_weights(w_ptr, N, K, SPLIT_TILES, stride_wn, M_TILES,
+                           SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The decode GEMVs' ``PDL`` bit 4: before the program waits on the previous kernel, ask
+    L2 for the weight bytes it will stream (its rows, its K slice), so HBM is busy while the
+    previous kernel finishes. Program ids as in the GEMV kernels (axis 0: K slice x
+    ``M_TILES``). The launcher sets the bit only where K, the row stride and the base are
+    multiples of 16 (the bulk prefetch's rule)."""
+    n0 = tl.program_id(1) * BLOCK_N
+    rows = tl.minimum(N - n0, BLOCK_N)
+    base = w_ptr + (tl.program_id(2) * N + n0) * stride_wn
+    if SPLIT:  # the slice's K range of each row: one prefetch a row
+        k_lo = (tl.program_id(0) // M_TILES) * SPLIT_TILES * BLOCK_K
+        nbytes = tl.minimum(K - k_lo, SPLIT_TILES * BLOCK_K)
+        for r in tl.static_range(BLOCK_N):
+            if r < rows:
+                l2_prefetch(base + r * stride_wn + k_lo, nbytes)
+    else:  # whole rows: one span
+        l2_prefetch(base, (rows - 1) * stride_wn + K)
+
+
+@triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr,
     M, N, K, SPLIT_TILES,
@@ -116,7 +137,7 @@ def _fp8_gemv_kernel(
     o_ptr, stride_om, stride_og, sem_ptr, SLICES,
     F32: tl.constexpr, SPLIT: tl.constexpr, SERIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     """Few rows (decode): the weight-streaming form. Operands swapped (acc [BN, BM] = W x^T) so
     the decoded weight tile is the dot's wide side and a narrow ``BLOCK_N`` spreads N over many
@@ -127,8 +148,10 @@ def _fp8_gemv_kernel(
     slice: the output itself). Slices are whole K-tiles, so the one-scale-per-tile rule holds.
     ``SERIAL``: the last slice of a tile to finish sums the partials into ``o`` [M, G, N]
     (``_last_slice_sum``, one int32 counter a tile at ``sem_ptr``); else a second launch does."""
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+    if PDL & 4:  # weights only: never written during a step (kernels/NOTES.md)
+        _prefetch_gemv_weights(w_ptr, N, K, SPLIT_TILES, stride_wn, tl.cdiv(M, BLOCK_M),
+                               SPLIT, BLOCK_N, BLOCK_K)
+    pdl_wait(PDL)  # before any other memory access (kernels/NOTES.md)
     pid_m = tl.program_id(0)
     split = 0
     if SPLIT:
@@ -188,7 +211,7 @@ def _fp8_gemv_sum_kernel(
     SCALE_BN, SCALE_BK,
     o_ptr, stride_om, stride_og, sem_ptr, SLICES,
     HW: tl.constexpr, SPLIT: tl.constexpr, SERIAL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """The no-dot decode form: one activation row a program, ``BLOCK_N`` (4-16) weight rows
     decoded and multiplied elementwise into a [BN, BK] fp32 accumulator that is summed once at
@@ -196,8 +219,9 @@ def _fp8_gemv_sum_kernel(
     (more loads in flight at M = 1); a second row re-reads the weight (from L2), so it is for
     one or a few rows. Grid axis 0 is (K slice, row); split-K (``SERIAL`` too) as in
     ``_fp8_gemv_kernel``."""
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+    if PDL & 4:  # weights only: never written during a step (kernels/NOTES.md)
+        _prefetch_gemv_weights(w_ptr, N, K, SPLIT_TILES, stride_wn, M, SPLIT, BLOCK_N, BLOCK_K)
+    pdl_wait(PDL)  # before any other memory access (kernels/NOTES.md)
     row = tl.program_id(0)
     split = 0
     if SPLIT:
@@ -240,10 +264,9 @@ def _fp8_gemv_sum_kernel(
 
 @triton.jit
 def _split_k_reduce_kernel(p_ptr, y_ptr, N, NG, SPLIT, stride_ps, stride_pm, stride_ym, stride_yg,
-                           BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                           BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     """y[m, g, n] = sum over slices s of p[s, m, g * N + n], in slice order (deterministic)."""
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < NG
@@ -295,6 +318,8 @@ def launch_fp8_gemv(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, ou
             dst.stride(1), stride_ys, block[0], block[1],
             out, out.stride(0), out.stride(1), sem, slices)
     pdl = pdl_kwargs(x.device)
+    if pdl and not (k % 16 == 0 and w_u8.stride(0) % 16 == 0 and w_u8.data_ptr() % 16 == 0):
+        pdl["PDL"] = int(pdl["PDL"]) & ~PDL_PREFETCH  # the bulk prefetch needs 16-byte multiples
     if form == "sum":
         _fp8_gemv_sum_kernel[(m * slices, triton.cdiv(n, bn), groups)](
             *args, HW=not (x.dtype == torch.float32 or interpreting()), SPLIT=slices > 1,

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._pdl_triton import gdc_wait
+from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import cdiv, next_pow2, pdl_kwargs
 
 HC_MIX_BLOCK_D = 64  # hidden channels per mix program: fn tile rows x m x 64 fp32 in registers
@@ -31,9 +31,8 @@ def _hc_mix_kernel(s_ptr, fn_ptr, part_ptr, post_ptr, comb_ptr, bo_ptr, out_ptr,
                    m, d, rows, num_slices,
                    stride_sn, stride_sr, stride_fr, stride_bn, stride_on, stride_or,
                    MERGE: tl.constexpr, F32: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     tok = tl.program_id(0).to(tl.int64)
     sl = tl.program_id(1)
     cols = sl * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -71,9 +70,8 @@ def _hc_finish_kernel(part_ptr, s_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, 
                       m, d, rows, num_slices, iters, hc_eps, norm_eps,
                       stride_sn, stride_sr, stride_xn,
                       HEAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
-                      BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+                      BLOCK_D: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     tok = tl.program_id(0).to(tl.int64)
     sl_id = tl.program_id(1)
     sl = tl.arange(0, BLOCK_S)
@@ -124,9 +122,8 @@ def _hc_finish_kernel(part_ptr, s_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, 
 
 @triton.jit
 def _hc_norm_kernel(part_ptr, w_ptr, x_ptr, d, rows, num_slices, norm_eps, stride_xn,
-                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     tok = tl.program_id(0).to(tl.int64)
     sl = tl.arange(0, BLOCK_S)
     sq = tl.sum(tl.load(part_ptr + (tok * num_slices + sl) * (rows + 2) + rows + 1,

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from kernels._indexer_triton import _unpack
-from kernels._pdl_triton import gdc_wait
+from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import cdiv, interpreting, next_pow2, pdl_kwargs
 
 INDEXER_DECODE_BLOCK_T = 64  # entries per program
@@ -19,9 +19,8 @@ INDEXER_DECODE_BLOCK_T = 64  # entries per program
 def _indexer_decode_kernel(q_ptr, w_ptr, k_ptr, tab_ptr, end_ptr, out_ptr, h, d, first, num, per,
                            s_qb, s_qh, s_wb, s_k, s_tab, s_ob, F32: tl.constexpr,
                            BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
-                           PDL: tl.constexpr = False):
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+                           PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     ok_t = t < num
@@ -64,11 +63,10 @@ def launch_indexer_decode(q: torch.Tensor, weights: torch.Tensor, keys: torch.Te
 
 @triton.jit
 def _topk_rows_finalize_kernel(best_ptr, tab_ptr, out_ptr, topk, per, s_tab, s_o,
-                               KP: tl.constexpr, PDL: tl.constexpr = False):
+                               KP: tl.constexpr, PDL: tl.constexpr = 0):
     """The running best of a row -> the pool rows of its entries (``table[e // per] * per + e
     % per``), int32, -1 past the visible ones: what the sparse attention takes as indices."""
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, KP)
     score, e = _unpack(tl.load(best_ptr + row * KP + offs))

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._pdl_triton import gdc_wait
+from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import interpreting, pdl_kwargs
 
 _INT64_MIN = tl.constexpr(-9223372036854775808)
@@ -138,10 +138,9 @@ def _indexer_scores_kernel(
 def _topk_merge_kernel(
     scores_ptr, kv_end_ptr, best_ptr, cand_ptr,
     col0, n_cols, topk, stride_ss,
-    KP: tl.constexpr, LOG_KP: tl.constexpr, PDL: tl.constexpr = False,
+    KP: tl.constexpr, LOG_KP: tl.constexpr, PDL: tl.constexpr = 0,
 ):
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, KP)
     best_row = best_ptr + row * KP
@@ -179,9 +178,8 @@ def _topk_merge_kernel(
 
 
 @triton.jit
-def _topk_init_kernel(best_ptr, KP: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+def _topk_init_kernel(best_ptr, KP: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     offs = tl.arange(0, KP)
     tl.store(best_ptr + tl.program_id(0).to(tl.int64) * KP + offs,
              tl.full([KP], _INT64_MIN, tl.int64))

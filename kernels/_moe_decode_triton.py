@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._pdl_triton import gdc_wait
+from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import cdiv, next_pow2, pdl_kwargs
 
 SWIGLU_BLOCK = 1024  # channels per SwiGLU program
@@ -17,9 +17,8 @@ SWIGLU_BLOCK = 1024  # channels per SwiGLU program
 @triton.jit
 def _moe_route_kernel(lg_ptr, bias_ptr, hash_ptr, tok_ptr, w_ptr, idx_ptr, e, k, scaling,
                       stride_l, stride_h, SCORING: tl.constexpr, HASH: tl.constexpr,
-                      BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+                      BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     ex = tl.arange(0, BLOCK_E)
     ok = ex < e
@@ -56,9 +55,8 @@ def _moe_route_kernel(lg_ptr, bias_ptr, hash_ptr, tok_ptr, w_ptr, idx_ptr, e, k,
 
 @triton.jit
 def _clamped_swiglu_kernel(g_ptr, u_ptr, out_ptr, n, limit, stride_g, stride_u, stride_o,
-                           BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+                           BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n

@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from kernels._moe_sort_triton import BLOCKED_SORT_MIN_PAIRS, launch_tiled_sort
-from kernels._pdl_triton import gdc_wait
-from kernels._triton_support import interpreting, next_pow2, pdl_kwargs
+from kernels._pdl_triton import l2_prefetch, pdl_wait
+from kernels._triton_support import PDL_PREFETCH, interpreting, next_pow2, pdl_kwargs
 from kernels.moe_sort_sizes import GEMV_MAX_PAIRS, PREFILL_MIN_PAIRS
 
 _SORT_BLOCK = 128
@@ -408,11 +408,27 @@ def _gemv_acc(acc, w_rows, s_rows, a_ptr, k0, k_hi, n_ok, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
+def _prefetch_expert_rows(rows_ptr, stride_wn, rows, k_lo, k_hi, BLOCK_N: tl.constexpr,
+                          WORDS: tl.constexpr):
+    """``PDL`` bit 4 of the per-pair GEMVs: ask L2 at once for the packed bytes of columns
+    [k_lo, k_hi) of the first ``rows`` rows at ``rows_ptr`` (row stride ``stride_wn``, in the
+    pointer's elements: bytes, or int32 words with ``WORDS``), so every load of the K loop is
+    in flight from the start. The launcher sets the bit only where the byte offsets and
+    lengths are multiples of 16 (the bulk prefetch's rule)."""
+    off = k_lo // 2
+    if WORDS:
+        off = k_lo // 8
+    for r in tl.static_range(BLOCK_N):
+        if r < rows:
+            l2_prefetch(rows_ptr + r * stride_wn + off, (k_hi - k_lo) // 2)
+
+
+@triton.jit
 def _moe_gemv_gate_up_kernel(
     x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, H, INTER, TOP_K,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm, limit, SPLIT_TILES,
     stride_ps, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    WORDS: tl.constexpr = False, PDL: tl.constexpr = False,
+    WORDS: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):
     """The per-pair GEMV form of :func:`_moe_gate_up_kernel` (decode: a handful of pairs). Grid
     (pairs, N-tiles, K-slices); each program reads its pair's expert straight from ``ids`` (no
@@ -420,8 +436,7 @@ def _moe_gemv_gate_up_kernel(
     with a broadcast multiply (no MMA, no rows padded to a tile). Writes ``h[pair]`` (pair
     order) or, ``PARTIAL``, the slice's fp32 gate and up sums as the tiled form does.
     ``WORDS``: ``w_ptr`` and its strides are in int32 words (see :func:`_gemv_acc`)."""
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     pair = tl.program_id(0)
     e = tl.load(ids_ptr + pair)
     tok = pair // TOP_K
@@ -433,6 +448,11 @@ def _moe_gemv_gate_up_kernel(
     acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
     a_ptr = x_ptr + tok * stride_xm
     k_lo, k_hi = _k_slice(H, SPLIT_TILES, BLOCK_K, PARTIAL)
+    if PDL & 4:  # (the expert is known only now, after the wait)
+        rows = tl.minimum(INTER - tl.program_id(1) * BLOCK_N, BLOCK_N)
+        g0 = w_ptr + e * stride_we + tl.program_id(1) * BLOCK_N * stride_wn
+        _prefetch_expert_rows(g0, stride_wn, rows, k_lo, k_hi, BLOCK_N, WORDS)
+        _prefetch_expert_rows(g0 + INTER * stride_wn, stride_wn, rows, k_lo, k_hi, BLOCK_N, WORDS)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         acc_g = _gemv_acc(acc_g, wg, sg, a_ptr, k0, k_hi, n_ok, BLOCK_N, BLOCK_K, WORDS)
         acc_u = _gemv_acc(acc_u, wg + INTER * stride_wn, sg + INTER * stride_sn, a_ptr, k0, k_hi,
@@ -453,12 +473,11 @@ def _moe_gemv_down_kernel(
     h_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, y_ptr, H, INTER,
     stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym, SPLIT_TILES, stride_ys,
     SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    WORDS: tl.constexpr = False, PDL: tl.constexpr = False,
+    WORDS: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):
     """The per-pair GEMV form of :func:`_moe_down_kernel`: y[pair] = weight[pair] * (h[pair] @
     down[e]^T), or with ``SPLIT`` the slice's weighted partial at ``y + slice * stride_ys``."""
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     pair = tl.program_id(0)
     e = tl.load(ids_ptr + pair)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -467,6 +486,10 @@ def _moe_gemv_down_kernel(
     sd = s_ptr + e * stride_se + n[:, None] * stride_sn
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     k_lo, k_hi = _k_slice(INTER, SPLIT_TILES, BLOCK_K, SPLIT)
+    if PDL & 4:  # (the expert is known only now, after the wait)
+        _prefetch_expert_rows(w_ptr + e * stride_we + tl.program_id(1) * BLOCK_N * stride_wn,
+                              stride_wn, tl.minimum(H - tl.program_id(1) * BLOCK_N, BLOCK_N),
+                              k_lo, k_hi, BLOCK_N, WORDS)
     if SPLIT:
         y_ptr += tl.program_id(2) * stride_ys
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -478,11 +501,10 @@ def _moe_gemv_down_kernel(
 
 @triton.jit
 def _moe_swiglu_split_kernel(p_ptr, h_ptr, INTER, SLICES, stride_ps, stride_pm, stride_hm, limit,
-                             BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                             BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     """h[row, n] = swiglu of the gate and up sums over the split-K slices of the gate-up
     partials p [slices, rows, 2 * INTER] (summed in slice order: deterministic)."""
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     r = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = n < INTER
@@ -500,11 +522,10 @@ def _moe_swiglu_split_kernel(p_ptr, h_ptr, INTER, SLICES, stride_ps, stride_pm, 
 
 @triton.jit
 def _moe_combine_kernel(y_ptr, out_ptr, H, TOP_K, stride_ym, stride_om, SLICES, stride_ys,
-                        ACCUMULATE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                        ACCUMULATE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     """out[t] (+)= sum_s sum_j y[s, t * TOP_K + j] in fp32, in a fixed order (deterministic);
     ``SLICES`` > 1: the down GEMM's split-K partials."""
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < H
@@ -727,6 +748,14 @@ def _as_words(w: torch.Tensor) -> torch.Tensor | None:
     return w.view(torch.int32)
 
 
+def _prefetchable(gate_up: torch.Tensor, down: torch.Tensor, block_k: int) -> bool:
+    """Whether the per-pair GEMVs' L2 prefetch (``PDL`` bit 4) may run: every row segment it
+    asks for starts and ends on a 16-byte multiple (K-tiles of 32+ values, row strides, bases)."""
+    return block_k % 32 == 0 and all(
+        w.shape[-1] % 16 == 0 and w.data_ptr() % 16 == 0
+        and all(st % 16 == 0 for st in w.stride()[:-1]) for w in (gate_up, down))
+
+
 def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_up: torch.Tensor,
                      gate_up_scale: torch.Tensor, down: torch.Tensor, down_scale: torch.Tensor,
                      limit: float, h: torch.Tensor, y: torch.Tensor, out: torch.Tensor,
@@ -741,6 +770,8 @@ def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_
     m = t * top_k
     bn, bk, warps, stages = tiles
     pdl = pdl_kwargs(out.device)
+    if pdl and not _prefetchable(gate_up, down, bk):
+        pdl["PDL"] = int(pdl["PDL"]) & ~PDL_PREFETCH
     gu_w = _as_words(gate_up) if words else None
     dn_w = _as_words(down) if words else None
     if gu_w is None or dn_w is None or bk % 32:

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._pdl_triton import gdc_wait
+from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import next_pow2, pdl_kwargs
 
 
@@ -17,9 +17,8 @@ def _rope_norm_kernel(x_ptr, cos_ptr, sin_ptr, w_ptr, src_ptr, dst_ptr, out_ptr,
                       stride_xn, stride_xh, stride_cn, stride_on, stride_oh,
                       NORM: tl.constexpr, WEIGHT: tl.constexpr, SRC: tl.constexpr,
                       DST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-                      PDL: tl.constexpr = False):
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+                      PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     src = row

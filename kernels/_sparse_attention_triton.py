@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._pdl_triton import gdc_wait
+from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import interpreting, pdl_kwargs
 
 LOG2E = 1.0 / math.log(2.0)
@@ -48,10 +48,9 @@ def _sparse_attention_kernel(
     stride_wblock, stride_wrow, stride_bt, stride_c, stride_idx,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_IDX: tl.constexpr, HAS_RANGE: tl.constexpr,
     HAS_SINK: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = 0,
 ):
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(2)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -150,11 +149,10 @@ def _finish(acc, m_i, l_i, sink_ptr, offs_h, h_mask, HAS_SINK: tl.constexpr):
 def _sparse_combine_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, sink_ptr, num_heads, head_dim, num_splits,
     stride_os, stride_oh,
-    HAS_SINK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    HAS_SINK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """Merge the splits of one (row, head) into ``out`` (flash-decoding's second pass)."""
-    if PDL:  # before any memory access (kernels/NOTES.md)
-        gdc_wait()
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)

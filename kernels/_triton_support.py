@@ -47,13 +47,40 @@ def _gdc_importable() -> bool:
     return True
 
 
+PDL_WAIT = 1  # wait on the previous kernel first thing (every PDL kernel)
+PDL_TRIGGER = 2  # then let the next kernel launch, its programs waiting while this one runs
+PDL_PREFETCH = 4  # a weight-streaming kernel asks L2 for its weight slice before it waits
+_PDL_WORDS = {"trigger": PDL_TRIGGER, "prefetch": PDL_PREFETCH}
+PDL_DEFAULT = PDL_WAIT
+
+
+def pdl_mode() -> int:
+    """The ``PDL`` bits from ``BULKHEAD_PDL`` (read at every call, so a process can change it
+    before it captures its graphs): unset or "1" the default, "0" off, else words joined by
+    "," or "+" from "trigger" and "prefetch" ("wait" is always on). See kernels/NOTES.md."""
+    raw = os.environ.get("BULKHEAD_PDL", "").strip().lower()
+    if raw in ("", "1"):
+        return PDL_DEFAULT
+    if raw == "0":
+        return 0
+    mode = PDL_WAIT
+    for word in raw.replace("+", ",").split(","):
+        word = word.strip()
+        if word in ("", "wait"):
+            continue
+        if word not in _PDL_WORDS:
+            raise ValueError(f"BULKHEAD_PDL={raw!r}: {word!r} is not one of 0, 1, wait, "
+                             f"{', '.join(_PDL_WORDS)}")
+        mode |= _PDL_WORDS[word]
+    return mode
+
+
 def pdl_launch(device: torch.device) -> bool:
     """True when a kernel on ``device`` is to be launched with programmatic dependent launch
-    (``launch_pdl=True``, its ``PDL`` constexpr on: ``gdc_wait()`` first thing): a CUDA device
-    of compute capability 9 or more (Hopper, Blackwell), not under the interpreter, a triton
-    that has ``gdc_wait``, and ``BULKHEAD_PDL`` not "0" (read at every call, so a process can
-    switch it off before it captures its graphs). See kernels/NOTES.md."""
-    if device.type != "cuda" or interpreting() or os.environ.get("BULKHEAD_PDL", "1") == "0":
+    (``launch_pdl=True``, its ``PDL`` constexpr set: ``pdl_wait(PDL)`` first thing): a CUDA
+    device of compute capability 9 or more (Hopper, Blackwell), not under the interpreter, a
+    triton that has ``gdc_wait``, and ``BULKHEAD_PDL`` not "0". See kernels/NOTES.md."""
+    if device.type != "cuda" or interpreting() or pdl_mode() == 0:
         return False
     index = torch.cuda.current_device() if device.index is None else device.index
     ok = _PDL_DEVICES.get(index)
@@ -63,11 +90,11 @@ def pdl_launch(device: torch.device) -> bool:
     return ok
 
 
-def pdl_kwargs(device: torch.device) -> dict[str, bool]:
-    """The launch keywords of a kernel with a ``PDL`` constexpr: ``PDL`` and ``launch_pdl``
-    both True where :func:`pdl_launch` says so, else none (the interpreter never sees
-    ``launch_pdl``; the kernel's ``PDL=False`` default applies)."""
-    return {"PDL": True, "launch_pdl": True} if pdl_launch(device) else {}
+def pdl_kwargs(device: torch.device) -> dict[str, int | bool]:
+    """The launch keywords of a kernel with a ``PDL`` constexpr: ``PDL`` (the bits of
+    :func:`pdl_mode`) and ``launch_pdl=True`` where :func:`pdl_launch` says so, else none (the
+    interpreter never sees ``launch_pdl``; the kernel's ``PDL=0`` default applies)."""
+    return {"PDL": pdl_mode(), "launch_pdl": True} if pdl_launch(device) else {}
 
 
 def next_pow2(n: int) -> int:

@@ -43,6 +43,7 @@ from kernels import _paged_attention_triton as paged
 from kernels import _rope_norm_triton as rn
 from kernels import _sinkhorn_triton as sk
 from kernels import _sparse_attention_triton as sparse
+from kernels._triton_support import PDL_PREFETCH, PDL_TRIGGER, PDL_WAIT
 
 _DIV16_INTS = {"num_heads", "head_dim", "num_q_heads"}
 
@@ -175,14 +176,18 @@ def default_specs() -> list[KernelSpec]:
     ]
 
 
+PDL_ALL = PDL_WAIT | PDL_TRIGGER | PDL_PREFETCH
+
+
 def takes_pdl(fn: object) -> bool:
     """Whether a kernel has the ``PDL`` constexpr (launched with ``launch_pdl`` on sm_90+)."""
     return "PDL" in inspect.signature(fn.fn).parameters  # type: ignore[attr-defined]
 
 
 def with_pdl(specs: list[KernelSpec]) -> list[KernelSpec]:
-    """``specs`` and, after them, each spec of a kernel that takes ``PDL`` with it on."""
-    return specs + [replace(s, name=f"{s.name} [PDL]", constexprs=s.constexprs | {"PDL": True})
+    """``specs`` and, after them, each spec of a kernel that takes ``PDL`` with every bit of it
+    on (wait, trigger, prefetch: the code of any other mode is a subset)."""
+    return specs + [replace(s, name=f"{s.name} [PDL]", constexprs=s.constexprs | {"PDL": PDL_ALL})
                     for s in specs if takes_pdl(s.fn) and "PDL" not in s.constexprs]
 
 
@@ -379,9 +384,10 @@ def _quantized_specs() -> list[KernelSpec]:
     ]
 
 
-# a global load, store or atomic, or an async copy (predicated or not) in PTX
-_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld\.global|st\.global|atom\.|red\.|cp\.async|"
-                            r"cp\.reduce\.async)", re.M)
+# a global load, store or atomic, or an async copy (predicated or not) in PTX; not an L2 bulk
+# prefetch (``l2_prefetch``: loads nothing into the program, asked only for weights)
+_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld\.global|st\.global|atom\.|red\.|"
+                            r"cp\.async(?!\.bulk\.prefetch)|cp\.reduce\.async)", re.M)
 
 
 def pdl_wait_problem(ptx: str) -> str:
@@ -390,11 +396,11 @@ def pdl_wait_problem(ptx: str) -> str:
     are visible); else what is wrong."""
     wait = ptx.find("griddepcontrol.wait")
     if wait < 0:
-        return "PDL=True but no griddepcontrol.wait in the PTX"
+        return "PDL on but no griddepcontrol.wait in the PTX"
     first = _GLOBAL_ACCESS.search(ptx)
     if first is not None and first.start() < wait:
         line = ptx[first.start():ptx.find("\n", first.start() + 1)].strip()
-        return f"PDL=True but global memory is accessed before griddepcontrol.wait: {line}"
+        return f"PDL on but global memory is accessed before griddepcontrol.wait: {line}"
     return ""
 
 
@@ -430,7 +436,7 @@ def compile_one(spec: KernelSpec, target: GPUTarget) -> CompileResult:
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
              if signature[p].startswith("*") or p.startswith("stride") or p in _DIV16_INTS}
     constexprs = {(params.index(k),): v for k, v in given.items()}
-    pdl = given.get("PDL") is True
+    pdl = bool(given.get("PDL"))
     options: dict[str, object] = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     if pdl:
         options["launch_pdl"] = True
@@ -543,7 +549,7 @@ def specs_from_records(path: str, pdl: bool = True) -> list[KernelSpec]:
             consts = {k: tl.dtype(v["tl_dtype"]) if isinstance(v, dict) else v
                       for k, v in rec["constexprs"].items()}
             if pdl and takes_pdl(fn) and "PDL" not in consts:
-                consts["PDL"] = True
+                consts["PDL"] = PDL_ALL
             label = ", ".join(f"{k}={v}" for k, v in sorted(consts.items())
                               if not isinstance(v, tl.dtype))
             types = ",".join(f"{k}:{v}" for k, v in sorted(rec["types"].items()))

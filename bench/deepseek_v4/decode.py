@@ -57,7 +57,7 @@ from engine.models.deepseek_v4.family import DeepseekV4Family
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
 from engine.sampling_params import SamplingParams
-from kernels import pdl_launch
+from kernels import pdl_launch, pdl_mode
 
 _MARK_BEGIN = "<!-- bench_decode:begin -->"
 _MARK_END = "<!-- bench_decode:end -->"
@@ -415,8 +415,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     pdl_env = os.environ.get("BULKHEAD_PDL")
     if args.no_pdl:  # before the engine's warm-up launches or captures anything
         os.environ["BULKHEAD_PDL"] = "0"
+    elif args.pdl is not None:
+        os.environ["BULKHEAD_PDL"] = args.pdl
     try:
+        mode = pdl_mode()  # raises on a bad BULKHEAD_PDL, before anything is built
         pdl = pdl_launch(torch.device(args.device))
+        mode = mode if pdl else 0
         with previous_decode_kernels(args.previous_kernels):
             result = run_decode(args)
     finally:
@@ -429,6 +433,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     result["two_launch_reduce"] = args.two_launch_reduce
     result["no_pdl"] = args.no_pdl
     result["pdl"] = pdl  # whether the Triton kernels were launched with PDL
+    result["pdl_mode"] = mode  # its bits (kernels._triton_support.PDL_*)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(report_table(result), flush=True)
     bad = result["error"] or any(r["error"] for r in result["rows"])
@@ -478,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--no-pdl", action="store_true",
                    help="launch the Triton kernels without programmatic dependent launch "
                         "(sets BULKHEAD_PDL=0; default: PDL on sm_90+), to compare")
+    r.add_argument("--pdl", metavar="MODE",
+                   help="BULKHEAD_PDL for the run: 1 (wait only), or 'trigger', 'prefetch', "
+                        "'trigger+prefetch' (kernels/NOTES.md), to compare")
     r.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole run")
     r.add_argument("--tiny", action="store_true", help=f"toy dimensions (CPU smoke test; {TINY})")
     return run_or_report(p, sub, argv, _cmd_run, _cmd_report)

@@ -58,6 +58,20 @@ def test_pdl_switched_off_by_env(fake_cuda, monkeypatch) -> None:
     assert ts.pdl_launch(torch.device("cuda", 0)) is True
 
 
+def test_pdl_modes_from_env(fake_cuda, monkeypatch) -> None:
+    dev = torch.device("cuda", 0)
+    for raw, bits in (("", ts.PDL_DEFAULT), ("1", ts.PDL_DEFAULT), ("wait", ts.PDL_WAIT),
+                      ("trigger", ts.PDL_WAIT | ts.PDL_TRIGGER),
+                      ("Prefetch", ts.PDL_WAIT | ts.PDL_PREFETCH),
+                      ("trigger+prefetch", 7), ("prefetch, trigger", 7)):
+        monkeypatch.setenv("BULKHEAD_PDL", raw)
+        assert ts.pdl_mode() == bits, raw
+        assert ts.pdl_kwargs(dev) == {"PDL": bits, "launch_pdl": True}, raw
+    monkeypatch.setenv("BULKHEAD_PDL", "trigger,eager")
+    with pytest.raises(ValueError, match="BULKHEAD_PDL.*'eager'"):
+        ts.pdl_mode()
+
+
 def test_pdl_off_under_interpreter_or_without_gdc(fake_cuda, monkeypatch) -> None:
     monkeypatch.setattr(ts, "interpreting", lambda: True)
     assert ts.pdl_launch(torch.device("cuda", 0)) is False
@@ -67,7 +81,9 @@ def test_pdl_off_under_interpreter_or_without_gdc(fake_cuda, monkeypatch) -> Non
 
 
 def _modules() -> list[tuple[Path, ast.Module]]:
-    return [(p, ast.parse(p.read_text())) for p in sorted(KERNELS.glob("_*_triton.py"))]
+    """The kernel modules (not ``_pdl_triton``, whose ``pdl_wait`` is the wait itself)."""
+    return [(p, ast.parse(p.read_text())) for p in sorted(KERNELS.glob("_*_triton.py"))
+            if p.name != "_pdl_triton.py"]
 
 
 def _pdl_kernels() -> dict[str, Path]:
@@ -81,6 +97,8 @@ def _pdl_kernels() -> dict[str, Path]:
 
 def test_pdl_kernels_wait_first() -> None:
     kernels = _pdl_kernels()
+    helpers = {fn.name: fn for _, tree in _modules() for fn in tree.body
+               if isinstance(fn, ast.FunctionDef) and fn.name.startswith("_prefetch_")}
     assert {"_fp8_gemv_kernel", "_rope_norm_kernel", "_hc_mix_kernel", "_sparse_attention_kernel",
             "_moe_route_kernel", "_moe_combine_kernel", "_topk_merge_kernel"} <= set(kernels)
     for path, tree in _modules():
@@ -91,10 +109,39 @@ def test_pdl_kernels_wait_first() -> None:
             if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 body = body[1:]  # the docstring
             first = ast.unparse(body[0])
-            assert first == "if PDL:\n    gdc_wait()", (path.name, fn.name, first)
+            if first.startswith("if PDL & 4:"):  # the weight prefetch, then the wait
+                _assert_prefetch_only(body[0], helpers, fn.name)
+                first = ast.unparse(body[1])
+            assert first == "pdl_wait(PDL)", (path.name, fn.name, first)
             default = fn.args.defaults[-1] if fn.args.args[-1].arg == "PDL" else None
-            assert default is not None and ast.literal_eval(default) is False, (
-                f"{fn.name}: PDL must be the last parameter, default False")
+            assert default is not None and ast.literal_eval(default) == 0, (
+                f"{fn.name}: PDL must be the last parameter, default 0")
+
+
+_MEMORY_OPS = ("tl.load", "tl.store", "tl.atomic", "tl.inline_asm")
+
+
+def _assert_prefetch_only(block: ast.If, helpers: dict[str, ast.FunctionDef], kernel: str) -> None:
+    """What a kernel runs before ``pdl_wait``: calls of ``_prefetch_*`` helpers that touch
+    memory only through ``l2_prefetch`` (no load, store or atomic)."""
+    for stmt in block.body:
+        assert isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call), (kernel, ast.unparse(stmt))
+        name = ast.unparse(stmt.value.func)
+        assert name.startswith("_prefetch_") and name in helpers, (kernel, name)
+        src = ast.unparse(helpers[name])
+        assert not any(op in src for op in _MEMORY_OPS), (kernel, name)
+        assert "l2_prefetch(" in src, (kernel, name)
+
+
+def test_l2_prefetch_loads_nothing() -> None:
+    """The one asm the prefetch runs: a bulk L2 prefetch from one thread, no register load."""
+    src = (KERNELS / "_pdl_triton.py").read_text()
+    tree = ast.parse(src)
+    fn = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "l2_prefetch")
+    asm = "".join(c.value for c in ast.walk(fn) if isinstance(c, ast.Constant)
+                  and isinstance(c.value, str) and "cp." in c.value)
+    assert "cp.async.bulk.prefetch.L2.global" in asm and "%tid.x" in asm
+    assert "ld." not in asm and "st." not in asm
 
 
 def test_pdl_kernels_launched_with_pdl_kwargs() -> None:

@@ -54,6 +54,12 @@ def test_no_pdl_switches_pdl_off_for_the_run(tmp_path, monkeypatch) -> None:
     assert os.environ["BULKHEAD_PDL"] == "1"  # put back
     rc, res = _run(tmp_path / "r.json")
     assert seen == ["0", "1"] and res["no_pdl"] is False
+    rc, res = _run(tmp_path / "r.json", "--pdl", "trigger+prefetch")
+    assert seen == ["0", "1", "trigger+prefetch"] and res["pdl_mode"] == 0  # (CPU: PDL off)
+    assert os.environ["BULKHEAD_PDL"] == "1"
+    with pytest.raises(ValueError, match="'soon'"):
+        _run(tmp_path / "r.json", "--pdl", "trigger,soon")
+    assert os.environ["BULKHEAD_PDL"] == "1" and seen == ["0", "1", "trigger+prefetch"]
 
 
 def test_hf_dict_round_trips_the_flash_config() -> None:

@@ -1,7 +1,8 @@
 """GPU tier: the fused DeepSeek-V4 decode step replayed as CUDA graphs gives the same greedy
 tokens with programmatic dependent launch (the default on sm_90+) as with it switched off
-(``BULKHEAD_PDL=0``). A kernel that touched memory before its ``gdc_wait()`` would read its
-predecessor's outputs half-written and part the two runs. The quantized tiny checkpoint of
+(``BULKHEAD_PDL=0``), in the default mode and with the early trigger and weight prefetch. A
+kernel that touched memory before its wait would read its predecessor's outputs half-written
+and part the two runs. The quantized tiny checkpoint of
 test_deepseek_v4_quantized (FP8 projections, MXFP4 experts)."""
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def _tokens(folder) -> tuple[dict[str, list[int]], int]:
     return out, engine.runner.num_graph_steps
 
 
-def test_v4_pdl_tokens_equal_no_pdl(quantized, monkeypatch) -> None:  # noqa: F811
+@pytest.mark.parametrize("mode", ["1", "trigger+prefetch"])
+def test_v4_pdl_tokens_equal_no_pdl(quantized, monkeypatch, mode) -> None:  # noqa: F811
+    monkeypatch.setenv("BULKHEAD_PDL", mode)
     if not pdl_launch(torch.device("cuda")):
         pytest.skip("PDL is off on this device (needs compute capability 9 or more)")
     folder, _, _ = quantized
