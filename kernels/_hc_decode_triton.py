@@ -24,6 +24,7 @@ from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import cdiv, next_pow2, pdl_kwargs
 
 HC_MIX_BLOCK_D = 64  # hidden channels per mix program: fn tile rows x m x 64 fp32 in registers
+HC_DECODE_WARPS = (4, 4, 2)  # num_warps of the mix, finish and norm launches
 
 
 @triton.jit
@@ -145,8 +146,11 @@ def launch_hc_decode(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor
                      scale: torch.Tensor, norm_weight: torch.Tensor, iters: int, hc_eps: float,
                      norm_eps: float, partial: torch.Tensor, merge: tuple | None,
                      merged: torch.Tensor | None, post: torch.Tensor | None,
-                     comb: torch.Tensor | None, x: torch.Tensor, head: bool) -> None:
+                     comb: torch.Tensor | None, x: torch.Tensor, head: bool,
+                     warps: tuple[int, int, int] | None = None) -> None:
+    """``warps``: num_warps of the mix, finish and norm launches (``HC_DECODE_WARPS``)."""
     n, m, d = streams.shape
+    mix_w, finish_w, norm_w = warps or HC_DECODE_WARPS
     rows = fn.shape[0]
     ns = num_slices(d)
     bm = max(2, next_pow2(m))
@@ -157,7 +161,7 @@ def launch_hc_decode(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor
             streams, fn, partial, p0, c0, bo, merged, m, d, rows, ns,
             streams.stride(0), streams.stride(1), fn.stride(0), bo.stride(0), merged.stride(0),
             merged.stride(1), MERGE=True, F32=streams.dtype == torch.float32, BLOCK_M=bm,
-            BLOCK_R=next_pow2(rows + 1), BLOCK_D=HC_MIX_BLOCK_D, num_warps=4, **pdl,
+            BLOCK_R=next_pow2(rows + 1), BLOCK_D=HC_MIX_BLOCK_D, num_warps=mix_w, **pdl,
         )
         src = merged
     else:
@@ -165,7 +169,7 @@ def launch_hc_decode(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor
             streams, fn, partial, partial, partial, partial, partial, m, d, rows, ns,
             streams.stride(0), streams.stride(1), fn.stride(0), 0, 0, 0,
             MERGE=False, F32=True, BLOCK_M=bm, BLOCK_R=next_pow2(rows + 1),
-            BLOCK_D=HC_MIX_BLOCK_D, num_warps=4, **pdl,
+            BLOCK_D=HC_MIX_BLOCK_D, num_warps=mix_w, **pdl,
         )
         src = streams
     bs = max(2, next_pow2(ns))
@@ -173,7 +177,7 @@ def launch_hc_decode(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor
         partial, src, base, scale, partial if post is None else post,
         partial if comb is None else comb, x, m, d, rows, ns, iters, hc_eps, norm_eps,
         src.stride(0), src.stride(1), x.stride(0), HEAD=head, BLOCK_M=bm, BLOCK_S=bs,
-        BLOCK_D=HC_MIX_BLOCK_D, num_warps=4, **pdl,
+        BLOCK_D=HC_MIX_BLOCK_D, num_warps=finish_w, **pdl,
     )
     _hc_norm_kernel[(n, ns)](partial, norm_weight, x, d, rows, ns, norm_eps, x.stride(0),
-                             BLOCK_S=bs, BLOCK_D=HC_MIX_BLOCK_D, num_warps=2, **pdl)
+                             BLOCK_S=bs, BLOCK_D=HC_MIX_BLOCK_D, num_warps=norm_w, **pdl)

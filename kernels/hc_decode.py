@@ -35,13 +35,15 @@ def hc_decode(
     comb: torch.Tensor | None = None,
     merge: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     merged: torch.Tensor | None = None, head: bool = False,
+    warps: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """See ``hc_decode_ref``. streams [N, m, D] (rows may be strided, channels contiguous); fn
     fp32 [(2+m)*m, m*D] (``head``: [m, m*D]); base, scale fp32; norm_weight fp32 [D].
     Outputs: x [N, D] (streams' dtype); post [N, m] and comb [N, m, m] fp32 (not for
     ``head``); ``merge`` = (post, comb, block_out) of the previous block, whose merged streams
     go to ``merged`` [N, m, D] (must not alias ``streams``). Returns the streams the next merge
-    reads (``merged`` or ``streams``)."""
+    reads (``merged`` or ``streams``). ``warps``: num_warps of the three launches (mix, finish,
+    norm; default ``_hc_decode_triton.HC_DECODE_WARPS``), for sweeps."""
     name = "hc_decode"
     check_tensor(name, "streams", streams, shape=(None, None, None), dtypes=_DTYPES,
                  device=streams.device)
@@ -78,10 +80,12 @@ def hc_decode(
         check_tensor(name, "merged", merged, shape=(n, m, d), dtypes=(streams.dtype,), device=dev)
         if merged.data_ptr() == streams.data_ptr():
             raise KernelArgumentError(name, "merged", "must not alias streams (other programs read them)")
+    if warps is not None and (len(warps) != 3 or any(w not in (1, 2, 4, 8) for w in warps)):
+        raise KernelArgumentError(name, "warps", f"must be 3 of 1, 2, 4, 8, got {warps}")
     require_triton(name, dev)
     from kernels._hc_decode_triton import launch_hc_decode
 
     if n and d:
         launch_hc_decode(streams, fn, base, scale, norm_weight, iters, hc_eps, norm_eps, partial,
-                         merge, merged, post, comb, x, head)
+                         merge, merged, post, comb, x, head, warps)
     return streams if merge is None else merged  # type: ignore[return-value]
