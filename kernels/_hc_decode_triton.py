@@ -24,7 +24,6 @@ from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import cdiv, next_pow2, pdl_kwargs
 
 HC_MIX_BLOCK_D = 64  # hidden channels per mix program: fn tile rows x m x 64 fp32 in registers
-HC_DECODE_WARPS = (4, 4, 2)  # num_warps of the mix, finish and norm launches
 
 
 @triton.jit
@@ -142,15 +141,26 @@ def num_slices(d: int) -> int:
     return cdiv(d, HC_MIX_BLOCK_D)
 
 
+def hc_decode_warps(n: int) -> tuple[int, int, int]:
+    """num_warps of the mix, finish and norm launches for ``n`` tokens. The finish runs its
+    Sinkhorn rounds on one warp: with more, each of its ~40 tiny reductions crosses warps
+    through shared memory. H100, the three launches of a boundary from a CUDA graph
+    (``bench.deepseek_v4.hc_decode_warps``, docs/benchmarks.md "Fourteenth session"): one
+    token 9.26 -> 8.03 us at (4, 1, 2); 8 and 32 tokens 13.54 -> 10.28 and 37.07 -> 19.31 us
+    at (2, 1, 1), which is 1 us slower than (4, 1, 2) at one token."""
+    return (4, 1, 2) if n <= 1 else (2, 1, 1)
+
+
 def launch_hc_decode(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
                      scale: torch.Tensor, norm_weight: torch.Tensor, iters: int, hc_eps: float,
                      norm_eps: float, partial: torch.Tensor, merge: tuple | None,
                      merged: torch.Tensor | None, post: torch.Tensor | None,
                      comb: torch.Tensor | None, x: torch.Tensor, head: bool,
                      warps: tuple[int, int, int] | None = None) -> None:
-    """``warps``: num_warps of the mix, finish and norm launches (``HC_DECODE_WARPS``)."""
+    """``warps``: num_warps of the mix, finish and norm launches (default
+    :func:`hc_decode_warps`)."""
     n, m, d = streams.shape
-    mix_w, finish_w, norm_w = warps or HC_DECODE_WARPS
+    mix_w, finish_w, norm_w = warps or hc_decode_warps(n)
     rows = fn.shape[0]
     ns = num_slices(d)
     bm = max(2, next_pow2(m))

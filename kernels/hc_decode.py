@@ -43,7 +43,7 @@ def hc_decode(
     ``head``); ``merge`` = (post, comb, block_out) of the previous block, whose merged streams
     go to ``merged`` [N, m, D] (must not alias ``streams``). Returns the streams the next merge
     reads (``merged`` or ``streams``). ``warps``: num_warps of the three launches (mix, finish,
-    norm; default ``_hc_decode_triton.HC_DECODE_WARPS``), for sweeps."""
+    norm; default ``_hc_decode_triton.hc_decode_warps``), for sweeps."""
     name = "hc_decode"
     check_tensor(name, "streams", streams, shape=(None, None, None), dtypes=_DTYPES,
                  device=streams.device)

@@ -49,7 +49,7 @@ def _graph_us(fn, calls: int = 20, reps: int = 20) -> float:
 
 def sweep(batches: list[int], choices: list[tuple[int, int, int]], dev: str, streams: int = 4,
           hidden: int = 4096, iters: int = 20) -> list[dict[str, Any]]:
-    from kernels._hc_decode_triton import HC_DECODE_WARPS
+    from kernels._hc_decode_triton import hc_decode_warps
     from kernels.hc_decode import hc_decode, hc_decode_partial_shape
 
     rows = (2 + streams) * streams
@@ -65,7 +65,8 @@ def sweep(batches: list[int], choices: list[tuple[int, int, int]], dev: str, str
         p0, c0 = torch.rand(n, streams, **f32), torch.rand(n, streams, streams, **f32)
         bo = torch.randn(n, hidden, device=dev, generator=g).to(dt)
         ref = None
-        for w in [HC_DECODE_WARPS, *[c for c in choices if c != HC_DECODE_WARPS]]:
+        default = hc_decode_warps(n)
+        for w in [default, *[c for c in choices if c != default]]:
             bufs = dict(partial=torch.empty(hc_decode_partial_shape(n, streams, hidden), **f32),
                         x=torch.empty(n, hidden, device=dev, dtype=dt),
                         post=torch.empty(n, streams, **f32),

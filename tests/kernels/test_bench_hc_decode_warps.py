@@ -14,12 +14,13 @@ from kernels.hc_decode import hc_decode, hc_decode_partial_shape
 
 
 def test_hc_decode_warps_rows(interpret, tmp_path) -> None:
-    from kernels._hc_decode_triton import HC_DECODE_WARPS
+    from kernels._hc_decode_triton import hc_decode_warps as default
 
     out = tmp_path / "w.json"
-    assert hc_decode_warps.main(["--warps", "4,1,2;1,1,1", "--out", str(out)]) == 0
+    assert hc_decode_warps.main(["--warps", "4,4,2;4,1,2;1,1,1", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())
-    assert [tuple(r["warps"]) for r in rows] == [HC_DECODE_WARPS, (4, 1, 2), (1, 1, 1)]
+    assert default(1) == (4, 1, 2) and default(8) == (2, 1, 1)
+    assert [tuple(r["warps"]) for r in rows] == [(4, 1, 2), (4, 4, 2), (1, 1, 1)]
     assert all(r["batch"] == 1 and r["max_diff"] < 1e-6 for r in rows), rows
 
 
