@@ -18,11 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._launch_configs import launch_config
 from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import cdiv, next_pow2, pdl_kwargs
-
-COMPRESS_BLOCK_C = 64  # entry channels per window program
-COMPRESS_BLOCK_W = 32  # window rows per step of the window loops
 
 
 @triton.jit
@@ -183,16 +181,18 @@ def launch_compress_decode(kv: torch.Tensor, gate: torch.Tensor, writer: torch.T
     okv = ov_kv if ov_kv is not None else buf_kv
     og = ov_gate if ov_gate is not None else buf_gate
     pdl = pdl_kwargs(kv.device)
-    _compress_window_kernel[(n, cdiv(d, COMPRESS_BLOCK_C))](
+    wc = launch_config("compress_window", n)  # channels a program, window rows a loop step
+    _compress_window_kernel[(n, cdiv(d, wc["BLOCK_C"]))](
         kv, gate, writer, slots, positions, tables, buf_kv, buf_gate, position_bias, okv, og,
         ent, r, d, win, block_size, kv.stride(0), gate.stride(0), tables.stride(0),
         buf_kv.stride(0), buf_kv.stride(1), position_bias.stride(0), okv.stride(0),
-        okv.stride(1), ent.stride(0), OVERLAP=overlap, BLOCK_C=COMPRESS_BLOCK_C,
-        BLOCK_W=min(COMPRESS_BLOCK_W, max(2, next_pow2(win))), num_warps=4, **pdl,
+        okv.stride(1), ent.stride(0), OVERLAP=overlap, BLOCK_C=wc["BLOCK_C"],
+        BLOCK_W=min(wc["BLOCK_W"], max(2, next_pow2(win))), num_warps=wc["num_warps"], **pdl,
     )
     half = inv_freq.shape[0]
     _compress_entry_kernel[(n,)](
         ent, norm_weight, inv_freq, writer, positions, tables, out, dst, r, d, half,
         block_size // r, eps, rope_scale, ent.stride(0), tables.stride(0), out.stride(0),
-        BLOCK_D=next_pow2(d), BLOCK_R=max(2, next_pow2(half)), num_warps=4, **pdl,
+        BLOCK_D=next_pow2(d), BLOCK_R=max(2, next_pow2(half)), **pdl,
+        num_warps=launch_config("compress_entry", n)["num_warps"],
     )

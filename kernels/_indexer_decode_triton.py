@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from kernels._indexer_triton import _unpack
+from kernels._launch_configs import launch_config
 from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import cdiv, interpreting, next_pow2, pdl_kwargs
 
@@ -98,7 +99,8 @@ def launch_indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: tor
         num = min(tile, num_entries - first)
         launch_indexer_decode(q, weights, keys, tables, kv_end, first, num, per_block, scores)
         _topk_merge_kernel[(b,)](scores, kv_end, best, cand, first, num, topk, scores.stride(0),
-                                 KP=kp, LOG_KP=kp.bit_length() - 1, num_warps=4, **pdl)
+                                 KP=kp, LOG_KP=kp.bit_length() - 1, **pdl,
+                                 num_warps=launch_config("topk_merge", b)["num_warps"])
     if out_indices.dtype == torch.int32:  # pool rows for the attention
         _topk_rows_finalize_kernel[(b,)](best, tables, out_indices, topk, per_block,
                                          tables.stride(0), out_indices.stride(0), KP=kp, **pdl)

@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._launch_configs import launch_config
 from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import cdiv, next_pow2, pdl_kwargs
 
@@ -81,7 +82,8 @@ def launch_moe_route(logits: torch.Tensor, top_k: int, scoring: str, scaling: fl
         experts if token_ids is None else token_ids, weights, experts, e, top_k, scaling,
         logits.stride(0), 0 if hash_table is None else hash_table.stride(0),
         SCORING=_SCORING_CODE[scoring], HASH=hash_table is not None,
-        BLOCK_E=max(2, next_pow2(e)), BLOCK_K=max(2, next_pow2(top_k)), num_warps=4,
+        BLOCK_E=max(2, next_pow2(e)), BLOCK_K=max(2, next_pow2(top_k)),
+        num_warps=launch_config("moe_route", n)["num_warps"],
         **pdl_kwargs(logits.device),
     )
 

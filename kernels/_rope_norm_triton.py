@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._launch_configs import launch_config
 from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import next_pow2, pdl_kwargs
 
@@ -69,5 +70,5 @@ def launch_rope_norm(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out:
         x.stride(0), x.stride(1), cos.stride(0), out.stride(0), out.stride(1),
         NORM=norm, WEIGHT=weight is not None, SRC=src_rows is not None,
         DST=dst_rows is not None, BLOCK_D=next_pow2(d), BLOCK_R=max(2, next_pow2(half)),
-        num_warps=4, **pdl_kwargs(x.device),
+        num_warps=launch_config("rope_norm", n)["num_warps"], **pdl_kwargs(x.device),
     )

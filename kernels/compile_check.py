@@ -43,6 +43,7 @@ from kernels import _paged_attention_triton as paged
 from kernels import _rope_norm_triton as rn
 from kernels import _sinkhorn_triton as sk
 from kernels import _sparse_attention_triton as sparse
+from kernels._launch_configs import launch_config
 from kernels._triton_support import PDL_PREFETCH, PDL_TRIGGER, PDL_WAIT
 
 _DIV16_INTS = {"num_heads", "head_dim", "num_q_heads"}
@@ -204,6 +205,7 @@ def _decode_specs() -> list[KernelSpec]:
             "w_ptr": _ptr("fp32"), "src_ptr": _ptr("i64"), "dst_ptr": _ptr("i64"),
             "out_ptr": _ptr("bf16"), "eps": "fp32"}
     idx64 = {p: _ptr("i64") for p in ("wr_ptr", "slot_ptr", "pos_ptr", "tab_ptr", "dst_ptr")}
+    cw = launch_config("compress_window", 1)  # the batch-1 decode settings
     window = idx64 | {"kv_ptr": _ptr("bf16"), "g_ptr": _ptr("bf16"), "bkv_ptr": _ptr("bf16"),
                       "bg_ptr": _ptr("bf16"), "pb_ptr": _ptr("fp32"), "okv_ptr": _ptr("bf16"),
                       "og_ptr": _ptr("fp32"), "ent_ptr": _ptr("bf16")}
@@ -241,10 +243,11 @@ def _decode_specs() -> list[KernelSpec]:
                    {"NORM": False, "WEIGHT": False, "SRC": False, "DST": False,
                     "BLOCK_D": 512, "BLOCK_R": 32}),
         KernelSpec("compress window (CSA overlap)", comp._compress_window_kernel, window,
-                   {"OVERLAP": True, "BLOCK_C": comp.COMPRESS_BLOCK_C, "BLOCK_W": 8}),
+                   {"OVERLAP": True, "BLOCK_C": cw["BLOCK_C"], "BLOCK_W": 8},
+                   num_warps=cw["num_warps"]),
         KernelSpec("compress window (HCA)", comp._compress_window_kernel, window,
-                   {"OVERLAP": False, "BLOCK_C": comp.COMPRESS_BLOCK_C,
-                    "BLOCK_W": comp.COMPRESS_BLOCK_W}),
+                   {"OVERLAP": False, "BLOCK_C": cw["BLOCK_C"],
+                    "BLOCK_W": min(cw["BLOCK_W"], 128)}, num_warps=cw["num_warps"]),
         KernelSpec("compress entry (d 512)", comp._compress_entry_kernel, entry,
                    {"BLOCK_D": 512, "BLOCK_R": 32}),
         KernelSpec("moe route (sqrt-softplus, 256 experts)", moed._moe_route_kernel, route,

@@ -1,0 +1,68 @@
+"""kernels._launch_configs (the small decode kernels' warps and tiles) and the bench that sweeps
+them, bench.deepseek_v4.decode_kernel_configs, on the CPU (interpreter, tiny shapes): every
+setting's outputs equal the default's (window tiles narrower than the window and than the
+channels included), overrides nest and unwind, bad settings are refused with the knob named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.deepseek_v4 import decode_kernel_configs as dkc
+from kernels._launch_configs import KNOBS, launch_config, overridden
+
+
+def test_overrides_nest_and_unwind() -> None:
+    base = launch_config("compress_window", 1)
+    with overridden("compress_window", BLOCK_C=16):
+        with overridden("compress_window", num_warps=1):
+            assert launch_config("compress_window", 1) == {**base, "BLOCK_C": 16, "num_warps": 1}
+        assert launch_config("compress_window", 8) == {**base, "BLOCK_C": 16}
+    assert launch_config("compress_window", 1) == base
+    with pytest.raises(RuntimeError), overridden("moe_route", num_warps=2):
+        raise RuntimeError("unwinds on error too")
+    assert launch_config("moe_route", 1) == {"num_warps": 4}
+
+
+@pytest.mark.parametrize("kernel,settings,match", [
+    ("moe_route", dict(num_warps=3), "power of two"),
+    ("compress_window", dict(BLOCK_C=1), "BLOCK_C"),
+    ("rope_norm", dict(BLOCK_C=16), "takes"),
+])
+def test_bad_settings_are_refused(kernel, settings, match) -> None:
+    with pytest.raises(ValueError, match=match), overridden(kernel, **settings):
+        pass
+    with pytest.raises(KeyError, match="no launch settings"):
+        launch_config("nope", 1)
+
+
+def test_every_kernel_has_defaults() -> None:
+    for kernel, knobs in KNOBS.items():
+        for rows in (1, 8, 32):
+            assert set(launch_config(kernel, rows)) == set(knobs)
+
+
+def test_sweep_outputs_agree(interpret, tmp_path) -> None:
+    out = tmp_path / "c.json"
+    # window loops of 4 rows over 8- and 4-row windows, 16-channel slices of 24 and 20
+    rc = dkc.main(["--settings", "compress=16,4,1,1;64,2,4,4;32,128,2,2",
+                   "--settings", "moe_route=1;8", "--out", str(out)])
+    assert rc == 0
+    rows = json.loads(out.read_text())
+    assert {r["sweep"] for r in rows} == set(dkc.SWEEPS)
+    # exact but where the window loop's tiles reorder its fp32 sums
+    assert all(r["max_diff"] <= (1e-5 if r["sweep"] == "compress" else 0.0) for r in rows), rows
+    assert any(r["max_diff"] for r in rows if r["sweep"] == "compress")  # the tiles did change
+    windows = {r["launch"]["compress_window"]["BLOCK_W"] for r in rows if r["sweep"] == "compress"}
+    assert {4, 2, 128} <= windows
+    assert {r["batch"] for r in rows} == {1, 3}
+
+
+def test_sweep_refuses_bad_settings() -> None:
+    with pytest.raises(SystemExit):
+        dkc.main(["--settings", "compress=16,4"])
+    with pytest.raises(SystemExit):
+        dkc.main(["--kernels", "moe_route", "--settings", "compress=default"])
+    with pytest.raises(SystemExit):
+        dkc.main(["--settings", "moe_route=3"])
