@@ -1,8 +1,9 @@
 """Launch settings (``num_warps`` and tile sizes) of the small kernels of a decode step, by
 kernel and by the rows of the launch, in one place: the launchers ask :func:`launch_config`,
 and :func:`overridden` replaces a kernel's settings inside a ``with`` (what
-``bench.deepseek_v4.decode_kernel_configs`` sweeps). A CUDA graph keeps the settings it was
-captured with. Only settings that leave the results the same to rounding live here: the
+``bench.deepseek_v4.decode_kernel_configs`` sweeps), as ``BULKHEAD_LAUNCH`` in the environment
+does for a whole process (to time a setting in a full model). A CUDA graph keeps the settings
+it was captured with. Only settings that leave the results the same to rounding live here: the
 sums run in another order, nothing else changes.
 
 These kernels are bound by latency, not bytes: a reduction that spans warps goes through
@@ -12,6 +13,8 @@ a few programs leaves most SMs idle (kernels/NOTES.md "Tiny reductions at decode
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,6 +28,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
 }
 
 _OVERRIDES: dict[str, dict[str, int]] = {}
+ENV = "BULKHEAD_LAUNCH"  # e.g. "compress_window:BLOCK_C=16,num_warps=2;moe_route:num_warps=1"
 
 
 def _defaults(kernel: str, rows: int) -> dict[str, int]:
@@ -33,26 +37,56 @@ def _defaults(kernel: str, rows: int) -> dict[str, int]:
     return {"num_warps": 4}
 
 
+def _check(kernel: str, settings: dict[str, int], where: str) -> None:
+    if kernel not in KNOBS:
+        raise KeyError(f"{where}no launch settings for kernel {kernel!r} (known: {sorted(KNOBS)})")
+    for name, value in settings.items():
+        if name not in KNOBS[kernel]:
+            raise ValueError(f"{where}{kernel} takes {KNOBS[kernel]}, not {name!r}")
+        least = 1 if name == "num_warps" else 2
+        if not isinstance(value, int) or value < least or value & (value - 1):
+            raise ValueError(f"{where}{kernel} {name} must be a power of two >= {least}, "
+                             f"got {value!r}")
+
+
+@functools.lru_cache(maxsize=8)
+def parse_env(raw: str) -> dict[str, dict[str, int]]:
+    """``BULKHEAD_LAUNCH``'s value -> {kernel: {knob: value}}: "kernel:knob=v,knob=v" items
+    joined by ";"; every name and value checked (a typo is an error, not a silent default)."""
+    out: dict[str, dict[str, int]] = {}
+    for item in raw.split(";"):
+        if not item.strip():
+            continue
+        kernel, sep, knobs = item.partition(":")
+        where = f"{ENV}={raw!r}: "
+        if not sep:
+            raise ValueError(f"{where}{item!r} is not kernel:knob=value,...")
+        settings: dict[str, int] = {}
+        for kv in knobs.split(","):
+            name, eq, value = kv.partition("=")
+            if not eq or not value.strip().isdigit():
+                raise ValueError(f"{where}{kv!r} is not knob=integer")
+            settings[name.strip()] = int(value)
+        _check(kernel.strip(), settings, where)
+        out.setdefault(kernel.strip(), {}).update(settings)
+    return out
+
+
 def launch_config(kernel: str, rows: int) -> dict[str, int]:
     """The settings of ``kernel`` for a launch of ``rows`` rows (tokens): the defaults, then
-    any :func:`overridden` values."""
+    ``BULKHEAD_LAUNCH``'s (read at every launch, so it must be set before graphs are captured),
+    then any :func:`overridden` values."""
     if kernel not in KNOBS:
         raise KeyError(f"no launch settings for kernel {kernel!r} (known: {sorted(KNOBS)})")
-    return {**_defaults(kernel, rows), **_OVERRIDES.get(kernel, {})}
+    env = parse_env(os.environ.get(ENV, "")).get(kernel, {})
+    return {**_defaults(kernel, rows), **env, **_OVERRIDES.get(kernel, {})}
 
 
 @contextmanager
 def overridden(kernel: str, **settings: int) -> Iterator[None]:
     """Launches of ``kernel`` inside the ``with`` take ``settings`` over the defaults (each a
     name of ``KNOBS[kernel]``; ``num_warps`` a power of two, tiles powers of two >= 2)."""
-    if kernel not in KNOBS:
-        raise KeyError(f"no launch settings for kernel {kernel!r} (known: {sorted(KNOBS)})")
-    for name, value in settings.items():
-        if name not in KNOBS[kernel]:
-            raise ValueError(f"{kernel} takes {KNOBS[kernel]}, not {name!r}")
-        least = 1 if name == "num_warps" else 2
-        if not isinstance(value, int) or value < least or value & (value - 1):
-            raise ValueError(f"{kernel} {name} must be a power of two >= {least}, got {value!r}")
+    _check(kernel, settings, "")
     before = _OVERRIDES.get(kernel)
     _OVERRIDES[kernel] = {**(before or {}), **settings}
     try:

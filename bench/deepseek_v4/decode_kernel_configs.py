@@ -216,6 +216,27 @@ def sweep(sweeps: dict[str, list[str]], batches: list[int], dev: str, experts: i
     return rows
 
 
+def best_env(rows: list[dict[str, Any]], batch: int) -> str:
+    """The ``BULKHEAD_LAUNCH`` value of each sweep's fastest setting at ``batch`` (its cases'
+    microseconds summed), only where that is not the default."""
+    items = []
+    for name in dict.fromkeys(r["sweep"] for r in rows):
+        total: dict[str, float] = {}
+        launch: dict[str, dict] = {}
+        for r in rows:
+            if r["sweep"] == name and r["batch"] == batch:
+                total[r["setting"]] = total.get(r["setting"], 0.0) + r["us"]
+                launch[r["setting"]] = r["launch"]
+        if "default" not in total:
+            continue
+        best = min(total, key=lambda k: total[k])
+        if total[best] >= total["default"]:
+            continue
+        for kernel, knobs in launch[best].items():
+            items.append(f"{kernel}:" + ",".join(f"{k}={v}" for k, v in knobs.items()))
+    return ";".join(items)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.decode_kernel_configs",
                                 description=__doc__.split("\n\n")[0])
@@ -227,7 +248,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--experts", type=int, default=128)
     p.add_argument("--context", type=int, default=131072, help="tokens the indexer's top-k spans")
     p.add_argument("--out", default="")
+    p.add_argument("--best", metavar="JSON", default="",
+                   help="print the BULKHEAD_LAUNCH value of the fastest settings in an earlier "
+                        "run's --out (at --best-batch) and exit")
+    p.add_argument("--best-batch", type=int, default=1)
     a = p.parse_args(argv)
+    if a.best:
+        with open(a.best) as f:
+            print(best_env(json.load(f), a.best_batch))
+        return 0
     names = [k.strip() for k in a.kernels.split(",") if k.strip()]
     specs = {k: SWEEPS[k] for k in names if k in SWEEPS}
     if len(specs) != len(names):

@@ -66,3 +66,33 @@ def test_sweep_refuses_bad_settings() -> None:
         dkc.main(["--kernels", "moe_route", "--settings", "compress=default"])
     with pytest.raises(SystemExit):
         dkc.main(["--settings", "moe_route=3"])
+
+
+def test_environment_settings(monkeypatch) -> None:
+    base = launch_config("compress_window", 1)
+    monkeypatch.setenv("BULKHEAD_LAUNCH", "compress_window:BLOCK_C=16,num_warps=2; moe_route:num_warps=1")
+    assert launch_config("compress_window", 1) == {**base, "BLOCK_C": 16, "num_warps": 2}
+    assert launch_config("moe_route", 1) == {"num_warps": 1}
+    with overridden("moe_route", num_warps=8):  # a bench's override beats the environment
+        assert launch_config("moe_route", 1) == {"num_warps": 8}
+    for bad, match in (("moe_route:num_warps=3", "power of two"), ("route:num_warps=1", "route"),
+                       ("moe_route", "kernel:knob"), ("moe_route:num_warps=x", "knob=integer"),
+                       ("rope_norm:BLOCK_C=16", "takes")):
+        monkeypatch.setenv("BULKHEAD_LAUNCH", bad)
+        with pytest.raises((ValueError, KeyError), match=match):
+            launch_config("moe_route", 1)
+
+
+def test_best_settings_as_environment() -> None:
+    def row(sweep, case, setting, us, launch, batch=1):
+        return dict(sweep=sweep, case=case, batch=batch, setting=setting, us=us, launch=launch)
+
+    cw = {"compress_window": {"BLOCK_C": 16, "BLOCK_W": 128, "num_warps": 2},
+          "compress_entry": {"num_warps": 1}}
+    rows = [row("compress", "a", "default", 5.0, {}), row("compress", "b", "default", 3.0, {}),
+            row("compress", "a", "16,128,2,1", 3.0, cw), row("compress", "b", "16,128,2,1", 4.0, cw),
+            row("moe_route", "r", "default", 2.0, {}), row("moe_route", "r", "1", 2.5, {}),
+            row("rope_norm", "q", "2", 1.0, {"rope_norm": {"num_warps": 2}}, batch=8)]
+    env = dkc.best_env(rows, 1)
+    assert env == "compress_window:BLOCK_C=16,BLOCK_W=128,num_warps=2;compress_entry:num_warps=1"
+    assert dkc.best_env(rows, 8) == ""  # no default timed at 8: nothing to beat
