@@ -8,7 +8,8 @@
    dtype where the reference rounds them. The token's own window row is taken from registers,
    never read back, and only a slot's writer row stores (a graph's pad rows share row 0's slot).
 2. ``_compress_entry_kernel``, one program per row: RMSNorm of the entry, RoPE at the window's
-   first position (cos/sin from ``inv_freq``), and the flat pool row it goes to.
+   first position (cos/sin from ``inv_freq``), and the flat pool row it goes to; given the pool
+   (in the entry's dtype), the closing rows store the entry there too (no index_copy after).
 Nothing allocates here.
 """
 
@@ -135,8 +136,9 @@ def _compress_window_kernel(kv_ptr, g_ptr, wr_ptr, slot_ptr, pos_ptr, tab_ptr, b
 
 @triton.jit
 def _compress_entry_kernel(ent_ptr, w_ptr, freq_ptr, wr_ptr, pos_ptr, tab_ptr, out_ptr, dst_ptr,
-                           r, d, half, per, eps, rope_scale, s_ent, s_tab, s_out,
-                           BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr = 0):
+                           pool_ptr, r, d, half, per, eps, rope_scale, s_ent, s_tab, s_out,
+                           s_pool, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+                           POOL: tl.constexpr = False, PDL: tl.constexpr = 0):
     pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + row)
@@ -144,11 +146,18 @@ def _compress_entry_kernel(ent_ptr, w_ptr, freq_ptr, wr_ptr, pos_ptr, tab_ptr, o
     cols = tl.arange(0, BLOCK_D)
     ok = cols < d
     dt = out_ptr.dtype.element_ty
+    closing = (pos % r == r - 1) & (tl.load(wr_ptr + row) == row)
+    entry_row = tl.load(tab_ptr + row * s_tab + e0 // per) * per + e0 % per
+    # with POOL the closing rows also store the entry into its pool row (in a vector
+    # comparison: the interpreter masks only with vectors)
+    in_pool = (cols * 0 + closing.to(tl.int32)) != 0
     x = tl.load(ent_ptr + row * s_ent + cols, mask=ok, other=0.0).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / d + eps)
     y = (x * inv * tl.load(w_ptr + cols, mask=ok, other=0.0)).to(dt)
     nope = d - 2 * half
     tl.store(out_ptr + row * s_out + cols, y, mask=cols < nope)
+    if POOL:
+        tl.store(pool_ptr + entry_row * s_pool + cols, y, mask=(cols < nope) & in_pool)
     p = tl.arange(0, BLOCK_R)
     ok_p = p < half
     ev, od = nope + 2 * p, nope + 2 * p + 1
@@ -159,10 +168,14 @@ def _compress_entry_kernel(ent_ptr, w_ptr, freq_ptr, wr_ptr, pos_ptr, tab_ptr, o
     f = (e0 * r).to(tl.float32) * tl.load(freq_ptr + p, mask=ok_p, other=0.0)
     c = (tl.cos(f) * rope_scale).to(dt).to(tl.float32)
     s = (tl.sin(f) * rope_scale).to(dt).to(tl.float32)
-    tl.store(out_ptr + row * s_out + ev, (x1 * c - x2 * s).to(dt), mask=ok_p)
-    tl.store(out_ptr + row * s_out + od, (x2 * c + x1 * s).to(dt), mask=ok_p)
-    closing = (pos % r == r - 1) & (tl.load(wr_ptr + row) == row)
-    entry_row = tl.load(tab_ptr + row * s_tab + e0 // per) * per + e0 % per
+    y1 = (x1 * c - x2 * s).to(dt)
+    y2 = (x2 * c + x1 * s).to(dt)
+    tl.store(out_ptr + row * s_out + ev, y1, mask=ok_p)
+    tl.store(out_ptr + row * s_out + od, y2, mask=ok_p)
+    if POOL:
+        pool_p = (p * 0 + closing.to(tl.int32)) != 0
+        tl.store(pool_ptr + entry_row * s_pool + ev, y1, mask=ok_p & pool_p)
+        tl.store(pool_ptr + entry_row * s_pool + od, y2, mask=ok_p & pool_p)
     tl.store(dst_ptr + row, tl.where(closing, entry_row, 0))
 
 
@@ -172,7 +185,8 @@ def launch_compress_decode(kv: torch.Tensor, gate: torch.Tensor, writer: torch.T
                            position_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                            inv_freq: torch.Tensor, rope_scale: float, block_size: int,
                            ov_kv: torch.Tensor | None, ov_gate: torch.Tensor | None,
-                           ent: torch.Tensor, out: torch.Tensor, dst: torch.Tensor) -> None:
+                           ent: torch.Tensor, out: torch.Tensor, dst: torch.Tensor,
+                           pool: torch.Tensor | None = None) -> None:
     n = kv.shape[0]
     r = buf_kv.shape[1]
     overlap = ov_kv is not None
@@ -191,8 +205,9 @@ def launch_compress_decode(kv: torch.Tensor, gate: torch.Tensor, writer: torch.T
     )
     half = inv_freq.shape[0]
     _compress_entry_kernel[(n,)](
-        ent, norm_weight, inv_freq, writer, positions, tables, out, dst, r, d, half,
-        block_size // r, eps, rope_scale, ent.stride(0), tables.stride(0), out.stride(0),
-        BLOCK_D=next_pow2(d), BLOCK_R=max(2, next_pow2(half)), **pdl,
+        ent, norm_weight, inv_freq, writer, positions, tables, out, dst,
+        out if pool is None else pool, r, d, half, block_size // r, eps, rope_scale,
+        ent.stride(0), tables.stride(0), out.stride(0), 0 if pool is None else pool.stride(0),
+        BLOCK_D=next_pow2(d), BLOCK_R=max(2, next_pow2(half)), POOL=pool is not None, **pdl,
         num_warps=launch_config("compress_entry", n)["num_warps"],
     )

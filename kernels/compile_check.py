@@ -210,7 +210,8 @@ def _decode_specs() -> list[KernelSpec]:
                       "bg_ptr": _ptr("bf16"), "pb_ptr": _ptr("fp32"), "okv_ptr": _ptr("bf16"),
                       "og_ptr": _ptr("fp32"), "ent_ptr": _ptr("bf16")}
     entry = idx64 | {"ent_ptr": _ptr("bf16"), "w_ptr": _ptr("fp32"), "freq_ptr": _ptr("fp32"),
-                     "out_ptr": _ptr("bf16"), "eps": "fp32", "rope_scale": "fp32"}
+                     "out_ptr": _ptr("bf16"), "pool_ptr": _ptr("bf16"), "eps": "fp32",
+                     "rope_scale": "fp32"}
     route = {"lg_ptr": _ptr("bf16"), "bias_ptr": _ptr("fp32"), "hash_ptr": _ptr("i64"),
              "tok_ptr": _ptr("i64"), "w_ptr": _ptr("fp32"), "idx_ptr": _ptr("i64"),
              "scaling": "fp32"}
@@ -250,6 +251,8 @@ def _decode_specs() -> list[KernelSpec]:
                     "BLOCK_W": min(cw["BLOCK_W"], 128)}, num_warps=cw["num_warps"]),
         KernelSpec("compress entry (d 512)", comp._compress_entry_kernel, entry,
                    {"BLOCK_D": 512, "BLOCK_R": 32}),
+        KernelSpec("compress entry (d 512, into the pool)", comp._compress_entry_kernel, entry,
+                   {"BLOCK_D": 512, "BLOCK_R": 32, "POOL": True}),
         KernelSpec("moe route (sqrt-softplus, 256 experts)", moed._moe_route_kernel, route,
                    {"SCORING": 0, "HASH": False, "BLOCK_E": 256, "BLOCK_K": 8}),
         KernelSpec("moe route (hash)", moed._moe_route_kernel, route,

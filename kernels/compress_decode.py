@@ -26,9 +26,12 @@ def compress_decode(
     position_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, inv_freq: torch.Tensor,
     rope_scale: float, block_size: int, *, ent: torch.Tensor, out: torch.Tensor,
     dst: torch.Tensor, ov_kv: torch.Tensor | None = None, ov_gate: torch.Tensor | None = None,
+    pool: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """See ``compress_decode_ref`` (same arguments; ``ent``, ``out`` [B, dim] and ``dst`` [B]
-    int64 are written). Returns (out, dst)."""
+    int64 are written). ``pool`` [rows, dim] in out's dtype (the flat entry rows): each closing
+    row's entry is also stored at its row ``dst`` there (rows closing nothing store nothing,
+    not even to the null row), so the caller need not copy it. Returns (out, dst)."""
     name = "compress_decode"
     dev = kv.device
     check_tensor(name, "buf_kv", buf_kv, shape=(None, None, None), dtypes=_DTYPES, device=dev)
@@ -70,11 +73,15 @@ def compress_decode(
         check_tensor(name, arg, t, shape=(n, d), dtypes=(buf_kv.dtype,), device=dev)
     check_tensor(name, "dst", dst, shape=(n,), dtypes=_IDX, device=dev)
     check_contiguous(name, "dst", dst)
+    if pool is not None:
+        check_tensor(name, "pool", pool, shape=(None, d), dtypes=(out.dtype,), device=dev)
+        if pool.stride(1) != 1:
+            raise KernelArgumentError(name, "pool", f"rows must be contiguous, got strides {pool.stride()}")
     require_triton(name, dev)
     from kernels._compress_decode_triton import launch_compress_decode
 
     if n:
         launch_compress_decode(kv, gate, writer, slots, positions, tables, buf_kv, buf_gate,
                                position_bias, norm_weight, eps, inv_freq, rope_scale, block_size,
-                               ov_kv, ov_gate, ent, out, dst)
+                               ov_kv, ov_gate, ent, out, dst, pool)
     return out, dst

@@ -32,7 +32,8 @@ def _params(r: int, d: int, half: int, overlap: bool, device, g):
                 rope_scale=1.1)
 
 
-def _steps(r, d, half, overlap, block_size, starts, pad, dtype, device, steps, tol):
+def _steps(r, d, half, overlap, block_size, starts, pad, dtype, device, steps, tol,
+           with_pool=False):
     g = torch.Generator().manual_seed(r * 1000 + d + len(starts))
     n_seq = len(starts)
     blocks_per = 4
@@ -53,12 +54,22 @@ def _steps(r, d, half, overlap, block_size, starts, pad, dtype, device, steps, t
                    tables=tables.to(device))
         want, want_dst = compress_decode_ref(kv, gate, **idx, **ref, **prm, block_size=block_size)
         out = torch.full((b, d), float("nan"), dtype=dtype, device=device)
+        # the flat entry rows of every block (block 0: the null block)
+        pool = torch.full(((1 + n_seq * blocks_per) * (block_size // r), d), -3.0,
+                          dtype=dtype, device=device)
         _, dst = compress_decode(kv, gate, **idx, **got, **prm, block_size=block_size,
                                  ent=torch.empty_like(out), out=out,
-                                 dst=torch.full((b,), -7, dtype=torch.long, device=device))
+                                 dst=torch.full((b,), -7, dtype=torch.long, device=device),
+                                 pool=pool if with_pool else None)
         assert torch.equal(dst, want_dst)
         closing = want_dst != 0
         torch.testing.assert_close(out[closing].float(), want[closing].float(), **tol)
+        if with_pool:  # the closing rows' entries at their rows, nothing anywhere else
+            torch.testing.assert_close(pool[want_dst[closing]].float(), want[closing].float(),
+                                       **tol)
+            untouched = torch.ones(pool.shape[0], dtype=torch.bool, device=device)
+            untouched[want_dst[closing]] = False
+            assert (pool[untouched] == -3.0).all()
         for k in ref:  # state: every slot's window, every real block's Ca slice
             lo = 1 if k.startswith("ov") else 0
             torch.testing.assert_close(got[k][lo:].float(), ref[k][lo:].float(), **tol)
@@ -73,9 +84,11 @@ def _steps(r, d, half, overlap, block_size, starts, pad, dtype, device, steps, t
     (8, 9, 2, False, 16, (4, 0), True),       # wider window than the kernel's row tile
     (1, 12, 3, True, 2, (0, 3), False),       # rate 1: every token closes a window
 ])
-def test_compress_decode_matches_reference(interpret, r, d, half, overlap, block_size, starts, pad):
+@pytest.mark.parametrize("with_pool", [False, True], ids=["out", "pool"])
+def test_compress_decode_matches_reference(interpret, r, d, half, overlap, block_size, starts, pad,
+                                           with_pool):
     _steps(r, d, half, overlap, block_size, starts, pad, torch.float32, "cpu", steps=2 * r + 1,
-           tol=dict(rtol=1e-5, atol=1e-5))
+           tol=dict(rtol=1e-5, atol=1e-5), with_pool=with_pool)
 
 
 def test_compress_decode_names_the_bad_argument(interpret):
@@ -92,6 +105,11 @@ def test_compress_decode_names_the_bad_argument(interpret):
         compress_decode(kv, kv, **idx, **(st | {"ov_gate": None}), **prm, block_size=8, **kw)
     with pytest.raises(KernelArgumentError, match="gate"):
         compress_decode(kv, kv[:, :15], **idx, **st, **prm, block_size=8, **kw)
+    with pytest.raises(KernelArgumentError, match="pool"):
+        compress_decode(kv, kv, **idx, **st, **prm, block_size=8, **kw, pool=torch.empty(9, 7))
+    with pytest.raises(KernelArgumentError, match="pool"):
+        compress_decode(kv, kv, **idx, **st, **prm, block_size=8, **kw,
+                        pool=torch.empty(9, 8, dtype=torch.float64))
     with pytest.raises(KernelArgumentError, match="positions"):
         compress_decode(kv, kv, **(idx | {"positions": torch.tensor([3], dtype=torch.int32)}), **st,
                         **prm, block_size=8, **kw)
@@ -101,4 +119,4 @@ def test_compress_decode_names_the_bad_argument(interpret):
 @pytest.mark.parametrize("r,d,overlap", [(4, 512, True), (4, 128, True), (128, 512, False)])
 def test_compress_decode_on_cuda(cuda, r, d, overlap):
     _steps(r, d, 32, overlap, 256, (0, 100, 255, 3 * r - 2), True, torch.bfloat16, "cuda",
-           steps=r + 2 if r < 64 else 3, tol=dict(rtol=2e-2, atol=2e-2))
+           steps=r + 2 if r < 64 else 3, tol=dict(rtol=2e-2, atol=2e-2), with_pool=True)

@@ -5,7 +5,8 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
   computes the next block's gates, Sinkhorn matrix, collapse and input RMSNorm (2 launches
   instead of ~25); the last one collapses through the model's head and applies its final norm.
 * each compressor (and the indexer's): ``kernels.compress_decode``, the window update, the
-  gated sum, norm and RoPE of a closed window's entry (2 launches + the pool write, not ~40).
+  gated sum, norm and RoPE of a closed window's entry and its pool row (2 launches, not ~40;
+  a third, the pool write, where the pool is FP8).
 * the CSA indexer: ``kernels.indexer_decode`` scores a tile of entries a launch (instead of a
   key gather, a copy, a matmul and four elementwise kernels) and merges it into the running
   top-k on the device (instead of a concatenation, ``torch.topk``'s sort and a gather).
@@ -146,12 +147,16 @@ def compress_decode_fused(comp: V4Compressor, kv: torch.Tensor, gate: torch.Tens
     n, d = kv.shape[0], comp.dim
     out = kv.new_empty(n, d)
     dst = torch.empty(n, dtype=torch.long, device=kv.device)
+    # a pool in the entries' dtype takes them from the kernel; an FP8 one is quantized after
+    direct = cp.entries.scale is None and cp.entries.data.dtype == out.dtype
     compress_decode_kernel(
         kv, gate, rows.writer, rows.slots, rows.positions, rows.tables, cp.buf_kv, cp.buf_gate,
         comp.position_bias, comp.kv_norm.weight, comp.kv_norm.eps, rotary.inv_freq,
         float(rotary.scale), cp.block_size, ent=torch.empty_like(out), out=out, dst=dst,
-        ov_kv=cp.ov_kv, ov_gate=cp.ov_gate)
-    cp.entries.write(dst, out)
+        ov_kv=cp.ov_kv, ov_gate=cp.ov_gate,
+        pool=cp.entries.data.view(-1, d) if direct else None)
+    if not direct:
+        cp.entries.write(dst, out)
 
 
 def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object | None
