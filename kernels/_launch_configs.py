@@ -21,6 +21,7 @@ from contextlib import contextmanager
 # the settings each kernel takes (checked by ``overridden``)
 KNOBS: dict[str, tuple[str, ...]] = {
     "moe_route": ("num_warps",),
+    "moe_router": ("BLOCK_G", "BLOCK_H", "num_warps"),
     "compress_window": ("BLOCK_C", "BLOCK_W", "num_warps"),
     "compress_entry": ("num_warps",),
     "rope_norm": ("num_warps",),
@@ -34,6 +35,8 @@ ENV = "BULKHEAD_LAUNCH"  # e.g. "compress_window:BLOCK_C=16,num_warps=2;moe_rout
 def _defaults(kernel: str, rows: int) -> dict[str, int]:
     if kernel == "compress_window":
         return {"BLOCK_C": 64, "BLOCK_W": 32, "num_warps": 4}
+    if kernel == "moe_router":  # experts a program, hidden a loop step
+        return {"BLOCK_G": 4, "BLOCK_H": 512, "num_warps": 4}
     return {"num_warps": 4}
 
 

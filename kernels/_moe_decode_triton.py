@@ -1,5 +1,7 @@
 """Triton kernels of ``kernels.moe_decode``: one program per token for the routing (the E
-scores in registers, top-k by k rounds of argmax), one per (token, slice) for the SwiGLU. Values
+scores in registers, top-k by k rounds of argmax), or the router's linear and the routing in
+one launch (programs per (token, expert group), the token's last one routes), one per
+(token, slice) for the SwiGLU. Values
 are rounded to the model dtype wherever the reference's ops round. Nothing allocates here."""
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ SWIGLU_BLOCK = 1024  # channels per SwiGLU program
 
 
 @triton.jit
-def _moe_route_kernel(lg_ptr, bias_ptr, hash_ptr, tok_ptr, w_ptr, idx_ptr, e, k, scaling,
-                      stride_l, stride_h, SCORING: tl.constexpr, HASH: tl.constexpr,
-                      BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
-    row = tl.program_id(0).to(tl.int64)
+def _route_row(lg_row, bias_ptr, hash_ptr, tok_ptr, w_ptr, idx_ptr, row, e, k, scaling, stride_h,
+               dt: tl.constexpr, SCORING: tl.constexpr, HASH: tl.constexpr,
+               BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The routing of one row from its E logits at ``lg_row`` (read from L2: in the fused router
+    other programs of this launch wrote them)."""
     ex = tl.arange(0, BLOCK_E)
     ok = ex < e
-    dt = lg_ptr.dtype.element_ty
-    x = tl.load(lg_ptr + row * stride_l + ex, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(lg_row + ex, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
     if SCORING == 0:  # sqrt(softplus), each op rounded as torch's in the model dtype
         sp = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x))).to(dt).to(tl.float32)
         sc = tl.sqrt(sp).to(dt).to(tl.float32)
@@ -52,6 +53,50 @@ def _moe_route_kernel(lg_ptr, bias_ptr, hash_ptr, tok_ptr, w_ptr, idx_ptr, e, k,
     w = ((w / den).to(dt).to(tl.float32) * scaling).to(dt).to(tl.float32)
     tl.store(w_ptr + row * k + kk, w, mask=ok_k)
     tl.store(idx_ptr + row * k + kk, picked, mask=ok_k)
+
+
+@triton.jit
+def _moe_route_kernel(lg_ptr, bias_ptr, hash_ptr, tok_ptr, w_ptr, idx_ptr, e, k, scaling,
+                      stride_l, stride_h, SCORING: tl.constexpr, HASH: tl.constexpr,
+                      BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
+    row = tl.program_id(0).to(tl.int64)
+    _route_row(lg_ptr + row * stride_l, bias_ptr, hash_ptr, tok_ptr, w_ptr, idx_ptr, row, e, k,
+               scaling, stride_h, lg_ptr.dtype.element_ty, SCORING, HASH, BLOCK_E, BLOCK_K)
+
+
+@triton.jit
+def _moe_router_kernel(x_ptr, gw_ptr, lg_ptr, sem_ptr, bias_ptr, hash_ptr, tok_ptr, w_ptr,
+                       idx_ptr, e, hidden, k, scaling, stride_x, stride_gw, stride_l, stride_h,
+                       SCORING: tl.constexpr, HASH: tl.constexpr, BLOCK_G: tl.constexpr,
+                       BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PDL: tl.constexpr = 0):
+    """The router's logits and the routing in one launch: program (row, g) computes the logits
+    of experts [g * BLOCK_G, (g + 1) * BLOCK_G) of its row (fp32 sums, rounded to the model
+    dtype as the router's linear rounds), stores them, and counts in on the row's counter; the
+    row's last program routes it from the stored logits and puts the counter back to 0 (the
+    split-K GEMVs' pattern, ``_fp8_linear_triton._last_slice_sum``)."""
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
+    row = tl.program_id(0).to(tl.int64)
+    ex = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    ok = ex < e
+    dt = lg_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_G, BLOCK_H), tl.float32)
+    for h0 in range(0, hidden, BLOCK_H):
+        hh = h0 + tl.arange(0, BLOCK_H)
+        ok_h = hh < hidden
+        xv = tl.load(x_ptr + row * stride_x + hh, mask=ok_h, other=0.0).to(tl.float32)
+        wv = tl.load(gw_ptr + ex[:, None] * stride_gw + hh[None, :],
+                     mask=ok[:, None] & ok_h[None, :], other=0.0).to(tl.float32)
+        acc += wv * xv[None, :]
+    lg_row = lg_ptr + row * stride_l
+    tl.store(lg_row + ex, tl.sum(acc, axis=1).to(dt), mask=ok)
+    tl.debug_barrier()  # every thread's store before the counting atomic (release)
+    count = tl.atomic_add(sem_ptr + row, 1, sem="acq_rel")
+    if count == tl.num_programs(1) - 1:
+        _route_row(lg_row, bias_ptr, hash_ptr, tok_ptr, w_ptr, idx_ptr, row, e, k, scaling,
+                   stride_h, dt, SCORING, HASH, BLOCK_E, BLOCK_K)
+        tl.atomic_xchg(sem_ptr + row, 0)
 
 
 @triton.jit
@@ -85,6 +130,28 @@ def launch_moe_route(logits: torch.Tensor, top_k: int, scoring: str, scaling: fl
         BLOCK_E=max(2, next_pow2(e)), BLOCK_K=max(2, next_pow2(top_k)),
         num_warps=launch_config("moe_route", n)["num_warps"],
         **pdl_kwargs(logits.device),
+    )
+
+
+def launch_moe_router(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, scoring: str,
+                      scaling: float, bias: torch.Tensor | None, hash_table: torch.Tensor | None,
+                      token_ids: torch.Tensor | None, weights: torch.Tensor,
+                      experts: torch.Tensor, logits: torch.Tensor,
+                      semaphores: torch.Tensor) -> None:
+    n, hidden = x.shape
+    e = gate_weight.shape[0]
+    cfg = launch_config("moe_router", n)
+    group = min(cfg["BLOCK_G"], next_pow2(e))
+    _moe_router_kernel[(n, cdiv(e, group))](
+        x, gate_weight, logits, semaphores, logits if bias is None else bias,
+        experts if hash_table is None else hash_table,
+        experts if token_ids is None else token_ids, weights, experts, e, hidden, top_k, scaling,
+        x.stride(0), gate_weight.stride(0), logits.stride(0),
+        0 if hash_table is None else hash_table.stride(0),
+        SCORING=_SCORING_CODE[scoring], HASH=hash_table is not None, BLOCK_G=group,
+        BLOCK_H=min(cfg["BLOCK_H"], max(16, next_pow2(hidden))),
+        BLOCK_E=max(2, next_pow2(e)), BLOCK_K=max(2, next_pow2(top_k)),
+        num_warps=cfg["num_warps"], **pdl_kwargs(x.device),
     )
 
 

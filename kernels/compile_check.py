@@ -206,6 +206,7 @@ def _decode_specs() -> list[KernelSpec]:
             "out_ptr": _ptr("bf16"), "eps": "fp32"}
     idx64 = {p: _ptr("i64") for p in ("wr_ptr", "slot_ptr", "pos_ptr", "tab_ptr", "dst_ptr")}
     cw = launch_config("compress_window", 1)  # the batch-1 decode settings
+    rc = launch_config("moe_router", 1)
     window = idx64 | {"kv_ptr": _ptr("bf16"), "g_ptr": _ptr("bf16"), "bkv_ptr": _ptr("bf16"),
                       "bg_ptr": _ptr("bf16"), "pb_ptr": _ptr("fp32"), "okv_ptr": _ptr("bf16"),
                       "og_ptr": _ptr("fp32"), "ent_ptr": _ptr("bf16")}
@@ -257,6 +258,11 @@ def _decode_specs() -> list[KernelSpec]:
                    {"SCORING": 0, "HASH": False, "BLOCK_E": 256, "BLOCK_K": 8}),
         KernelSpec("moe route (hash)", moed._moe_route_kernel, route,
                    {"SCORING": 0, "HASH": True, "BLOCK_E": 256, "BLOCK_K": 8}),
+        KernelSpec("moe router (linear + route, 256 experts)", moed._moe_router_kernel,
+                   route | {"x_ptr": _ptr("bf16"), "gw_ptr": _ptr("bf16"), "sem_ptr": _ptr("i32")},
+                   {"SCORING": 0, "HASH": False, "BLOCK_G": rc["BLOCK_G"],
+                    "BLOCK_H": rc["BLOCK_H"], "BLOCK_E": 256, "BLOCK_K": 8},
+                   num_warps=rc["num_warps"]),
         KernelSpec("indexer decode scores (64 x 128)", idxd._indexer_decode_kernel,
                    {"q_ptr": _ptr("bf16"), "w_ptr": _ptr("fp32"), "k_ptr": _ptr("bf16"),
                     "tab_ptr": _ptr("i64"), "end_ptr": _ptr("i64"), "out_ptr": _ptr("fp32")},

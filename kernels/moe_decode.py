@@ -1,6 +1,6 @@
 """DeepSeek-V4's MoE glue as single kernels for decode: the routing (scores, top-k, normalised
-and scaled weights; ~10 PyTorch kernels a layer unfused) and the shared expert's clamped
-SwiGLU (~5). ``kernels.moe_decode_ref`` is the specification; both write into caller buffers.
+and scaled weights; ~10 PyTorch kernels a layer unfused), with or without the router's linear
+in the same launch, and the shared expert's clamped SwiGLU (~5). ``kernels.moe_decode_ref`` is the specification; both write into caller buffers.
 Top-k ties go to the lowest expert index (torch.topk leaves them unspecified)."""
 
 from __future__ import annotations
@@ -15,17 +15,10 @@ from kernels.moe_decode_ref import SCORINGS
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def moe_route(logits: torch.Tensor, top_k: int, scoring: str, scaling: float, *,
-              weights: torch.Tensor, experts: torch.Tensor, bias: torch.Tensor | None = None,
-              hash_table: torch.Tensor | None = None, token_ids: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """See ``moe_route_ref``. logits [N, E]; weights [N, k] fp32 and experts [N, k] int64
-    (contiguous) are written. Score-routed with ``bias`` fp32 [E]; hash-routed with
-    ``hash_table`` int64 [vocab, k] and ``token_ids`` int64 [N]."""
-    name = "moe_route"
-    dev = logits.device
-    check_tensor(name, "logits", logits, shape=(None, None), dtypes=_DTYPES, device=dev)
-    n, e = logits.shape
+def _check_route(name: str, n: int, e: int, top_k: int, scoring: str, weights: torch.Tensor,
+                 experts: torch.Tensor, bias: torch.Tensor | None,
+                 hash_table: torch.Tensor | None, token_ids: torch.Tensor | None,
+                 dev: torch.device) -> None:
     check_positive(name, "top_k", top_k)
     if top_k > e:
         raise KernelArgumentError(name, "top_k", f"must be <= the {e} experts, got {top_k}")
@@ -46,12 +39,62 @@ def moe_route(logits: torch.Tensor, top_k: int, scoring: str, scaling: float, *,
         if token_ids is None:
             raise KernelArgumentError(name, "token_ids", "is required with hash_table")
         check_tensor(name, "token_ids", token_ids, shape=(n,), dtypes=(torch.int64,), device=dev)
+
+
+def moe_route(logits: torch.Tensor, top_k: int, scoring: str, scaling: float, *,
+              weights: torch.Tensor, experts: torch.Tensor, bias: torch.Tensor | None = None,
+              hash_table: torch.Tensor | None = None, token_ids: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """See ``moe_route_ref``. logits [N, E]; weights [N, k] fp32 and experts [N, k] int64
+    (contiguous) are written. Score-routed with ``bias`` fp32 [E]; hash-routed with
+    ``hash_table`` int64 [vocab, k] and ``token_ids`` int64 [N]."""
+    name = "moe_route"
+    dev = logits.device
+    check_tensor(name, "logits", logits, shape=(None, None), dtypes=_DTYPES, device=dev)
+    n, e = logits.shape
+    _check_route(name, n, e, top_k, scoring, weights, experts, bias, hash_table, token_ids, dev)
     require_triton(name, dev)
     from kernels._moe_decode_triton import launch_moe_route
 
     if n:
         launch_moe_route(logits, top_k, scoring, scaling, bias, hash_table, token_ids, weights,
                          experts)
+    return weights, experts
+
+
+def moe_router(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, scoring: str,
+               scaling: float, *, weights: torch.Tensor, experts: torch.Tensor,
+               logits: torch.Tensor, semaphores: torch.Tensor, bias: torch.Tensor | None = None,
+               hash_table: torch.Tensor | None = None, token_ids: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`moe_route` of the router's logits ``x @ gate_weight.T`` ([N, hidden] x [E,
+    hidden], one dtype), both in one launch: the logits (fp32 sums rounded to that dtype, as
+    the linear rounds; the order of the sums differs) are written to ``logits`` [N, E], then
+    each row is routed by the last of its programs. ``semaphores``: int32 counters, zero, at
+    least N of them, shared with any launch on the same stream (left zero again, as
+    ``kernels.fp8_linear.gemv_semaphores``)."""
+    name = "moe_router"
+    dev = x.device
+    check_tensor(name, "x", x, shape=(None, None), dtypes=_DTYPES, device=dev)
+    n, hidden = x.shape
+    check_tensor(name, "gate_weight", gate_weight, shape=(None, hidden), dtypes=(x.dtype,),
+                 device=dev)
+    e = gate_weight.shape[0]
+    check_tensor(name, "logits", logits, shape=(n, e), dtypes=(x.dtype,), device=dev)
+    for arg, t in (("x", x), ("gate_weight", gate_weight), ("logits", logits)):
+        if t.stride(1) != 1:
+            raise KernelArgumentError(name, arg, f"rows must be contiguous, got strides {t.stride()}")
+    check_tensor(name, "semaphores", semaphores, shape=(None,), dtypes=(torch.int32,), device=dev)
+    if semaphores.numel() < n or not semaphores.is_contiguous():
+        raise KernelArgumentError(name, "semaphores", f"needs >= {n} contiguous counters, got "
+                                  f"{semaphores.numel()} with strides {semaphores.stride()}")
+    _check_route(name, n, e, top_k, scoring, weights, experts, bias, hash_table, token_ids, dev)
+    require_triton(name, dev)
+    from kernels._moe_decode_triton import launch_moe_router
+
+    if n:
+        launch_moe_router(x, gate_weight, top_k, scoring, scaling, bias, hash_table, token_ids,
+                          weights, experts, logits, semaphores)
     return weights, experts
 
 

@@ -2,7 +2,9 @@
 at V4-Flash's shapes, timed from a CUDA graph (20 calls back to back, as a captured step makes
 them) and checked against the default setting's outputs:
 
-* ``moe_route``: the routing of ``--experts`` experts, top-6, sqrt-softplus with a bias.
+* ``moe_route``: the routing of ``--experts`` experts, top-6, sqrt-softplus with a bias (and
+  the router's linear then the routing, two launches, the unfused form).
+* ``moe_router``: the router's linear (4096 wide) and the routing in one launch.
 * ``compress``: ``kernels.compress_decode`` (window + entry launches) of the HCA compressor
   (rate 128, 512 channels), the CSA one (rate 4, overlapping, 512) and the indexer's (rate 4,
   overlapping, 128); the window settings and the entry's warps are swept together.
@@ -34,6 +36,7 @@ from kernels._launch_configs import KNOBS, launch_config, overridden
 
 SWEEPS = {
     "moe_route": "default;1;2;8",
+    "moe_router": "default;8,512,4;2,512,4;4,1024,4;4,256,2;8,1024,8;2,1024,1;2,256,1",
     "compress": "default;32,32,4,4;16,32,4,4;32,128,4,4;16,128,2,4;32,128,2,2;16,128,1,1;"
                 "64,128,4,2;16,64,2,2",
     "rope_norm": "default;1;2;8",
@@ -41,6 +44,7 @@ SWEEPS = {
 }
 _SETTINGS = {  # the kernels a sweep's setting overrides, in order of its numbers
     "moe_route": (("moe_route", KNOBS["moe_route"]),),
+    "moe_router": (("moe_router", KNOBS["moe_router"]),),
     "compress": (("compress_window", KNOBS["compress_window"]),
                  ("compress_entry", KNOBS["compress_entry"])),
     "rope_norm": (("rope_norm", KNOBS["rope_norm"]),),
@@ -99,6 +103,23 @@ def _cases(sweep: str, n: int, dev: str, tiny: bool, experts: int, context: int
         cases.append((f"route {e} experts", lambda: moe_route(
             logits, 6, "sqrtsoftplus", 1.5, weights=w, experts=idx, bias=bias),
             lambda: [w.clone(), idx.clone()], nothing))
+        # the unfused router as the decode step ran it before moe_router: linear, then route
+        x, gw = randn(n, 32 if tiny else 4096), randn(e, 32 if tiny else 4096) * 0.02
+        cases.append((f"linear + route {e} experts", lambda: moe_route(
+            torch.nn.functional.linear(x, gw), 6, "sqrtsoftplus", 1.5, weights=w, experts=idx,
+            bias=bias), lambda: [w.clone(), idx.clone()], nothing))
+    elif sweep == "moe_router":
+        from kernels.moe_decode import moe_router
+
+        e, hidden = (16, 40) if tiny else (experts, 4096)
+        x, gw = randn(n, hidden), randn(e, hidden) * 0.02
+        bias = randn(e, dtype=torch.float32) * 0.1
+        w, idx = torch.empty(n, 6, **f32), torch.empty(n, 6, device=dev, dtype=torch.long)
+        lg = torch.empty(n, e, device=dev, dtype=dt)
+        sem = torch.zeros(max(n, 1), device=dev, dtype=torch.int32)
+        cases.append((f"linear + route {e} experts, fused", lambda: moe_router(
+            x, gw, 6, "sqrtsoftplus", 1.5, weights=w, experts=idx, logits=lg, semaphores=sem,
+            bias=bias), lambda: [w.clone(), idx.clone(), lg.clone()], nothing))
     elif sweep == "compress":
         from kernels.compress_decode import compress_decode
 
@@ -284,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(rows, f, indent=1)
     bad = [r for r in rows if r["max_diff"] > (0.0 if r["sweep"] in ("moe_route", "topk_merge")
                                                else 0.05)]
+    # (moe_router: its logits' sums run in another order for each setting; a one-ulp change
+    # of a near tie's logit may swap an expert, which reads as a difference of a whole index)
     for r in bad:
         print(f"[configs] MISMATCH {r['sweep']} {r['case']} batch {r['batch']} {r['setting']}: "
               f"max diff {r['max_diff']:.3g}")

@@ -35,6 +35,11 @@ backends = {
     # shared-expert SwiGLU in front of the MXFP4 experts)
     "fused": V4Backend("kernels", "kernels", "kernels", decode="fused"),
 }
+import kernels._moe_decode_triton as _moe_launch  # noqa: E402
+
+routers = []  # the fused decode's router launches (the linear and routing in one kernel)
+_launch_router = _moe_launch.launch_moe_router
+_moe_launch.launch_moe_router = lambda *a: (routers.append(1), _launch_router(*a))
 for gemm, backend in backends.items():
     ours = DeepseekV4Model.from_state_dict(cfg, ck.state_dict, dtype=torch.float32, backend=backend)
     cache = DeepseekV4KVPool.for_slots(cfg, 1, 32, torch.float32, "cpu")
@@ -46,5 +51,5 @@ for gemm, backend in backends.items():
             h = ours(torch.tensor([tokens[-1]]), torch.tensor([cache.num_tokens[0]]), [0, 1], [0], cache, ws=ws)
         tokens.append(int(ours.compute_logits(h)[0].argmax()))
     result[gemm] = ",".join(map(str, tokens))
-print(f"fused={result['fused']}")
+print(f"fused={result['fused']} routers={len(routers)}")
 print(f"kernels={result['kernels']} torch={result['torch']} ws_peak={ws.peak_bytes} ws_cap={ws.capacity}")
