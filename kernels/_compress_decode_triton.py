@@ -195,7 +195,7 @@ def launch_compress_decode(kv: torch.Tensor, gate: torch.Tensor, writer: torch.T
     okv = ov_kv if ov_kv is not None else buf_kv
     og = ov_gate if ov_gate is not None else buf_gate
     pdl = pdl_kwargs(kv.device)
-    wc = launch_config("compress_window", n)  # channels a program, window rows a loop step
+    wc = launch_config("compress_window", n, win)  # channels a program, window rows a loop step
     _compress_window_kernel[(n, cdiv(d, wc["BLOCK_C"]))](
         kv, gate, writer, slots, positions, tables, buf_kv, buf_gate, position_bias, okv, og,
         ent, r, d, win, block_size, kv.stride(0), gate.stride(0), tables.stride(0),
@@ -209,5 +209,5 @@ def launch_compress_decode(kv: torch.Tensor, gate: torch.Tensor, writer: torch.T
         out if pool is None else pool, r, d, half, block_size // r, eps, rope_scale,
         ent.stride(0), tables.stride(0), out.stride(0), 0 if pool is None else pool.stride(0),
         BLOCK_D=next_pow2(d), BLOCK_R=max(2, next_pow2(half)), POOL=pool is not None, **pdl,
-        num_warps=launch_config("compress_entry", n)["num_warps"],
+        num_warps=launch_config("compress_entry", n, win)["num_warps"],
     )

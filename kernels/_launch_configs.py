@@ -32,11 +32,22 @@ _OVERRIDES: dict[str, dict[str, int]] = {}
 ENV = "BULKHEAD_LAUNCH"  # e.g. "compress_window:BLOCK_C=16,num_warps=2;moe_route:num_warps=1"
 
 
-def _defaults(kernel: str, rows: int) -> dict[str, int]:
-    if kernel == "compress_window":
-        return {"BLOCK_C": 64, "BLOCK_W": 32, "num_warps": 4}
+def _defaults(kernel: str, rows: int, size: int) -> dict[str, int]:
+    """H100, one token to 32 (``bench.deepseek_v4.decode_kernel_configs``, docs/benchmarks.md
+    "Fifteenth session"); ``size``: the compressor's window rows, a rope_norm row's width."""
+    if kernel == "compress_window":  # a long window: wide channel slices over 4 warps
+        return ({"BLOCK_C": 32, "BLOCK_W": 128, "num_warps": 4} if size > 16 else
+                {"BLOCK_C": 16, "BLOCK_W": 128, "num_warps": 1})
+    if kernel == "compress_entry":
+        return {"num_warps": 4 if size > 16 else 1}
     if kernel == "moe_router":  # experts a program, hidden a loop step
-        return {"BLOCK_G": 4, "BLOCK_H": 512, "num_warps": 4}
+        return {"BLOCK_G": 2, "BLOCK_H": 1024, "num_warps": 1}
+    if kernel == "moe_route":
+        return {"num_warps": 1}
+    if kernel == "rope_norm":
+        return {"num_warps": 1 if size <= 512 else 4}
+    if kernel == "topk_merge":
+        return {"num_warps": 8}
     return {"num_warps": 4}
 
 
@@ -75,14 +86,15 @@ def parse_env(raw: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def launch_config(kernel: str, rows: int) -> dict[str, int]:
-    """The settings of ``kernel`` for a launch of ``rows`` rows (tokens): the defaults, then
+def launch_config(kernel: str, rows: int, size: int = 0) -> dict[str, int]:
+    """The settings of ``kernel`` for a launch of ``rows`` rows (tokens) (``size``: see
+    ``_defaults``): the defaults, then
     ``BULKHEAD_LAUNCH``'s (read at every launch, so it must be set before graphs are captured),
     then any :func:`overridden` values."""
     if kernel not in KNOBS:
         raise KeyError(f"no launch settings for kernel {kernel!r} (known: {sorted(KNOBS)})")
     env = parse_env(os.environ.get(ENV, "")).get(kernel, {})
-    return {**_defaults(kernel, rows), **env, **_OVERRIDES.get(kernel, {})}
+    return {**_defaults(kernel, rows, size), **env, **_OVERRIDES.get(kernel, {})}
 
 
 @contextmanager

@@ -70,5 +70,5 @@ def launch_rope_norm(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out:
         x.stride(0), x.stride(1), cos.stride(0), out.stride(0), out.stride(1),
         NORM=norm, WEIGHT=weight is not None, SRC=src_rows is not None,
         DST=dst_rows is not None, BLOCK_D=next_pow2(d), BLOCK_R=max(2, next_pow2(half)),
-        num_warps=launch_config("rope_norm", n)["num_warps"], **pdl_kwargs(x.device),
+        num_warps=launch_config("rope_norm", n, d)["num_warps"], **pdl_kwargs(x.device),
     )

@@ -205,7 +205,8 @@ def _decode_specs() -> list[KernelSpec]:
             "w_ptr": _ptr("fp32"), "src_ptr": _ptr("i64"), "dst_ptr": _ptr("i64"),
             "out_ptr": _ptr("bf16"), "eps": "fp32"}
     idx64 = {p: _ptr("i64") for p in ("wr_ptr", "slot_ptr", "pos_ptr", "tab_ptr", "dst_ptr")}
-    cw = launch_config("compress_window", 1)  # the batch-1 decode settings
+    cw = launch_config("compress_window", 1, 128)  # the batch-1 decode settings (HCA)
+    cs = launch_config("compress_window", 1, 8)  # (CSA: a window of two series of 4)
     rc = launch_config("moe_router", 1)
     window = idx64 | {"kv_ptr": _ptr("bf16"), "g_ptr": _ptr("bf16"), "bkv_ptr": _ptr("bf16"),
                       "bg_ptr": _ptr("bf16"), "pb_ptr": _ptr("fp32"), "okv_ptr": _ptr("bf16"),
@@ -245,8 +246,8 @@ def _decode_specs() -> list[KernelSpec]:
                    {"NORM": False, "WEIGHT": False, "SRC": False, "DST": False,
                     "BLOCK_D": 512, "BLOCK_R": 32}),
         KernelSpec("compress window (CSA overlap)", comp._compress_window_kernel, window,
-                   {"OVERLAP": True, "BLOCK_C": cw["BLOCK_C"], "BLOCK_W": 8},
-                   num_warps=cw["num_warps"]),
+                   {"OVERLAP": True, "BLOCK_C": cs["BLOCK_C"], "BLOCK_W": 8},
+                   num_warps=cs["num_warps"]),
         KernelSpec("compress window (HCA)", comp._compress_window_kernel, window,
                    {"OVERLAP": False, "BLOCK_C": cw["BLOCK_C"],
                     "BLOCK_W": min(cw["BLOCK_W"], 128)}, num_warps=cw["num_warps"]),

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from bench.deepseek_v4.hc_decode_warps import _graph_us
-from kernels._launch_configs import KNOBS, launch_config, overridden
+from kernels._launch_configs import KNOBS, overridden
 
 SWEEPS = {
     "moe_route": "default;1;2;8",
@@ -223,7 +223,6 @@ def sweep(sweeps: dict[str, list[str]], batches: list[int], dev: str, experts: i
                 ref = None
                 for spec, setting in settings:
                     with _applied(setting):
-                        used = {k: launch_config(k, n) for k, _ in _SETTINGS[name]}
                         reset()
                         call()
                         got = outputs()
@@ -231,7 +230,7 @@ def sweep(sweeps: dict[str, list[str]], batches: list[int], dev: str, experts: i
                     diff = 0.0 if ref is None else _max_diff(got, ref)
                     ref = ref if ref is not None else got
                     rows.append(dict(sweep=name, case=case, batch=n, setting=spec,
-                                     launch=used, us=us, max_diff=diff))
+                                     launch=setting, us=us, max_diff=diff))
                     print(f"[{name}] {case:34s} batch {n:3d} {spec:16s}: {us:7.2f} us  "
                           f"max diff {diff:.1e}", flush=True)
     return rows
@@ -239,7 +238,8 @@ def sweep(sweeps: dict[str, list[str]], batches: list[int], dev: str, experts: i
 
 def best_env(rows: list[dict[str, Any]], batch: int) -> str:
     """The ``BULKHEAD_LAUNCH`` value of each sweep's fastest setting at ``batch`` (its cases'
-    microseconds summed), only where that is not the default."""
+    microseconds summed), only where that is not the default. (A row's ``launch`` is what its
+    setting overrides; the defaults may differ by shape: ``kernels._launch_configs``.)"""
     items = []
     for name in dict.fromkeys(r["sweep"] for r in rows):
         total: dict[str, float] = {}

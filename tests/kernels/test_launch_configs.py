@@ -22,7 +22,7 @@ def test_overrides_nest_and_unwind() -> None:
     assert launch_config("compress_window", 1) == base
     with pytest.raises(RuntimeError), overridden("moe_route", num_warps=2):
         raise RuntimeError("unwinds on error too")
-    assert launch_config("moe_route", 1) == {"num_warps": 4}
+    assert launch_config("moe_route", 1) == {"num_warps": 1}
 
 
 @pytest.mark.parametrize("kernel,settings,match", [
@@ -40,7 +40,16 @@ def test_bad_settings_are_refused(kernel, settings, match) -> None:
 def test_every_kernel_has_defaults() -> None:
     for kernel, knobs in KNOBS.items():
         for rows in (1, 8, 32):
-            assert set(launch_config(kernel, rows)) == set(knobs)
+            for size in (0, 8, 128, 1024):
+                cfg = launch_config(kernel, rows, size)
+                assert set(cfg) == set(knobs)
+                with overridden(kernel, **cfg):  # every default is a valid setting
+                    pass
+    # the measured choices: the compressor's tiles follow its window, rope_norm its width
+    assert launch_config("compress_window", 1, 128)["BLOCK_C"] == 32
+    assert launch_config("compress_window", 1, 8)["num_warps"] == 1
+    assert launch_config("rope_norm", 1, 512)["num_warps"] == 1
+    assert launch_config("rope_norm", 1, 1024)["num_warps"] == 4
 
 
 def test_sweep_outputs_agree(interpret, tmp_path) -> None:
@@ -54,7 +63,8 @@ def test_sweep_outputs_agree(interpret, tmp_path) -> None:
     # exact but where the window loop's tiles reorder its fp32 sums
     assert all(r["max_diff"] <= (1e-5 if r["sweep"] == "compress" else 0.0) for r in rows), rows
     assert any(r["max_diff"] for r in rows if r["sweep"] == "compress")  # the tiles did change
-    windows = {r["launch"]["compress_window"]["BLOCK_W"] for r in rows if r["sweep"] == "compress"}
+    windows = {r["launch"]["compress_window"]["BLOCK_W"] for r in rows
+               if r["sweep"] == "compress" and r["setting"] != "default"}
     assert {4, 2, 128} <= windows
     assert {r["batch"] for r in rows} == {1, 3}
 
@@ -70,9 +80,9 @@ def test_sweep_refuses_bad_settings() -> None:
 
 def test_environment_settings(monkeypatch) -> None:
     base = launch_config("compress_window", 1)
-    monkeypatch.setenv("BULKHEAD_LAUNCH", "compress_window:BLOCK_C=16,num_warps=2; moe_route:num_warps=1")
+    monkeypatch.setenv("BULKHEAD_LAUNCH", "compress_window:BLOCK_C=16,num_warps=2; moe_route:num_warps=2")
     assert launch_config("compress_window", 1) == {**base, "BLOCK_C": 16, "num_warps": 2}
-    assert launch_config("moe_route", 1) == {"num_warps": 1}
+    assert launch_config("moe_route", 1) == {"num_warps": 2}
     with overridden("moe_route", num_warps=8):  # a bench's override beats the environment
         assert launch_config("moe_route", 1) == {"num_warps": 8}
     for bad, match in (("moe_route:num_warps=3", "power of two"), ("route:num_warps=1", "route"),

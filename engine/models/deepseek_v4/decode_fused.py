@@ -12,7 +12,8 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
   top-k on the device (instead of a concatenation, ``torch.topk``'s sort and a gather).
 * the MoE's routing and its shared expert's clamped SwiGLU: ``kernels.moe_decode`` (one
   launch each instead of ~10 and ~5; the routing takes the router's linear into the same
-  launch where the model has split-K counters, i.e. FP8 shared experts with a workspace);
+  launch up to ``FUSED_ROUTER_MAX_ROWS`` rows where the model has split-K counters, i.e.
+  FP8 shared experts with a workspace);
   the experts themselves are the fused MXFP4 kernels.
 * the attention's row work: ``kernels.rope_norm`` for q_a's RMSNorm, the queries' norm + RoPE,
   the shared KV's norm + RoPE written straight into the window ring, the indexer queries' RoPE
@@ -42,7 +43,7 @@ from engine.models.deepseek_v4.decode_step import DecodeRows, compress_decode, i
 from kernels.compress_decode import compress_decode as compress_decode_kernel
 from kernels.hc_decode import hc_decode, hc_decode_partial_shape
 from kernels.indexer_decode import indexer_decode_topk
-from kernels.moe_decode import clamped_swiglu, moe_route, moe_router
+from kernels.moe_decode import FUSED_ROUTER_MAX_ROWS, clamped_swiglu, moe_route, moe_router
 from kernels.rope_norm import rope_norm
 
 if TYPE_CHECKING:
@@ -182,8 +183,8 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
     gw = mlp.gate.weight
     # the model's split-K counters (bound with the workspace; quant_modules.bind_workspace)
     sem = getattr(se.down_proj, "semaphores", None)
-    if (sem is not None and sem.numel() >= n and gw.dtype == x.dtype and gw.stride(1) == 1
-            and x.stride(1) == 1):
+    if (sem is not None and n <= FUSED_ROUTER_MAX_ROWS and sem.numel() >= n
+            and gw.dtype == x.dtype and gw.stride(1) == 1 and x.stride(1) == 1):
         logits = torch.empty(n, gw.shape[0], dtype=x.dtype, device=x.device)
         moe_router(x, gw, k, cfg.scoring_func, cfg.routed_scaling_factor, weights=weights,
                    experts=experts, logits=logits, semaphores=sem, **route)
