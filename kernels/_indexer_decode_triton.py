@@ -81,11 +81,15 @@ def launch_indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: tor
                                tables: torch.Tensor, kv_end: torch.Tensor, per_block: int,
                                num_entries: int, topk: int, kp: int, scores: torch.Tensor,
                                best: torch.Tensor, cand: torch.Tensor, out_scores: torch.Tensor,
-                               out_indices: torch.Tensor) -> None:
+                               out_indices: torch.Tensor, parts: int = 1,
+                               combined: torch.Tensor | None = None) -> None:
     """Tiles of ``scores.shape[1]`` entries: each scored (``_indexer_decode_kernel``) then merged
     into the row's running best (the prefill indexer's ``_topk_merge_kernel``, which reads only
-    the row's visible entries); buffers carved by ``kernels.indexer_decode``."""
+    the row's visible entries), by ``parts`` programs a row, each over its slice of the tile
+    into its own best (``best`` / ``cand`` hold ``parts`` of them a row), combined into
+    ``combined`` at the end; buffers carved by ``kernels.indexer_decode``."""
     from kernels._indexer_triton import (
+        _topk_combine_kernel,
         _topk_finalize_kernel,
         _topk_init_kernel,
         _topk_merge_kernel,
@@ -94,13 +98,20 @@ def launch_indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: tor
     b = q.shape[0]
     tile = scores.shape[1]
     pdl = pdl_kwargs(q.device)
-    _topk_init_kernel[(b,)](best, KP=kp, **pdl)
+    log_kp = kp.bit_length() - 1
+    _topk_init_kernel[(b * parts,)](best, KP=kp, **pdl)
     for first in range(0, num_entries, tile):
         num = min(tile, num_entries - first)
         launch_indexer_decode(q, weights, keys, tables, kv_end, first, num, per_block, scores)
-        _topk_merge_kernel[(b,)](scores, kv_end, best, cand, first, num, topk, scores.stride(0),
-                                 KP=kp, LOG_KP=kp.bit_length() - 1, **pdl,
-                                 num_warps=launch_config("topk_merge", b)["num_warps"])
+        _topk_merge_kernel[(b * parts,)](scores, kv_end, best, cand, first, num, topk,
+                                         scores.stride(0), KP=kp, LOG_KP=log_kp, PARTS=parts,
+                                         **pdl,
+                                         num_warps=launch_config("topk_merge", b)["num_warps"])
+    if parts > 1:
+        assert combined is not None
+        _topk_combine_kernel[(b,)](best, combined, KP=kp, LOG_KP=log_kp, PARTS=parts, **pdl,
+                                   num_warps=launch_config("topk_merge", b)["num_warps"])
+        best = combined
     if out_indices.dtype == torch.int32:  # pool rows for the attention
         _topk_rows_finalize_kernel[(b,)](best, tables, out_indices, topk, per_block,
                                          tables.stride(0), out_indices.stride(0), KP=kp, **pdl)

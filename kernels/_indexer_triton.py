@@ -138,22 +138,28 @@ def _indexer_scores_kernel(
 def _topk_merge_kernel(
     scores_ptr, kv_end_ptr, best_ptr, cand_ptr,
     col0, n_cols, topk, stride_ss,
-    KP: tl.constexpr, LOG_KP: tl.constexpr, PDL: tl.constexpr = 0,
+    KP: tl.constexpr, LOG_KP: tl.constexpr, PARTS: tl.constexpr = 1, PDL: tl.constexpr = 0,
 ):
+    """One program per (row, part): part p of ``PARTS`` merges the p-th slice of the tile's
+    columns (whole multiples of KP wide) into its own running best (``best_ptr`` / ``cand_ptr``
+    rows ``row * PARTS + p``); ``_topk_combine_kernel`` merges the parts' bests at the end."""
     pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
-    row = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // PARTS
+    width = tl.cdiv(tl.cdiv(n_cols, PARTS), KP) * KP  # a part's columns
+    lo = (pid % PARTS) * width
     offs = tl.arange(0, KP)
-    best_row = best_ptr + row * KP
-    cand_row = cand_ptr + row * (2 * KP)
+    best_row = best_ptr + pid * KP
+    cand_row = cand_ptr + pid * (2 * KP)
     best = tl.load(best_row + offs)
     thr = _kth(best, offs, topk)
-    n_visible = tl.minimum(tl.load(kv_end_ptr + row) - col0, n_cols)
+    n_visible = tl.minimum(tl.minimum(tl.load(kv_end_ptr + row) - col0, n_cols) - lo, width)
     n_pend = 0
     for c0 in range(0, n_visible, KP):
         cols = c0 + offs
-        s = tl.load(scores_ptr + row * stride_ss + cols, mask=cols < n_visible,
+        s = tl.load(scores_ptr + row * stride_ss + lo + cols, mask=cols < n_visible,
                     other=float("-inf"))
-        key = _pack(s, col0 + cols)
+        key = _pack(s, col0 + lo + cols)
         passing = (key > thr) & (s > float("-inf"))
         n_pass = tl.sum(passing.to(tl.int32), axis=0)
         if n_pass > 0:
@@ -175,6 +181,20 @@ def _topk_merge_kernel(
         cand = tl.load(cand_row + offs, mask=offs < n_pend, other=_INT64_MIN)
         best = _merge_desc(best, cand, LOG_KP)
     tl.store(best_row + offs, best)
+
+
+@triton.jit
+def _topk_combine_kernel(best_ptr, out_ptr, KP: tl.constexpr, LOG_KP: tl.constexpr,
+                         PARTS: tl.constexpr, PDL: tl.constexpr = 0):
+    """A row's ``PARTS`` running bests (each the top KP of its columns, descending) -> the top
+    KP of their union, descending, at ``out_ptr`` row ``row``."""
+    pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, KP)
+    best = tl.load(best_ptr + row * PARTS * KP + offs)
+    for p in tl.static_range(1, PARTS):
+        best = _merge_desc(best, tl.load(best_ptr + (row * PARTS + p) * KP + offs), LOG_KP)
+    tl.store(out_ptr + row * KP + offs, best)
 
 
 @triton.jit

@@ -51,25 +51,40 @@ def _kp(topk: int) -> int:
     return next_pow2(max(topk, 16))
 
 
-def indexer_decode_topk_workspace_bytes(rows: int, topk: int, tile: int) -> int:
-    """Scratch of :func:`indexer_decode_topk`: per row the running best and the merge's
-    candidates (int64 keys, ``kp`` and ``2 kp`` with ``kp`` = top-k rounded up to a power of
-    two), a tile's fp32 scores and the best's fp32 scores."""
+MERGE_PARTS_MAX = 8  # programs a row that merge one tile's scores, each its slice
+MERGE_PART_MIN = 2048  # entries a part's slice holds at least
+
+
+def merge_parts(tile: int) -> int:
+    """Programs a row the top-k merge of a ``tile``-entry tile runs on: one a
+    ``MERGE_PART_MIN`` entries, at most ``MERGE_PARTS_MAX``; 1 for short tiles (no combine
+    launch). At V4-Flash's decode tile (32768 entries, from a 131k-token context) that is 8."""
+    return max(1, min(MERGE_PARTS_MAX, tile // MERGE_PART_MIN))
+
+
+def indexer_decode_topk_workspace_bytes(rows: int, topk: int, tile: int,
+                                        parts: int | None = None) -> int:
+    """Scratch of :func:`indexer_decode_topk`: per row and merge part (``merge_parts(tile)``
+    unless given) the running best and the merge's candidates (int64 keys, ``kp`` and ``2 kp``
+    with ``kp`` = top-k rounded up to a power of two), with more than one part the parts'
+    combined best (``kp``), a tile's fp32 scores and the best's fp32 scores."""
     kp = _kp(topk)
-    return rows * (tile * 4 + 3 * kp * 8 + topk * 4)
+    parts = merge_parts(tile) if parts is None else parts
+    return rows * (tile * 4 + (3 * parts + (parts > 1)) * kp * 8 + topk * 4)
 
 
 def indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                         tables: torch.Tensor, kv_end: torch.Tensor, per_block: int, topk: int,
-                        tile: int, out: torch.Tensor, *, workspace: torch.Tensor | None = None
-                        ) -> torch.Tensor:
+                        tile: int, out: torch.Tensor, *, workspace: torch.Tensor | None = None,
+                        parts: int | None = None) -> torch.Tensor:
     """Each row's ``topk`` highest-scoring entries among the ``tables.shape[1] * per_block``
     its table can hold (visible: < kv_end) -> out [B, topk], best first, ties to the lower
     entry, -1 past the visible ones: int64 ``out`` gets the entry numbers, int32 ``out`` their
     pool rows (``tables[b, e // per_block] * per_block + e % per_block``, the indices the sparse
     attention reads a same-addressed pool by). Scores as ``indexer_decode_scores``; ``tile``
-    entries are scored a launch. ``workspace``: uint8, ``indexer_decode_topk_workspace_bytes``
-    (allocated here when None)."""
+    entries are scored a launch and merged by ``parts`` programs a row (default
+    :func:`merge_parts`; the answer is the same whatever the parts). ``workspace``: uint8,
+    ``indexer_decode_topk_workspace_bytes`` (allocated here when None)."""
     name = "indexer_decode_topk"
     dev = q.device
     b = q.shape[0]
@@ -78,17 +93,26 @@ def indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tens
         raise KernelArgumentError(name, "tile", f"tile and topk must be > 0, got {tile}, {topk}")
     num_entries = tables.shape[1] * per_block
     tile = min(tile, max(num_entries, 1))
-    need = indexer_decode_topk_workspace_bytes(b, topk, tile)
+    parts = merge_parts(tile) if parts is None else parts
+    if not 1 <= parts <= MERGE_PARTS_MAX:
+        raise KernelArgumentError(name, "parts", f"must be 1..{MERGE_PARTS_MAX}, got {parts}")
+    need = indexer_decode_topk_workspace_bytes(b, topk, tile, parts)
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.uint8, device=dev)
     if workspace.dtype != torch.uint8 or workspace.numel() < need or workspace.device != dev:
         raise KernelArgumentError(name, "workspace", f"must be uint8 on {dev} with >= {need} "
                                   f"bytes, got {workspace.dtype} x {workspace.numel()}")
     kp = _kp(topk)
-    # int64 keys first (8-byte aligned), then the fp32 scores of a tile and of the best
-    best = workspace[:b * kp * 8].view(torch.int64)
-    cand = workspace[b * kp * 8:3 * b * kp * 8].view(torch.int64)
-    o = 3 * b * kp * 8
+    # int64 keys first (8-byte aligned): the parts' bests, their candidates, the combined best;
+    # then the fp32 scores of a tile and of the best
+    o = b * parts * kp * 8
+    best = workspace[:o].view(torch.int64)
+    cand = workspace[o:3 * o].view(torch.int64)
+    o = 3 * o
+    combined = None
+    if parts > 1:
+        combined = workspace[o:o + b * kp * 8].view(torch.int64)
+        o += b * kp * 8
     scores = workspace[o:o + b * tile * 4].view(torch.float32).view(b, tile)
     o += b * tile * 4
     best_scores = workspace[o:o + b * topk * 4].view(torch.float32).view(b, topk)
@@ -99,5 +123,5 @@ def indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tens
     from kernels._indexer_decode_triton import launch_indexer_decode_topk
 
     launch_indexer_decode_topk(q, weights, keys, tables, kv_end, per_block, num_entries, topk, kp,
-                               scores, best, cand, best_scores, out)
+                               scores, best, cand, best_scores, out, parts, combined)
     return out

@@ -92,3 +92,50 @@ def test_indexer_decode_topk_ties_go_to_the_lower_entry(interpret):
     out = torch.empty(b, 6, dtype=torch.int64)
     indexer_decode_topk(q, w, keys, tables, ends, per, 6, 8, out)
     assert out.tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, -1, -1, -1]]
+
+
+@pytest.mark.parametrize("parts", [2, 3, 8])
+def test_indexer_decode_topk_merged_in_parts(interpret, parts):
+    """A tile's merge split over ``parts`` programs a row, each into its own best, then
+    combined: the same picks as the reference (and as one part), over tiles whose slices are
+    partly past a row's end, rows of different lengths and one with nothing visible."""
+    from kernels.indexer_decode import indexer_decode_topk, indexer_decode_topk_workspace_bytes
+    from kernels.indexer_decode_ref import indexer_decode_topk_ref
+
+    b, h, d, per, blocks, topk, tile = 4, 4, 16, 8, 30, 12, 100
+    q, w, keys, tables, _ = _case(b, h, d, per, blocks, 0, 8, torch.float32, "cpu", parts)
+    ends = torch.tensor([240, 131, 0, 17])
+    ws = torch.full((indexer_decode_topk_workspace_bytes(b, topk, tile, parts),), 0xFF,
+                    dtype=torch.uint8)
+    out = torch.full((b, topk), 7, dtype=torch.int64)
+    for _ in range(2):  # the parts' bests start over each call
+        indexer_decode_topk(q, w, keys, tables, ends, per, topk, tile, out, workspace=ws,
+                            parts=parts)
+        assert torch.equal(out, indexer_decode_topk_ref(q, w, keys, tables, ends, per, topk))
+    keys[:] = keys[0]  # all tie: the lowest entries win, whichever part holds them
+    indexer_decode_topk(q, w, keys, tables, ends, per, topk, tile, out, parts=parts)
+    assert out[3].tolist() == list(range(12))
+    assert out[2].tolist() == [-1] * 12
+
+
+def test_merge_parts_rule_and_bounds(interpret):
+    from kernels.indexer_decode import (
+        MERGE_PARTS_MAX,
+        indexer_decode_topk,
+        indexer_decode_topk_workspace_bytes,
+        merge_parts,
+    )
+
+    assert merge_parts(256) == 1 and merge_parts(32768) == MERGE_PARTS_MAX == 8
+    one = indexer_decode_topk_workspace_bytes(2, 512, 256)
+    assert one == 2 * (256 * 4 + 3 * 512 * 8 + 512 * 4)  # as before the parts
+    assert indexer_decode_topk_workspace_bytes(2, 512, 256, 3) == one + 2 * 7 * 512 * 8
+    q, w, keys, tables, ends = _case(1, 2, 16, 4, 4, 0, 8, torch.float32, "cpu", 0)
+    with pytest.raises(KernelArgumentError, match="parts"):
+        indexer_decode_topk(q, w, keys, tables, ends, 4, 4, 8, torch.empty(1, 4,
+                            dtype=torch.int64), parts=9)
+    with pytest.raises(KernelArgumentError, match="workspace"):  # sized for fewer parts
+        indexer_decode_topk(q, w, keys, tables, ends, 4, 4, 16, torch.empty(1, 4,
+                            dtype=torch.int64), parts=4,
+                            workspace=torch.empty(indexer_decode_topk_workspace_bytes(1, 4, 16, 1),
+                                                  dtype=torch.uint8))
