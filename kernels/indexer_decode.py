@@ -51,15 +51,17 @@ def _kp(topk: int) -> int:
     return next_pow2(max(topk, 16))
 
 
-MERGE_PARTS_MAX = 8  # programs a row that merge one tile's scores, each its slice
-MERGE_PART_MIN = 2048  # entries a part's slice holds at least
+MERGE_PARTS_MAX = 8  # programs a row that may merge one tile's scores, each its slice
+MERGE_PART_MIN = 8192  # entries a part's slice holds at least, by default
+MERGE_PARTS_DEFAULT_MAX = 4  # (H100, 32768 entries, one row: 1 part 74.6 us, 4 45.3, 8 48.9)
 
 
 def merge_parts(tile: int) -> int:
-    """Programs a row the top-k merge of a ``tile``-entry tile runs on: one a
-    ``MERGE_PART_MIN`` entries, at most ``MERGE_PARTS_MAX``; 1 for short tiles (no combine
-    launch). At V4-Flash's decode tile (32768 entries, from a 131k-token context) that is 8."""
-    return max(1, min(MERGE_PARTS_MAX, tile // MERGE_PART_MIN))
+    """Programs a row the top-k merge of a ``tile``-entry tile runs on by default: one a
+    ``MERGE_PART_MIN`` entries, at most ``MERGE_PARTS_DEFAULT_MAX``; 1 for short tiles (no
+    combine launch). At V4-Flash's decode tile (32768 entries, from a 131k-token context) that
+    is 4 (docs/benchmarks.md "Fifteenth session")."""
+    return max(1, min(MERGE_PARTS_DEFAULT_MAX, tile // MERGE_PART_MIN))
 
 
 def indexer_decode_topk_workspace_bytes(rows: int, topk: int, tile: int,

@@ -126,7 +126,8 @@ def test_merge_parts_rule_and_bounds(interpret):
         merge_parts,
     )
 
-    assert merge_parts(256) == 1 and merge_parts(32768) == MERGE_PARTS_MAX == 8
+    assert merge_parts(256) == 1 and merge_parts(16384) == 2 and merge_parts(32768) == 4
+    assert merge_parts(1 << 20) == 4 and MERGE_PARTS_MAX == 8
     one = indexer_decode_topk_workspace_bytes(2, 512, 256)
     assert one == 2 * (256 * 4 + 3 * 512 * 8 + 512 * 4)  # as before the parts
     assert indexer_decode_topk_workspace_bytes(2, 512, 256, 3) == one + 2 * 7 * 512 * 8
