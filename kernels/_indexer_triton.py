@@ -79,6 +79,16 @@ def _merge_desc(best, cand, L: tl.constexpr):
 
 
 @triton.jit
+def _merge_sorted_desc(a, b, L: tl.constexpr):
+    """Top-2**L of two lists each sorted descending, sorted descending: ``a`` against ``b``
+    reversed is already bitonic, so no sort of ``b`` first (L stages, not L(L+3)/2)."""
+    x = tl.maximum(a, tl.flip(b, 0))
+    for jj in tl.static_range(L):
+        x = _compare_swap(x, L, L - 1 - jj, L, True)
+    return x
+
+
+@triton.jit
 def _kth(best, offs, k):
     return tl.sum(tl.where(offs == k - 1, best, 0), axis=0)
 
@@ -193,7 +203,8 @@ def _topk_combine_kernel(best_ptr, out_ptr, KP: tl.constexpr, LOG_KP: tl.constex
     offs = tl.arange(0, KP)
     best = tl.load(best_ptr + row * PARTS * KP + offs)
     for p in tl.static_range(1, PARTS):
-        best = _merge_desc(best, tl.load(best_ptr + (row * PARTS + p) * KP + offs), LOG_KP)
+        best = _merge_sorted_desc(best, tl.load(best_ptr + (row * PARTS + p) * KP + offs),
+                                  LOG_KP)
     tl.store(out_ptr + row * KP + offs, best)
 
 
