@@ -11,7 +11,7 @@ them) and checked against the default setting's outputs:
 * ``rope_norm``: q's norm + RoPE (64 x 512), q_a's weighted norm (1024), the shared KV's norm +
   RoPE into the window ring (512, remapped rows), the indexer queries' RoPE (64 x 128).
 * ``topk_merge``: the decode indexer's top-512 over ``--context`` tokens of entries (rate 4),
-  the merge's warps, with the merge on 1, 4 and the default number of programs a row.
+  the merge's warps, with the merge on 1, 4, 8 and the default number of programs a row.
 
     python -m bench.deepseek_v4.decode_kernel_configs --batches 1,8,32 [--kernels moe_route,compress]
 
@@ -200,7 +200,7 @@ def _cases(sweep: str, n: int, dev: str, tiny: bool, experts: int, context: int
         tables = torch.randperm(n * blocks, device=dev, generator=g).view(n, blocks)
         kv_end = torch.full((n,), entries, device=dev, dtype=torch.long) - torch.arange(n, device=dev)
         out = torch.empty(n, topk, device=dev, dtype=torch.int32)
-        for parts in dict.fromkeys((1, 4, merge_parts(min(tile, entries)))):
+        for parts in dict.fromkeys((1, 4, 8, merge_parts(min(tile, entries)))):
             ws = torch.empty(indexer_decode_topk_workspace_bytes(n, topk, tile, parts),
                              device=dev, dtype=torch.uint8)
             cases.append((f"indexer top-{topk} of {entries}, {parts} parts",
