@@ -1,6 +1,6 @@
 """How many kernels one DeepSeek-V4 step launches, counted on the CPU through the Triton
 interpreter: a toy V4 with V4-Flash's layer structure and FP8/MXFP4 weights, every kernel backend
-on. ``--step decode`` (default): two sequences prefilled, then one decode step of both, with the
+on, the engine's locked Workspace bound as serving binds it. ``--step decode`` (default): two sequences prefilled, then one decode step of both, with the
 fused decode loop and with the unfused one. ``--step mixed``: what the scheduler runs under load,
 one step of two prefill chunks of odd lengths (one continuing, one fresh) among ``--decodes``
 decode tokens (3 by default). The step's PyTorch ops that launch work (by source,
@@ -29,6 +29,8 @@ from bench.deepseek_v4.kernel_sources import OpSources
 from bench.deepseek_v4.quantized_weights import reblock_fp8_scales, synthetic_quantized_state_dict
 from engine.models.deepseek_v4 import DeepseekV4KVPool, DeepseekV4Model, V4Backend
 from engine.models.deepseek_v4.merged_linear import unmerge_projections
+from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes
+from engine.workspace import Workspace
 
 
 def mixed_step(num_decodes: int) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
@@ -68,8 +70,14 @@ def count(layers: str, decode: str, prompts: tuple[int, ...] = (30, 21),
         prompts, spans = mixed_step(num_decodes)
     cache = DeepseekV4KVPool.for_slots(cfg, len(prompts) + (step == "mixed"), 64, torch.float32, "cpu")
     ids = torch.randint(2, cfg.vocab_size, (64,), generator=torch.Generator().manual_seed(0))
+    # the engine's locked Workspace: with it bound the steps are the engine's (the FP8 GEMVs'
+    # split-K counters, which the fused decode's router shares; the fused MoE's scratch)
+    ws = Workspace(deepseek_v4_workspace_bytes(cfg, 64, 64, mxfp4_experts=True,
+                                               dtype=torch.float32), "cpu")
+    ws.lock()
     for slot, n in enumerate(prompts):
-        model(ids[:n], torch.arange(n), [0, n], [slot], cache)
+        with ws.scope():
+            model(ids[:n], torch.arange(n), [0, n], [slot], cache, ws=ws)
     if step == "mixed":
         pos = [torch.arange(cache.num_tokens[s], cache.num_tokens[s] + n) for s, n in spans]
         qsl = [0]
@@ -88,8 +96,8 @@ def count(layers: str, decode: str, prompts: tuple[int, ...] = (30, 21),
     interp.InterpretedFunction.run = counted  # type: ignore[method-assign]
     sources = OpSources()
     try:
-        with sources:
-            model(*args)
+        with sources, ws.scope():
+            model(*args, ws=ws)
     finally:
         interp.InterpretedFunction.run = run  # type: ignore[method-assign]
     # the interpreter's own tensor traffic is attributed to the launchers: not device work
