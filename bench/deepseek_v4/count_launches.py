@@ -1,7 +1,8 @@
 """How many kernels one DeepSeek-V4 step launches, counted on the CPU through the Triton
 interpreter: a toy V4 with V4-Flash's layer structure and FP8/MXFP4 weights, every kernel backend
-on, the engine's locked Workspace bound as serving binds it. ``--step decode`` (default): two sequences prefilled, then one decode step of both, with the
-fused decode loop and with the unfused one. ``--step mixed``: what the scheduler runs under load,
+on, the engine's locked Workspace bound as serving binds it. ``--step decode`` (default): two
+sequences prefilled, then one decode step of both, with the fused decode loop and with the
+unfused one. ``--step mixed``: what the scheduler runs under load,
 one step of two prefill chunks of odd lengths (one continuing, one fresh) among ``--decodes``
 decode tokens (3 by default). The step's PyTorch ops that launch work (by source,
 :class:`.kernel_sources.OpSources`) and Triton launches are counted. A count of launches, not of
