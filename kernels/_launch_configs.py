@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-# the settings each kernel takes (checked by ``overridden``)
+# the settings each kernel takes (checked for ``overridden`` and ``BULKHEAD_LAUNCH``)
 KNOBS: dict[str, tuple[str, ...]] = {
     "moe_route": ("num_warps",),
     "moe_router": ("BLOCK_G", "BLOCK_H", "num_warps"),
@@ -87,12 +87,10 @@ def parse_env(raw: str) -> dict[str, dict[str, int]]:
 
 
 def launch_config(kernel: str, rows: int, size: int = 0) -> dict[str, int]:
-    """The settings of ``kernel`` for a launch of ``rows`` rows (tokens) (``size``: see
-    ``_defaults``): the defaults, then
-    ``BULKHEAD_LAUNCH``'s (read at every launch, so it must be set before graphs are captured),
-    then any :func:`overridden` values."""
-    if kernel not in KNOBS:
-        raise KeyError(f"no launch settings for kernel {kernel!r} (known: {sorted(KNOBS)})")
+    """The settings of ``kernel`` for a launch of ``rows`` rows (tokens; ``size`` as in
+    ``_defaults``): the defaults, then ``BULKHEAD_LAUNCH``'s (read at every launch, so it must
+    be set before graphs are captured), then any :func:`overridden` values."""
+    _check(kernel, {}, "")
     env = parse_env(os.environ.get(ENV, "")).get(kernel, {})
     return {**_defaults(kernel, rows, size), **env, **_OVERRIDES.get(kernel, {})}
 
