@@ -137,7 +137,7 @@ def _fp8_gemv_kernel(
     o_ptr, stride_om, stride_og, sem_ptr, SLICES,
     F32: tl.constexpr, SPLIT: tl.constexpr, SERIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    EVEN_K: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):
     """Few rows (decode): the weight-streaming form. Operands swapped (acc [BN, BM] = W x^T) so
     the decoded weight tile is the dot's wide side and a narrow ``BLOCK_N`` spreads N over many
@@ -147,7 +147,10 @@ def _fp8_gemv_kernel(
     from tile ``s * SPLIT_TILES`` and writes its fp32 partial at ``y + s * stride_ys`` (one
     slice: the output itself). Slices are whole K-tiles, so the one-scale-per-tile rule holds.
     ``SERIAL``: the last slice of a tile to finish sums the partials into ``o`` [M, G, N]
-    (``_last_slice_sum``, one int32 counter a tile at ``sem_ptr``); else a second launch does."""
+    (``_last_slice_sum``, one int32 counter a tile at ``sem_ptr``); else a second launch does.
+    ``EVEN_K``: K is whole K-tiles, so a tile is masked by rows and one predicate, never
+    column by column. On the GPU the weight bytes go through the hardware's e4m3 conversion
+    straight to the activations' dtype (no 2**-8 factor to take back)."""
     if PDL & 4:  # weights only: never written during a step (kernels/NOTES.md)
         _prefetch_gemv_weights(w_ptr, N, K, SPLIT_TILES, stride_wn, tl.cdiv(M, BLOCK_M),
                                SPLIT, BLOCK_N, BLOCK_K)
@@ -179,20 +182,31 @@ def _fp8_gemv_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K * UNROLL):
         for u in tl.static_range(UNROLL):
             k = k0 + u * BLOCK_K + offs_k
-            k_ok = k < k_hi
-            wb = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
-            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
-                         mask=k_ok[:, None] & m_ok[None, :], other=0.0)  # [BK, BM]
+            if EVEN_K:  # whole K-tiles: masked by rows (and, past the first, the tile)
+                w_ok = n_ok[:, None] & (offs_k < BLOCK_K)[None, :]
+                x_ok = (offs_k < BLOCK_K)[:, None] & m_ok[None, :]
+                if u > 0:  # (a where: under the interpreter the bound may be a Python bool)
+                    w_ok = tl.where(k0 + u * BLOCK_K < k_hi, w_ok, False)
+                    x_ok = tl.where(k0 + u * BLOCK_K < k_hi, x_ok, False)
+                wb = tl.load(w_rows + k[None, :], mask=w_ok, other=0)
+                xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None], mask=x_ok,
+                             other=0.0)  # [BK, BM]
+            else:
+                k_ok = k < k_hi
+                wb = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
+                xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
+                             mask=k_ok[:, None] & m_ok[None, :], other=0.0)  # [BK, BM]
             # a K-tile past the end is all masked: read any in-bounds scale for it
             s = tl.load(s_row + tl.minimum(k0 + u * BLOCK_K, k_hi - 1) // SCALE_BK, mask=n_ok,
                         other=0.0)
-            w = e4m3_bits_to_f16(wb, not F32)
             if F32:
+                w = e4m3_bits_to_f16(wb, False)
                 part = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
-            else:
-                part = tl.dot(w.to(tl.float32).to(xt.dtype), xt)
+            else:  # the GPU's own e4m3 conversion: the value itself, no 2**8 factor
+                part = tl.dot(wb.to(tl.float8e4nv, bitcast=True).to(xt.dtype), xt)
             acc += part * s[:, None]
-    acc = acc * 256.0
+    if F32:
+        acc = acc * 256.0
     tile_off = offs_m[None, :] * stride_ym + offs_n[:, None]
     mask = n_ok[:, None] & m_ok[None, :]
     tl.store(y_ptr + tile_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -330,7 +344,7 @@ def launch_fp8_gemv(x: torch.Tensor, w_u8: torch.Tensor, scale: torch.Tensor, ou
         _fp8_gemv_kernel[(triton.cdiv(m, bm) * slices, triton.cdiv(n, bn), groups)](
             *args, F32=x.dtype == torch.float32 or interpreting(), SPLIT=slices > 1,
             SERIAL=serial, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UNROLL=unroll, num_warps=warps,
-            num_stages=stages, **pdl)
+            num_stages=stages, EVEN_K=k % bk == 0, **pdl)
     if slices > 1 and not serial:
         assert partial is not None
         rb = 1024

@@ -301,14 +301,16 @@ def _quantized_specs() -> list[KernelSpec]:
                    flags | {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128}),
         # the decode forms: dot (the default tiles unsplit, and split-K) and the no-dot sum form
         # at its narrowest and widest BLOCK_N, + the split-K reduce
-        KernelSpec("fp8 gemv decode (16x32x128, unroll 2)", fp8._fp8_gemv_kernel, gemv,
-                   {"F32": False, "SPLIT": False, "SERIAL": False, "BLOCK_M": 16, "BLOCK_N": 32,
-                    "BLOCK_K": 128, "UNROLL": 2},
-                   num_stages=3),
+        # (EVEN_K: K whole K-tiles, as every V4-Flash width; the masked form for the others)
+        *(KernelSpec(f"fp8 gemv decode (16x32x128, unroll 2{'' if even else ', K masked'})",
+                     fp8._fp8_gemv_kernel, gemv,
+                     {"F32": False, "SPLIT": False, "SERIAL": False, "BLOCK_M": 16,
+                      "BLOCK_N": 32, "BLOCK_K": 128, "UNROLL": 2, "EVEN_K": even},
+                     num_stages=3) for even in (True, False)),
         *(KernelSpec(f"fp8 gemv decode split-K (16x64x128{', serial sum' if serial else ''})",
                      fp8._fp8_gemv_kernel, gemv,
                      {"F32": False, "SPLIT": True, "SERIAL": serial, "BLOCK_M": 16, "BLOCK_N": 64,
-                      "BLOCK_K": 128, "UNROLL": 1},
+                      "BLOCK_K": 128, "UNROLL": 1, "EVEN_K": True},
                      num_stages=3) for serial in (False, True)),
         KernelSpec("fp8 gemv no-dot (4x128, unroll 4, 1 warp)", fp8._fp8_gemv_sum_kernel, gemv,
                    {"HW": True, "SPLIT": False, "SERIAL": False, "BLOCK_N": 4, "BLOCK_K": 128,
@@ -322,11 +324,19 @@ def _quantized_specs() -> list[KernelSpec]:
         KernelSpec("fp8 linear prefill (64x128x128)", fp8._fp8_linear_kernel, lin,
                    flags | {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8),
         # the w8a8 prefill form at its CUDA tiles: 4 stages on sm_90, 3 on sm_120 (~100 KiB)
-        *(KernelSpec(f"fp8 w8a8 prefill ({bm}x{bn}x128, {w} warps, {st} stages)",
+        # its activation quantizer, the GPU's e4m3 conversion (the integer one: interpreter)
+        KernelSpec("fp8 w8a8 activation quant (32 x 128, hardware e4m3)", w8a8._act_quant_kernel,
+                   {"x_ptr": _ptr("bf16"), "q_ptr": _ptr("u8"), "s_ptr": _ptr("fp32")},
+                   {"AMAX_FLOOR": 1e-10, "BLOCK_R": 32, "GROUP": 128, "HW": True}),
+        # (V4-Flash's widths: whole K-tiles, one weight scale a tile; and the general form)
+        *(KernelSpec(f"fp8 w8a8 prefill ({bm}x{bn}x128, {w} warps, {st} stages"
+                     f"{'' if even else ', K masked, scales by row'})",
                      w8a8._fp8_w8a8_kernel, w8a8_ptrs,
-                     {"HW": True, "GROUP_M": 8, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128},
+                     {"HW": True, "GROUP_M": 8, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128,
+                      "EVEN_K": even, "ONE_SB": even},
                      num_warps=w, num_stages=st)
-          for bm, bn, w, st in ((64, 128, 4, 4), (64, 128, 4, 3), (128, 128, 8, 3))),
+          for bm, bn, w, st, even in ((64, 128, 4, 4, True), (64, 128, 4, 3, True),
+                                      (128, 128, 8, 3, True), (64, 128, 4, 3, False))),
         # the MoE GEMMs at their CUDA tiles (``moe_tiles``): decode, and prefill on each arch
         *(KernelSpec(f"mxfp4 moe {name} ({bm}x{bn}x{bk}, {w} warps, {st} stages"
                      f"{', swapped' if swap else ''}; 256 experts)", fn, ptrs,

@@ -128,6 +128,7 @@ def test_fp8_decode_tiles_cover_partial_unrolled_k(interpret) -> None:
 
 
 _GEMV_VARIANTS = [
+    ((16, 32, 128, 2, 4, 3), 1, "dot"),   # unsplit, two K-tiles a trip (the small-N default)
     ((16, 32, 128, 2, 4, 3), 2, "dot"),   # two slices, the second partial (K 300 -> 256 | 44)
     ((32, 16, 64, 1, 4, 3), 3, "dot"),    # 32-row tile, three slices of 64-wide K-tiles
     ((16, 32, 32, 2, 4, 3), 8, "dot"),    # more slices asked for than whole trips: fewer run
@@ -137,11 +138,13 @@ _GEMV_VARIANTS = [
 
 
 @pytest.mark.parametrize(("tiles", "split", "form"), _GEMV_VARIANTS)
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 200, 300), (3, 70, 520), (17, 33, 260)])
+@pytest.mark.parametrize(("m", "n", "k"),
+                         [(1, 200, 300), (3, 70, 520), (17, 33, 260), (2, 72, 384)])
 def test_fp8_gemv_variants_match_reference(interpret, tiles, split, form, m, n, k) -> None:
     """Every decode variant (split-K, the no-dot form) on N not a multiple of BLOCK_N and K
     ending inside the last slice, through a caller workspace sized by the helper; a stale
-    workspace (NaN) must not leak into the result."""
+    workspace (NaN) must not leak into the result. K = 384 is whole K-tiles (the unmasked
+    form), with a slice of 1 K-tile where two are unrolled."""
     from kernels.fp8_linear import Fp8GemvVariant, fp8_linear_scratch_bytes
 
     variant = Fp8GemvVariant(tiles, split, form)

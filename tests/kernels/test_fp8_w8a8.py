@@ -78,7 +78,7 @@ def test_fp8_linear_w8a8_matches_reference(interpret, m, n, k) -> None:
     assert (out - exact).norm() < 0.05 * exact.norm()
 
 
-@pytest.mark.parametrize(("m", "groups", "n", "k"), [(3, 4, 24, 40), (129, 2, 136, 256)])
+@pytest.mark.parametrize(("m", "groups", "n", "k"), [(3, 4, 24, 40), (129, 2, 136, 256), (7, 3, 64, 256)])
 def test_fp8_grouped_linear_w8a8_matches_reference(interpret, m, groups, n, k) -> None:
     gen = torch.Generator().manual_seed(m + groups + n + k)
     w = torch.randn(groups * n, k, generator=gen)

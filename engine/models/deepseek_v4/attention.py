@@ -29,6 +29,7 @@ from engine.models.deepseek_v4.decode_step import (
     DecodeRows,
     DecodeSpans,
     attend_decode,
+    closed_rows_i32,
     compress_decode,
     compressed_rows,
     indexer_topk_decode,
@@ -267,6 +268,9 @@ class V4Attention(nn.Module):
                 else:
                     topk = indexer_topk_decode(t.idx_q, t.idx_w, cache.indexer.entries, rows,
                                                ix.rate, cache.block_size, cfg.index_topk)
+            if comp is None and topk is None and cache.compressor.entries.scale is None \
+                    and backend.attention != "torch":  # HCA: the kernel's rows, once a step
+                comp = (cache.compressor.entries, closed_rows_i32(cache.compressor, rows), None)
             if comp is None:
                 crow, visible = compressed_rows(cache.compressor, rows, topk)
                 comp = (cache.compressor.entries, crow, visible)

@@ -191,6 +191,19 @@ def compressed_rows(cp: CompressorPool, rows: DecodeRows, topk_idx: torch.Tensor
     return rows.memo(("every_closed", per, cp.rate), every_closed)
 
 
+def closed_rows_i32(cp: CompressorPool, rows: DecodeRows) -> torch.Tensor:
+    """:func:`compressed_rows` of an HCA layer (every closed entry) as the attention kernel
+    takes a bf16 pool's rows: int32 pool rows [B, K], -1 for none. Once a step for all the
+    layers of one rate and block size (their pools share the addressing)."""
+    per = cp.block_size // cp.rate
+
+    def build() -> torch.Tensor:
+        crow, visible = compressed_rows(cp, rows, None)
+        return torch.where(visible, crow, -1).to(torch.int32)
+
+    return rows.memo(("closed_i32", per, cp.rate), build)
+
+
 def attend_decode(backend: V4Backend, out: torch.Tensor, q: torch.Tensor, cache: LayerPool,
                   rows: DecodeRows,
                   comp: tuple[PagedRows, torch.Tensor, torch.Tensor | None] | None,
