@@ -52,13 +52,20 @@ def fp8_w8a8_scratch_bytes(m: int, k: int, groups: int = 1) -> int:
     return _aligned(m * groups * k) + _aligned(m * groups * -(-k // GROUP) * 4)
 
 
-def _tiles(m: int, dev: torch.device) -> tuple[int, int, int, int, int]:
+def _tiles(m: int, dev: torch.device, n: int, k: int) -> tuple[int, int, int, int, int]:
+    """Tiles of an ``m``-row product with ``n`` outputs (all groups) over ``k`` inputs."""
     if interpreting() or dev.type != "cuda":
         return 32, 32, 4, 4, 1
     # 64 x 128 x 128 FP8 tiles, 4 warps: 24 KiB of operands a stage. The fastest of the tiles
     # measured on the H200 for every V4-Flash projection at 4096 rows (1.61-1.95x weight-only,
     # against 1.38-1.67x for 128 x 128 with 8 warps; docs/benchmarks.md). Four stages fit
-    # Hopper's 228 KiB of shared memory, three the ~100 KiB of SM120 / SM89 parts.
+    # Hopper's 228 KiB of shared memory, three the ~100 KiB of SM120 / SM89 parts. Since the
+    # kernel's K masks and scale promotion were cut (2026-12-06, H100, the old and new kernel
+    # alike), 128 x 128 with 8 warps wins where the grid is small: 1,024 outputs or fewer (q_a
+    # 0.154 -> ~0.094 ms, kv 0.117 -> 0.088 at 4096 rows) or K of 2,048 or less (the shared
+    # expert's down 0.181 -> 0.150; q_b and the indexer's q_b within a few percent).
+    if n <= 1024 or k <= 2048:
+        return 128, 128, 8, 8, 3
     stages = 4 if torch.cuda.get_device_capability(dev)[0] in (9, 10) else 3
     return 64, 128, 8, 4, stages
 
@@ -144,4 +151,4 @@ def _w8a8(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     s = scratch[off: off + m * groups * nkb * 4].view(torch.float32).view(m, groups, nkb)
     fp8_act_quant(x, q, s)
     launch_fp8_w8a8(q, s, weight.view(torch.uint8), scale, out.view(m, groups, -1), block,
-                    tiles or _tiles(m, dev))
+                    tiles or _tiles(m, dev, weight.shape[0], k))
