@@ -62,7 +62,7 @@ def _tiles(m: int, dev: torch.device, n: int, k: int) -> tuple[int, int, int, in
     # Hopper's 228 KiB of shared memory, three the ~100 KiB of SM120 / SM89 parts. Since the
     # kernel's K masks and scale promotion were cut (2026-12-06, H100, the old and new kernel
     # alike), 128 x 128 with 8 warps wins where the grid is small: 1,024 outputs or fewer (q_a
-    # 0.154 -> ~0.094 ms, kv 0.117 -> 0.088 at 4096 rows) or K of 2,048 or less (the shared
+    # 0.154 -> 0.095 ms, kv 0.117 -> 0.089 at 4096 rows) or K of 2,048 or less (the shared
     # expert's down 0.181 -> 0.150; q_b and the indexer's q_b within a few percent).
     if n <= 1024 or k <= 2048:
         return 128, 128, 8, 8, 3
