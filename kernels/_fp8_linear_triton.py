@@ -1,10 +1,11 @@
 """Triton kernel of the block-scaled FP8 linear (see ``kernels.fp8_linear``).
 
 The weight arrives as raw e4m3 bytes. On the GPU (bf16/fp16 activations) it is decoded by the
-hardware's e4m3 -> fp16 conversion (SM89+: SM90, SM120); with fp32 activations and under
-TRITON_INTERPRET=1 by integer ops and a bitcast to fp16 (exact: e4m3's exponent and mantissa
-fit fp16's, off by a factor 2**8). Both keep NaN codes NaN. No wgmma/TMA-only code path. Activations stay in their own dtype (bf16 on the GPU) and the dot
-accumulates in fp32; the block scale multiplies each K-tile's partial product.
+hardware's e4m3 conversion (SM89+: SM90, SM120; the decode GEMV's straight to the activations'
+dtype); with fp32 activations and under TRITON_INTERPRET=1 by integer ops and a bitcast to
+fp16 (exact: e4m3's exponent and mantissa fit fp16's, off by a factor 2**8). Both keep NaN
+codes NaN. No wgmma/TMA-only code path. Activations stay in their own dtype (bf16 on the GPU)
+and the dot accumulates in fp32; the block scale multiplies each K-tile's partial product.
 """
 
 from __future__ import annotations
@@ -183,8 +184,8 @@ def _fp8_gemv_kernel(
         for u in tl.static_range(UNROLL):
             k = k0 + u * BLOCK_K + offs_k
             if EVEN_K:  # whole K-tiles: masked by rows (and, past the first, the tile)
-                w_ok = n_ok[:, None] & (offs_k < BLOCK_K)[None, :]
-                x_ok = (offs_k < BLOCK_K)[:, None] & m_ok[None, :]
+                w_ok = n_ok[:, None]  # (a load broadcasts its mask over the tile)
+                x_ok = m_ok[None, :]
                 if u > 0:  # (a where: under the interpreter the bound may be a Python bool)
                     w_ok = tl.where(k0 + u * BLOCK_K < k_hi, w_ok, False)
                     x_ok = tl.where(k0 + u * BLOCK_K < k_hi, x_ok, False)

@@ -374,13 +374,12 @@ def _gemv_words(w_rows, n_ok, kw, w_ok, a_ptr, BLOCK_N: tl.constexpr, BLOCK_K: t
     instructions a K-tile against 816 before."""
     wd = tl.load(w_rows + kw[None, :], mask=n_ok[:, None] & w_ok[None, :], other=0)
     a = a_ptr + tl.where(w_ok, kw, 0) * 8
-    part = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-    for j in tl.static_range(4):
+    lo, hi = _nibble_pair(wd, 0)
+    part = lo * tl.load(a).to(tl.float32)[None, :]
+    part += hi * tl.load(a + 4).to(tl.float32)[None, :]
+    for j in tl.static_range(1, 4):
         lo, hi = _nibble_pair(wd, j)
-        if j == 0:
-            part = lo * tl.load(a).to(tl.float32)[None, :]
-        else:
-            part += lo * tl.load(a + j).to(tl.float32)[None, :]
+        part += lo * tl.load(a + j).to(tl.float32)[None, :]
         part += hi * tl.load(a + (j + 4)).to(tl.float32)[None, :]
     return part
 
