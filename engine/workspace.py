@@ -24,10 +24,14 @@ def _align(n: int) -> int:
 
 
 class Workspace:
-    def __init__(self, capacity_bytes: int, device: torch.device | str) -> None:
+    def __init__(self, capacity_bytes: int, device: torch.device | str,
+                 arena: torch.Tensor | None = None) -> None:
         self.capacity = _align(max(capacity_bytes, _ALIGN))
         self.device = torch.device(device)
-        self._arena = torch.empty(self.capacity, dtype=torch.uint8, device=self.device)
+        if arena is None:
+            arena = torch.empty(self.capacity, dtype=torch.uint8, device=self.device)
+        assert arena.dtype == torch.uint8 and arena.numel() >= self.capacity
+        self._arena = arena
         self._offset = 0
         self._frames: list[int] = []
         self.peak_bytes = 0
@@ -65,3 +69,14 @@ class Workspace:
         if end > self.peak_bytes:
             self.peak_bytes = end
         return self._arena[start : start + nbytes].view(dtype).view(*shape)
+
+    def lane(self, nbytes: int, caller: str) -> Workspace:
+        """A Workspace of its own over ``nbytes`` of this one's current frame (gone when the
+        frame ends): the scratch of work issued to a second stream, which may run while this
+        arena's later frames reuse the bytes its own frames released. Its frames never overlap
+        this arena's; it is as fixed as this one (a request past its end raises, naming the
+        caller), and this arena's peak counts it whole."""
+        nbytes = _align(max(nbytes, _ALIGN))
+        sub = Workspace(nbytes, self.device, self.take((nbytes,), torch.uint8, caller))
+        sub.is_locked = self.is_locked
+        return sub

@@ -18,6 +18,8 @@ token rows its N side, so a program streams ``BLOCK_N`` weight rows with no padd
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -636,7 +638,8 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
                fp8_tiles: tuple[int, int, int, int, int] | None = None,
                sort_counts: torch.Tensor | None = None,
                down_tiles: MoeTiles | None = None,
-               splits: tuple[int, int] = (1, 1), gu_part: torch.Tensor | None = None) -> None:
+               splits: tuple[int, int] = (1, 1), gu_part: torch.Tensor | None = None,
+               before_combine: Callable[[], None] | None = None) -> None:
     """ids [T * k] expert per pair; order [T * k] int64 and row_end [E] int32 are written.
     ``fp8_scratch``: (token codes [T, H], their scales, SwiGLU codes [T * k, I], their scales)
     for the FP8 x FP8 GEMMs of ``_mxfp4_moe_fp8_triton`` (token codes already written); else
@@ -647,7 +650,9 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
     ``splits``: (gate-up, down) split-K of the weight-decoding form, at most that many slices
     of whole K-tiles each (``split_k_slices``): gate-up partials go to ``gu_part`` fp32
     [>= slices, T * k, 2I]; with a down split asked for, ``y`` is fp32 [>= slices, T * k, H]
-    (its first slice is the output when the K-tiles allow only one)."""
+    (its first slice is the output when the K-tiles allow only one). ``before_combine``:
+    called on the host right before the launch that reads ``out`` (the combine), e.g. to
+    make the stream wait for another that writes it."""
     t, hid = x.shape
     e, inter = gate_up.shape[0], down.shape[-1] * 2
     m = t * top_k
@@ -659,7 +664,7 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
         assert h is not None
         _launch_moe_gemv(x, ids, tw, gate_up, gate_up_scale, down, down_scale, limit, h, y, out,
                          top_k, accumulate, (bn, bk, warps, stages), splits, gu_part,
-                         words=bool(rest[0]) if rest else False)
+                         words=bool(rest[0]) if rest else False, before_combine=before_combine)
         return
     launch_moe_sort(ids, order, row_end, e, sort_counts)
     swap = bool(rest[0]) if rest else bm < 64
@@ -724,11 +729,15 @@ def launch_moe(x: torch.Tensor, ids: torch.Tensor, order: torch.Tensor, row_end:
             N_FIRST=_n_first(d_tiles, d_first), num_warps=dwarps, num_stages=dstages)
         if dn_slices > 1:
             block = min(1024, next_pow2(hid))
+            if before_combine is not None:
+                before_combine()
             _moe_combine_kernel[(t, triton.cdiv(hid, block))](
                 y, out, hid, top_k, y.stride(1), out.stride(0), dn_slices, y.stride(0),
                 ACCUMULATE=accumulate, BLOCK=block, **pdl_kwargs(out.device))
             return
     block = min(1024, next_pow2(hid))
+    if before_combine is not None:
+        before_combine()
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
         y, out, hid, top_k, y.stride(0), out.stride(0), 1, 0, ACCUMULATE=accumulate, BLOCK=block,
         **pdl_kwargs(out.device))
@@ -772,7 +781,8 @@ def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_
                      limit: float, h: torch.Tensor, y: torch.Tensor, out: torch.Tensor,
                      top_k: int, accumulate: bool, tiles: tuple[int, int, int, int],
                      splits: tuple[int, int], gu_part: torch.Tensor | None,
-                     words: bool = False) -> None:
+                     words: bool = False,
+                     before_combine: Callable[[], None] | None = None) -> None:
     """The per-pair GEMV form (tiles with ``BLOCK_M`` 1): no sort; gate-up, (the split's
     SwiGLU), down, (the combine), with the same scratch and split-K layout as the tiled form.
     ``words``: the weights are read as int32 words where their layout allows (``_as_words``)."""
@@ -818,6 +828,8 @@ def _launch_moe_gemv(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gate_
         y.stride(0) if dn_slices > 1 else 0, SPLIT=dn_slices > 1, BLOCK_N=bn, BLOCK_K=bk,
         WORDS=dn_w is not None, num_warps=warps, num_stages=stages, **pdl)
     block = min(1024, next_pow2(hid))
+    if before_combine is not None:
+        before_combine()
     _moe_combine_kernel[(t, triton.cdiv(hid, block))](
         y, out, hid, top_k, y.stride(-2), out.stride(0), dn_slices,
         y.stride(0) if dn_slices > 1 else 0, ACCUMULATE=accumulate, BLOCK=block,

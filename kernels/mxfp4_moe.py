@@ -12,6 +12,8 @@ expert from the device-side counts, so a step is the same five launches whatever
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from kernels._checks import check_tensor
@@ -142,6 +144,7 @@ def moe_experts(
     fp8_tiles: tuple[int, int, int, int, int] | None = None,
     splits: tuple[int, int] | None = None,
     tiles: tuple[int, ...] | None = None,
+    before_combine: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """x [T, H] (H a multiple of 32); topk_weights [T, k] fp32; topk_ids [T, k] int64 in
     [0, E); gate_up [E, 2I, H/2] packed e2m1 with gate_up_scale [E, 2I, H/32] e8m0; down
@@ -155,7 +158,9 @@ def moe_experts(
     128 (None: ``_mxfp4_moe_fp8_triton.fp8_moe_tiles``). ``splits``: (gate-up, down) split-K
     of the weight-only form at decode sizes (None: :func:`moe_splits`). ``tiles``: (BLOCK_M,
     BLOCK_N, BLOCK_K, warps, stages[, swap, scaled, words, n-first]) of that form (None:
-    ``_mxfp4_moe_triton.moe_tiles``)."""
+    ``_mxfp4_moe_triton.moe_tiles``). ``before_combine``: called on the host right before the
+    launch that reads ``out`` (never, with no tokens), e.g. for the stream to wait for the one
+    that wrote it."""
     name = "moe_experts"
     dev = x.device
     check_tensor(name, "x", x, shape=(None, None), dtypes=_ACT_DTYPES, device=dev)
@@ -206,5 +211,5 @@ def moe_experts(
                swiglu_limit, buf.get("h"), buf["y"], out, k, accumulate,
                fp8_scratch=(buf["xq"], buf["xs"], buf["hq"], buf["hs"]) if fp8 else None,
                tiles=tiles, fp8_tiles=fp8_tiles, sort_counts=buf.get("sort_counts"),
-               splits=splits, gu_part=buf.get("gu_part"))
+               splits=splits, gu_part=buf.get("gu_part"), before_combine=before_combine)
     return out

@@ -105,11 +105,12 @@ def hf_dict(cfg: DeepseekV4Config) -> dict[str, Any]:
 
 
 @contextmanager
-def _decode_path(decode: str) -> Iterator[None]:
-    """``--decode`` reaches the model the engine builds (and captures graphs of) itself: the
-    family's constructor gets that backend for the duration of the build, and only then."""
+def _decode_path(decode: str, lanes: int = 2) -> Iterator[None]:
+    """``--decode`` (and ``--lanes``) reach the model the engine builds (and captures graphs
+    of) itself: the family's constructor gets that backend for the duration of the build, and
+    only then."""
     orig, plan = DeepseekV4Family.__init__, DeepseekV4Family.plan_decode
-    DeepseekV4Family.__init__ = partialmethod(orig, backend=V4Backend(decode=decode))  # type: ignore[method-assign]
+    DeepseekV4Family.__init__ = partialmethod(orig, backend=V4Backend(decode=decode, lanes=lanes))  # type: ignore[method-assign]
     DeepseekV4Family.plan_decode = decode  # the plan counts the loop the model runs
     try:
         yield
@@ -207,7 +208,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
     # Before the engine: its two 1 GiB buffers are device allocations, which after the warm-up
     # were counted against the engine (the "2 allocations at batch 1's first step" of 12:33).
     copy_tb_s = _copy_tb_s(dev) if cuda else None
-    with _decode_path(getattr(args, "decode", "auto")):
+    with _decode_path(getattr(args, "decode", "auto"), getattr(args, "lanes", 2)):
         engine = LLMEngine(ec, ModelConfig.from_hf_dict(hf, name=ec.model), weights)
     weights.clear()  # the engine loaded them into its own module: drop ours
     _sync(cuda)
@@ -430,6 +431,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         else:
             os.environ["BULKHEAD_PDL"] = pdl_env
     result["previous_kernels"] = args.previous_kernels
+    result["lanes"] = args.lanes
     result["two_launch_reduce"] = args.two_launch_reduce
     result["no_pdl"] = args.no_pdl
     result["pdl"] = pdl  # whether the Triton kernels were launched with PDL
@@ -480,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--previous-kernels", action="store_true",
                    help="the fused decode's previous kernel choices (no split-K, tiled experts, "
                         "torch.topk indexer merge), to compare")
+    r.add_argument("--lanes", type=int, default=2, choices=(1, 2),
+                   help="the fused decode step's streams (2: the side lane, decode_fused.py)")
     r.add_argument("--no-pdl", action="store_true",
                    help="launch the Triton kernels without programmatic dependent launch "
                         "(sets BULKHEAD_PDL=0; default: PDL on sm_90+), to compare")

@@ -18,6 +18,7 @@ from engine.models.deepseek_v4.chunk_rows import ChunkRows, attend_chunks
 from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.decode_fused import (
+    DecodeSide,
     compress_decode_fused,
     indexer_topk_fused,
     rms_norm_row,
@@ -225,42 +226,64 @@ class V4Attention(nn.Module):
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], compress_rotary: V4Rotary,
         rows: DecodeRows, cache: LayerPool, backend: V4Backend,
         inv_rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        side: DecodeSide | None = None,
     ) -> torch.Tensor:
         """:meth:`forward` for a step of one token per sequence, all sequences at once
         (decode_step.py): x [B, hidden] (row i: the sequence of ``rows`` row i). -> [B, hidden].
         ``inv_rope`` (cos, -sin): the fused decode path (decode_fused.py), whose row kernels
-        normalise, rotate and write the window ring."""
+        normalise, rotate and write the window ring. ``side`` (fused only): the step's side
+        lane, which takes the compressors' updates while the queries are projected."""
         cfg = self.cfg
         fused = inv_rope is not None
-        t = self._project_fused(x, rope, rows, cache) if fused else self._project(x, rope, backend)
+        forked = False
+        if fused:
+            t, forked = self._project_fused(x, rope, rows, cache, compress_rotary, side)
+        else:
+            t = self._project(x, rope, backend)
         out = torch.empty_like(t.q)
-        self._attend_rows(t, rows, cache, backend, compress_rotary, out, fused)
+        if forked:
+            assert side is not None
+            side.lane.join()  # the entries and the indexer's keys are read from here on
+        self._attend_rows(t, rows, cache, backend, compress_rotary, out, fused, compressed=forked)
         if fused:
             assert inv_rope is not None
             grouped = self.o_a_proj(rotate_(out, inv_rope).view(out.shape[0], cfg.o_groups, -1))
             return self.o_b_proj(grouped)
         return self._output(out, *rope)
 
+    def _compress(self, t: _StepRows, rows: DecodeRows, cache: LayerPool,
+                  compress_rotary: V4Rotary, fused: bool) -> None:
+        """The token joins its compressor's (and, CSA, its indexer's) open window; closing
+        rows write their entries."""
+        compress = compress_decode_fused if fused else compress_decode
+        assert self.compressor is not None and cache.compressor is not None
+        assert t.kv_c is not None and t.gate_c is not None
+        compress(self.compressor, t.kv_c, t.gate_c, cache.compressor, rows, compress_rotary)
+        if isinstance(self.compressor, V4CSACompressor):
+            assert cache.indexer is not None and t.kv_i is not None and t.gate_i is not None
+            compress(self.compressor.indexer, t.kv_i, t.gate_i, cache.indexer, rows,
+                     compress_rotary)
+
     def _attend_rows(self, t: _StepRows, rows: DecodeRows, cache: LayerPool, backend: V4Backend,
-                     compress_rotary: V4Rotary, out: torch.Tensor, fused: bool) -> None:
+                     compress_rotary: V4Rotary, out: torch.Tensor, fused: bool,
+                     compressed: bool = False) -> None:
         """One token of each sequence of ``rows`` (t: their projections, row i of ``rows`` row
         i): window ring, compressors, indexer top-k and attention for all of them at once into
         ``out`` [B, H, D]. ``fused``: the compressor and indexer through decode_fused.py's
-        kernels."""
+        kernels. ``compressed``: the compressors' updates were issued already (a side lane)."""
         cfg = self.cfg
         if t.kv is not None:
             write_window(cache, rows, t.kv)
-        compress = compress_decode_fused if fused else compress_decode
         comp = None
         if self.compressor is not None:
-            assert cache.compressor is not None and t.kv_c is not None and t.gate_c is not None
-            compress(self.compressor, t.kv_c, t.gate_c, cache.compressor, rows, compress_rotary)
+            assert cache.compressor is not None
+            if not compressed:
+                self._compress(t, rows, cache, compress_rotary, fused)
             topk = None
             if isinstance(self.compressor, V4CSACompressor):
                 ix = self.compressor.indexer
-                assert cache.indexer is not None and t.kv_i is not None and t.gate_i is not None
+                assert cache.indexer is not None
                 assert t.idx_q is not None and t.idx_w is not None
-                compress(ix, t.kv_i, t.gate_i, cache.indexer, rows, compress_rotary)
                 if fused:  # the picks come back as pool rows, -1 for none
                     crow = indexer_topk_fused(t.idx_q, t.idx_w, cache.indexer.entries, rows,
                                               ix.rate, cache.block_size, cfg.index_topk)
@@ -277,22 +300,32 @@ class V4Attention(nn.Module):
         attend_decode(backend, out, t.q, cache, rows, comp, self.sinks, cfg.head_dim**-0.5)
 
     def _project_fused(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                       rows: DecodeRows, cache: LayerPool) -> _StepRows:
+                       rows: DecodeRows, cache: LayerPool, compress_rotary: V4Rotary,
+                       side: DecodeSide | None = None) -> tuple[_StepRows, bool]:
         """:meth:`_project` of a decode step through the fused row kernels; the shared KV goes
-        straight into the window ring (``kv`` None) unless the ring's dtype differs."""
+        straight into the window ring (``kv`` None) unless the ring's dtype differs. With a
+        ``side`` lane, the compressors' projections come first and their window updates are
+        issued to the side, to run while the queries are projected here; -> (rows, whether
+        they were: the caller joins the side before reading the entries)."""
         cfg = self.cfg
         n, h, d = x.shape[0], cfg.num_heads, cfg.head_dim
+        t = _StepRows(q=x, kv=None)  # q (and kv) are set below
+        self._project_compressors(x, t)
+        forked = side is not None and self.compressor is not None
+        if forked:
+            assert side is not None
+            with side.fork(keep=(t.kv_c, t.gate_c, t.kv_i, t.gate_i)):
+                self._compress(t, rows, cache, compress_rotary, fused=True)
         q_a, kv = self._project_x(x)
         q_res = rms_norm_row(q_a, self.q_a_norm.weight, self.q_a_norm.eps)
-        q = rotate_(self.q_b_proj(q_res).view(n, h, d), rope, norm=True, eps=cfg.rms_norm_eps)
+        t.q = rotate_(self.q_b_proj(q_res).view(n, h, d), rope, norm=True, eps=cfg.rms_norm_eps)
         written = write_window_fused(cache, rows, kv, self.kv_norm.weight, self.kv_norm.eps, rope)
-        t = _StepRows(q=q, kv=None if written else
-                      apply_rope_(self.kv_norm(kv), *rope))  # type: ignore[arg-type]
-        self._project_compressors(x, t)
+        if not written:
+            t.kv = apply_rope_(self.kv_norm(kv), *rope)  # type: ignore[arg-type]
         if isinstance(self.compressor, V4CSACompressor):
             ix = self.compressor.indexer
             t.idx_q = rotate_(ix.q_b_proj(q_res).view(n, ix.n_heads, ix.dim), rope)
-        return t
+        return t, forked
 
     def _project_x(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q_a_proj(x), kv_proj(x): one GEMM when merged (views of its output)."""

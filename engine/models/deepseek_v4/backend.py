@@ -50,8 +50,13 @@ class V4Backend:
     gemm: str = "auto"
     mhc: str = "auto"
     decode: str = "auto"
+    # the fused decode step's streams: 2 runs the compressors' updates and the shared expert
+    # on a side lane beside the main chain (decode_fused.py, engine/side_lane.py); 1: one stream
+    lanes: int = 2
 
     def __post_init__(self) -> None:
+        if self.lanes not in (1, 2):
+            raise ValueError(f"V4Backend.lanes={self.lanes!r} not in (1, 2)")
         if self.indexer not in _INDEXERS:
             raise ValueError(f"V4Backend.indexer={self.indexer!r} not in {_INDEXERS}")
         if self.attention not in _ATTENTIONS:
@@ -76,6 +81,7 @@ class V4Backend:
             mhc=mhc,
             decode=(("fused" if attention == "kernels" else "unfused") if self.decode == "auto"
                     else self.decode),
+            lanes=self.lanes,
         )
 
 

@@ -22,6 +22,16 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
 * the projections of one input: ``q_a_proj`` + ``kv_proj`` and the shared expert's
   ``gate_proj`` + ``up_proj`` as one FP8 GEMV each, the compressors' bf16 projections as one
   GEMM (merged_linear.py, formed at load where the scale grids allow; outputs split by views).
+* two lanes (``V4Backend.lanes`` 2, the default; engine/side_lane.py): work off the main
+  chain runs on a second stream beside it. In attention, the compressors' window updates and
+  entries (after their projections) run while the queries are projected, normalised and
+  rotated and the window ring written; the lane is joined before the indexer and the sparse
+  attention read the entries. In the MoE, the shared expert (its gate-up GEMV, SwiGLU, down
+  GEMV) runs while the routing and the routed experts' GEMVs do; the lane is joined right
+  before the experts' combine adds into the shared expert's output. The side's split-K
+  GEMVs take their partials from a Workspace carved from the step's frame
+  (``fp8_gemv_split_bytes`` at the step's rows) and count slices in their own set of
+  counters, so nothing the two lanes use at once is shared.
 
 Decode only (one token per sequence; the prefill path borrows ``rms_norm_row``, ``rotate_`` and
 ``rope_norm_`` for its in-place norms and RoPE) and numerically the same
@@ -32,6 +42,7 @@ values on the host (the step is captured as a CUDA graph).
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import torch
@@ -40,6 +51,7 @@ import torch.nn.functional as F
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import SLIDING
 from engine.models.deepseek_v4.decode_step import DecodeRows, compress_decode, indexer_topk_decode
+from engine.side_lane import SideLane
 from kernels.compress_decode import compress_decode as compress_decode_kernel
 from kernels.hc_decode import hc_decode, hc_decode_partial_shape
 from kernels.indexer_decode import indexer_decode_topk
@@ -55,6 +67,62 @@ if TYPE_CHECKING:
     from engine.models.deepseek_v4.rope import V4Rotary
 
 Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+class DecodeSide:
+    """A fused decode step's side lane: the model's :class:`SideLane` (one stream, made at
+    the first step: the warm-up), the Workspace carved from the step's frame for the side's
+    split-K partials and the side's split-K counters. Built by :func:`decode_side`."""
+
+    def __init__(self, lane: SideLane, ws: object | None, semaphores: torch.Tensor | None,
+                 rows: DecodeRows) -> None:
+        self.lane, self.ws, self.semaphores, self.rows = lane, ws, semaphores, rows
+
+    def fork(self, module: torch.nn.Module | None = None, keep: tuple[object, ...] = ()
+             ) -> AbstractContextManager[None]:
+        """Work issued inside runs on the side; ``module``'s FP8 linears take the side's
+        scratch and counters meanwhile. The step's shared addressing must not grow inside."""
+        from engine.models.deepseek_v4.quant_modules import rebind
+
+        bind = None if module is None else (
+            lambda: rebind(module, self.ws, self.semaphores))
+        return self.lane.fork(bind=bind, frozen=self.rows.shared_keys, keep=keep)
+
+    def runs(self, module: torch.nn.Module) -> bool:
+        """Whether ``module``'s projections may go to the side: its FP8 linears run the
+        Triton kernels (or there is no second stream); anything that would reach a library
+        GEMM on the side stream (its own cuBLAS workspace, not planned) stays on the main."""
+        from engine.models.deepseek_v4.quant_modules import Fp8Linear
+
+        for m in module.modules():
+            if isinstance(m, torch.nn.Linear):
+                return False
+            if isinstance(m, Fp8Linear) and not m.use_kernels and self.lane.stream is not None:
+                return False
+        return True
+
+
+def decode_side(model: DeepseekV4Model, rows: DecodeRows, ws: object | None,
+                backend: V4Backend, device: torch.device) -> DecodeSide | None:
+    """The step's side lane (``backend.lanes`` 2), or None. Takes the side's scratch from
+    the caller's open Workspace frame and computes the step's shared addressing that both
+    lanes read before anything forks."""
+    from engine.models.deepseek_v4.quant_modules import side_semaphores
+    from engine.models.deepseek_v4.sizing import fp8_gemv_split_bytes
+
+    if backend.lanes < 2:
+        return None
+    lane = model.__dict__.get("_side_lane")
+    if lane is None or lane.device != device:
+        lane = model.__dict__["_side_lane"] = SideLane(device)
+    lane.begin()
+    side_ws = None
+    sem = side_semaphores(model)  # made with the FP8 linears' first Workspace binding
+    if ws is not None and hasattr(ws, "lane") and sem is not None:
+        side_ws = ws.lane(fp8_gemv_split_bytes(model.cfg, rows.num_rows),
+                          caller="deepseek_v4.decode_side_lane")
+    _ = rows.writer  # read by both lanes' pool writes: made here, before any fork
+    return DecodeSide(lane, side_ws, sem, rows)
 
 
 def fused_decode_layers(model: DeepseekV4Model, input_ids: torch.Tensor, rows: DecodeRows,
@@ -82,6 +150,7 @@ def fused_decode_layers(model: DeepseekV4Model, input_ids: torch.Tensor, rows: D
         cos, sin = rotary(rows.positions, emb.dtype)
         ropes[main] = ((cos, sin), (cos, -sin))  # forward, inverse (the output's un-rotation)
     common = dict(iters=cfg.hc_sinkhorn_iters, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
+    side = decode_side(model, rows, ws, backend, emb.device)
 
     def boundary(s: torch.Tensor, hc, norm_w: torch.Tensor, out: torch.Tensor | None,
                  k: int) -> torch.Tensor:
@@ -94,10 +163,11 @@ def fused_decode_layers(model: DeepseekV4Model, input_ids: torch.Tensor, rows: D
     for i, (layer, lc) in enumerate(zip(layers, cache.layers, strict=True)):
         attn = layer.self_attn
         rope, inv = ropes[attn.layer_type == SLIDING]
-        a = attn.forward_decode(x, rope, model.compress_rotary, rows, lc, backend, inv_rope=inv)
+        a = attn.forward_decode(x, rope, model.compress_rotary, rows, lc, backend, inv_rope=inv,
+                                side=side)
         s = boundary(s, layer.ffn_hc, layer.post_attention_layernorm.weight, a, k)
         k += 1
-        mo = moe_fused(layer.mlp, x, input_ids, ws)
+        mo = moe_fused(layer.mlp, x, input_ids, ws, side)
         if i + 1 < len(layers):
             nxt = layers[i + 1]
             s = boundary(s, nxt.attn_hc, nxt.input_layernorm.weight, mo, k)
@@ -105,6 +175,8 @@ def fused_decode_layers(model: DeepseekV4Model, input_ids: torch.Tensor, rows: D
     head = model.model.hc_head
     hc_decode(s, head.hc_fn, head.hc_base, head.hc_scale, model.model.norm.weight, **common,
               partial=head_partial, x=x, merge=(post, comb, mo), merged=bufs[k % 2], head=True)
+    if side is not None:
+        side.lane.close()
     return x
 
 
@@ -162,11 +234,13 @@ def compress_decode_fused(comp: V4Compressor, kv: torch.Tensor, gate: torch.Tens
         cp.entries.write(dst, out)
 
 
-def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object | None
-              ) -> torch.Tensor:
+def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object | None,
+              side: DecodeSide | None = None) -> torch.Tensor:
     """V4MoE.forward of a decode step with the routing and the shared expert's SwiGLU as one
     kernel each (``kernels.moe_decode``). The module's own forward where it is not the plain
-    single-device MXFP4 layer (tensor-parallel ranks, bf16 experts)."""
+    single-device MXFP4 layer (tensor-parallel ranks, bf16 experts). With a ``side`` lane the
+    shared expert runs there, beside the routing and the routed experts, joined before the
+    experts' combine adds into its output."""
     from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
 
     cfg = mlp.cfg
@@ -180,6 +254,11 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
     route = dict(hash_table=mlp.gate.tid2eid, token_ids=input_ids) if mlp.is_hash else dict(
         bias=mlp.gate.e_score_correction_bias)
     se = mlp.shared_experts
+    forked = side is not None and side.runs(se)
+    if forked:
+        assert side is not None
+        with side.fork(se, keep=(x,)):
+            base = _shared_expert(se, x)
     gw = mlp.gate.weight
     # the model's split-K counters (bound with the workspace; quant_modules.bind_workspace)
     sem = getattr(se.down_proj, "semaphores", None)
@@ -191,10 +270,22 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
     else:
         moe_route(F.linear(x, gw), k, cfg.scoring_func, cfg.routed_scaling_factor,
                   weights=weights, experts=experts, **route)
-    gate, up = se.gate_up(x)  # one GEMV when merged (merged_linear.py)
+    if not forked:
+        base = _shared_expert(se, x)
+        return mlp.experts.add_into(x, weights, experts, base, cfg.swiglu_limit, ws)
+    assert side is not None
+    out = mlp.experts.add_into(x, weights, experts, base, cfg.swiglu_limit, ws,
+                               before_combine=side.lane.join)
+    side.lane.join()  # (no-op after the combine's; with no tokens there was none)
+    return out
+
+
+def _shared_expert(se: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The shared expert of a decode step: gate-up (one GEMV when merged, merged_linear.py),
+    the clamped SwiGLU kernel, down."""
+    gate, up = se.gate_up(x)
     act = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    base = se.down_proj(clamped_swiglu(gate, up, se.limit, act))
-    return mlp.experts.add_into(x, weights, experts, base, cfg.swiglu_limit, ws)
+    return se.down_proj(clamped_swiglu(gate, up, se.limit, act))
 
 
 FUSED_INDEXER_TILE = 32768  # entries scored a launch by the fused indexer (fp32 scores a row)

@@ -57,6 +57,13 @@ class DecodeRows:
         same = self.slots[:, None] == self.slots[None, :]
         return same.to(torch.int8).argmax(dim=1)
 
+    def shared_keys(self) -> frozenset:
+        """What the step has memoised so far (:attr:`writer`, :meth:`memo` keys): addressing
+        that both lanes of a two-lane step read (engine/side_lane.py), so it must be made
+        before a fork, never on the side."""
+        d = self.__dict__
+        return frozenset(k for k in d if k != "_memo") | frozenset(d.get("_memo", {}))
+
     def memo(self, key: tuple, make: Callable[[], Any]) -> Any:
         """``make()``, computed once per step for ``key``: the addressing every layer of the
         step shares (ring rows, window bounds, entry rows of a rate), which each layer otherwise

@@ -60,7 +60,9 @@ from engine.models.family import CacheKind, KVLayout, ModelFamily
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace, _align
 
-GRAPH_POOL_SLACK = 42 << 20  # one 2 MiB small-pool and two 20 MiB large-pool segments
+# one 2 MiB small-pool and two 20 MiB large-pool segments, and the side lane's own 2 MiB
+# small-pool segment (the allocator gives a stream's blocks to no other stream)
+GRAPH_POOL_SLACK = 44 << 20
 
 
 class V4KVLayout(KVLayout):
@@ -241,9 +243,10 @@ class DeepseekV4Family(ModelFamily):
         if fp8w:
             from kernels.fp8_linear import GEMV_SEMAPHORES
 
-            terms.append(PlanTerm("fp8_gemv_semaphores", GEMV_SEMAPHORES * 4,
-                                  f"{GEMV_SEMAPHORES} int32 counters of the split-K decode GEMVs "
-                                  "(kernels.fp8_linear.gemv_semaphores), one set for the model"))
+            terms.append(PlanTerm("fp8_gemv_semaphores", 2 * GEMV_SEMAPHORES * 4,
+                                  f"2 x {GEMV_SEMAPHORES} int32 counters of the split-K decode "
+                                  "GEMVs (kernels.fp8_linear.gemv_semaphores): one set for the "
+                                  "main lane, one for the fused decode's side lane"))
         terms += [*common_step_terms(cfg, ec), _activations_term(v4, ec, scratch, kernels)]
         if ec.use_cuda_graphs:
             decode = deepseek_v4_step_scratch_bytes(v4, ec.max_batch, ec.max_context, ec.max_batch,
@@ -251,7 +254,8 @@ class DeepseekV4Family(ModelFamily):
             terms.append(PlanTerm(
                 "cuda_graph_pool", deepseek_v4_decode_peak_bytes(decode) + GRAPH_POOL_SLACK,
                 f"activations of a {ec.max_batch}-sequence decode step (projections, batched decode "
-                f"attention, MoE at {ec.max_batch} tokens) + 42 MiB allocator segment granularity"))
+                f"attention, MoE at {ec.max_batch} tokens) + 44 MiB allocator segment granularity "
+                "(two streams)"))
         return terms
 
     def forward(self, batch: StepBatch, kv: Any, ws: Workspace | None) -> torch.Tensor:

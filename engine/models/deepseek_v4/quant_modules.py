@@ -10,6 +10,8 @@ or their PyTorch references (the CPU tier). Output buffers are activations of th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -112,8 +114,8 @@ def bind_workspace(model: nn.Module, ws: object | None) -> None:
     """Hands the engine's Workspace to every FP8 linear of ``model`` (their prefill path takes
     its activation scratch from it, a split-K decode GEMV its partials), and with it the
     model's split-K counters (``kernels.fp8_linear.gemv_semaphores``, 16 KiB made at the first
-    bind: the warm-up; the plan's ``fp8_gemv_semaphores``); nothing to do when this one is
-    bound already."""
+    bind: the warm-up; the plan's ``fp8_gemv_semaphores``), and a second set for the decode
+    step's side lane (:func:`side_semaphores`); nothing to do when this one is bound already."""
     if model.__dict__.get("_fp8_workspace") is ws:
         return
     sem = model.__dict__.get("_fp8_semaphores")
@@ -121,11 +123,34 @@ def bind_workspace(model: nn.Module, ws: object | None) -> None:
         lins = [m for m in model.modules() if isinstance(m, Fp8Linear)]
         if lins:
             sem = model.__dict__["_fp8_semaphores"] = gemv_semaphores(lins[0].weight.device)
+            model.__dict__["_fp8_side_semaphores"] = gemv_semaphores(lins[0].weight.device)
     for mod in model.modules():
         if isinstance(mod, Fp8Linear):
             mod.workspace = ws
             mod.semaphores = sem if ws is not None else None
     model.__dict__["_fp8_workspace"] = ws
+
+
+def side_semaphores(model: nn.Module) -> torch.Tensor | None:
+    """The split-K counters of work on the decode step's side lane (engine/side_lane.py): a
+    set of its own, since a split GEMV there may run while one on the main stream counts its
+    slices in the other set. None before the first :func:`bind_workspace` with a Workspace."""
+    return model.__dict__.get("_fp8_side_semaphores")
+
+
+def rebind(module: nn.Module, ws: object | None, semaphores: torch.Tensor | None
+           ) -> Callable[[], None]:
+    """Points every FP8 linear under ``module`` at ``ws`` and ``semaphores`` (a side lane's);
+    returns the function that puts back what each had."""
+    lins = [m for m in module.modules() if isinstance(m, Fp8Linear)]
+    saved = [(m.workspace, m.semaphores) for m in lins]
+    for m in lins:
+        m.workspace, m.semaphores = ws, (semaphores if ws is not None else None)
+
+    def restore() -> None:
+        for m, (w, s) in zip(lins, saved, strict=True):
+            m.workspace, m.semaphores = w, s
+    return restore
 
 
 
@@ -150,24 +175,30 @@ class Mxfp4Experts(nn.Module):
             self.register_buffer(name + "_scale", torch.empty(num_experts, rows, cols // 32, dtype=torch.uint8))
 
     def add_into(self, x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
-                 out: torch.Tensor, swiglu_limit: float, ws: object | None) -> torch.Tensor:
-        """out [N, hidden] += sum_j weights[:, j] * expert_{indices[:, j]}(x) (x: [N, hidden])."""
+                 out: torch.Tensor, swiglu_limit: float, ws: object | None,
+                 before_combine: Callable[[], None] | None = None) -> torch.Tensor:
+        """out [N, hidden] += sum_j weights[:, j] * expert_{indices[:, j]}(x) (x: [N, hidden]).
+        ``before_combine``: called right before the first read of ``out`` is issued."""
         w = (self.gate_up_proj, self.gate_up_proj_scale, self.down_proj, self.down_proj_scale)
         if not self.use_kernels:
-            out += moe_experts_ref(x, weights, indices, *w, swiglu_limit)
+            routed = moe_experts_ref(x, weights, indices, *w, swiglu_limit)
+            if before_combine is not None:
+                before_combine()
+            out += routed
             return out
         e, hid, inter = self.shape
         fp8 = self.fp8 and uses_fp8(x.shape[0], hid, inter)
         tiles = self.prefill_tiles if indices.numel() > PREFILL_MIN_PAIRS else None
         if ws is None:
             return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True, fp8=fp8,
-                               fp8_tiles=self.fp8_tiles, tiles=tiles)
+                               fp8_tiles=self.fp8_tiles, tiles=tiles, before_combine=before_combine)
         need = moe_experts_workspace_bytes(x.shape[0], indices.shape[1], hid, inter, e, x.dtype,
                                            fp8)
         with ws.scope():  # type: ignore[attr-defined]
             scratch = ws.take((need,), torch.uint8, caller="deepseek_v4.moe_experts")  # type: ignore[attr-defined]
             return moe_experts(x, weights, indices, *w, swiglu_limit, out, accumulate=True,
-                               workspace=scratch, fp8=fp8, fp8_tiles=self.fp8_tiles, tiles=tiles)
+                               workspace=scratch, fp8=fp8, fp8_tiles=self.fp8_tiles, tiles=tiles,
+                               before_combine=before_combine)
 
 
 def set_prefill_fp8(model: nn.Module, linears: bool, experts: bool | None = None) -> None:

@@ -201,6 +201,9 @@ def fp8_act_quant_bytes(cfg: DeepseekV4Config | Any, tokens: int) -> int:
     return max(fp8_w8a8_scratch_bytes(tokens, k, g) for k, g in inputs)
 
 
+DECODE_ROWS = 32  # the most rows a decode GEMV form takes (kernels.fp8_linear: M <= 32)
+
+
 def fp8_gemv_split_bytes(cfg: DeepseekV4Config | Any, tokens: int) -> int:
     """The largest split-K scratch of V4's FP8 linears at up to ``tokens`` rows (the decode
     GEMV's fp32 partials, ``kernels.fp8_linear.fp8_linear_scratch_bytes``, taken and released
@@ -217,7 +220,7 @@ def fp8_gemv_split_bytes(cfg: DeepseekV4Config | Any, tokens: int) -> int:
               (inter, hid), (hid, inter), (ql + d, hid), (2 * inter, hid)]
     if cfg.uses_csa:
         shapes.append((cfg.index_n_heads * cfg.index_head_dim, ql))
-    return max(fp8_linear_scratch_bytes(m, n, k) for m in range(1, min(tokens, 32) + 1)
+    return max(fp8_linear_scratch_bytes(m, n, k) for m in range(1, min(tokens, DECODE_ROWS) + 1)
                for n, k in shapes) if tokens > 0 else 0
 
 
@@ -249,11 +252,13 @@ def deepseek_v4_workspace_bytes(
     unsplit scratch: ``moe_experts_max_workspace_bytes``). The prefill FP8 forms
     are opt-in (``quant_modules.set_prefill_fp8``), so their frames are counted whether or not
     they run, which costs nothing at V4-Flash's shape (the weight-only experts' frame or the
-    indexer's is larger)."""
+    indexer's is larger). With FP8 linears a fused decode step's side lane holds one more
+    split-K frame for the whole step, under the others: added to the MoE's."""
     cfg = DeepseekV4Config.coerce(cfg)
     moe = 0
+    split = fp8_gemv_split_bytes(cfg, chunk_tokens) if fp8_linears else 0
     if fp8_linears:
-        moe = max(fp8_act_quant_bytes(cfg, chunk_tokens), fp8_gemv_split_bytes(cfg, chunk_tokens)) + 256
+        moe = max(fp8_act_quant_bytes(cfg, chunk_tokens), split) + 256
     if mxfp4_experts:
         from kernels.mxfp4_moe import moe_experts_max_workspace_bytes
 
@@ -261,6 +266,10 @@ def deepseek_v4_workspace_bytes(
         moe = max(moe, *(moe_experts_max_workspace_bytes(
             chunk_tokens, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size,
             cfg.n_routed_experts, dtype, fp8) + 256 for fp8 in (False, True)))
+    if split:
+        # a fused decode step's side lane (decode_fused.py) holds a split-K frame of its own for
+        # the whole step, under every frame of the main lane
+        moe += split + 256
     if not cfg.uses_csa or not indexer:
         return moe
     from kernels.indexer_topk import indexer_topk_workspace_bytes

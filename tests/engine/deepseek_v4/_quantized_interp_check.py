@@ -34,6 +34,8 @@ backends = {
     # every kernel, decode steps through the fused path (decode_fused.py: fused MoE routing and
     # shared-expert SwiGLU in front of the MXFP4 experts)
     "fused": V4Backend("kernels", "kernels", "kernels", decode="fused"),
+    # the same on one lane (no side lane: decode_fused.py)
+    "fused1": V4Backend("kernels", "kernels", "kernels", decode="fused", lanes=1),
 }
 import kernels._moe_decode_triton as _moe_launch  # noqa: E402
 
@@ -51,5 +53,5 @@ for gemm, backend in backends.items():
             h = ours(torch.tensor([tokens[-1]]), torch.tensor([cache.num_tokens[0]]), [0, 1], [0], cache, ws=ws)
         tokens.append(int(ours.compute_logits(h)[0].argmax()))
     result[gemm] = ",".join(map(str, tokens))
-print(f"fused={result['fused']} routers={len(routers)}")
+print(f"fused={result['fused']} routers={len(routers)} one_lane={result['fused1']}")
 print(f"kernels={result['kernels']} torch={result['torch']} ws_peak={ws.peak_bytes} ws_cap={ws.capacity}")

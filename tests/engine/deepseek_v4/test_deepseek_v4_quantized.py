@@ -175,9 +175,10 @@ def test_kernels_path_under_triton_interpreter(quantized) -> None:
     assert m, out
     assert m.group(1) == m.group(2)
     assert 0 < int(m.group(3)) <= int(m.group(4))
-    fused = re.search(r"fused=(\S+) routers=(\d+)", out)  # every kernel, the fused decode path
+    fused = re.search(r"fused=(\S+) routers=(\d+) one_lane=(\S+)", out)  # the fused decode path
     assert fused and fused.group(1) == m.group(2), out
     assert int(fused.group(2)) > 0, out  # the router's linear ran fused into the routing
+    assert fused.group(3) == fused.group(1), out  # with and without the side lane
 
 
 @pytest.mark.slow

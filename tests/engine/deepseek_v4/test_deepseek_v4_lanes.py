@@ -1,0 +1,59 @@
+"""GPU tier: the fused DeepSeek-V4 decode step with its side lane (decode_fused.py: the
+compressors' updates and the shared expert on a second stream, joined before their results are
+read), replayed as CUDA graphs, gives the same greedy tokens as on one stream, with zero device
+allocations after warm-up (``strict_allocations``). A missing edge between the lanes, or scratch
+or split-K counters shared by both, would part the two runs. The quantized tiny checkpoint of
+test_deepseek_v4_quantized (FP8 projections, MXFP4 experts)."""
+
+from __future__ import annotations
+
+from functools import partialmethod
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.family import DeepseekV4Family
+from engine.sampling_params import SamplingParams
+
+from .test_deepseek_v4_quantized import quantized  # noqa: F401  (the module's fixture)
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+PROMPTS = (23, 9, 40, 17)
+NEW = 12
+_INIT = DeepseekV4Family.__init__
+
+
+def _tokens(folder, monkeypatch, lanes: int) -> tuple[dict[str, list[int]], LLMEngine]:
+    monkeypatch.setattr(DeepseekV4Family, "__init__", partialmethod(
+        _INIT, backend=V4Backend(decode="fused", lanes=lanes)))
+    monkeypatch.setattr(DeepseekV4Family, "plan_decode", "fused")
+    ec = EngineConfig(model=str(folder), device="cuda", dtype="float32", max_context=256,
+                      chunk_tokens=64, max_batch=4, block_size=16, attn_tile_tokens=16,
+                      strict_allocations=True)
+    engine = LLMEngine.from_config(ec)
+    assert engine.runner.graphs is not None
+    g = torch.Generator().manual_seed(11)
+    for i, n in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", torch.randint(2, 97, (n,), generator=g).tolist(),
+                           SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True))
+    out: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return out, engine
+
+
+def test_v4_side_lane_tokens_equal_one_lane(quantized, monkeypatch) -> None:  # noqa: F811
+    folder, _, _ = quantized
+    two, engine = _tokens(folder, monkeypatch, 2)
+    assert engine.runner.num_graph_steps >= NEW - 2
+    lane = engine.runner.model.model.__dict__.get("_side_lane")
+    assert lane is not None and lane.stream is not None  # the graphs were captured with it
+    del engine
+    one, _ = _tokens(folder, monkeypatch, 1)
+    assert two == one
