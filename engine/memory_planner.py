@@ -23,6 +23,9 @@ from engine.workspace import _align
 GiB = 1 << 30
 MiB = 1 << 20
 GRAPH_POOL_SLACK = 42 * MiB
+# a family's term for the library workspaces of a second stream it runs library GEMMs on
+# (engine/side_lane.py): listed with 0 bytes by the family, sized here as the serving stream's
+SIDE_LANE_LIBRARY_TERM = "side_lane_library_workspaces"
 ALLOCATOR_SLACK = 8 * MiB  # small-pool headroom reserved after warm-up (4 segments)
 
 
@@ -251,7 +254,11 @@ def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_layout: KVLayout, n
         terms = [replace(t, bytes=t.bytes + library_bytes,
                          formula=f"{t.formula} + the capture stream's cuBLAS workspaces "
                                  f"({library_bytes:,} B, as measured for the serving stream)")
-                 if t.name == "cuda_graph_pool" else t for t in terms]
+                 if t.name == "cuda_graph_pool" else
+                 replace(t, bytes=library_bytes,
+                         formula=f"{t.formula} ({library_bytes:,} B, as measured for the "
+                                 "serving stream)")
+                 if t.name == SIDE_LANE_LIBRARY_TERM else t for t in terms]
     if non_torch_bytes:
         terms.append(PlanTerm("non_torch", non_torch_bytes,
                               "CUDA context and libraries, measured before loading"))

@@ -304,18 +304,22 @@ class V4Attention(nn.Module):
                        side: DecodeSide | None = None) -> tuple[_StepRows, bool]:
         """:meth:`_project` of a decode step through the fused row kernels; the shared KV goes
         straight into the window ring (``kv`` None) unless the ring's dtype differs. With a
-        ``side`` lane, the compressors' projections come first and their window updates are
-        issued to the side, to run while the queries are projected here; -> (rows, whether
-        they were: the caller joins the side before reading the entries)."""
+        ``side`` lane, the compressors' projections and window updates are issued to the side,
+        to run while the queries are projected here; -> (rows, whether they were: the caller
+        joins the side before reading the projections or the entries)."""
         cfg = self.cfg
         n, h, d = x.shape[0], cfg.num_heads, cfg.head_dim
         t = _StepRows(q=x, kv=None)  # q (and kv) are set below
-        self._project_compressors(x, t)
         forked = side is not None and self.compressor is not None
         if forked:
             assert side is not None
-            with side.fork(keep=(t.kv_c, t.gate_c, t.kv_i, t.gate_i)):
+            # (the compressor's FP8 linears, if any, take the side's scratch and counters; its
+            # bf16 GEMM the side stream's cuBLAS workspace, a term of the plan)
+            with side.fork(self.compressor, keep=(x,)):
+                self._project_compressors(x, t)
                 self._compress(t, rows, cache, compress_rotary, fused=True)
+        else:
+            self._project_compressors(x, t)
         q_a, kv = self._project_x(x)
         q_res = rms_norm_row(q_a, self.q_a_norm.weight, self.q_a_norm.eps)
         t.q = rotate_(self.q_b_proj(q_res).view(n, h, d), rope, norm=True, eps=cfg.rms_norm_eps)

@@ -23,10 +23,10 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
   ``gate_proj`` + ``up_proj`` as one FP8 GEMV each, the compressors' bf16 projections as one
   GEMM (merged_linear.py, formed at load where the scale grids allow; outputs split by views).
 * two lanes (``V4Backend.lanes`` 2, the default; engine/side_lane.py): work off the main
-  chain runs on a second stream beside it. In attention, the compressors' window updates and
-  entries (after their projections) run while the queries are projected, normalised and
+  chain runs on a second stream beside it. In attention, the compressors' projections (one
+  bf16 GEMM), window updates and entries run while the queries are projected, normalised and
   rotated and the window ring written; the lane is joined before the indexer and the sparse
-  attention read the entries. In the MoE, the shared expert (its gate-up GEMV, SwiGLU, down
+  attention read them (the side stream's cuBLAS workspace is a term of the plan). In the MoE, the shared expert (its gate-up GEMV, SwiGLU, down
   GEMV) runs while the routing and the routed experts' GEMVs do; the lane is joined right
   before the experts' combine adds into the shared expert's output. The side's split-K
   GEMVs take their partials from a Workspace carved from the step's frame

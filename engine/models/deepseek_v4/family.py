@@ -17,7 +17,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.errors import InvalidRequest
-from engine.memory_planner import PlanTerm, common_step_terms
+from engine.memory_planner import SIDE_LANE_LIBRARY_TERM, PlanTerm, common_step_terms
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
@@ -247,6 +247,13 @@ class DeepseekV4Family(ModelFamily):
                                   f"2 x {GEMV_SEMAPHORES} int32 counters of the split-K decode "
                                   "GEMVs (kernels.fp8_linear.gemv_semaphores): one set for the "
                                   "main lane, one for the fused decode's side lane"))
+        if ec.torch_device.type == "cuda" and cls.plan_decode != "unfused":
+            # filled in by the planner with the serving stream's measured bytes
+            terms.append(PlanTerm(
+                SIDE_LANE_LIBRARY_TERM, 0,
+                "cuBLAS keeps a workspace per stream: the fused decode's side lane "
+                "(decode_fused.py) runs the compressors' bf16 projections on a stream of its "
+                "own, so one more set of library workspaces"))
         terms += [*common_step_terms(cfg, ec), _activations_term(v4, ec, scratch, kernels)]
         if ec.use_cuda_graphs:
             decode = deepseek_v4_step_scratch_bytes(v4, ec.max_batch, ec.max_context, ec.max_batch,
