@@ -55,18 +55,18 @@ class SideLane:
              frozen: Callable[[], Any] | None = None, keep: tuple[Any, ...] = ()
              ) -> Iterator[None]:
         """Work issued inside the block runs on the side stream, after everything issued so
-        far on the current stream. ``bind()`` points the side's modules at its scratch and
-        counters and returns the function that restores them (run when the block ends).
-        ``frozen()``: a snapshot of shared memoised state, which the block must not change.
-        ``keep``: main-stream tensors the side reads, held until :meth:`join`."""
-        if self._open:
-            raise RuntimeError("SideLane.fork: the previous fork was not joined")
+        far on the current stream (a second fork before the join continues the side's work
+        from there: it waits for the main stream's progress since). ``bind()`` points the
+        side's modules at its scratch and counters and returns the function that restores
+        them (run when the block ends). ``frozen()``: a snapshot of shared memoised state,
+        which the block must not change. ``keep``: main-stream tensors the side reads, held
+        until :meth:`join`."""
         before = frozen() if frozen is not None else None
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
         restore = bind() if bind is not None else None
         self._open = True
-        self._keep = list(keep)
+        self._keep.extend(keep)
         try:
             with torch.cuda.stream(self.stream) if self.stream is not None \
                     else contextlib.nullcontext():

@@ -18,13 +18,16 @@ def _lane() -> SideLane:
     return SideLane(torch.device("cpu"))
 
 
-def test_fork_must_be_joined_before_the_next() -> None:
+def test_every_fork_is_joined_by_the_end_of_the_step() -> None:
     lane = _lane()
-    with lane.fork():
+    a, b = torch.ones(1), torch.ones(2)
+    with lane.fork(keep=(a,)):
         pass
-    with pytest.raises(RuntimeError, match="not joined"), lane.fork():
+    with lane.fork(keep=(b,)):  # the side continues after the main stream's work since
         pass
+    assert [t.numel() for t in lane._keep] == [1, 2]
     lane.join()
+    assert lane._keep == []
     lane.join()  # a second join is harmless
     with lane.fork():
         pass

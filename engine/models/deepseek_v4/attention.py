@@ -20,6 +20,7 @@ from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.decode_fused import (
     DecodeSide,
     compress_decode_fused,
+    fused_indexer_keys,
     indexer_topk_fused,
     rms_norm_row,
     rope_norm_,
@@ -68,6 +69,7 @@ class _StepRows:
     gate_i: torch.Tensor | None = None
     idx_q: torch.Tensor | None = None  # [N, Hi, Di]
     idx_w: torch.Tensor | None = None  # [N, Hi] fp32
+    picks: torch.Tensor | None = None  # [N, topk] int32 pool rows of the indexer's picks (side lane)
 
     def select(self, index: slice | torch.Tensor) -> _StepRows:
         """These rows of every tensor (views for a slice, copies for an index tensor)."""
@@ -285,8 +287,9 @@ class V4Attention(nn.Module):
                 assert cache.indexer is not None
                 assert t.idx_q is not None and t.idx_w is not None
                 if fused:  # the picks come back as pool rows, -1 for none
-                    crow = indexer_topk_fused(t.idx_q, t.idx_w, cache.indexer.entries, rows,
-                                              ix.rate, cache.block_size, cfg.index_topk)
+                    crow = t.picks if t.picks is not None else indexer_topk_fused(
+                        t.idx_q, t.idx_w, cache.indexer.entries, rows, ix.rate,
+                        cache.block_size, cfg.index_topk)
                     comp = (cache.compressor.entries, crow, None)
                 else:
                     topk = indexer_topk_decode(t.idx_q, t.idx_w, cache.indexer.entries, rows,
@@ -322,12 +325,23 @@ class V4Attention(nn.Module):
             self._project_compressors(x, t)
         q_a, kv = self._project_x(x)
         q_res = rms_norm_row(q_a, self.q_a_norm.weight, self.q_a_norm.eps)
+        ix = self.compressor.indexer if isinstance(self.compressor, V4CSACompressor) else None
+        ix_side = (ix is not None and forked and cache.indexer is not None
+                   and fused_indexer_keys(cache.indexer.entries, x.dtype))
+        if ix_side:
+            assert side is not None and ix is not None and cache.indexer is not None
+            # the indexer's queries and top-k follow its keys on the side once q_a's norm is
+            # done here (this fork waits for it), beside the queries' own projection
+            with side.fork(self.compressor, keep=(q_res,)):
+                t.idx_q = rotate_(ix.q_b_proj(q_res).view(n, ix.n_heads, ix.dim), rope)
+                assert t.idx_w is not None
+                t.picks = indexer_topk_fused(t.idx_q, t.idx_w, cache.indexer.entries, rows,
+                                             ix.rate, cache.block_size, cfg.index_topk)
         t.q = rotate_(self.q_b_proj(q_res).view(n, h, d), rope, norm=True, eps=cfg.rms_norm_eps)
         written = write_window_fused(cache, rows, kv, self.kv_norm.weight, self.kv_norm.eps, rope)
         if not written:
             t.kv = apply_rope_(self.kv_norm(kv), *rope)  # type: ignore[arg-type]
-        if isinstance(self.compressor, V4CSACompressor):
-            ix = self.compressor.indexer
+        if ix is not None and not ix_side:
             t.idx_q = rotate_(ix.q_b_proj(q_res).view(n, ix.n_heads, ix.dim), rope)
         return t, forked
 

@@ -25,8 +25,10 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
 * two lanes (``V4Backend.lanes`` 2, the default; engine/side_lane.py): work off the main
   chain runs on a second stream beside it. In attention, the compressors' projections (one
   bf16 GEMM), window updates and entries run while the queries are projected, normalised and
-  rotated and the window ring written; the lane is joined before the indexer and the sparse
-  attention read them (the side stream's cuBLAS workspace is a term of the plan). In the MoE, the shared expert (its gate-up GEMV, SwiGLU, down
+  rotated and the window ring written; in CSA layers the indexer's queries (its q_b GEMV
+  and RoPE, once q_a's norm is done: the side waits for it) and its top-k follow there. The
+  lane is joined before the sparse attention reads the entries and picks (the side stream's
+  cuBLAS workspace is a term of the plan). In the MoE, the shared expert (its gate-up GEMV, SwiGLU, down
   GEMV) runs while the routing and the routed experts' GEMVs do; the lane is joined right
   before the experts' combine adds into the shared expert's output. The side's split-K
   GEMVs take their partials from a Workspace carved from the step's frame
@@ -122,6 +124,8 @@ def decode_side(model: DeepseekV4Model, rows: DecodeRows, ws: object | None,
         side_ws = ws.lane(fp8_gemv_split_bytes(model.cfg, rows.num_rows),
                           caller="deepseek_v4.decode_side_lane")
     _ = rows.writer  # read by both lanes' pool writes: made here, before any fork
+    if model.cfg.uses_csa:
+        indexer_kv_end(rows, model.cfg.csa_rate)  # the side's indexer reads it
     return DecodeSide(lane, side_ws, sem, rows)
 
 
@@ -291,6 +295,18 @@ def _shared_expert(se: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 FUSED_INDEXER_TILE = 32768  # entries scored a launch by the fused indexer (fp32 scores a row)
 
 
+def fused_indexer_keys(keys: PagedRows, dtype: torch.dtype) -> bool:
+    """Whether :func:`indexer_topk_fused` scores these keys with its kernels (not FP8, the
+    queries' dtype); else PyTorch does."""
+    return keys.scale is None and keys.data.dtype == dtype
+
+
+def indexer_kv_end(rows: DecodeRows, rate: int) -> torch.Tensor:
+    """[B] closed entries of each row's sequence at ``rate`` once this step's token is in
+    (memoised for the step)."""
+    return rows.memo(("kv_end", rate), lambda: (rows.positions + 1) // rate)
+
+
 def indexer_topk_fused(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows, rows: DecodeRows,
                        rate: int, block_size: int, topk: int) -> torch.Tensor:
     """decode_step.indexer_topk_decode as kernels, answering with pool rows: each tile of
@@ -302,10 +318,10 @@ def indexer_topk_fused(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows, 
     sparse attention's indices as they are. The PyTorch scoring and ``torch.topk`` merge
     where the keys are FP8."""
     per = block_size // rate
-    if keys.scale is not None or keys.data.dtype != q.dtype:
+    if not fused_indexer_keys(keys, q.dtype):
         idx = indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk)
         return torch.where(idx >= 0, rows.entry_rows(idx.clamp(min=0), per), -1).to(torch.int32)
-    kv_end = rows.memo(("kv_end", rate), lambda: (rows.positions + 1) // rate)
+    kv_end = indexer_kv_end(rows, rate)
     out = torch.empty(q.shape[0], topk, dtype=torch.int32, device=q.device)
     return indexer_decode_topk(q, weights, keys.data.view(-1, keys.dim), rows.tables, kv_end,
                                per, topk, FUSED_INDEXER_TILE, out)

@@ -28,13 +28,14 @@ NEW = 12
 _INIT = DeepseekV4Family.__init__
 
 
-def _tokens(folder, monkeypatch, lanes: int) -> tuple[dict[str, list[int]], LLMEngine]:
+def _tokens(folder, monkeypatch, lanes: int, kv_dtype: str
+            ) -> tuple[dict[str, list[int]], LLMEngine]:
     monkeypatch.setattr(DeepseekV4Family, "__init__", partialmethod(
         _INIT, backend=V4Backend(decode="fused", lanes=lanes)))
     monkeypatch.setattr(DeepseekV4Family, "plan_decode", "fused")
     ec = EngineConfig(model=str(folder), device="cuda", dtype="float32", max_context=256,
                       chunk_tokens=64, max_batch=4, block_size=16, attn_tile_tokens=16,
-                      strict_allocations=True)
+                      strict_allocations=True, kv_dtype=kv_dtype)
     engine = LLMEngine.from_config(ec)
     assert engine.runner.graphs is not None
     g = torch.Generator().manual_seed(11)
@@ -48,12 +49,13 @@ def _tokens(folder, monkeypatch, lanes: int) -> tuple[dict[str, list[int]], LLME
     return out, engine
 
 
-def test_v4_side_lane_tokens_equal_one_lane(quantized, monkeypatch) -> None:  # noqa: F811
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])  # fp8: the PyTorch pool writes on the side
+def test_v4_side_lane_tokens_equal_one_lane(quantized, monkeypatch, kv_dtype) -> None:  # noqa: F811
     folder, _, _ = quantized
-    two, engine = _tokens(folder, monkeypatch, 2)
+    two, engine = _tokens(folder, monkeypatch, 2, kv_dtype)
     assert engine.runner.num_graph_steps >= NEW - 2
     lane = engine.runner.model.model.__dict__.get("_side_lane")
     assert lane is not None and lane.stream is not None  # the graphs were captured with it
     del engine
-    one, _ = _tokens(folder, monkeypatch, 1)
+    one, _ = _tokens(folder, monkeypatch, 1, kv_dtype)
     assert two == one
