@@ -49,7 +49,8 @@ def _alloc_report(snapshot: dict) -> list[str]:
 def profile(args: argparse.Namespace) -> str:
     engine, info = build_engine(args)
     out = [f"[profile] layers {args.layers} experts {args.experts} weights {args.weights} batch "
-           f"{args.batch} prompt {args.prompt} graphs {info['cuda_graphs']} build {info['build_s']:.1f} s"]
+           f"{args.batch} prompt {args.prompt} graphs {info['cuda_graphs']} lanes {args.lanes} "
+           f"build {info['build_s']:.1f} s"]
     if args.trace_allocs:
         torch.cuda.memory._record_memory_history(max_entries=200000)
     gen = torch.Generator().manual_seed(0)
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=25, help="rows of each table")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--decode", default="auto", choices=("auto", "fused", "unfused"))
+    p.add_argument("--lanes", type=int, default=2, choices=(1, 2),
+                   help="the fused decode step's streams (2: the side lane, decode_fused.py)")
     p.add_argument("--trace-allocs", action="store_true")
     p.add_argument("--previous-kernels", action="store_true",
                    help="the fused decode's previous kernel choices (see bench.deepseek_v4.decode)")
