@@ -42,7 +42,21 @@ import kernels._moe_decode_triton as _moe_launch  # noqa: E402
 routers = []  # the fused decode's router launches (the linear and routing in one kernel)
 _launch_router = _moe_launch.launch_moe_router
 _moe_launch.launch_moe_router = lambda *a: (routers.append(1), _launch_router(*a))
+import engine.side_lane as _side_lane  # noqa: E402
+
+forks: dict[str, int] = {}  # side-lane forks of each backend's decode steps
+_fork = _side_lane.SideLane.fork
+current = [""]
+
+
+def _counted_fork(self, *a, **kw):  # noqa: ANN001, ANN202
+    forks[current[0]] = forks.get(current[0], 0) + 1
+    return _fork(self, *a, **kw)
+
+
+_side_lane.SideLane.fork = _counted_fork
 for gemm, backend in backends.items():
+    current[0] = gemm
     ours = DeepseekV4Model.from_state_dict(cfg, ck.state_dict, dtype=torch.float32, backend=backend)
     cache = DeepseekV4KVPool.for_slots(cfg, 1, 32, torch.float32, "cpu")
     with ws.scope():
@@ -53,5 +67,6 @@ for gemm, backend in backends.items():
             h = ours(torch.tensor([tokens[-1]]), torch.tensor([cache.num_tokens[0]]), [0, 1], [0], cache, ws=ws)
         tokens.append(int(ours.compute_logits(h)[0].argmax()))
     result[gemm] = ",".join(map(str, tokens))
-print(f"fused={result['fused']} routers={len(routers)} one_lane={result['fused1']}")
+print(f"fused={result['fused']} routers={len(routers)} one_lane={result['fused1']} "
+      f"forks={forks.get('fused', 0)} forks_one_lane={forks.get('fused1', 0)}")
 print(f"kernels={result['kernels']} torch={result['torch']} ws_peak={ws.peak_bytes} ws_cap={ws.capacity}")

@@ -179,6 +179,8 @@ def test_kernels_path_under_triton_interpreter(quantized) -> None:
     assert fused and fused.group(1) == m.group(2), out
     assert int(fused.group(2)) > 0, out  # the router's linear ran fused into the routing
     assert fused.group(3) == fused.group(1), out  # with and without the side lane
+    forks = re.search(r"forks=(\d+) forks_one_lane=(\d+)", out)
+    assert forks and int(forks.group(1)) > 0 and int(forks.group(2)) == 0, out
 
 
 @pytest.mark.slow
