@@ -28,10 +28,10 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
   rotated and the window ring written; in CSA layers the indexer's queries (its q_b GEMV
   and RoPE, once q_a's norm is done: the side waits for it) and its top-k follow there. The
   lane is joined before the sparse attention reads the entries and picks (the side stream's
-  cuBLAS workspace is a term of the plan). In the MoE, the shared expert (its gate-up GEMV, SwiGLU, down
-  GEMV) runs while the routing and the routed experts' GEMVs do; the lane is joined right
-  before the experts' combine adds into the shared expert's output. The side's split-K
-  GEMVs take their partials from a Workspace carved from the step's frame
+  cuBLAS workspace is a term of the plan). In the MoE, the shared expert (its gate-up GEMV,
+  SwiGLU, down GEMV) runs while the routing and the routed experts' GEMVs do; the lane is
+  joined right before the experts' combine adds into the shared expert's output. The side's
+  split-K GEMVs take their partials from a Workspace carved from the step's frame
   (``fp8_gemv_split_bytes`` at the step's rows) and count slices in their own set of
   counters, so nothing the two lanes use at once is shared.
 
