@@ -105,7 +105,7 @@ def hf_dict(cfg: DeepseekV4Config) -> dict[str, Any]:
 
 
 @contextmanager
-def _decode_path(decode: str, lanes: int = 2) -> Iterator[None]:
+def _decode_path(decode: str, lanes: int = 1) -> Iterator[None]:
     """``--decode`` (and ``--lanes``) reach the model the engine builds (and captures graphs
     of) itself: the family's constructor gets that backend for the duration of the build, and
     only then."""
@@ -208,7 +208,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
     # Before the engine: its two 1 GiB buffers are device allocations, which after the warm-up
     # were counted against the engine (the "2 allocations at batch 1's first step" of 12:33).
     copy_tb_s = _copy_tb_s(dev) if cuda else None
-    with _decode_path(getattr(args, "decode", "auto"), getattr(args, "lanes", 2)):
+    with _decode_path(getattr(args, "decode", "auto"), getattr(args, "lanes", 1)):
         engine = LLMEngine(ec, ModelConfig.from_hf_dict(hf, name=ec.model), weights)
     weights.clear()  # the engine loaded them into its own module: drop ours
     _sync(cuda)
@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--previous-kernels", action="store_true",
                    help="the fused decode's previous kernel choices (no split-K, tiled experts, "
                         "torch.topk indexer merge), to compare")
-    r.add_argument("--lanes", type=int, default=2, choices=(1, 2),
+    r.add_argument("--lanes", type=int, default=1, choices=(1, 2),
                    help="the fused decode step's streams (2: the side lane, decode_fused.py)")
     r.add_argument("--no-pdl", action="store_true",
                    help="launch the Triton kernels without programmatic dependent launch "

@@ -50,9 +50,10 @@ class V4Backend:
     gemm: str = "auto"
     mhc: str = "auto"
     decode: str = "auto"
-    # the fused decode step's streams: 2 runs the compressors' updates and the shared expert
-    # on a side lane beside the main chain (decode_fused.py, engine/side_lane.py); 1: one stream
-    lanes: int = 2
+    # the fused decode step's streams: 2 runs the compressors' updates, the CSA indexer and the
+    # shared expert on a side lane beside the main chain (decode_fused.py, engine/side_lane.py);
+    # 1 (the default until the GPU has checked and timed it): one stream
+    lanes: int = 1
 
     def __post_init__(self) -> None:
         if self.lanes not in (1, 2):

@@ -22,8 +22,8 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
 * the projections of one input: ``q_a_proj`` + ``kv_proj`` and the shared expert's
   ``gate_proj`` + ``up_proj`` as one FP8 GEMV each, the compressors' bf16 projections as one
   GEMM (merged_linear.py, formed at load where the scale grids allow; outputs split by views).
-* two lanes (``V4Backend.lanes`` 2, the default; engine/side_lane.py): work off the main
-  chain runs on a second stream beside it. In attention, the compressors' projections (one
+* two lanes (``V4Backend.lanes`` 2, opt-in until a GPU has run it; engine/side_lane.py):
+  work off the main chain runs on a second stream beside it. In attention, the compressors' projections (one
   bf16 GEMM), window updates and entries run while the queries are projected, normalised and
   rotated and the window ring written; in CSA layers the indexer's queries (its q_b GEMV
   and RoPE, once q_a's norm is done: the side waits for it) and its top-k follow there. The

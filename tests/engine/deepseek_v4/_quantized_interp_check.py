@@ -32,8 +32,8 @@ backends = {
     "kernels": V4Backend("torch", "torch", "kernels"),
     "torch": V4Backend("torch", "torch", "torch"),
     # every kernel, decode steps through the fused path (decode_fused.py: fused MoE routing and
-    # shared-expert SwiGLU in front of the MXFP4 experts)
-    "fused": V4Backend("kernels", "kernels", "kernels", decode="fused"),
+    # shared-expert SwiGLU in front of the MXFP4 experts), with its side lane
+    "fused": V4Backend("kernels", "kernels", "kernels", decode="fused", lanes=2),
     # the same on one lane (no side lane: decode_fused.py)
     "fused1": V4Backend("kernels", "kernels", "kernels", decode="fused", lanes=1),
 }
