@@ -15,7 +15,7 @@ same way the main one is:
   the step's frame of the main Workspace (``Workspace.lane``) at a planned size: its frames can
   never overlap the frames the main stream takes and releases meanwhile.
 * **Counters and other per-kernel state** (split-K semaphores) are the side's own: the caller
-  binds them for the side's work (``bind``) and they are restored when the fork's block ends.
+  binds them for the side's work (``bind``) and they are restored when that work returns.
 * **Lifetimes**: every fork is joined (the main stream waits for the side) before the main
   stream issues anything that reads the side's results, and the caller keeps the main
   stream's tensors the side reads alive until the join (``keep``), so the caching allocator
@@ -23,54 +23,70 @@ same way the main one is:
   side's own allocations are made on the side stream, whose blocks the allocator gives to no
   other stream.
 * **Shared memoisation**: state the two lanes share (a step's per-step addressing, computed on
-  first use) must be computed before the fork; ``frozen`` snapshots it and a fork whose block
+  first use) must be computed before the fork; ``frozen`` snapshots it and side work that
   creates new entries raises, naming them (that entry would be made on one stream and read on
   the other without an edge between them).
 
 Without CUDA (the CPU tier, the Triton interpreter) a lane has no stream: the side's work runs
-in issue order on the one stream, and the bindings, the scratch carve-out and the checks above
-run all the same, so the tests exercise the bookkeeping that the GPU relies on.
+in issue order on the one stream, or (``defer``, a test schedule) at the join, after the main
+stream's work meanwhile. The bindings, the scratch carve-out and the checks above run all the
+same, so the tests exercise the bookkeeping and the ordering that the GPU relies on.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 
 class SideLane:
-    """One side stream (CUDA) or none (issue order), with fork / join bookkeeping."""
+    """One side stream (CUDA) or none (issue order), with fork / join bookkeeping.
 
-    def __init__(self, device: torch.device) -> None:
+    ``defer`` (no CUDA only; tests): the other extreme of the schedules a GPU may pick. Each
+    piece of side work runs at the join instead of where it is issued, so the main stream's
+    work between the fork and the join runs first. The eager order runs the side first. A
+    decode step that gives the same results under both reads nothing across the lanes
+    without the fork or join that orders it."""
+
+    def __init__(self, device: torch.device, defer: bool = False) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._open = False  # a fork not yet joined
+        if defer and self.stream is not None:
+            raise ValueError("SideLane(defer=True) is a CPU test schedule")
+        self.defer = defer
+        self._open = False  # side work not yet joined
         self._keep: list[Any] = []
+        self._queue: list[tuple[Callable[[], None], Callable[[], Callable[[], None]] | None,
+                                Callable[[], Any] | None]] = []
 
-    @contextlib.contextmanager
-    def fork(self, bind: Callable[[], Callable[[], None]] | None = None,
-             frozen: Callable[[], Any] | None = None, keep: tuple[Any, ...] = ()
-             ) -> Iterator[None]:
-        """Work issued inside the block runs on the side stream, after everything issued so
-        far on the current stream (a second fork before the join continues the side's work
-        from there: it waits for the main stream's progress since). ``bind()`` points the
-        side's modules at its scratch and counters and returns the function that restores
-        them (run when the block ends). ``frozen()``: a snapshot of shared memoised state,
-        which the block must not change. ``keep``: main-stream tensors the side reads, held
-        until :meth:`join`."""
-        before = frozen() if frozen is not None else None
-        if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        restore = bind() if bind is not None else None
+    def run(self, fn: Callable[[], None], bind: Callable[[], Callable[[], None]] | None = None,
+            frozen: Callable[[], Any] | None = None, keep: tuple[Any, ...] = ()) -> None:
+        """Issue ``fn()`` to the side stream, after everything issued so far on the current
+        stream (a second run before the join continues the side's work from there: it waits
+        for the main stream's progress since). ``bind()`` points the side's modules at its
+        scratch and counters and returns the function that restores them (run when ``fn``
+        returns). ``frozen()``: a snapshot of shared memoised state, which ``fn`` must not
+        change. ``keep``: main-stream tensors the side reads, held until :meth:`join`."""
         self._open = True
         self._keep.extend(keep)
+        if self.defer:
+            self._queue.append((fn, bind, frozen))
+            return
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._call(fn, bind, frozen)
+
+    def _call(self, fn: Callable[[], None], bind: Callable[[], Callable[[], None]] | None,
+              frozen: Callable[[], Any] | None) -> None:
+        before = frozen() if frozen is not None else None
+        restore = bind() if bind is not None else None
         try:
             with torch.cuda.stream(self.stream) if self.stream is not None \
                     else contextlib.nullcontext():
-                yield
+                fn()
         finally:
             if restore is not None:
                 restore()
@@ -78,27 +94,33 @@ class SideLane:
             after = frozen()
             if after != before:
                 raise RuntimeError(
-                    "SideLane.fork: the side's work created shared state that the main stream "
+                    "SideLane.run: the side's work created shared state that the main stream "
                     f"may read without waiting for it ({sorted(map(str, set(after) - set(before)))}); "
                     "compute it before the fork")
 
     def begin(self) -> None:
-        """Start of a step: a fork a failed step left open is joined first."""
+        """Start of a step: side work a failed step left unjoined is dropped (deferred) or
+        joined (issued)."""
+        self._queue = []
         if self._open:
             self.join()
 
     def join(self) -> None:
-        """The main stream waits for everything issued to the side so far; the kept tensors
-        are released. Nothing to do without an open fork (a second join is harmless)."""
+        """The main stream waits for everything issued to the side so far (deferred: the side
+        work runs now); the kept tensors are released. Nothing to do with no side work open
+        (a second join is harmless)."""
         if not self._open:
             return
+        queue, self._queue = self._queue, []
+        for fn, bind, frozen in queue:
+            self._call(fn, bind, frozen)
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self._open = False
         self._keep = []
 
     def close(self) -> None:
-        """End of the step: every fork must have been joined (a CUDA graph capture fails on
-        an unjoined stream; eagerly, the next step would race the side)."""
+        """End of the step: all side work must have been joined (a CUDA graph capture fails
+        on an unjoined stream; eagerly, the next step would race the side)."""
         if self._open:
-            raise RuntimeError("SideLane: a fork was never joined")
+            raise RuntimeError("SideLane: side work was never joined")

@@ -14,43 +14,79 @@ from engine.side_lane import SideLane
 from engine.workspace import Workspace
 
 
-def _lane() -> SideLane:
-    return SideLane(torch.device("cpu"))
+def _lane(defer: bool = False) -> SideLane:
+    return SideLane(torch.device("cpu"), defer=defer)
+
+
+def _nothing() -> None:
+    pass
 
 
 def test_every_fork_is_joined_by_the_end_of_the_step() -> None:
     lane = _lane()
     a, b = torch.ones(1), torch.ones(2)
-    with lane.fork(keep=(a,)):
-        pass
-    with lane.fork(keep=(b,)):  # the side continues after the main stream's work since
-        pass
+    lane.run(_nothing, keep=(a,))
+    lane.run(_nothing, keep=(b,))  # the side continues after the main stream's work since
     assert [t.numel() for t in lane._keep] == [1, 2]
     lane.join()
     assert lane._keep == []
     lane.join()  # a second join is harmless
-    with lane.fork():
-        pass
+    lane.run(_nothing)
     with pytest.raises(RuntimeError, match="never joined"):
         lane.close()
     lane.begin()  # a new step joins what a failed one left open
     lane.close()
 
 
-def test_bindings_are_restored_even_when_the_side_fails() -> None:
-    lane = _lane()
+@pytest.mark.parametrize("defer", [False, True])
+def test_side_work_runs_in_order_and_by_the_join(defer) -> None:
+    lane = _lane(defer)
+    log: list[str] = []
+    lane.run(lambda: log.append("side 1"))
+    log.append("main")
+    lane.run(lambda: log.append("side 2"))
+    lane.join()
+    log.append("after join")
+    # eager: the side where it was issued; deferred: all of it at the join, after the main's
+    assert log == (["main", "side 1", "side 2", "after join"] if defer
+                   else ["side 1", "main", "side 2", "after join"])
+
+
+def test_deferred_side_work_is_dropped_by_a_new_step() -> None:
+    lane = _lane(defer=True)
+    log: list[str] = []
+    lane.run(lambda: log.append("stale"))
+    lane.begin()
+    lane.close()
+    assert log == []
+
+
+def test_defer_is_a_cpu_schedule() -> None:
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CPU test schedule"):
+            SideLane(torch.device("cuda"), defer=True)
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_bindings_are_restored_even_when_the_side_fails(defer) -> None:
+    lane = _lane(defer)
     state = {"ws": "main"}
+    seen: list[str] = []
 
     def bind():
         state["ws"] = "side"
         return lambda: state.update(ws="main")
 
-    with lane.fork(bind=bind):
-        assert state["ws"] == "side"
-    assert state["ws"] == "main"
+    lane.run(lambda: seen.append(state["ws"]), bind=bind)
     lane.join()
-    with pytest.raises(ValueError, match="boom"), lane.fork(bind=bind):
+    assert seen == ["side"] and state["ws"] == "main"
+
+    def boom() -> None:
         raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        lane.run(boom, bind=bind)
+        lane.join()
     assert state["ws"] == "main"
 
 
@@ -58,26 +94,15 @@ def test_shared_state_made_on_the_side_is_refused() -> None:
     rows = DecodeRows(torch.tensor([0, 1]), torch.tensor([5, 9]), torch.zeros(2, 3, dtype=torch.long))
     _ = rows.writer
     lane = _lane()
-    with lane.fork(frozen=rows.shared_keys):  # reading what exists is fine
-        _ = rows.writer
+    lane.run(lambda: rows.writer, frozen=rows.shared_keys)  # reading what exists is fine
     lane.join()
-    with pytest.raises(RuntimeError, match="ring"), lane.fork(frozen=rows.shared_keys):
-        rows.ring_rows(4)  # made on the side: the main stream could read it unordered
+    with pytest.raises(RuntimeError, match="ring"):
+        # made on the side: the main stream could read it unordered
+        lane.run(lambda: rows.ring_rows(4), frozen=rows.shared_keys)
     lane.join()
     # made on the main stream first, then read on the side: allowed
-    with lane.fork(frozen=rows.shared_keys):
-        rows.ring_rows(4)
+    lane.run(lambda: rows.ring_rows(4), frozen=rows.shared_keys)
     lane.join()
-
-
-def test_keep_holds_the_main_tensors_until_the_join() -> None:
-    lane = _lane()
-    t = torch.ones(3)
-    with lane.fork(keep=(t,)):
-        pass
-    assert lane._keep and lane._keep[0] is t
-    lane.join()
-    assert lane._keep == []
 
 
 def test_workspace_lane_is_its_own_fixed_arena() -> None:
@@ -115,10 +140,14 @@ def test_side_work_is_ordered_by_fork_and_join() -> None:
     lane = SideLane(dev)
     x = torch.zeros(1 << 22, device=dev)
     x += 1  # main, before the fork
-    with lane.fork(keep=(x,)):
+    box: dict[str, torch.Tensor] = {}
+
+    def side() -> None:
         y = x * 2
         for _ in range(20):
             y = y + 1  # long enough to still run when the main stream reaches the join
+        box["y"] = y
+
+    lane.run(side, keep=(x,))
     lane.join()
-    z = y.sum()
-    assert float(z) == (2 + 20) * x.numel()
+    assert float(box["y"].sum()) == (2 + 20) * x.numel()

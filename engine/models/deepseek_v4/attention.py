@@ -318,9 +318,11 @@ class V4Attention(nn.Module):
             assert side is not None
             # (the compressor's FP8 linears, if any, take the side's scratch and counters; its
             # bf16 GEMM the side stream's cuBLAS workspace, a term of the plan)
-            with side.fork(self.compressor, keep=(x,)):
+            def compressors() -> None:
                 self._project_compressors(x, t)
                 self._compress(t, rows, cache, compress_rotary, fused=True)
+
+            side.run(compressors, self.compressor, keep=(x,))
         else:
             self._project_compressors(x, t)
         q_a, kv = self._project_x(x)
@@ -332,11 +334,13 @@ class V4Attention(nn.Module):
             assert side is not None and ix is not None and cache.indexer is not None
             # the indexer's queries and top-k follow its keys on the side once q_a's norm is
             # done here (this fork waits for it), beside the queries' own projection
-            with side.fork(self.compressor, keep=(q_res,)):
+            def indexer() -> None:
+                assert ix is not None and cache.indexer is not None and t.idx_w is not None
                 t.idx_q = rotate_(ix.q_b_proj(q_res).view(n, ix.n_heads, ix.dim), rope)
-                assert t.idx_w is not None
                 t.picks = indexer_topk_fused(t.idx_q, t.idx_w, cache.indexer.entries, rows,
                                              ix.rate, cache.block_size, cfg.index_topk)
+
+            side.run(indexer, self.compressor, keep=(q_res,))
         t.q = rotate_(self.q_b_proj(q_res).view(n, h, d), rope, norm=True, eps=cfg.rms_norm_eps)
         written = write_window_fused(cache, rows, kv, self.kv_norm.weight, self.kv_norm.eps, rope)
         if not written:

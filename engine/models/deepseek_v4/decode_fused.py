@@ -44,7 +44,7 @@ values on the host (the step is captured as a CUDA graph).
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -80,15 +80,16 @@ class DecodeSide:
                  rows: DecodeRows) -> None:
         self.lane, self.ws, self.semaphores, self.rows = lane, ws, semaphores, rows
 
-    def fork(self, module: torch.nn.Module | None = None, keep: tuple[object, ...] = ()
-             ) -> AbstractContextManager[None]:
-        """Work issued inside runs on the side; ``module``'s FP8 linears take the side's
-        scratch and counters meanwhile. The step's shared addressing must not grow inside."""
+    def run(self, fn: Callable[[], None], module: torch.nn.Module | None = None,
+            keep: tuple[object, ...] = ()) -> None:
+        """``fn()`` issued to the side; ``module``'s FP8 linears take the side's scratch and
+        counters meanwhile. The step's shared addressing must not grow inside. ``fn`` leaves
+        its results in place (the caller reads them after the join)."""
         from engine.models.deepseek_v4.quant_modules import rebind
 
         bind = None if module is None else (
             lambda: rebind(module, self.ws, self.semaphores))
-        return self.lane.fork(bind=bind, frozen=self.rows.shared_keys, keep=keep)
+        self.lane.run(fn, bind=bind, frozen=self.rows.shared_keys, keep=keep)
 
     def runs(self, module: torch.nn.Module) -> bool:
         """Whether ``module``'s projections may go to the side: its FP8 linears run the
@@ -261,8 +262,10 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
     forked = side is not None and side.runs(se)
     if forked:
         assert side is not None
-        with side.fork(se, keep=(x,)):
-            base = _shared_expert(se, x)
+        # made here: the experts' call below takes it before the side has written it (their
+        # combine, the first launch to read it, waits for the join)
+        base = torch.empty_like(x)
+        side.run(lambda: _shared_expert(se, x, base), se, keep=(x, base))
     gw = mlp.gate.weight
     # the model's split-K counters (bound with the workspace; quant_modules.bind_workspace)
     sem = getattr(se.down_proj, "semaphores", None)
@@ -284,12 +287,14 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
     return out
 
 
-def _shared_expert(se: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _shared_expert(se: torch.nn.Module, x: torch.Tensor, out: torch.Tensor | None = None
+                   ) -> torch.Tensor:
     """The shared expert of a decode step: gate-up (one GEMV when merged, merged_linear.py),
-    the clamped SwiGLU kernel, down."""
+    the clamped SwiGLU kernel, down (into ``out`` when given: an FP8 down projection)."""
     gate, up = se.gate_up(x)
     act = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    return se.down_proj(clamped_swiglu(gate, up, se.limit, act))
+    h = clamped_swiglu(gate, up, se.limit, act)
+    return se.down_proj(h) if out is None else se.down_proj(h, out=out)
 
 
 FUSED_INDEXER_TILE = 32768  # entries scored a launch by the fused indexer (fp32 scores a row)

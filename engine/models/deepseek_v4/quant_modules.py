@@ -91,8 +91,11 @@ class Fp8Linear(nn.Module):
             return fp8_linear(x[:, 0], self.weight, self.scale, out, self.block, workspace=scratch,
                               semaphores=self.semaphores)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``out``: where the result goes (plain, not block-diagonal; the shape of the result),
+        e.g. a buffer another stream reads; else a new tensor."""
         if self.groups > 1:
+            assert out is None, "Fp8Linear: out= is for the plain form"
             # x: [N, G, in/G] -> [N, out]
             if not self.use_kernels:
                 return fp8_grouped_linear_ref(x, self.weight, self.scale, self.block)
@@ -102,12 +105,15 @@ class Fp8Linear(nn.Module):
             return self._weight_only(x, out)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])  # [N, in]
+        n = self.weight.shape[0]
         if not self.use_kernels:
-            return fp8_linear_ref(x2, self.weight, self.scale, self.block).view(*lead, -1)
-        out = torch.empty(x2.shape[0], self.weight.shape[0], dtype=x.dtype, device=x.device)
+            y = fp8_linear_ref(x2, self.weight, self.scale, self.block).view(*lead, -1)
+            return y if out is None else out.copy_(y)
+        dst = (torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device) if out is None
+               else out.view(x2.shape[0], n))
         if self._takes_w8a8(x2.shape[0]):
-            return self._w8a8(x2.unsqueeze(1), out).view(*lead, -1)
-        return self._weight_only(x2.unsqueeze(1), out).view(*lead, -1)
+            return self._w8a8(x2.unsqueeze(1), dst).view(*lead, -1)
+        return self._weight_only(x2.unsqueeze(1), dst).view(*lead, -1)
 
 
 def bind_workspace(model: nn.Module, ws: object | None) -> None:

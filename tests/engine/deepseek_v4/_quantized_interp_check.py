@@ -36,6 +36,8 @@ backends = {
     "fused": V4Backend("kernels", "kernels", "kernels", decode="fused", lanes=2),
     # the same on one lane (no side lane: decode_fused.py)
     "fused1": V4Backend("kernels", "kernels", "kernels", decode="fused", lanes=1),
+    # two lanes, the side's work run at each join (after the main stream's work since the fork)
+    "deferred": V4Backend("kernels", "kernels", "kernels", decode="fused", lanes=2),
 }
 import kernels._moe_decode_triton as _moe_launch  # noqa: E402
 
@@ -44,20 +46,23 @@ _launch_router = _moe_launch.launch_moe_router
 _moe_launch.launch_moe_router = lambda *a: (routers.append(1), _launch_router(*a))
 import engine.side_lane as _side_lane  # noqa: E402
 
-forks: dict[str, int] = {}  # side-lane forks of each backend's decode steps
-_fork = _side_lane.SideLane.fork
+forks: dict[str, int] = {}  # side-lane work issued by each backend's decode steps
+_run = _side_lane.SideLane.run
 current = [""]
 
 
-def _counted_fork(self, *a, **kw):  # noqa: ANN001, ANN202
+def _counted_run(self, *a, **kw):  # noqa: ANN001, ANN202
     forks[current[0]] = forks.get(current[0], 0) + 1
-    return _fork(self, *a, **kw)
+    return _run(self, *a, **kw)
 
 
-_side_lane.SideLane.fork = _counted_fork
+_side_lane.SideLane.run = _counted_run
+decode_h: dict[str, list[torch.Tensor]] = {}  # each backend's decode steps' hidden states
 for gemm, backend in backends.items():
     current[0] = gemm
     ours = DeepseekV4Model.from_state_dict(cfg, ck.state_dict, dtype=torch.float32, backend=backend)
+    if gemm == "deferred":  # the fused loop takes the lane the model holds (decode_side)
+        ours.__dict__["_side_lane"] = _side_lane.SideLane(torch.device("cpu"), defer=True)
     cache = DeepseekV4KVPool.for_slots(cfg, 1, 32, torch.float32, "cpu")
     with ws.scope():
         h = ours(ids, torch.arange(13), [0, 13], [0], cache, ws=ws)
@@ -66,7 +71,12 @@ for gemm, backend in backends.items():
         with ws.scope():
             h = ours(torch.tensor([tokens[-1]]), torch.tensor([cache.num_tokens[0]]), [0, 1], [0], cache, ws=ws)
         tokens.append(int(ours.compute_logits(h)[0].argmax()))
+        decode_h.setdefault(gemm, []).append(h.clone())
     result[gemm] = ",".join(map(str, tokens))
+lane_diff = max(float((a - b).abs().max()) for other in ("fused1", "deferred")
+                for a, b in zip(decode_h["fused"], decode_h[other], strict=True))
+print(f"lane_hidden_maxdiff={lane_diff:.3e}")
 print(f"fused={result['fused']} routers={len(routers)} one_lane={result['fused1']} "
-      f"forks={forks.get('fused', 0)} forks_one_lane={forks.get('fused1', 0)}")
+      f"deferred={result['deferred']} forks={forks.get('fused', 0)} "
+      f"forks_one_lane={forks.get('fused1', 0)} forks_deferred={forks.get('deferred', 0)}")
 print(f"kernels={result['kernels']} torch={result['torch']} ws_peak={ws.peak_bytes} ws_cap={ws.capacity}")

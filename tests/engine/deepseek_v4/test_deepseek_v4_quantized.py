@@ -175,12 +175,17 @@ def test_kernels_path_under_triton_interpreter(quantized) -> None:
     assert m, out
     assert m.group(1) == m.group(2)
     assert 0 < int(m.group(3)) <= int(m.group(4))
-    fused = re.search(r"fused=(\S+) routers=(\d+) one_lane=(\S+)", out)  # the fused decode path
-    assert fused and fused.group(1) == m.group(2), out
+    fused = re.search(r"fused=(\S+) routers=(\d+) one_lane=(\S+) deferred=(\S+)", out)
+    assert fused and fused.group(1) == m.group(2), out  # the fused decode path, side lane on
     assert int(fused.group(2)) > 0, out  # the router's linear ran fused into the routing
-    assert fused.group(3) == fused.group(1), out  # with and without the side lane
-    forks = re.search(r"forks=(\d+) forks_one_lane=(\d+)", out)
+    # without the side lane, and with its work run at each join (the other schedule)
+    assert fused.group(3) == fused.group(1) and fused.group(4) == fused.group(1), out
+    forks = re.search(r"forks=(\d+) forks_one_lane=(\d+) forks_deferred=(\d+)", out)
     assert forks and int(forks.group(1)) > 0 and int(forks.group(2)) == 0, out
+    assert forks.group(3) == forks.group(1), out
+    # the same kernels on the same inputs whatever the schedule: the same bits
+    diff = re.search(r"lane_hidden_maxdiff=(\S+)", out)
+    assert diff and float(diff.group(1)) == 0.0, out
 
 
 @pytest.mark.slow
