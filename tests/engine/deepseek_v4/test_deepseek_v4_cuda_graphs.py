@@ -16,6 +16,7 @@ from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.family import DeepseekV4Family
 from engine.sampling_params import SamplingParams
 
+from ._greedy import greedy_tokens
 from .test_deepseek_v4_quantized import quantized  # noqa: F401  (the module's fixture)
 
 pytestmark = [pytest.mark.gpu,
@@ -42,15 +43,7 @@ def _engine(folder, **kw) -> LLMEngine:
 
 
 def _run(engine: LLMEngine) -> dict[str, list[int]]:
-    g = torch.Generator().manual_seed(7)
-    for i, n in enumerate(PROMPTS):
-        engine.add_request(f"r{i}", torch.randint(2, 97, (n,), generator=g).tolist(),
-                           SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True))
-    out: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
-    return out
+    return greedy_tokens(engine, PROMPTS, NEW)
 
 
 def test_v4_graphs_match_transformers_and_eager(quantized) -> None:  # noqa: F811

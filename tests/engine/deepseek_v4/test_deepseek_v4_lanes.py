@@ -16,8 +16,8 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.family import DeepseekV4Family
-from engine.sampling_params import SamplingParams
 
+from ._greedy import greedy_tokens
 from .test_deepseek_v4_quantized import quantized  # noqa: F401  (the module's fixture)
 
 pytestmark = [pytest.mark.gpu,
@@ -38,15 +38,7 @@ def _tokens(folder, monkeypatch, lanes: int, kv_dtype: str
                       strict_allocations=True, kv_dtype=kv_dtype)
     engine = LLMEngine.from_config(ec)
     assert engine.runner.graphs is not None
-    g = torch.Generator().manual_seed(11)
-    for i, n in enumerate(PROMPTS):
-        engine.add_request(f"r{i}", torch.randint(2, 97, (n,), generator=g).tolist(),
-                           SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True))
-    out: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
-    return out, engine
+    return greedy_tokens(engine, PROMPTS, NEW, seed=11), engine
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])  # fp8: the PyTorch pool writes on the side

@@ -16,9 +16,9 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.family import DeepseekV4Family
-from engine.sampling_params import SamplingParams
 from kernels import pdl_launch
 
+from ._greedy import greedy_tokens
 from .test_deepseek_v4_quantized import quantized  # noqa: F401  (the module's fixture)
 
 pytestmark = [pytest.mark.gpu,
@@ -41,15 +41,7 @@ def _tokens(folder) -> tuple[dict[str, list[int]], int]:
                       strict_allocations=True)
     engine = LLMEngine.from_config(ec)
     assert engine.runner.graphs is not None
-    g = torch.Generator().manual_seed(7)
-    for i, n in enumerate(PROMPTS):
-        engine.add_request(f"r{i}", torch.randint(2, 97, (n,), generator=g).tolist(),
-                           SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True))
-    out: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
-    return out, engine.runner.num_graph_steps
+    return greedy_tokens(engine, PROMPTS, NEW), engine.runner.num_graph_steps
 
 
 @pytest.mark.parametrize("mode", ["1", "trigger+prefetch"])
