@@ -91,18 +91,14 @@ class DecodeSide:
             lambda: rebind(module, self.ws, self.semaphores))
         self.lane.run(fn, bind=bind, frozen=self.rows.shared_keys, keep=keep)
 
-    def runs(self, module: torch.nn.Module) -> bool:
-        """Whether ``module``'s projections may go to the side: its FP8 linears run the
-        Triton kernels (or there is no second stream); anything that would reach a library
-        GEMM on the side stream (its own cuBLAS workspace, not planned) stays on the main."""
+    @staticmethod
+    def takes_shared_expert(se: torch.nn.Module) -> bool:
+        """Whether the shared expert ``se`` may run on the side: its down projection is an FP8
+        linear, which writes into the output made before the fork (``Fp8Linear(out=)``). (A
+        library GEMM there uses the side stream's cuBLAS workspace, a term of the plan.)"""
         from engine.models.deepseek_v4.quant_modules import Fp8Linear
 
-        for m in module.modules():
-            if isinstance(m, torch.nn.Linear):
-                return False
-            if isinstance(m, Fp8Linear) and not m.use_kernels and self.lane.stream is not None:
-                return False
-        return True
+        return isinstance(getattr(se, "down_proj", None), Fp8Linear)
 
 
 def decode_side(model: DeepseekV4Model, rows: DecodeRows, ws: object | None,
@@ -259,7 +255,7 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
     route = dict(hash_table=mlp.gate.tid2eid, token_ids=input_ids) if mlp.is_hash else dict(
         bias=mlp.gate.e_score_correction_bias)
     se = mlp.shared_experts
-    forked = side is not None and side.runs(se)
+    forked = side is not None and side.takes_shared_expert(se)
     if forked:
         assert side is not None
         # made here: the experts' call below takes it before the side has written it (their
