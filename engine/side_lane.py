@@ -6,8 +6,8 @@ main chain (a block's side projections, a shared expert beside the routed ones) 
 it on a second stream; captured in a CUDA graph, the fork and join become graph edges and the
 two branches run at once.
 
-The incident this project answers (README: an operator's DeepSeek-V4-Flash report) lost its
-engine to exactly this shape of work: a second lane whose scratch was not planned, two streams'
+The incident this project answers (README: an operator's report on a sparse-attention model) lost
+its engine to exactly this shape of work: a second lane whose scratch was not planned, two streams'
 intermediates live at once, buffers released on one stream while the other still read them. So
 a lane here is bounded the same way the main one is:
 
