@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The side lane's first GPU call (docs/memory.md, "The fused decode's side lane"): its GPU tests,
+# then batch-1 and batch-8 decode with the lane on and off, alternated so that drift in the
+# card's clocks shows as a spread rather than a gain. 21 layers (V4-Flash's first 21) x 128
+# experts, FP8 + MXFP4 weights built on the device: fits an H100 as well as an H200.
+#
+#   scripts/v4_side_lane_check.sh OUT_DIR
+#
+# Writes OUT_DIR/lanes<N>_<i>.json and .log; runs under scripts/gpu_stack.sh (BULKHEAD_WHEELS as
+# there). Needs ~8 minutes of device time after the machine's start. LAYERS, STEPS, BATCHES
+# override the shape (LAYERS=SSCHCHCHCHCHCHCHCHCHCHCHCHCHCHCHCHCHCHCHCHC on an H200 for full depth).
+set -uo pipefail
+out=${1:?usage: scripts/v4_side_lane_check.sh OUT_DIR}
+out=$(realpath -m "$out")
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+layers=${LAYERS:-SSCHCHCHCHCHCHCHCHCHC}
+steps=${STEPS:-64}
+batches=${BATCHES:-1,8}
+run() { scripts/gpu_stack.sh env -- "$@"; }
+rc=0
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+echo "== $(date -u +%T) GPU tests"
+run timeout 300 python3 -m pytest -q -m gpu -o addopts="" tests/engine/test_side_lane.py \
+  tests/engine/deepseek_v4/test_deepseek_v4_lanes.py > "$out/tests.log" 2>&1 || rc=1
+tail -n 12 "$out/tests.log"
+i=0
+for lanes in 2 1 2 1; do
+  i=$((i + 1))
+  name=lanes${lanes}_$i
+  echo "== $(date -u +%T) $name"
+  run timeout 240 python3 -m bench.deepseek_v4.decode run --weights fp8-mxfp4 --layers "$layers" \
+    --experts 128 --steps "$steps" --decode fused --batches "$batches" --prompts 1024 \
+    --lanes "$lanes" --out "$out/$name.json" > "$out/$name.log" 2>&1 || rc=1
+  grep -E "\[decode\] B=|allocation|Error" "$out/$name.log" | tail -n 6
+done
+exit $rc
