@@ -30,7 +30,12 @@ from router.job import chat_job, completion_job
 from router.metrics import RouterMetrics
 from router.redis_registry import build_registry
 from router.registry import WorkerRegistry
-from router.schemas import ChatCompletionRequest, CompletionRequest, InvalidText
+from router.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    InvalidText,
+    UnsupportedPart,
+)
 from router.serving import RouterContext, as_api_error, error_response, serve_generation
 from router.settings import RouterSettings
 from router.tokenize_api import (
@@ -69,6 +74,10 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, InvalidText):
         return ApiError(400, str(cause), "invalid_request_error", cause.param, "invalid_unicode")
+    if isinstance(cause, UnsupportedPart):
+        param = _param_of(tuple(first.get("loc", ()))) + cause.where
+        return ApiError(400, f"{param}: {cause}", "invalid_request_error", param,
+                        "unsupported_content")
     if first.get("type") == "json_invalid":
         return ApiError(400, f"Malformed JSON body: {first.get('msg')}", "invalid_request_error",
                         "body", "invalid_json")

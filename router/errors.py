@@ -7,6 +7,7 @@ contents or secrets, and must never import torch or ``engine/``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,9 @@ class WorkerCallError(Exception):
         return f"worker {self.address} failed in phase {self.phase}: {self.code.name} {self.details}"
 
 
+_FIELD_SUFFIX = re.compile(r" \(field ([A-Za-z_][\w.\[\]]*)\)$")
+
+
 def from_worker_error(err: WorkerCallError, retry_after_s: int) -> ApiError:
     """The single mapping of worker gRPC status codes to HTTP answers."""
     code = err.code
@@ -110,8 +114,11 @@ def from_worker_error(err: WorkerCallError, retry_after_s: int) -> ApiError:
                         f"{err.details}", "invalid_request_error", None,
                         "context_length_exceeded")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return ApiError(400, f"Invalid request ({where}): {err.details}", "invalid_request_error",
-                        None, "invalid_argument")
+        # worker.codec.status_of ends the details with " (field NAME)" where the engine named one
+        named = _FIELD_SUFFIX.search(err.details)
+        details = err.details[:named.start()] if named else err.details
+        return ApiError(400, f"Invalid request ({where}): {details}", "invalid_request_error",
+                        named.group(1) if named else None, "invalid_argument")
     if code == grpc.StatusCode.CANCELLED:
         return ApiError(499, f"Request cancelled ({where}).", "cancelled", None, "cancelled")
     return ApiError(502, f"Worker error ({where}): {code.name} {err.details}", "server_error",

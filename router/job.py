@@ -58,7 +58,9 @@ class GenerationJob:
         return len(self.prompts) * self.n
 
 
-def _common(req: _SamplingFields, settings: RouterSettings) -> dict[str, object]:
+def _common(req: _SamplingFields, settings: RouterSettings,
+            vocab_size: int | None = None) -> dict[str, object]:
+    """`vocab_size`: the tokenizer's, where known (token ids past it are refused here)."""
     if req.model is not None and req.model != settings.model_name:
         raise model_not_found(req.model, settings.model_name)
     if req.n > settings.max_n:
@@ -92,14 +94,14 @@ def _common(req: _SamplingFields, settings: RouterSettings) -> dict[str, object]
         shaping=LogitShaping(
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty,
-            logit_bias=_logit_bias(req.logit_bias, settings),
+            logit_bias=_logit_bias(req.logit_bias, vocab_size),
             min_p=req.min_p, min_tokens=req.min_tokens))
 
 
 MAX_LOGIT_BIAS = 300   # the engine's per-slot buffer holds this many entries
 
 
-def _logit_bias(given: dict[str, float] | None, settings: RouterSettings
+def _logit_bias(given: dict[str, float] | None, vocab_size: int | None
                 ) -> tuple[tuple[int, float], ...]:
     if not given:
         return ()
@@ -113,8 +115,9 @@ def _logit_bias(given: dict[str, float] | None, settings: RouterSettings
         except ValueError:
             raise invalid_request(f"logit_bias: key {key!r} is not a token id",
                                   "logit_bias") from None
-        if not 0 <= token < 2**31:
-            raise invalid_request(f"logit_bias: token id {token} is outside [0, 2**31)",
+        end = vocab_size if vocab_size is not None else 2**31   # proto token ids are int32
+        if not 0 <= token < end:
+            raise invalid_request(f"logit_bias: token id {token} is outside [0, {end})",
                                   "logit_bias")
         out.append((token, float(bias)))
     return tuple(sorted(dict(out).items()))  # "1" and "01" name one token: the last wins
@@ -140,7 +143,7 @@ def _refuse_if_certainly_over(text: str, tokenizer: RouterTokenizer, num_new: in
 def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
              tokenizer: RouterTokenizer, max_context: int | None = None) -> GenerationJob:
     """`max_context`: the largest context a worker serves, for the pre-tokenization bound."""
-    common = _common(req, settings)
+    common = _common(req, settings, getattr(tokenizer, "vocab_size", None))
     if req.top_logprobs is not None and not req.logprobs:
         raise invalid_request("top_logprobs: set logprobs to true to use it", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -198,7 +201,7 @@ def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[
 
 def completion_job(req: CompletionRequest, settings: RouterSettings,
                    tokenizer: RouterTokenizer, max_context: int | None = None) -> GenerationJob:
-    common = _common(req, settings)
+    common = _common(req, settings, getattr(tokenizer, "vocab_size", None))
     if req.max_tokens == 0 and not (req.echo and req.logprobs is not None):
         raise invalid_request("max_tokens: 0 is only allowed with echo and logprobs (scoring the "
                               "prompt); otherwise it must be >= 1", "max_tokens")

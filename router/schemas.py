@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from router.refused_fields import RefusedChatFields, RefusedCompletionFields
 
@@ -28,6 +28,15 @@ class InvalidText(ValueError):
     def __init__(self, param: str, detail: str) -> None:
         super().__init__(f"{param}: {detail}")
         self.param = param
+
+
+class UnsupportedPart(ValueError):
+    """A message's content part this server cannot take (an image, audio, a file): `where` is
+    the part's place under the field that raised it (``[1].type``)."""
+
+    def __init__(self, where: str, detail: str) -> None:
+        super().__init__(detail)
+        self.where = where
 
 
 def _bad_unicode(text: str) -> str | None:
@@ -67,7 +76,7 @@ def find_invalid_text(body: Any) -> InvalidText | None:
 class StrictModel(BaseModel):
     """No coercion: the JSON type must be the field's type (an int is still a valid float)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class RequestBody(StrictModel):
@@ -108,6 +117,18 @@ class ChatMessage(StrictModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool turns: which call this answers
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        """Name the first part that is not text, rather than every union member's complaint."""
+        if isinstance(value, list):
+            for i, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise UnsupportedPart(f"[{i}].type", f"{kind!r} parts are not supported: "
+                                          "this server's models take text parts only")
+        return value
 
     def text(self) -> str:
         if self.content is None:

@@ -12,6 +12,7 @@ The tokenizer's xgrammar view is built once, on the first request that needs it.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -69,13 +70,23 @@ class GrammarCache:
         except InvalidRequest:
             raise
         except Exception as exc:  # xgrammar's errors for bad schemas / tags
-            raise InvalidRequest(f"{_field(kind)}: cannot build a grammar from it: {exc}",
-                                 _field(kind)) from None
+            raise InvalidRequest(f"{_field(kind)}: cannot build a grammar from it: "
+                                 f"{_library_message(exc)}", _field(kind)) from None
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > self._max_entries:
                 self._cache.popitem(last=False)
         return compiled
+
+
+_LOG_PREFIX = re.compile(r"^\[\d\d:\d\d:\d\d\] \S+:\d+: ")
+
+
+def _library_message(exc: Exception) -> str:
+    """xgrammar's message without the log prefix it carries from C++ (time, source file and
+    line: nothing a client can act on), on one line."""
+    text = str(exc).strip()
+    return " ".join(_LOG_PREFIX.sub("", text).split()) or type(exc).__name__
 
 
 def _field(kind: str) -> str:

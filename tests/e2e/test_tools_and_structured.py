@@ -154,12 +154,19 @@ def test_json_object_response(e2e: E2E) -> None:
     assert isinstance(json.loads(r.choices[0].message.content, strict=False), dict)
 
 
-def test_bad_schema_is_a_400(e2e: E2E) -> None:
-    with pytest.raises(openai.BadRequestError):
+@pytest.mark.parametrize("schema", [{"type": 5}, {"type": "frob"}])
+def test_bad_schema_is_a_400_naming_the_field(e2e: E2E, schema: dict) -> None:
+    """The grammar library's complaint reaches the client on one line, without the C++ log
+    prefix (time, source file) it carries, and the error names the field."""
+    with pytest.raises(openai.BadRequestError) as exc:
         e2e.client().chat.completions.create(
             model=e2e.model, messages=ASK, max_tokens=8,
             response_format={"type": "json_schema", "json_schema": {"name": "x",
-                                                                    "schema": {"type": 5}}})
+                                                                    "schema": schema}})
+    assert exc.value.body["param"] == "response_format"
+    message = exc.value.body["message"]
+    assert "\n" not in message and ".cc:" not in message, message
+    assert "response_format: cannot build a grammar" in message
 
 
 def _chat_model(e2e: E2E):

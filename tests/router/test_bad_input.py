@@ -30,7 +30,7 @@ CASES: list[tuple[str, dict[str, Any] | str, int, str | None, str | None]] = [
     ("chat/completions", chat(messages=[{"role": "wizard", "content": "x"}]), 400,
      "messages[0].role", "invalid_value"),
     ("chat/completions", chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
-     400, "messages[0].content", "invalid_value"),
+     400, "messages[0].content[0].type", "unsupported_content"),
     ("chat/completions", chat(temperature=2.5), 400, "temperature", "invalid_value"),
     ("chat/completions", chat(temperature="hot"), 400, "temperature", "invalid_value"),
     ("chat/completions", chat(top_p=0), 400, "top_p", "invalid_value"),

@@ -199,6 +199,26 @@ def test_error_mapping_is_one_table() -> None:
         assert (err.status, err.code) == (status, name)
         assert ("Retry-After" in err.headers()) == (status in (429, 503))
         assert "w:1" in err.message and "prefill" in err.message
+        assert err.param is None
+
+
+def test_a_field_the_engine_named_becomes_the_errors_param() -> None:
+    """worker.codec.status_of ends INVALID_ARGUMENT details with " (field NAME)"; the client
+    gets NAME as the error's param, and the message without the suffix."""
+    import grpc
+
+    from engine.errors import InvalidRequest
+    from router.errors import WorkerCallError, from_worker_error
+    from worker.codec import status_of
+
+    status = status_of(InvalidRequest("response_format: cannot build a grammar from it",
+                                      field="response_format"))
+    err = from_worker_error(WorkerCallError("w:1", "first_token", status.code, status.message), 7)
+    assert (err.status, err.param) == (400, "response_format")
+    assert err.message.endswith("cannot build a grammar from it")
+    plain = from_worker_error(WorkerCallError("w:1", "first_token", grpc.StatusCode.INVALID_ARGUMENT,
+                                              "a (field) in prose, not a suffix"), 7)
+    assert plain.param is None and plain.message.endswith("not a suffix")
 
 
 def test_worker_failing_mid_stream_ends_the_stream_with_an_error(reset: Cluster) -> None:
