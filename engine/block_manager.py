@@ -118,6 +118,19 @@ class BlockManager:
             if self._ref_counts[b] == 0:
                 self._free[b] = None
 
+    @property
+    def num_blocks_in_use(self) -> int:
+        return sum(1 for count in self._ref_counts if count)
+
+    def forget_cached_prefixes(self) -> None:
+        """Drop every cached prefix: the free blocks' contents are about to be overwritten (a
+        re-run of the warm-up). Only when no block is in use."""
+        if self.num_blocks_in_use:
+            raise RuntimeError(f"{self.num_blocks_in_use} block(s) are in use: their sequences "
+                               "must finish or be released first")
+        self._block_hash = [None] * self.num_blocks
+        self._hash_to_block.clear()
+
     def _pop_free(self) -> int:
         block, _ = self._free.popitem(last=False)
         old = self._block_hash[block]

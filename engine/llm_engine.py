@@ -22,6 +22,7 @@ from engine.config import EngineConfig
 from engine.errors import (
     ContextLengthExceeded,
     DuplicateRequest,
+    EngineError,
     InvalidRequest,
     PlanError,
     QueueFull,
@@ -253,6 +254,19 @@ class LLMEngine:
         self._pending.append(self._output(seq, [], True, "abort"))
         self._forget(seq)
         return True
+
+    def recapture_graphs(self, progress: Callable[[str], None] | None = None) -> None:
+        """Capture the decode graphs again (after a change to a model option that a step reads,
+        for a benchmark's A/B on the same weights; ``ModelRunner.recapture_graphs``). Only while
+        no block is in use; the cached prefixes are forgotten, since the warm-up's re-run
+        writes over free blocks."""
+        if self.has_unfinished() or self._imports:
+            raise EngineError("recapture_graphs: requests are still running or importing")
+        try:
+            self.block_manager.forget_cached_prefixes()
+        except RuntimeError as e:
+            raise EngineError(f"recapture_graphs: {e}") from None
+        self.runner.recapture_graphs(progress)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)

@@ -6,6 +6,7 @@ turns the plan's arithmetic into a measured peak. Never sizes anything by what a
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -244,9 +245,6 @@ class ModelRunner:
         context, a full batch of decodes at the longest context, ...); KV writes of the dense
         families go to the null block, others' to blocks no sequence holds yet. ``progress``
         (optional) is told each step before it runs."""
-        ec = self.ec
-        usable = self.plan.num_blocks - 1
-        table = tuple(1 + (i % usable) for i in range(ec.blocks_per_seq))
         cuda = self.device.type == "cuda"
         if cuda:
             # Garbage from loading (a reference cycle that still holds device tensors) must go
@@ -256,9 +254,7 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
             base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        steps = self.model.warmup_steps(ec, table)
-        names = [f"{len(c)} sequence(s), {sum(x.num_tokens for x in c)} tokens up to context "
-                 f"{max(x.context_len for x in c)}" for c in steps]
+        steps, names = self._warmup_steps()
         self._run_warmup_steps(steps, progress, names)
         self._warm_import()
         act_peak = None
@@ -272,19 +268,56 @@ class ModelRunner:
                 progress("capturing CUDA graphs")
             self._capture_graphs()
         if cuda:
-            # torch.cuda.graph() empties the allocator's cache before capturing: run the worst
-            # steps again so the cache holds what serving needs, then take the baseline.
-            self._run_warmup_steps(steps, progress, names)
-            self._warm_import()
-            reserve_allocator_slack(self.device, self.plan.term("allocator_slack"))
-            torch.cuda.synchronize(self.device)
-            self._device_allocs = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
+            self._settle(steps, names, progress)
         self.model.reset(self.kv)
         self._tell("reset")
         self.num_steps = 0
         self.warmup_report = WarmupReport(self.ws.peak_bytes, self.ws.capacity, act_peak,
                                           self.plan.term("activations"), self._device_allocs)
         return self.warmup_report
+
+    def _warmup_steps(self) -> tuple[list, list[str]]:
+        """The family's worst-case steps of the plan, and a name for each."""
+        usable = self.plan.num_blocks - 1
+        table = tuple(1 + (i % usable) for i in range(self.ec.blocks_per_seq))
+        steps = self.model.warmup_steps(self.ec, table)
+        names = [f"{len(c)} sequence(s), {sum(x.num_tokens for x in c)} tokens up to context "
+                 f"{max(x.context_len for x in c)}" for c in steps]
+        return steps, names
+
+    def _settle(self, steps: list, names: list[str],
+                progress: Callable[[str], None] | None) -> None:
+        """After a capture (CUDA): torch.cuda.graph() empties the allocator's cache before it
+        captures, so run the worst steps again for the cache to hold what serving needs, leave
+        the planned slack, then take the allocation baseline."""
+        self._run_warmup_steps(steps, progress, names)
+        self._warm_import()
+        reserve_allocator_slack(self.device, self.plan.term("allocator_slack"))
+        torch.cuda.synchronize(self.device)
+        self._device_allocs = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
+
+    def recapture_graphs(self, progress: Callable[[str], None] | None = None) -> None:
+        """Capture the decode graphs again after a change to how the model runs its step (a
+        benchmark comparing one model option on the same weights, without building them
+        twice): the old graphs and their pool go first, then the warm-up's capture, re-run and
+        allocation baseline (``device_allocs_since_warmup`` counts from here on). The caller
+        (``LLMEngine.recapture_graphs``) makes sure that no block is in use: the re-run writes
+        into blocks as the warm-up does. One rank only."""
+        if self.graphs is None:
+            return
+        if self.tp is not None:
+            raise PlanError("recapture_graphs: not with several ranks (they capture in step)")
+        self.graphs = None
+        gc.collect()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # the old graphs' pool back to the device before the new one
+        self._capture_graphs()
+        steps, names = self._warmup_steps()
+        self._settle(steps, names, progress)
+        self.model.reset(self.kv)
+        assert self.warmup_report is not None
+        self.warmup_report = dataclasses.replace(self.warmup_report,
+                                                 device_allocs_after_warmup=self._device_allocs)
 
     @torch.inference_mode()
     def _warm_import(self) -> None:

@@ -345,8 +345,21 @@ def run_row(engine: LLMEngine, batch: int, prompt: int, args: argparse.Namespace
     return row
 
 
-def _line(row: dict[str, Any]) -> str:
+def _switch_lanes(engine: LLMEngine, lanes: int) -> None:
+    """The next pass of ``--lanes 2,1,...`` on the same weights: the model's backend takes the
+    other lane count, and the decode graphs are captured again with it (no second build)."""
+    v4 = engine.runner.model.model
+    v4.backend = dataclasses.replace(v4.backend, lanes=lanes)
+    t = time.perf_counter()
+    engine.recapture_graphs()
+    print(f"[decode] lanes {lanes}: decode graphs captured again in "
+          f"{time.perf_counter() - t:.1f} s", flush=True)
+
+
+def _line(row: dict[str, Any], lanes: bool = False) -> str:
     head = f"[decode] B={row['batch']:>3} prompt={row['prompt']:>6}"
+    if lanes:
+        head = f"[decode] lanes={row['lanes']} B={row['batch']:>3} prompt={row['prompt']:>6}"
     if "tokens_per_s" not in row:
         return f"{head} {row['error']}"
     return (f"{head} {row['ms_per_step']:8.2f} ms/step {row['tokens_per_s']:9.1f} tok/s "
@@ -377,20 +390,35 @@ def run_decode(args: argparse.Namespace) -> dict[str, Any]:
           f"{info['plan_total_bytes'] / 2**30:.2f} GiB; warm-up activations measured "
           f"{'n/a' if peak is None else f'{peak / 2**30:.2f} GiB'} / planned "
           f"{w['activation_planned_bytes'] / 2**30:.2f} GiB", flush=True)
-    for batch in args.batch_list:
-        for prompt in args.prompt_list:
-            if time.time() > stop_at:
-                result["stopped"] = f"deadline ({args.deadline:.0f} s) before B={batch} prompt={prompt}"
+    lane_list = getattr(args, "lane_list", [getattr(args, "lanes", 1)])
+    for n_pass, lanes in enumerate(lane_list):
+        if n_pass:
+            try:
+                _switch_lanes(engine, lanes)
+            except (torch.OutOfMemoryError, EngineError) as e:
+                result["error"] = (f"lanes {lanes}: recapture failed: {type(e).__name__}: "
+                                   f"{str(e).splitlines()[0]}")
+                print(f"[decode] {result['error']}", flush=True)
                 break
-            row = run_row(engine, batch, prompt, args, stop_at)
-            if info["copy_tb_s"]:
-                # every active weight byte read once per step at the copy rate
-                row["streaming_limit_tok_s"] = (batch * info["copy_tb_s"] * 1e12
-                                                / info["active_weight_bytes"][batch])
-            print(_line(row), flush=True)
-            result["rows"].append(row)
-            if out:
-                out.write_text(json.dumps(result, indent=1))
+        for batch in args.batch_list:
+            for prompt in args.prompt_list:
+                if time.time() > stop_at:
+                    which = f"lanes {lanes} " if len(lane_list) > 1 else ""
+                    result["stopped"] = (f"deadline ({args.deadline:.0f} s) before {which}"
+                                         f"B={batch} prompt={prompt}")
+                    break
+                row = run_row(engine, batch, prompt, args, stop_at)
+                row["lanes"] = lanes
+                if info["copy_tb_s"]:
+                    # every active weight byte read once per step at the copy rate
+                    row["streaming_limit_tok_s"] = (batch * info["copy_tb_s"] * 1e12
+                                                    / info["active_weight_bytes"][batch])
+                print(_line(row, len(lane_list) > 1), flush=True)
+                result["rows"].append(row)
+                if out:
+                    out.write_text(json.dumps(result, indent=1))
+            if result["stopped"]:
+                break
         if result["stopped"]:
             print(f"[decode] stopped: {result['stopped']}", flush=True)
             break
@@ -410,6 +438,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.batch_list, args.prompt_list = _ints(args.batches), _ints(args.prompts)
+    args.lane_list = _ints(args.lanes)
+    if not args.lane_list or any(n not in (1, 2) for n in args.lane_list):
+        raise SystemExit(f"--lanes {args.lanes!r}: each entry must be 1 or 2")
+    args.lanes = args.lane_list[0]  # what the engine is built with
     fl = importlib.import_module("kernels.fp8_linear")
     serial = fl.SERIAL_SPLIT_REDUCE
     fl.SERIAL_SPLIT_REDUCE = not args.two_launch_reduce
@@ -431,7 +463,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         else:
             os.environ["BULKHEAD_PDL"] = pdl_env
     result["previous_kernels"] = args.previous_kernels
-    result["lanes"] = args.lanes
+    result["lanes"] = args.lane_list
     result["two_launch_reduce"] = args.two_launch_reduce
     result["no_pdl"] = args.no_pdl
     result["pdl"] = pdl  # whether the Triton kernels were launched with PDL
@@ -482,8 +514,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--previous-kernels", action="store_true",
                    help="the fused decode's previous kernel choices (no split-K, tiled experts, "
                         "torch.topk indexer merge), to compare")
-    r.add_argument("--lanes", type=int, default=1, choices=(1, 2),
-                   help="the fused decode step's streams (2: the side lane, decode_fused.py)")
+    r.add_argument("--lanes", default="1",
+                   help="the fused decode step's streams (2: the side lane, decode_fused.py); a "
+                        "list such as 2,1,2,1 runs every row once per entry on the same weights, "
+                        "the decode graphs captured again between entries")
     r.add_argument("--no-pdl", action="store_true",
                    help="launch the Triton kernels without programmatic dependent launch "
                         "(sets BULKHEAD_PDL=0; default: PDL on sm_90+), to compare")

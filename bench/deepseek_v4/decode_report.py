@@ -24,6 +24,9 @@ def report_table(res: dict[str, Any]) -> str:
     if res.get("error"):
         return f"Run failed: {res['error']}\n"
     w = res["warmup"]
+    # several passes (--lanes 2,1,...): a column saying which pass each row is of
+    passes = res.get("lanes")
+    lanes_head = "| lanes " if isinstance(passes, list) and len(passes) > 1 else ""
     lines = [
         f"indexer `{res['indexer']}`, attention `{res['attention']}`, decode "
         f"`{res.get('decode_path', 'unfused')}`; layers {res['layers']}, "
@@ -40,18 +43,19 @@ def report_table(res: dict[str, Any]) -> str:
         f"row after {res['warm_steps']} untimed ones"
         + (f"; stopped: {res['stopped']}" if res.get("stopped") else "") + ".",
         "",
-        "| batch | prompt | context at start | ms/step | median ms/step | tokens/s | "
+        lanes_head + "| batch | prompt | context at start | ms/step | median ms/step | tokens/s | "
         "weight-streaming limit tok/s | decode peak GiB | device allocs (row) | prefill s (steps; tok/s) | error |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ("|---:" if lanes_head else "") + "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in res["rows"]:
+        lane = f"| {r.get('lanes')} " if lanes_head else ""
         if "tokens_per_s" not in r:
-            lines.append(f"| {r['batch']} | {r['prompt']:,} | | | | | | | {r.get('device_allocs_row')} | "
-                         f"| {r['error']} |")
+            lines.append(f"{lane}| {r['batch']} | {r['prompt']:,} | | | | | | | "
+                         f"{r.get('device_allocs_row')} | | {r['error']} |")
             continue
         lo, hi = r["context_at_start"]
         lines.append(
-            f"| {r['batch']} | {r['prompt']:,} | {lo:,}-{hi:,} | {r['ms_per_step']:.2f} | "
+            f"{lane}| {r['batch']} | {r['prompt']:,} | {lo:,}-{hi:,} | {r['ms_per_step']:.2f} | "
             f"{r['ms_per_step_median']:.2f} | {r['tokens_per_s']:,.1f} | "
             f"{r.get('streaming_limit_tok_s') or float('nan'):,.0f} | {_gib(r['decode_peak_bytes'])} | "
             f"{r['device_allocs_row']} | {r['prefill_s']:.2f} ({r['prefill_steps']}; "

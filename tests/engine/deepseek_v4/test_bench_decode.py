@@ -17,9 +17,11 @@ import torch
 
 from bench.deepseek_v4.context import flash_config
 from bench.deepseek_v4.decode import HEADING, hf_dict, main, max_tokens_for
+from engine.errors import EngineError
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
 from engine.models.deepseek_v4.config import DeepseekV4Config
+from engine.sampling_params import SamplingParams
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "deepseek_v4.md"
 BEGIN, END = "<!-- bench_decode:begin -->", "<!-- bench_decode:end -->"
@@ -122,6 +124,72 @@ def test_deadline_stops_cleanly(tmp_path: Path) -> None:
     rc, res = _run(tmp_path / "r.json", "--deadline", "0")
     assert rc == 0 and res["rows"] == []
     assert res["stopped"].startswith("deadline (0 s) before B=1 prompt=20")
+
+
+def test_a_lane_list_measures_each_row_per_entry_on_one_engine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--lanes 2,1: the engine is built once (with 2 lanes), every row runs twice, and between
+    the passes the model's backend takes 1 lane and the decode graphs are captured again."""
+    import bench.deepseek_v4.decode as dec
+    from engine.llm_engine import LLMEngine
+
+    builds: list[int] = []
+    engines: list[LLMEngine] = []
+    real_build = dec.build_engine
+
+    def build(args: Any) -> Any:
+        builds.append(args.lanes)
+        engine, info = real_build(args)
+        engines.append(engine)
+        return engine, info
+
+    seen: list[int] = []
+    real = LLMEngine.recapture_graphs
+
+    def recapture(self: LLMEngine, *a: Any) -> None:
+        seen.append(self.runner.model.model.backend.lanes)
+        real(self, *a)
+
+    monkeypatch.setattr(dec, "build_engine", build)
+    monkeypatch.setattr(LLMEngine, "recapture_graphs", recapture)
+    rc, res = _run(tmp_path / "r.json", "--lanes", "2,1", "--batches", "1", "--prompts", "20,40")
+    assert rc == 0 and res["error"] is None and res["lanes"] == [2, 1]
+    assert builds == [2] and seen == [1]
+    assert [(r["lanes"], r["prompt"]) for r in res["rows"]] == [(2, 20), (2, 40), (1, 20), (1, 40)]
+    assert all(r["error"] is None and r["tokens"] == 3 for r in res["rows"])
+    table = dec.report_table(res)
+    assert "| lanes | batch |" in table and "| 1 | 1 | 40 |" in table
+    with pytest.raises(SystemExit, match="each entry must be 1 or 2"):
+        _run(tmp_path / "r.json", "--lanes", "2,3")
+    # the warm-up's re-run writes over free blocks: not while a request holds some
+    engine = engines[0]
+    engine.add_request("busy", list(range(1, 30)), SamplingParams(max_tokens=4))
+    engine.step()
+    with pytest.raises(EngineError, match="still running"):
+        engine.recapture_graphs()
+    engine.abort("busy")
+    while engine.has_unfinished():
+        engine.step()
+    engine.recapture_graphs()
+
+
+def test_forgetting_cached_prefixes_needs_every_block_free() -> None:
+    """What recapture_graphs asks of the block manager: an idle engine forgets its cached
+    prefixes (their blocks are about to be written over); blocks in use refuse it."""
+    from engine.block_manager import BlockManager
+
+    tokens = list(range(8))
+    bm = BlockManager(8, 4)
+    allocated = bm.allocate(tokens, 8, 8)
+    assert allocated is not None
+    blocks = allocated[0]
+    bm.register_full_blocks(blocks, [], lambda a, b: tokens[a:b], 8)
+    with pytest.raises(RuntimeError, match="2 block"):
+        bm.forget_cached_prefixes()
+    bm.free(blocks)
+    assert bm.match_prefix(tokens) == blocks  # freed, still cached
+    bm.forget_cached_prefixes()
+    assert bm.match_prefix(tokens) == [] and bm.num_free_blocks == 7
 
 
 def test_report_writes_the_section_once(tiny_run: tuple[int, Path], tmp_path: Path) -> None:
