@@ -44,6 +44,7 @@ from launch.launcher import (
     ManagedProcess,
     ProcessGroup,
     free_port,
+    port_in_use,
     spawn,
     start_kv_server,
     tcp_open,
@@ -165,10 +166,28 @@ def _limit_flags(opts: UpOptions) -> tuple[str, ...]:
     return tuple(flags)
 
 
+def check_ports(opts: UpOptions) -> None:
+    """Refuse, before anything starts, ports that are taken or given twice. Without this a
+    second ``up`` on a busy port started its workers, and its router, unable to bind, was
+    restarted in a loop while its health checks reached the other server and said "serving"
+    (and a gRPC worker may share a port with another silently: gRPC binds with SO_REUSEPORT)."""
+    given = [(f"--{name}", port) for name, port in (("port", opts.port),
+             ("prefill-port", opts.prefill_port), ("decode-port", opts.decode_port)) if port]
+    seen: dict[int, str] = {}
+    for flag, port in given:
+        if port in seen:
+            raise LaunchError(f"{flag} {port} is also {seen[port]}: each process needs its own port")
+        seen[port] = flag
+        if port_in_use(opts.host, port):
+            raise LaunchError(f"{flag} {port} on {opts.host} is already in use (another "
+                              "`bulkhead up`, or another server): stop it, or pick another port")
+
+
 def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a print-like callable
     """Start every process and wait until the deployment answers; stops what it started on
     failure (raising LaunchError with the failing child's log tail)."""
     t0 = time.monotonic()
+    check_ports(opts)  # before the log folder: another `up` on this port may be writing there
     log_dir = Path(opts.log_dir) if opts.log_dir else default_log_dir(opts.port)
     log_dir.mkdir(parents=True, exist_ok=True)
     if not opts.log_dir:

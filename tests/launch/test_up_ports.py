@@ -1,0 +1,63 @@
+"""`bulkhead up` refuses a taken or twice-given port before it starts anything: before this, a
+second `up` on a busy port started its workers and KV store, wiped the first one's logs, and
+restarted its router (which could not bind) in a loop while reporting it serving, because the
+health checks reached the other server."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from launch import up
+from launch.launcher import free_port, port_in_use
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_port_another_server_listens_on_is_refused_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    started: list[object] = []
+    monkeypatch.setattr(up, "spawn", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(up, "start_kv_server", lambda **k: started.append(k))
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        logs = up.default_log_dir(port)
+        logs.mkdir(parents=True)
+        (logs / "router.log").write_text("the running server's log\n")
+        t = time.monotonic()
+        assert up.main(["--model", "unused", "--port", str(port)]) == 1
+        assert time.monotonic() - t < 5
+    err = capsys.readouterr().err
+    assert f"--port {port} on 127.0.0.1 is already in use" in err, err
+    assert started == []  # no KV store, no worker
+    assert (logs / "router.log").read_text() == "the running server's log\n"
+
+
+def test_a_worker_port_given_twice_or_taken_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    monkeypatch.setattr(up, "start_kv_server", lambda **k: pytest.fail("started a KV store"))
+    port = free_port()
+    assert up.main(["--model", "unused", "--port", str(port), "--prefill-port", str(port)]) == 1
+    assert f"--prefill-port {port} is also --port" in capsys.readouterr().err
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = other.getsockname()[1]
+        assert up.main(["--model", "unused", "--port", str(port), "--decode-port", str(taken)]) == 1
+    assert f"--decode-port {taken} on 127.0.0.1 is already in use" in capsys.readouterr().err
+
+
+def test_port_in_use_follows_the_listener() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert port_in_use("127.0.0.1", port)
+    assert not port_in_use("127.0.0.1", port)  # closed: free again (SO_REUSEADDR)
