@@ -36,22 +36,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def port_in_use(host: str, port: int) -> bool:
-    """Whether a server could not bind ``port`` on ``host`` now. SO_REUSEADDR as uvicorn binds,
-    so a socket of a stopped server still in TIME_WAIT does not count as a user."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    except OSError:
-        return False  # an unresolvable host: the server's own bind will say so
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
 def tcp_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout_s):

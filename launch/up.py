@@ -36,6 +36,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from common.help_format import DefaultsHelpFormatter
+from common.ports import port_in_use
 from common.startup_progress import ProgressFollower
 from common.worker_env import WORKER_ENV
 from common.worker_registry import SCHEMES as REGISTRY_SCHEMES
@@ -44,7 +45,6 @@ from launch.launcher import (
     ManagedProcess,
     ProcessGroup,
     free_port,
-    port_in_use,
     spawn,
     start_kv_server,
     tcp_open,
@@ -169,8 +169,7 @@ def _limit_flags(opts: UpOptions) -> tuple[str, ...]:
 def check_ports(opts: UpOptions) -> None:
     """Refuse, before anything starts, ports that are taken or given twice. Without this a
     second ``up`` on a busy port started its workers, and its router, unable to bind, was
-    restarted in a loop while its health checks reached the other server and said "serving"
-    (and a gRPC worker may share a port with another silently: gRPC binds with SO_REUSEPORT)."""
+    restarted in a loop while its health checks reached the other server and said "serving"."""
     given = [(f"--{name}", port) for name, port in (("port", opts.port),
              ("prefill-port", opts.prefill_port), ("decode-port", opts.decode_port)) if port]
     seen: dict[int, str] = {}

@@ -25,6 +25,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from common.ports import port_in_use
 from common.settings import WorkerSettings
 from common.startup_progress import StartupProgress
 from engine.errors import InvalidRequest
@@ -282,8 +283,13 @@ async def serve_worker(settings: WorkerSettings,
     """Build the runtime, serve until SIGINT/SIGTERM (or the engine loop dies), stop gracefully.
     Returns the process exit code."""
     progress = StartupProgress()
-    rt = build_runtime(settings, progress)  # blocking on purpose: nothing else runs yet
     bind = f"{settings.host}:{settings.bind_port}"
+    if settings.bind_port and port_in_use(settings.host, settings.bind_port):
+        # now, not after loading the weights and the warm-up (minutes on a large model)
+        log.error("cannot serve on %s: the port is already in use (another worker or server)",
+                  bind)
+        return 2
+    rt = build_runtime(settings, progress)  # blocking on purpose: nothing else runs yet
     try:
         running = await start_server(rt, make_servicer, settings.host, settings.bind_port)
     except (RuntimeError, AccessError) as exc:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from common.ports import port_in_use
 from launch import up
-from launch.launcher import free_port, port_in_use
+from launch.launcher import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,3 +62,26 @@ def test_port_in_use_follows_the_listener() -> None:
         port = s.getsockname()[1]
         assert port_in_use("127.0.0.1", port)
     assert not port_in_use("127.0.0.1", port)  # closed: free again (SO_REUSEADDR)
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_worker_on_a_taken_port_exits_before_loading_the_model(role: str) -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers.default_model import default_model_or_skip
+
+    model = default_model_or_skip()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        # the prefill worker needs a store URL to start at all; nothing listens there, and the
+        # port check comes before anything would reach it
+        store = ["--kv-store-url", f"redis://127.0.0.1:{free_port()}"] if role == "prefill" else []
+        proc = subprocess.run([sys.executable, "-m", "launch.cli", role, "--model", str(model),
+                               "--host", "127.0.0.1", "--port", str(port), *store],
+                              capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"127.0.0.1:{port}: the port is already in use" in proc.stderr, proc.stderr[-2000:]
+    assert "loading weights" not in proc.stderr + proc.stdout
