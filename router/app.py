@@ -70,7 +70,11 @@ def _param_of(loc: tuple[Any, ...]) -> str:
 
 def _validation_error(exc: RequestValidationError) -> ApiError:
     errors = exc.errors()
-    first = errors[0] if errors else {"loc": (), "msg": "invalid body", "type": ""}
+    # A value that fits no member of a union gets one error per member; the deepest names the
+    # place best (``stop[0]`` for a list holding a number, not the bare ``stop`` of the string
+    # member). max() keeps the first of equally deep ones.
+    first = max(errors, key=lambda e: len(_param_of(tuple(e.get("loc", ())))), default=None) \
+        if errors else {"loc": (), "msg": "invalid body", "type": ""}
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, InvalidText):
         return ApiError(400, str(cause), "invalid_request_error", cause.param, "invalid_unicode")

@@ -11,20 +11,19 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from router.chat_prompt import render_chat
 from router.errors import invalid_request, model_not_found
-from router.schemas import ChatCompletionRequest, ChatMessage
+from router.schemas import ChatCompletionRequest, ChatMessage, RequestBody
 from router.tokenizer_port import RouterTokenizer
 
 _MAX_INT32 = 2**31 - 1
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestBody):
     """Either ``prompt`` (text) or ``messages`` (a chat, rendered by the model's template)."""
 
-    model_config = ConfigDict(extra="ignore")
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -33,10 +32,10 @@ class TokenizeRequest(BaseModel):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    return_token_strs: bool = False  # each token's vocabulary entry too, as vLLM answers
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[Annotated[int, Field(ge=0, le=_MAX_INT32)]]
 
@@ -61,7 +60,16 @@ def tokenize(req: TokenizeRequest, tokenizer: RouterTokenizer, max_model_len: in
     else:
         ids = tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
     return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids,
-            "token_strs": None}
+            "token_strs": token_strings(tokenizer, ids) if req.return_token_strs else None}
+
+
+def token_strings(tokenizer: RouterTokenizer, ids: list[int]) -> list[str]:
+    """The vocabulary entry of each id (byte-level BPE shows a space as "Ġ"), as
+    ``convert_ids_to_tokens`` gives; a tokenizer without a vocabulary view decodes each id."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is not None and hasattr(backend, "id_to_token"):
+        return [backend.id_to_token(i) or "" for i in ids]
+    return [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
 
 
 def detokenize(req: DetokenizeRequest, tokenizer: RouterTokenizer) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
+from router.tokenize_api import token_strings
 from tests.router.conftest import MODEL, Cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,6 +27,22 @@ def test_tokenize_prompt_and_chat(cluster: Cluster) -> None:
         bad = h.post("/tokenize", json={"prompt": "x", "messages": CHAT})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
         assert h.post("/tokenize", json={"model": "other", "prompt": "x"}).status_code == 404
+        # vLLM's return_token_strs: each token's vocabulary entry
+        r = h.post("/tokenize", json={"prompt": "Hello world", "return_token_strs": True}).json()
+        assert r["token_strs"] == token_strings(cluster.tok, r["tokens"])
+        assert "".join(r["token_strs"]).endswith("Hello world")  # this fake: a char a token
+        assert h.post("/tokenize", json={"prompt": "x"}).json()["token_strs"] is None
+        bad = h.post("/tokenize", json={"prompt": "x", "add_special_tokens": "yes"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "add_special_tokens"
+
+
+def test_token_strings_are_the_vocabulary_entries_of_a_real_tokenizer() -> None:
+    from common.tokenizer import Tokenizer
+    from tests.helpers.default_model import default_model_or_skip
+
+    tok = Tokenizer.from_path(str(default_model_or_skip()))
+    ids = tok.encode("Hello world", add_special_tokens=False)
+    assert token_strings(tok, ids) == ["Hello", "\u0120world"]  # byte-level BPE's space mark
 
 
 def test_detokenize_round_trips(cluster: Cluster) -> None:
