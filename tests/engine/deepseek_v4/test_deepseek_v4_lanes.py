@@ -51,3 +51,22 @@ def test_v4_side_lane_tokens_equal_one_lane(quantized, monkeypatch, kv_dtype) ->
     del engine
     one, _ = _tokens(folder, monkeypatch, 1, kv_dtype)
     assert two == one
+
+
+def test_recaptured_graphs_switch_lanes_on_one_engine(quantized, monkeypatch) -> None:  # noqa: F811
+    """What ``bench.deepseek_v4.decode --lanes 2,1,2`` does between passes: the backend takes
+    the other lane count and ``LLMEngine.recapture_graphs`` captures the decode graphs again on
+    the same weights. Tokens stay equal across the three captures, the graphs replay, and no
+    device allocation follows any capture (strict allocations would raise)."""
+    import dataclasses
+
+    folder, _, _ = quantized
+    first, engine = _tokens(folder, monkeypatch, 2, "auto")
+    v4 = engine.runner.model.model
+    for lanes in (1, 2):
+        v4.backend = dataclasses.replace(v4.backend, lanes=lanes)
+        engine.recapture_graphs()
+        steps = engine.runner.num_graph_steps
+        assert greedy_tokens(engine, PROMPTS, NEW, seed=11) == first, lanes
+        assert engine.runner.num_graph_steps - steps >= NEW - 2
+        assert engine.stats().device_allocs_since_warmup == 0
