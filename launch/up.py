@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shlex
 import signal
 import sys
@@ -106,24 +107,32 @@ def grpc_serving(address: str, timeout_s: float = 1.0) -> bool:
     return resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def router_ready(url: str, num_workers: int) -> bool:
-    """True when the router's /health is 200 and it sees ``num_workers`` healthy workers."""
+INSTANCE_HEADER = "x-bulkhead-instance"  # the router's answer to BULKHEAD_INSTANCE_ID
+
+
+def router_ready(url: str, num_workers: int, instance: str = "") -> bool:
+    """True when the router's /health is 200 and it sees ``num_workers`` healthy workers.
+    ``instance``: the BULKHEAD_INSTANCE_ID our router was started with; an answer without it
+    is another server's on the same port, not ours."""
     try:
         with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
             body = json.loads(resp.read())
+            theirs = resp.headers.get(INSTANCE_HEADER, "")
     except (urllib.error.URLError, OSError, ValueError):
+        return False
+    if instance and theirs != instance:
         return False
     workers = body.get("workers", {})
     return sum(1 for w in workers.values() if w.get("healthy")) >= num_workers
 
 
-def http_answers(url: str) -> bool:
-    """True when the router answers /health at all (200, or 503 while it has no worker)."""
+def http_answers(url: str, instance: str = "") -> bool:
+    """True when our router answers /health at all (200, or 503 while it has no worker)."""
     try:
-        with urllib.request.urlopen(url + "/health", timeout=2.0):
-            return True
-    except urllib.error.HTTPError:
-        return True
+        with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
+            return not instance or resp.headers.get(INSTANCE_HEADER, "") == instance
+    except urllib.error.HTTPError as err:
+        return not instance or err.headers.get(INSTANCE_HEADER, "") == instance
     except (urllib.error.URLError, OSError):
         return False
 
@@ -241,14 +250,19 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
         url = f"http://{opts.host}:{opts.port}"
         workers_of_router = () if registry_url else ("--prefill", addresses["prefill"],
                                                      "--decode", addresses["decode"])
-        router_env = {"BULKHEAD_REGISTRY_URL": registry_url} if registry_url else {}
+        # our router tells its /health answers apart from another server's on the port (one
+        # that took it while ours restarted) by this id
+        instance = secrets.token_hex(8)
+        router_env = {"BULKHEAD_INSTANCE_ID": instance}
+        if registry_url:
+            router_env["BULKHEAD_REGISTRY_URL"] = registry_url
         router_argv = _cli("router", "--model", opts.model, "--host", opts.host,
                            "--port", str(opts.port), *workers_of_router, *config,
                            *opts.extra_router_args)
         router = group.add(spawn("router", router_argv, env=router_env, log_dir=log_dir))
-        wait_until(router, lambda: router_ready(url, 2), min(opts.startup_timeout_s, 120.0),
+        wait_until(router, lambda: router_ready(url, 2, instance), min(opts.startup_timeout_s, 120.0),
                    f"healthy at {url}/health")
-        ready["router"] = lambda: http_answers(url)
+        ready["router"] = lambda: http_answers(url, instance)
         log(f"router    {url} (log {router.log_path})")
         model_name = served_model_name(url)
     except BaseException:

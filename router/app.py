@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -220,6 +221,11 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
     async def version_endpoint() -> JSONResponse:
         return JSONResponse(version())
 
+    # `bulkhead up` starts its router with an id and checks it in /health's answers: another
+    # server on the same port is not its router
+    instance = {"x-bulkhead-instance": os.environ["BULKHEAD_INSTANCE_ID"]} \
+        if os.environ.get("BULKHEAD_INSTANCE_ID") else {}
+
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
         ctx = ctx_of(request)
@@ -228,10 +234,10 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
         for addr, problem in ctx.registry.problems().items():
             workers.setdefault(addr, {"healthy": False})["problem"] = problem
         if any(w.role == "decode" and w.healthy for w in loads):
-            return JSONResponse({"status": "ok", "workers": workers})
+            return JSONResponse({"status": "ok", "workers": workers}, headers=instance)
         err = no_worker("decode", ctx.settings.retry_after_s)
         return JSONResponse({"status": "unavailable", "workers": workers},
-                            status_code=503, headers=err.headers())
+                            status_code=503, headers={**err.headers(), **instance})
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

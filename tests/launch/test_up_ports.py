@@ -85,3 +85,59 @@ def test_a_worker_on_a_taken_port_exits_before_loading_the_model(role: str) -> N
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"127.0.0.1:{port}: the port is already in use" in proc.stderr, proc.stderr[-2000:]
     assert "loading weights" not in proc.stderr + proc.stdout
+
+
+def test_up_knows_its_router_from_another_server_on_the_port() -> None:
+    """/health answers carry the id `up` started its router with; an answer without it (another
+    server that took the port while our router restarted) is not our router serving again."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    sent: dict[str, str] = {}
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps({"status": "ok", "workers": {"w": {"healthy": True}}}).encode()
+            self.send_response(200)
+            for key, value in sent.items():
+                self.send_header(key, value)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert up.router_ready(url, 1) and up.http_answers(url)  # no id asked: any answer
+        assert not up.router_ready(url, 1, "ours") and not up.http_answers(url, "ours")
+        sent[up.INSTANCE_HEADER] = "theirs"
+        assert not up.router_ready(url, 1, "ours") and not up.http_answers(url, "ours")
+        sent[up.INSTANCE_HEADER] = "ours"
+        assert up.router_ready(url, 1, "ours") and up.http_answers(url, "ours")
+    finally:
+        server.shutdown()
+
+
+def test_the_router_answers_health_with_the_id_it_was_started_with(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi.testclient import TestClient
+
+    from router.app import create_app
+    from router.settings import RouterSettings
+    from tests.router.router_fakes import TinyTokenizer
+
+    # a worker address nobody serves: /health answers 503 (no decode worker), with the id
+    settings = RouterSettings(model="unused", served_model_name="tiny",
+                              decode_workers=(f"127.0.0.1:{free_port()}",))
+    monkeypatch.setenv("BULKHEAD_INSTANCE_ID", "abc123")
+    with TestClient(create_app(settings, tokenizer=TinyTokenizer())) as client:
+        r = client.get("/health")
+    assert r.status_code == 503 and r.headers[up.INSTANCE_HEADER] == "abc123"
+    monkeypatch.delenv("BULKHEAD_INSTANCE_ID")
+    with TestClient(create_app(settings, tokenizer=TinyTokenizer())) as client:
+        assert up.INSTANCE_HEADER not in client.get("/health").headers
