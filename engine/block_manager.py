@@ -120,7 +120,7 @@ class BlockManager:
 
     @property
     def num_blocks_in_use(self) -> int:
-        return sum(1 for count in self._ref_counts if count)
+        return self.num_usable_blocks - self.num_free_blocks
 
     def forget_cached_prefixes(self) -> None:
         """Drop every cached prefix: the free blocks' contents are about to be overwritten (a

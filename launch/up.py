@@ -33,11 +33,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from email.message import Message
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from common.help_format import DefaultsHelpFormatter
 from common.ports import port_in_use
+from common.router_identity import INSTANCE_ENV, INSTANCE_HEADER
 from common.startup_progress import ProgressFollower
 from common.worker_env import WORKER_ENV
 from common.worker_registry import SCHEMES as REGISTRY_SCHEMES
@@ -107,20 +109,22 @@ def grpc_serving(address: str, timeout_s: float = 1.0) -> bool:
     return resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
-INSTANCE_HEADER = "x-bulkhead-instance"  # the router's answer to BULKHEAD_INSTANCE_ID
+def _ours(headers: Message, instance: str) -> bool:
+    """Whether an answer comes from the router started with ``instance`` (common/router_identity;
+    "" accepts any)."""
+    return not instance or headers.get(INSTANCE_HEADER, "") == instance
 
 
 def router_ready(url: str, num_workers: int, instance: str = "") -> bool:
     """True when the router's /health is 200 and it sees ``num_workers`` healthy workers.
-    ``instance``: the BULKHEAD_INSTANCE_ID our router was started with; an answer without it
-    is another server's on the same port, not ours."""
+    ``instance``: the id our router was started with; an answer without it is another
+    server's on the same port, not ours."""
     try:
         with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
             body = json.loads(resp.read())
-            theirs = resp.headers.get(INSTANCE_HEADER, "")
+            if not _ours(resp.headers, instance):
+                return False
     except (urllib.error.URLError, OSError, ValueError):
-        return False
-    if instance and theirs != instance:
         return False
     workers = body.get("workers", {})
     return sum(1 for w in workers.values() if w.get("healthy")) >= num_workers
@@ -130,9 +134,9 @@ def http_answers(url: str, instance: str = "") -> bool:
     """True when our router answers /health at all (200, or 503 while it has no worker)."""
     try:
         with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
-            return not instance or resp.headers.get(INSTANCE_HEADER, "") == instance
+            return _ours(resp.headers, instance)
     except urllib.error.HTTPError as err:
-        return not instance or err.headers.get(INSTANCE_HEADER, "") == instance
+        return _ours(err.headers, instance)
     except (urllib.error.URLError, OSError):
         return False
 
@@ -253,7 +257,7 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
         # our router tells its /health answers apart from another server's on the port (one
         # that took it while ours restarted) by this id
         instance = secrets.token_hex(8)
-        router_env = {"BULKHEAD_INSTANCE_ID": instance}
+        router_env = {INSTANCE_ENV: instance}
         if registry_url:
             router_env["BULKHEAD_REGISTRY_URL"] = registry_url
         router_argv = _cli("router", "--model", opts.model, "--host", opts.host,

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common.router_identity import INSTANCE_ENV, INSTANCE_HEADER
 from router.admission import Admission
 from router.background import BackgroundTasks
 from router.body_limit import BodyLimitMiddleware
@@ -74,8 +75,8 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     # A value that fits no member of a union gets one error per member; the deepest names the
     # place best (``stop[0]`` for a list holding a number, not the bare ``stop`` of the string
     # member). max() keeps the first of equally deep ones.
-    first = max(errors, key=lambda e: len(_param_of(tuple(e.get("loc", ())))), default=None) \
-        if errors else {"loc": (), "msg": "invalid body", "type": ""}
+    first = max(errors, key=lambda e: len(_param_of(tuple(e.get("loc", ()))))) if errors \
+        else {"loc": (), "msg": "invalid body", "type": ""}
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, InvalidText):
         return ApiError(400, str(cause), "invalid_request_error", cause.param, "invalid_unicode")
@@ -221,10 +222,8 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
     async def version_endpoint() -> JSONResponse:
         return JSONResponse(version())
 
-    # `bulkhead up` starts its router with an id and checks it in /health's answers: another
-    # server on the same port is not its router
-    instance = {"x-bulkhead-instance": os.environ["BULKHEAD_INSTANCE_ID"]} \
-        if os.environ.get("BULKHEAD_INSTANCE_ID") else {}
+    # the id `bulkhead up` started this router with, in every /health answer
+    instance = {INSTANCE_HEADER: os.environ[INSTANCE_ENV]} if os.environ.get(INSTANCE_ENV) else {}
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:

@@ -98,6 +98,12 @@ def _common(req: _SamplingFields, settings: RouterSettings,
             min_p=req.min_p, min_tokens=req.min_tokens))
 
 
+def _token_end(vocab_size: int | None) -> int:
+    """One past the largest token id a request may name: the tokenizer's vocabulary where known,
+    else what the proto's int32 token ids hold."""
+    return vocab_size if vocab_size is not None else 2**31
+
+
 MAX_LOGIT_BIAS = 300   # the engine's per-slot buffer holds this many entries
 
 
@@ -108,6 +114,7 @@ def _logit_bias(given: dict[str, float] | None, vocab_size: int | None
     if len(given) > MAX_LOGIT_BIAS:
         raise invalid_request(f"logit_bias: {len(given)} entries, the limit is {MAX_LOGIT_BIAS}",
                               "logit_bias")
+    end = _token_end(vocab_size)
     out = []
     for key, bias in given.items():
         try:
@@ -115,7 +122,6 @@ def _logit_bias(given: dict[str, float] | None, vocab_size: int | None
         except ValueError:
             raise invalid_request(f"logit_bias: key {key!r} is not a token id",
                                   "logit_bias") from None
-        end = vocab_size if vocab_size is not None else 2**31   # proto token ids are int32
         if not 0 <= token < end:
             raise invalid_request(f"logit_bias: token id {token} is outside [0, {end})",
                                   "logit_bias")
@@ -192,7 +198,7 @@ def response_grammar(fmt: dict[str, Any] | None) -> tuple[str, str]:
 def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[int, ...]:
     if not ids:
         raise invalid_request(f"{param}: empty prompt", param)
-    end = vocab_size if vocab_size is not None else 2**31   # proto token ids are int32
+    end = _token_end(vocab_size)
     for tid in ids:
         if not 0 <= tid < end:
             raise invalid_request(f"{param}: token id {tid} is outside [0, {end})", param)

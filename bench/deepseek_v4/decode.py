@@ -357,9 +357,8 @@ def _switch_lanes(engine: LLMEngine, lanes: int) -> None:
 
 
 def _line(row: dict[str, Any], lanes: bool = False) -> str:
-    head = f"[decode] B={row['batch']:>3} prompt={row['prompt']:>6}"
-    if lanes:
-        head = f"[decode] lanes={row['lanes']} B={row['batch']:>3} prompt={row['prompt']:>6}"
+    which = f"lanes={row['lanes']} " if lanes else ""
+    head = f"[decode] {which}B={row['batch']:>3} prompt={row['prompt']:>6}"
     if "tokens_per_s" not in row:
         return f"{head} {row['error']}"
     return (f"{head} {row['ms_per_step']:8.2f} ms/step {row['tokens_per_s']:9.1f} tok/s "
@@ -390,7 +389,7 @@ def run_decode(args: argparse.Namespace) -> dict[str, Any]:
           f"{info['plan_total_bytes'] / 2**30:.2f} GiB; warm-up activations measured "
           f"{'n/a' if peak is None else f'{peak / 2**30:.2f} GiB'} / planned "
           f"{w['activation_planned_bytes'] / 2**30:.2f} GiB", flush=True)
-    lane_list = getattr(args, "lane_list", [getattr(args, "lanes", 1)])
+    lane_list = args.lane_list
     for n_pass, lanes in enumerate(lane_list):
         if n_pass:
             try:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from common.ports import port_in_use
+from common.router_identity import INSTANCE_ENV, INSTANCE_HEADER
 from launch import up
 from launch.launcher import free_port
 
@@ -115,9 +116,9 @@ def test_up_knows_its_router_from_another_server_on_the_port() -> None:
     try:
         assert up.router_ready(url, 1) and up.http_answers(url)  # no id asked: any answer
         assert not up.router_ready(url, 1, "ours") and not up.http_answers(url, "ours")
-        sent[up.INSTANCE_HEADER] = "theirs"
+        sent[INSTANCE_HEADER] = "theirs"
         assert not up.router_ready(url, 1, "ours") and not up.http_answers(url, "ours")
-        sent[up.INSTANCE_HEADER] = "ours"
+        sent[INSTANCE_HEADER] = "ours"
         assert up.router_ready(url, 1, "ours") and up.http_answers(url, "ours")
     finally:
         server.shutdown()
@@ -134,10 +135,10 @@ def test_the_router_answers_health_with_the_id_it_was_started_with(
     # a worker address nobody serves: /health answers 503 (no decode worker), with the id
     settings = RouterSettings(model="unused", served_model_name="tiny",
                               decode_workers=(f"127.0.0.1:{free_port()}",))
-    monkeypatch.setenv("BULKHEAD_INSTANCE_ID", "abc123")
+    monkeypatch.setenv(INSTANCE_ENV, "abc123")
     with TestClient(create_app(settings, tokenizer=TinyTokenizer())) as client:
         r = client.get("/health")
-    assert r.status_code == 503 and r.headers[up.INSTANCE_HEADER] == "abc123"
-    monkeypatch.delenv("BULKHEAD_INSTANCE_ID")
+    assert r.status_code == 503 and r.headers[INSTANCE_HEADER] == "abc123"
+    monkeypatch.delenv(INSTANCE_ENV)
     with TestClient(create_app(settings, tokenizer=TinyTokenizer())) as client:
-        assert up.INSTANCE_HEADER not in client.get("/health").headers
+        assert INSTANCE_HEADER not in client.get("/health").headers
