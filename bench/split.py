@@ -37,6 +37,7 @@ from bench.split_arms import (
     read_device_memory,
     start_colocated,
     start_split,
+    start_with_up,
     worker_log_figures,
 )
 from bench.split_load import Workload, run_workload
@@ -133,6 +134,24 @@ def _print_arm(name: str, arm: dict[str, Any]) -> None:
         print(f"[{name}] resident: {arm['resident_check']}", flush=True)
 
 
+def _up_options(args: argparse.Namespace, model: str, arm: str, redis_url: str,
+                log_dir: Path, common: list[str]) -> Any:
+    """The `bulkhead up` of one arm: the run's Redis, the same settings for both arms, one card
+    shared by two roles (split) or one worker doing both (colocated)."""
+    from launch.launcher import free_port
+    from launch.up import UpOptions
+
+    share = args.share_weights if args.share_weights is not None else args.device != "cpu"
+    return UpOptions(model=model, port=free_port(), redis_url=redis_url, log_dir=str(log_dir),
+                     config=args.config,
+                     max_context=args.max_context, kv_cache_dtype=args.kv_cache_dtype,
+                     load_format=args.load_format, max_batch=args.max_batch,
+                     chunk_tokens=args.chunk_tokens,
+                     share_weights=arm == "split" and share,
+                     prefill_memory_share=args.prefill_memory_share,
+                     colocated=arm == "colocated", extra_worker_args=tuple(common))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bulkhead bench split", description=__doc__.split("\n")[0])
     p.add_argument("out", type=Path)
@@ -152,10 +171,26 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, default in (("--long-every-s", 6.0), ("--first-long-s", 4.0),
                           ("--long-output-tokens", 4), ("--chats", 16),
                           ("--chat-prompt-chars", 64), ("--output-tokens", 256),
-                          ("--duration-s", 30.0), ("--chunk-tokens", 2048), ("--block-size", 16),
+                          ("--duration-s", 30.0), ("--chunk-tokens", 2048),
+                          ("--block-size", 0),
                           ("--prefill-util", 0.4), ("--decode-util", 0.3),
                           ("--colocated-util", 0.5)):
         p.add_argument(flag, type=type(default), default=default)
+    up = p.add_argument_group("served arms (--up): each arm is `bulkhead up` with these "
+                              "settings, as an operator starts it")
+    up.add_argument("--up", action="store_true",
+                    help="Start the arms through `bulkhead up` (split: --share-weights on a "
+                    "GPU; colocated: --colocated) instead of sizing each worker here.")
+    up.add_argument("--config", default="", help="YAML settings (worker:, prefill:, decode:, "
+                    "router: sections) for every process, as `bulkhead up --config`.")
+    up.add_argument("--load-format", default="", help="auto | dummy ('' = the workers').")
+    up.add_argument("--kv-cache-dtype", default="", help="auto | fp8 ('' = the workers').")
+    up.add_argument("--max-context", default="", help="tokens or auto ('' = the workers').")
+    up.add_argument("--max-batch", type=int, default=0, help="0 = the workers'.")
+    up.add_argument("--prefill-memory-share", type=float, default=0.5)
+    p.add_argument("--agent-tools", action="store_true",
+                   help="Chats are agent turns: tools with tool_choice auto, an earlier tool "
+                   "call and its result.")
     p.add_argument("--handoff-tokens", type=int, default=0,
                    help="Also time the handoff of a prompt this long on its own (0 = no).")
     p.add_argument("--redis-maxmemory-mb", type=int, default=40000)
@@ -201,7 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
 
             torch.cuda.empty_cache()
     share = args.share_weights if args.share_weights is not None else args.device != "cpu"
-    common = ["--device", args.device, "--block-size", str(args.block_size),
+    if not args.up:  # workers sized here count blocks of a known size
+        args.block_size = args.block_size or 16
+    common = ["--device", args.device,
+              *(["--block-size", str(args.block_size)] if args.block_size else []),
               "--lmcache-chunk-size", str(args.lmcache_chunk_size), "--kv-visible-timeout-s", "120",
               *args.extra_worker_flag]
     sh = shapes(args)
@@ -209,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
     workload = Workload(num_chats=args.chats, chat_prompt_chars=args.chat_prompt_chars,
                         output_tokens=args.output_tokens, long_tokens=args.long_tokens,
                         long_every_s=args.long_every_s, first_long_s=args.first_long_s,
-                        long_output_tokens=args.long_output_tokens, duration_s=args.duration_s)
+                        long_output_tokens=args.long_output_tokens, duration_s=args.duration_s,
+                        agent_tools=args.agent_tools)
     redis, redis_url = start_redis(log_dir=out / "logs", maxmemory_mb=args.redis_maxmemory_mb,
                                    io_threads=args.redis_io_threads)
     arms: dict[str, dict[str, Any]] = {}
@@ -231,7 +270,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
             print(f"[{name}] starting at {time.strftime('%H:%M:%S', time.gmtime())} UTC",
                   flush=True)
             try:
-                if name == "split":
+                if args.up:
+                    arm = start_with_up(name, _up_options(args, model, name, redis_url,
+                                                          out / "logs" / name, common))
+                elif name == "split":
                     staging = max(args.long_tokens) * _kv_bytes_per_token(model) / 2**30 + 1
                     flags = [*common, "--kv-staging-gb", f"{staging:.1f}"]
                     arm = start_split(model, redis_url, sh["prefill"], sh["decode"], flags,

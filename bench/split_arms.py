@@ -114,6 +114,22 @@ def start_colocated(model: str, shape: WorkerShape, common_flags: list[str], log
                time.monotonic() - t0)
 
 
+def start_with_up(name: str, opts: Any) -> Arm:
+    """An arm started as a user starts Bulkhead: ``launch.up.start`` with ``opts`` (an
+    ``UpOptions``: share_weights for one card and two roles, colocated for one worker)."""
+    from launch.up import start
+
+    deployment = start(opts, log=lambda line: print(f"[{name}] {line}", flush=True))
+    pids, logs = {}, {}
+    for proc in deployment.group.processes:
+        if proc.name in ("prefill", "decode"):
+            role = "colocated" if opts.colocated else proc.name
+            pids[proc.pid] = role
+            if proc.log_path is not None:
+                logs[role] = proc.log_path
+    return Arm(name, deployment.group, deployment.url, pids, logs, deployment.startup_s)
+
+
 def _router(group: ProcessGroup, model: str, workers: list[str], log_dir: Path, name: str,
             num_workers: int) -> str:
     port = free_port()
@@ -196,7 +212,7 @@ def read_device_memory(pids: dict[int, str]) -> dict[str, float]:
     return out
 
 
-_PLAN = re.compile(r"memory plan: ([\d,]+) MiB, KV extent (\d+) blocks")
+_PLAN = re.compile(r"memory plan: ([\d,]+) MiB.*?KV extent (\d+) blocks")
 _ARENA = re.compile(r"(packed the weights in one|mapped) ([\d,]+) MiB")
 _ALLOC = re.compile(r"made (\d+) device allocation\(s\) after warm-up")
 _PUT = re.compile(r"prefill \S+: (\d+) prompt tokens \((\d+) loaded\), computed in ([\d.]+) s, "

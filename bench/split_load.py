@@ -32,6 +32,9 @@ class Workload:
     long_output_tokens: int = 4
     duration_s: float = 30.0
     seed: int = 0
+    # agent chats: every chat request carries ``AGENT_TOOLS`` with tool_choice auto and an
+    # earlier tool call and its result, as an agent loop's turns do
+    agent_tools: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_chats", "output_tokens", "long_output_tokens"):
@@ -63,14 +66,44 @@ class StreamRecord:
 
 
 def _text(rng: random.Random, n: int) -> str:
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n))
+    """``n`` characters of random five-letter words: a BPE tokenizer sees words (one giant
+    pre-token of random letters would make its merges slow), a byte-level one a token each."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return "".join(" " if i % 6 == 5 else rng.choice(letters) for i in range(n))
+
+
+AGENT_TOOLS = [
+    {"type": "function", "function": {
+        "name": "read_file", "description": "Read a file of the repository.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                       "required": ["path"]}}},
+    {"type": "function", "function": {
+        "name": "run_tests", "description": "Run the test suite, or one file of it.",
+        "parameters": {"type": "object", "properties": {"target": {"type": "string"},
+                                                        "timeout_s": {"type": "integer"}},
+                       "required": []}}},
+]
+
+
+def agent_messages(prompt: str) -> list[dict[str, Any]]:
+    """One agent-loop turn: the task, the model's earlier tool call, the tool's result (the
+    prompt's letters), and the request for the next step."""
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "read_file", "arguments": json.dumps({"path": "src/app.py"})}}
+    return [{"role": "system", "content": "You are a coding agent. Use the tools."},
+            {"role": "user", "content": "Fix the failing test."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": prompt}]
 
 
 async def _stream(client: httpx.AsyncClient, model: str, rec: StreamRecord, prompt: str,
-                  max_tokens: int, t0: float) -> None:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+                  max_tokens: int, t0: float, agent: bool = False) -> None:
+    body: dict[str, Any] = {
+        "model": model, "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}}
+    if agent:
+        body.update(messages=agent_messages(prompt), tools=AGENT_TOOLS, tool_choice="auto")
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -87,10 +120,24 @@ async def _stream(client: httpx.AsyncClient, model: str, rec: StreamRecord, prom
                     rec.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
                     rec.prompt_tokens = int(chunk["usage"].get("prompt_tokens") or 0)
                 for choice in chunk.get("choices") or []:
-                    if (choice.get("delta") or {}).get("content"):
+                    delta = choice.get("delta") or {}
+                    if delta.get("content") or delta.get("tool_calls"):
                         rec.token_s.append(time.perf_counter() - t0)
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}"[:300]
+
+
+async def _letters_per_token(client: httpx.AsyncClient, model: str) -> float:
+    """Letters of ``_text`` per token, from the router's /tokenize of a sample (1.0 when the
+    router does not answer it)."""
+    sample = _text(random.Random(12345), 8192)
+    try:
+        resp = await client.post("/tokenize", json={"model": model, "prompt": sample,
+                                                    "add_special_tokens": False})
+        count = int(resp.json()["count"]) if resp.status_code == 200 else 0
+    except (httpx.HTTPError, ValueError, KeyError):
+        count = 0
+    return len(sample) / count if count else 1.0
 
 
 async def run_workload(url: str, model: str, w: Workload) -> list[StreamRecord]:
@@ -100,6 +147,9 @@ async def run_workload(url: str, model: str, w: Workload) -> list[StreamRecord]:
     limits = httpx.Limits(max_connections=w.num_chats + 16, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0),
                                  limits=limits) as client:
+        # letters a long prompt needs for its token count under the served tokenizer (one a
+        # token with a byte-level one; a BPE packs a few letters into each)
+        letters_per_token = await _letters_per_token(client, model)
         t0 = time.perf_counter()
 
         async def chat_lane(lane: int) -> None:
@@ -109,7 +159,7 @@ async def run_workload(url: str, model: str, w: Workload) -> list[StreamRecord]:
                 rec = StreamRecord("chat", w.chat_prompt_chars, time.perf_counter() - t0)
                 records.append(rec)
                 await _stream(client, model, rec, _text(lane_rng, w.chat_prompt_chars),
-                              w.output_tokens, t0)
+                              w.output_tokens, t0, agent=w.agent_tools)
                 if rec.error:
                     await asyncio.sleep(0.5)
 
@@ -124,8 +174,9 @@ async def run_workload(url: str, model: str, w: Workload) -> list[StreamRecord]:
                 n = w.long_tokens[i % len(w.long_tokens)]
                 rec = StreamRecord("long", n, time.perf_counter() - t0)
                 records.append(rec)
+                text = _text(rng, int(n * letters_per_token))
                 tasks.append(asyncio.create_task(
-                    _stream(client, model, rec, _text(rng, n), w.long_output_tokens, t0)))
+                    _stream(client, model, rec, text, w.long_output_tokens, t0)))
                 i += 1
             await asyncio.gather(*tasks)
 

@@ -148,22 +148,34 @@ class WorkerSettings:
         metadata=_doc("Quantized checkpoints (DeepSeek-V4 FP8 / MXFP4): checkpoint (kept as "
                       "stored) | dequantize (explicitly converted to dtype)."),
     )
-    max_context: int = field(
-        default=4096,
-        metadata=_doc("Longest prompt + output of one sequence (fixes the KV extent)."),
+    max_context: str = field(
+        default="auto",
+        metadata=_doc(
+            "Longest prompt + output of one sequence (fixes the KV extent), in tokens, or auto: "
+            "on CUDA the longest that fits the memory budget with max_batch sequences at it, "
+            "up to the model's max_position_embeddings; on the CPU min(4096, that limit). The "
+            "value chosen is printed with the plan at start."),
     )
     chunk_tokens: int = field(
         default=512, metadata=_doc("Most tokens computed in one engine step (the prefill chunk).")
     )
     max_batch: int = field(default=8, metadata=_doc("Most sequences running at once."))
-    block_size: int = field(default=16, metadata=_doc("Paged KV block size in tokens."))
+    block_size: int = field(
+        default=0,
+        metadata=_doc("Paged KV block size in tokens; 0 = the model's default (dense 16; "
+                      "DeepSeek-V4 256, a multiple of its compression rates, as vLLM uses)."))
     num_blocks: int = field(
         default=0,
         metadata=_doc("KV extent in blocks; 0 = every running sequence can reach max_context."),
     )
     attn_tile_tokens: int = field(
-        default=256, metadata=_doc("Keys per attention tile (multiple of block_size).")
-    )
+        default=0,
+        metadata=_doc("Keys per attention tile (multiple of block_size); 0 = 256 rounded up "
+                      "to whole blocks."))
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata=_doc("auto (KV in the model dtype) | fp8 (e4m3: half the KV bytes of bf16; "
+                      "prefill and decode workers must agree)."))
     max_queue: int = field(
         default=256,
         metadata=_doc("Waiting requests beyond which new ones are refused (RESOURCE_EXHAUSTED)."),
@@ -175,6 +187,11 @@ class WorkerSettings:
     memory_utilization: float = field(
         default=0.92, metadata=_doc("Share of device memory the plan may take.")
     )
+    memory_share: float = field(
+        default=1.0,
+        metadata=_doc("Share of (budget - the weights) this worker's plan may take: the roles "
+                      "of one card (share_weights) split what the one copy of the weights "
+                      "leaves, e.g. prefill 0.5 + decode 0.5. 1 = the whole budget."))
     device_memory_gb: float = field(
         default=0.0, metadata=_doc("Device memory to plan against in GB; 0 = the device's total.")
     )
@@ -194,6 +211,35 @@ class WorkerSettings:
         metadata=_doc("Devices (one process each) the engine spans: its heads and MLP split "
                       "across them; rank 0 schedules and samples (dense families, DeepSeek-V4)."),
     )
+    load_format: str = field(
+        default="auto",
+        metadata=_doc("auto (the checkpoint's weights) | dummy (random weights of the "
+                      "checkpoint's shapes and formats, made on the device from config.json "
+                      "alone: a folder with config.json and tokenizer files and no weights "
+                      "serves; for benchmarks and trying a model's memory plan)."))
+    indexer_backend: str = field(
+        default="auto",
+        metadata=_doc("DeepSeek-V4's indexer top-k: auto (kernels on CUDA, torch elsewhere) | "
+                      "torch | kernels | kernels_ref | naive."))
+    sparse_attention_backend: str = field(
+        default="auto",
+        metadata=_doc("DeepSeek-V4's sparse attention core: auto | torch | kernels | "
+                      "kernels_ref."))
+    quant_gemm_backend: str = field(
+        default="auto",
+        metadata=_doc("FP8 / MXFP4 weight GEMMs: auto (kernels on CUDA) | torch | kernels."))
+    mhc_backend: str = field(
+        default="auto",
+        metadata=_doc("DeepSeek-V4's hyper-connection passes: auto (as the attention) | "
+                      "torch | kernels."))
+    decode_loop: str = field(
+        default="auto",
+        metadata=_doc("DeepSeek-V4's decode step: auto (fused with the kernels' attention) | "
+                      "fused | unfused."))
+    decode_lanes: int = field(
+        default=1,
+        metadata=_doc("Streams of the fused decode step: 1 | 2 (a side lane for the "
+                      "compressors, the indexer and the shared expert)."))
     share_weights: str = field(
         default="",
         metadata=_doc("One-box mode (CUDA only): a handle file path that the workers of one GPU "
@@ -238,13 +284,30 @@ class WorkerSettings:
             raise SettingsError(f"dtype: {self.dtype!r} is not one of {', '.join(_DTYPES)}")
         if self.weight_format not in ("checkpoint", "dequantize"):
             raise SettingsError(f"weight_format: {self.weight_format!r} is not one of checkpoint, dequantize")
+        if self.max_context != "auto" and not (self.max_context.isdigit()
+                                               and int(self.max_context) >= 2):
+            raise SettingsError(f"max_context: {self.max_context!r} is neither auto nor a "
+                                "whole number of tokens >= 2")
+        for name, allowed in (("kv_cache_dtype", ("auto", "fp8")),
+                              ("load_format", ("auto", "dummy")),
+                              ("indexer_backend", ("auto", "torch", "kernels", "kernels_ref",
+                                                   "naive")),
+                              ("sparse_attention_backend", ("auto", "torch", "kernels",
+                                                            "kernels_ref")),
+                              ("quant_gemm_backend", ("auto", "torch", "kernels")),
+                              ("mhc_backend", ("auto", "torch", "kernels")),
+                              ("decode_loop", ("auto", "fused", "unfused"))):
+            if getattr(self, name) not in allowed:
+                raise SettingsError(f"{name}: {getattr(self, name)!r} is not one of "
+                                    f"{', '.join(allowed)}")
+        if self.decode_lanes not in (1, 2):
+            raise SettingsError(f"decode_lanes: {self.decode_lanes} is not 1 or 2")
+        if not 0 < self.memory_share <= 1:
+            raise SettingsError(f"memory_share: {self.memory_share} is not in (0, 1]")
         for name in (
             "kv_fetch_connections",
-            "max_context",
             "chunk_tokens",
             "max_batch",
-            "block_size",
-            "attn_tile_tokens",
             "max_queue",
             "tensor_parallel_size",
         ):
@@ -256,7 +319,7 @@ class WorkerSettings:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
         for name in ("num_blocks", "device_memory_gb", "grace_s", "num_threads", "kv_ttl_s",
-                     "lmcache_chunk_size"):
+                     "lmcache_chunk_size", "block_size", "attn_tile_tokens"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 0")
         if self.kv_store_url and self.kv_store_url.split("://")[0] not in ("redis", "rediss",
@@ -282,6 +345,11 @@ class WorkerSettings:
                 raise SettingsError(
                     f"advertise_address: {self.advertise_address!r} is not host:port"
                 )
+
+    @property
+    def max_context_tokens(self) -> int:
+        """``max_context`` as the engine takes it: 0 = auto."""
+        return 0 if self.max_context == "auto" else int(self.max_context)
 
     @property
     def bind_port(self) -> int:

@@ -57,10 +57,20 @@ def load_checkpoint(
     device: str | torch.device = "cpu",
     progress: bool = True,
     tensor_parallel: tuple[int, int] | None = None,
+    load_format: str = "auto",
+    seed: int = 0,
 ) -> LoadedCheckpoint:
     """Reads, validates and casts every weight; raises CheckpointError naming file and tensor.
     ``tensor_parallel=(rank, size)``: read only the slices that rank holds (the families that
-    split, from safetensors; names and full shapes are checked first, as for one rank)."""
+    split, from safetensors; names and full shapes are checked first, as for one rank).
+    ``load_format="dummy"``: no weight file is read; the family makes random weights of the
+    checkpoint's shapes and formats on ``device`` from the config alone (``dummy_checkpoint``)."""
+    if load_format == "dummy":
+        if tensor_parallel is not None and tensor_parallel[1] > 1:
+            raise CheckpointError("load_format=dummy runs on one rank (tensor_parallel_size 1)")
+        return dummy_checkpoint(path, dtype, device, seed)
+    if load_format != "auto":
+        raise CheckpointError(f"load_format={load_format!r} is not one of auto, dummy")
     kind, resolved = _resolve(Path(path))
     source: GGUFCheckpoint | SafetensorsCheckpoint
     if kind == "gguf":
@@ -102,6 +112,24 @@ def load_checkpoint(
         source=resolved,
         model_fingerprint=model_fingerprint(config, {n: source.shapes[n] for n in names}),
     )
+
+
+def dummy_checkpoint(path: str | Path, dtype: torch.dtype, device: str | torch.device,
+                     seed: int = 0) -> LoadedCheckpoint:
+    """Random weights for the config at ``path`` (a folder with config.json and no weights, a
+    config.json, or a .gguf whose tensors are not read), made on ``device``. The fingerprint
+    names the seed: two workers exchange KV only over the same dummy weights."""
+    config = load_model_config(path)
+    state_dict = dict(family_class(config).dummy_tensors(config, dtype, torch.device(device),
+                                                         seed))
+    return LoadedCheckpoint(config=config, state_dict=state_dict, source=_resolve(Path(path))[1],
+                            model_fingerprint=dummy_fingerprint(config, state_dict, seed))
+
+
+def dummy_fingerprint(cfg: ModelConfig, tensors: dict[str, torch.Tensor], seed: int) -> str:
+    shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+    shapes[f"load_format=dummy,seed={seed}"] = ()
+    return model_fingerprint(cfg, shapes)
 
 
 def _tensor_parallel_slicer(cfg: ModelConfig, source: Any, rank: int, size: int) -> Any:

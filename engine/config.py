@@ -6,13 +6,46 @@ the largest chunk, the batch, the block size and the KV extent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.errors import PlanError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The kernel choices a family may offer (engine/models/deepseek_v4/backend.py explains each);
+# families without the operation ignore its choice.
+INDEXERS = ("auto", "torch", "kernels", "kernels_ref", "naive")
+SPARSE_ATTENTIONS = ("auto", "torch", "kernels", "kernels_ref")
+GEMMS = ("auto", "torch", "kernels")
+MHCS = ("auto", "torch", "kernels")
+DECODE_LOOPS = ("auto", "fused", "unfused")
+LOAD_FORMATS = ("auto", "dummy")
+
+
+@dataclass(frozen=True)
+class KernelChoices:
+    """Which implementation runs each replaceable operation of a model family: the sparse
+    indexer's top-k, the sparse attention core, the quantized GEMMs, the hyper-connection (mHC)
+    passes, the decode step's loop and its lanes (streams). "auto" lets the family choose by
+    device. Worker settings ``indexer_backend`` ... ``decode_lanes`` fill it; a benchmark sets
+    it the same way, never by patching a class."""
+
+    indexer: str = "auto"
+    attention: str = "auto"
+    gemm: str = "auto"
+    mhc: str = "auto"
+    decode: str = "auto"
+    lanes: int = 1
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("indexer", INDEXERS), ("attention", SPARSE_ATTENTIONS),
+                              ("gemm", GEMMS), ("mhc", MHCS), ("decode", DECODE_LOOPS)):
+            if getattr(self, name) not in allowed:
+                raise PlanError(f"kernels.{name}={getattr(self, name)!r} is not one of "
+                                f"{', '.join(allowed)}")
+        if self.lanes not in (1, 2):
+            raise PlanError(f"kernels.lanes={self.lanes!r} is not 1 or 2")
 
 
 @dataclass(frozen=True)
@@ -23,15 +56,18 @@ class EngineConfig:
     # Quantized checkpoints (FP8 / MXFP4 payloads with scales): "checkpoint" keeps them as stored,
     # "dequantize" is the explicit way to a ``dtype`` model. Never upcast silently.
     weight_format: str = "checkpoint"
-    max_context: int = 4096  # longest prompt + output of one sequence
+    # longest prompt + output of one sequence; 0 = auto (engine/config_resolve.py): on CUDA the
+    # longest that fits the memory budget up to the model's own limit, elsewhere
+    # min(CPU_AUTO_CONTEXT, the model's limit)
+    max_context: int = 0
     chunk_tokens: int = 512  # most tokens computed in one step (the prefill chunk)
     max_batch: int = 8  # most sequences running at once
-    block_size: int = 16  # KV block size in tokens
+    block_size: int = 0  # KV block size in tokens; 0 = the model family's default
     num_blocks: int | None = None  # KV extent; None -> every running sequence can reach max_context
     # "auto": KV stored in the model dtype; "fp8": stored entries in FP8 e4m3 with a per-row
     # scale (families whose layout supports it)
     kv_dtype: str = "auto"
-    attn_tile_tokens: int = 256  # keys per attention tile (PyTorch path)
+    attn_tile_tokens: int = 0  # keys per attention tile (PyTorch path); 0 = 256 in whole blocks
     attention_backend: str = "auto"  # "auto" (triton on CUDA, else torch) | "torch" | "triton"
     max_queue: int = 256  # waiting requests beyond which add_request raises QueueFull
     enable_prefix_cache: bool = True
@@ -55,21 +91,39 @@ class EngineConfig:
     # ~1.3 ms over PCIe Gen5 from page-locked memory and ~11 ms from pageable (~6 GB/s
     # measured on the H200 host); a 128k-token Llama-3-8B prompt (16 GiB) takes 256 steps.
     kv_import_slice_bytes: int = 64 << 20
+    kernels: KernelChoices = field(default_factory=KernelChoices)
+    # "auto": the checkpoint's weights; "dummy": random weights of the checkpoint's shapes and
+    # storage formats, made on the device from config.json alone (deterministic by ``seed``)
+    load_format: str = "auto"
+    # Share of (budget - the weights) this engine's own terms may take: the roles of one card
+    # (one-box mode) split what the one copy of the weights leaves. 1 = the whole budget.
+    memory_share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *_DTYPES):
             raise PlanError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
         if self.weight_format not in ("checkpoint", "dequantize"):
             raise PlanError(f"weight_format must be checkpoint or dequantize; got {self.weight_format!r}")
-        for name in ("max_context", "chunk_tokens", "max_batch", "block_size", "attn_tile_tokens",
-                     "max_queue", "tensor_parallel_size", "kv_import_slice_bytes"):
+        for name in ("chunk_tokens", "max_batch", "max_queue", "tensor_parallel_size",
+                     "kv_import_slice_bytes"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_context < 2:
+        for name in ("max_context", "block_size", "attn_tile_tokens"):  # 0: resolved later
+            if getattr(self, name) < 0:
+                raise PlanError(f"{name} must be >= 0 (0 = from the model), got "
+                                f"{getattr(self, name)}")
+        if self.max_context == 1:
             raise PlanError("max_context must be >= 2")
-        if self.attn_tile_tokens % self.block_size:
+        if self.block_size and self.attn_tile_tokens and self.attn_tile_tokens % self.block_size:
             raise PlanError(f"attn_tile_tokens={self.attn_tile_tokens} must be a multiple of "
-                            f"block_size={self.block_size}")
+                            f"block_size={self.block_size}; "
+                            f"{-(-self.attn_tile_tokens // self.block_size) * self.block_size} "
+                            "would do")
+        if self.load_format not in LOAD_FORMATS:
+            raise PlanError(f"load_format must be one of {', '.join(LOAD_FORMATS)}; got "
+                            f"{self.load_format!r}")
+        if not 0 < self.memory_share <= 1:
+            raise PlanError(f"memory_share must be in (0, 1], got {self.memory_share}")
         if self.kv_dtype not in ("auto", "fp8"):
             raise PlanError(f"kv_dtype must be auto or fp8; got {self.kv_dtype!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
@@ -83,14 +137,22 @@ class EngineConfig:
                             f"{self.share_weights_timeout_s}")
         if not 0.1 <= self.memory_utilization <= 1.0:
             raise PlanError(f"memory_utilization must be in [0.1, 1], got {self.memory_utilization}")
-        if self.num_blocks is not None and self.num_blocks < self.blocks_per_seq + 1:
+        if (self.is_resolved and self.num_blocks is not None
+                and self.num_blocks < self.blocks_per_seq + 1):
             raise PlanError(
                 f"num_blocks={self.num_blocks} cannot hold one sequence of max_context="
                 f"{self.max_context} ({self.blocks_per_seq} blocks of {self.block_size} + the null "
                 f"block); raise num_blocks or lower max_context")
 
     @property
+    def is_resolved(self) -> bool:
+        """Whether the model-dependent sizes (0 = from the model) are fixed yet
+        (engine/config_resolve.py)."""
+        return bool(self.max_context and self.block_size and self.attn_tile_tokens)
+
+    @property
     def blocks_per_seq(self) -> int:
+        assert self.is_resolved, "EngineConfig used before resolve_engine_config"
         return -(-self.max_context // self.block_size)
 
     @property

@@ -19,6 +19,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.config_resolve import resolve_config_before_load, resolve_engine_config
 from engine.errors import (
     ContextLengthExceeded,
     DuplicateRequest,
@@ -57,8 +58,6 @@ class LLMEngine:
         process; the plan counts it as owned weights or as ``weights_mapped``. ``ranks``
         (engine/parallel/ranks.py, with ``tensor_parallel_size`` > 1): the other ranks, already
         started; ``weights`` are then rank 0's share and the plan is rank 0's."""
-        self.config = ec
-        self.model_config = model_config
         self.model_fingerprint = model_fingerprint
         self.shared_weights = shared
         self.ranks = ranks
@@ -76,13 +75,24 @@ class LLMEngine:
         else:
             weight_bytes = shared.nbytes if shared.owned else 0
             mapped = 0 if shared.owned else shared.nbytes
-        self.plan: MemoryPlan = make_plan(rank_cfg, ec, device_memory(ec), weight_bytes,
-                                          non_torch_bytes, library_workspaces(ec),
-                                          mapped_weight_bytes=mapped)
+        memory, library = device_memory(ec), library_workspaces(ec)
+
+        def plan_for(c: EngineConfig) -> MemoryPlan:
+            return make_plan(rank_cfg, c, memory, weight_bytes, non_torch_bytes, library,
+                             mapped_weight_bytes=mapped)
+
+        if not ec.is_resolved:  # sizes left to the model (engine/config_resolve.py)
+            ec = resolve_engine_config(ec, model_config, lambda c: plan_for(c).fits)
+        self.config = ec
+        self.model_config = model_config
+        self.plan: MemoryPlan = plan_for(ec)
         self.plan.check()
         if progress is not None:
-            progress(f"memory plan: {self.plan.total_bytes / 2**20:,.0f} MiB, KV extent "
-                     f"{self.plan.num_blocks} blocks of {ec.block_size} tokens")
+            progress(f"memory plan: {self.plan.total_bytes / 2**20:,.0f} MiB of a "
+                     f"{self.plan.budget_bytes / 2**20:,.0f} MiB budget, max_context "
+                     f"{ec.max_context:,}, max_batch {ec.max_batch}, KV extent "
+                     f"{self.plan.num_blocks} blocks of {ec.block_size} tokens "
+                     f"({self.plan.kv_tokens:,} tokens, kv dtype {ec.kv_dtype})")
         self.runner = ModelRunner(rank_cfg, ec, weights, self.plan,
                                   tp=None if ranks is None else ranks.group)
         self._kv_view: KVLayout = self.plan.kv_layout
@@ -133,8 +143,13 @@ class LLMEngine:
         ranks = None
         try:
             if ec.tensor_parallel_size > 1:
+                from engine.checkpoint import load_model_config
                 from engine.parallel.ranks import Ranks
                 from engine.parallel.shard_plan import check_tensor_parallel
+
+                # every rank must plan the same sizes: fixed here from the config, before any
+                # rank starts (weights as the config says; rank 0's real plan is checked later)
+                ec = resolve_config_before_load(ec, load_model_config(ec.model))
 
                 check_tensor_parallel(ec)  # before any process starts
                 if progress is not None:
@@ -146,9 +161,11 @@ class LLMEngine:
                 free, total = torch.cuda.mem_get_info(ec.torch_device)
                 non_torch = total - free - torch.cuda.memory_reserved(ec.torch_device)
             if progress is not None:
-                progress(f"loading weights from {ec.model}")
+                progress(f"making dummy weights for {ec.model} (seed {ec.seed})"
+                         if ec.load_format == "dummy" else f"loading weights from {ec.model}")
             ckpt = load_checkpoint(ec.model, dtype=ec.torch_dtype, device=ec.torch_device,
-                                   tensor_parallel=(0, ec.tensor_parallel_size))
+                                   tensor_parallel=(0, ec.tensor_parallel_size),
+                                   load_format=ec.load_format, seed=ec.seed)
             if progress is not None:
                 num_bytes = sum(t.numel() * t.element_size() for t in ckpt.state_dict.values())
                 progress(f"loaded {len(ckpt.state_dict)} tensors ({num_bytes / 2**20:,.0f} MiB, "

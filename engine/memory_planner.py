@@ -50,6 +50,7 @@ class MemoryPlan:
     max_context: int
     chunk_tokens: int
     max_batch: int
+    memory_share: float = 1.0  # EngineConfig.memory_share: this role's part of one card
 
     @property
     def kv_tokens(self) -> int:
@@ -78,7 +79,14 @@ class MemoryPlan:
 
     @property
     def budget_bytes(self) -> int:
-        return int(self.device_memory_bytes * self.memory_utilization)
+        """``memory_utilization`` of the device; with a ``memory_share`` below 1 (the roles of
+        one card), that share of what the one copy of the weights leaves, plus the weights
+        when this process owns them."""
+        whole = int(self.device_memory_bytes * self.memory_utilization)
+        if self.memory_share >= 1:
+            return whole
+        owned = self.term("weights")
+        return int(self.memory_share * max(0, whole - owned - self.mapped_bytes)) + owned
 
     @property
     def headroom_bytes(self) -> int:
@@ -95,7 +103,9 @@ class MemoryPlan:
         raise PlanError(
             f"memory plan does not fit: needs {self.total_bytes / GiB:.2f} GiB, budget is "
             f"{self.budget_bytes / GiB:.2f} GiB ({self.memory_utilization:.0%} of "
-            f"{self.device_memory_bytes / GiB:.2f} GiB on {self.device}). Largest terms: "
+            f"{self.device_memory_bytes / GiB:.2f} GiB on {self.device}"
+            + (f", {self.memory_share:g} of what the weights leave" if self.memory_share < 1
+               else "") + "). Largest terms: "
             + ", ".join(f"{t.name}={t.bytes / GiB:.2f} GiB"
                         for t in sorted(self.terms, key=lambda t: -t.bytes)[:3])
             + f". Lower max_context ({self.max_context}), max_batch ({self.max_batch}) or "
@@ -107,6 +117,7 @@ class MemoryPlan:
             "device": self.device,
             "device_memory_bytes": self.device_memory_bytes,
             "memory_utilization": self.memory_utilization,
+            "memory_share": self.memory_share,
             "budget_bytes": self.budget_bytes,
             "total_bytes": self.total_bytes,
             "headroom_bytes": self.headroom_bytes,
@@ -132,8 +143,11 @@ class MemoryPlan:
             note = "  [mapped: another process owns it; not in the total]" if t.mapped else ""
             rows.append(f"{t.name:<22}{t.bytes:>16,}{t.bytes / GiB:>10.3f}  {t.formula}{note}")
         rows.append(f"{'total':<22}{self.total_bytes:>16,}{self.total_bytes / GiB:>10.3f}")
+        share = (f", {self.memory_share:g} of what the weights leave"
+                 if self.memory_share < 1 else "")
         rows.append(f"{'budget':<22}{self.budget_bytes:>16,}{self.budget_bytes / GiB:>10.3f}  "
-                    f"{self.memory_utilization} x {self.device_memory_bytes:,} ({self.device})")
+                    f"{self.memory_utilization} x {self.device_memory_bytes:,} ({self.device})"
+                    + share)
         rows.append(f"{'kv tokens':<22}{self.kv_tokens:>16,}  in {self.num_blocks - 1:,} blocks of "
                     f"{self.kv_layout.block_size} ({self.kv_layout.bytes_per_token:,.1f} B a token, "
                     f"{self.kv_tokens_per_gib:,.0f} tokens per GiB)")
@@ -202,8 +216,11 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
     number of blocks times the layout's bytes per block. ``mapped_weight_bytes``: the weights
     live in another process's memory (one-box mode): this plan's ``weights`` term is 0 and a
     ``weights_mapped`` term lists them outside the total."""
+    from engine.config_resolve import resolve_engine_config
     from engine.models import family_class
 
+    if not ec.is_resolved:  # sizes left to the model: its defaults (auto context as on a CPU)
+        ec = resolve_engine_config(ec, model)
     family = family_class(model)
     layout = family.kv_layout(model, ec)
     num_blocks = ec.resolved_num_blocks
@@ -263,7 +280,8 @@ def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_layout: KVLayout, n
         terms.append(PlanTerm("non_torch", non_torch_bytes,
                               "CUDA context and libraries, measured before loading"))
     return MemoryPlan(tuple(terms), device_label or str(ec.torch_device), device_memory_bytes,
-                      ec.memory_utilization, kv_layout, num_blocks, ec.max_context, ec.chunk_tokens, ec.max_batch)
+                      ec.memory_utilization, kv_layout, num_blocks, ec.max_context, ec.chunk_tokens,
+                      ec.max_batch, ec.memory_share)
 
 
 def reserve_allocator_slack(device: torch.device, nbytes: int) -> None:

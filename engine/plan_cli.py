@@ -9,7 +9,8 @@ from pathlib import Path
 
 from common.help_format import DefaultsHelpFormatter
 from engine.config import EngineConfig
-from engine.errors import EngineError
+from engine.config_resolve import resolve_engine_config
+from engine.errors import EngineError, PlanError
 from engine.memory_planner import GiB, MemoryPlan, make_plan
 from engine.model_config import ModelConfig
 from engine.models import family_class
@@ -30,14 +31,21 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=DefaultsHelpFormatter)
     ap.add_argument("--model", required=True,
                     help="config.json, a checkpoint folder, or a .gguf file (weights not read)")
-    ap.add_argument("--max-context", type=int, required=True, help="longest prompt + output")
+    ap.add_argument("--max-context", default="auto",
+                    help="longest prompt + output, or auto: the longest that fits the planned "
+                    "device with max-batch sequences at it, up to the model's limit")
     ap.add_argument("--chunk-tokens", type=int, default=2048, help="largest prefill chunk")
     ap.add_argument("--max-batch", type=int, default=8, help="most sequences running at once")
-    ap.add_argument("--block-size", type=int, default=16, help="paged KV block size in tokens")
+    ap.add_argument("--block-size", type=int, default=0,
+                    help="paged KV block size in tokens (0: the model's default, as the workers)")
     ap.add_argument("--num-blocks", type=int, default=None,
                     help="KV extent in blocks (None: every sequence can reach max-context)")
-    ap.add_argument("--attn-tile-tokens", type=int, default=256,
-                    help="keys per attention tile (multiple of block-size)")
+    ap.add_argument("--attn-tile-tokens", type=int, default=0,
+                    help="keys per attention tile (multiple of block-size; 0: 256 in whole "
+                    "blocks)")
+    ap.add_argument("--memory-share", type=float, default=1.0,
+                    help="this role's share of what the weights leave of the budget (the "
+                    "roles of one card with share_weights)")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                     help="weights and KV dtype")
     ap.add_argument("--kv-dtype", default="auto", choices=["auto", "fp8"],
@@ -65,8 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         mc = _model_config(args.model)
+        if args.max_context != "auto" and not args.max_context.isdigit():
+            raise PlanError(f"--max-context {args.max_context!r} is neither auto nor a number")
         ec = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
-                          max_context=args.max_context, chunk_tokens=args.chunk_tokens,
+                          max_context=0 if args.max_context == "auto" else int(args.max_context),
+                          chunk_tokens=args.chunk_tokens, memory_share=args.memory_share,
                           max_batch=args.max_batch, block_size=args.block_size,
                           num_blocks=args.num_blocks, attn_tile_tokens=args.attn_tile_tokens,
                           memory_utilization=args.memory_utilization, kv_dtype=args.kv_dtype,
@@ -76,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         weights = None if args.weights_gib is None else int(args.weights_gib * GiB)
         tp = ec.tensor_parallel_size
         rank_mc = mc if tp == 1 else family_class(mc).rank_model_config(mc, tp)
+        memory = int(args.device_memory_gib * GiB)
+        ec = resolve_engine_config(ec, mc, lambda c: make_plan(rank_mc, c, memory, weights).fits)
         label = f"planned {args.device_memory_gib:g} GiB device" + (
             f", one of {tp} ranks" if tp > 1 else "")
-        plan = make_plan(rank_mc, ec, int(args.device_memory_gib * GiB), weights,
-                         device_label=label)
+        plan = make_plan(rank_mc, ec, memory, weights, device_label=label)
     except EngineError as e:
         print(f"bulkhead plan: {e}", file=sys.stderr)
         return 2
@@ -87,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"model": mc.name, "family": mc.family, **plan.to_json()}, indent=2))
     else:
         print(f"model {mc.name} ({mc.family}), dtype {args.dtype}, max_context {ec.max_context}, "
-              f"chunk {ec.chunk_tokens}, max_batch {ec.max_batch}, kv_dtype {ec.kv_dtype}")
+              f"chunk {ec.chunk_tokens}, max_batch {ec.max_batch}, block_size {ec.block_size}, "
+              f"kv_dtype {ec.kv_dtype}")
         print(plan.table())
         if ec.tensor_parallel_size > 1:
             print(_per_rank(plan, ec.tensor_parallel_size))

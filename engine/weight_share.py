@@ -23,6 +23,7 @@ import json
 import os
 import pickle
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +161,37 @@ def pack(weights: dict[str, torch.Tensor], device: torch.device) -> SharedWeight
     return SharedWeights(arena, entries, owned=True)
 
 
+def pack_stream(layout: dict[str, torch.Tensor], tensors: Iterable[tuple[str, torch.Tensor]],
+                device: torch.device) -> SharedWeights:
+    """``pack`` for weights made a few at a time (``load_format=dummy``): the arena is laid out
+    from ``layout`` (the same names, shapes and dtypes, on the meta device), then each tensor is
+    copied in as it arrives and dropped, so the device holds the arena and one layer more."""
+    entries, nbytes = arena_layout(layout)
+    arena = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    by_name = {e.name: e for e in entries}
+    place: dict[str, tuple[ArenaEntry, int | None]] = {
+        e.name: (e, None) for e in entries if "#rows=" not in e.name}
+    for e in entries:
+        if "#rows=" not in e.name:
+            continue
+        fused_name, rows = e.name.split("#rows=")
+        fused = next(f for f, _ in DENSE_FUSIONS if fused_name.endswith(f))
+        prefix, row = fused_name[: -len(fused)], 0
+        for part, n in zip(dict(DENSE_FUSIONS)[fused], (int(x) for x in rows.split(",")),
+                           strict=True):
+            place[prefix + part] = (by_name[fused_name], row)
+            place.pop(fused_name, None)
+            row += n
+    for name, t in tensors:
+        if name not in place:
+            raise PlanError(f"share_weights: tensor {name!r} was not in the arena's layout")
+        entry, row = place.pop(name)
+        dst = _view(arena, entry)
+        (dst if row is None else dst[row: row + t.shape[0]]).copy_(t)
+    assert not place, f"arena slots never filled: {sorted(place)[:4]}"
+    return SharedWeights(arena, entries, owned=True)
+
+
 def export(shared: SharedWeights, path: Path, meta: dict) -> None:
     """Write the handle file (atomically: a reader never sees half of it), with ``meta`` (the
     model path and fingerprint) for importers to check. CUDA only."""
@@ -290,6 +322,8 @@ def load_or_map(ec: object, progress: object = None) -> LoadedOrMapped:  # noqa:
     seen_bytes = total - free - torch.cuda.memory_reserved(device)
     if claim_loader(path):
         path.unlink(missing_ok=True)  # a previous run's handle points at memory now gone
+        if ec.load_format == "dummy":
+            return _dummy_arena(ec, device, path, seen_bytes, say)
         say(f"loading weights from {ec.model} (this process exports them: {path})")
         # Host first, then straight into the arena: the device never holds two copies.
         ckpt = load_checkpoint(ec.model, dtype=ec.torch_dtype, device="cpu")
@@ -311,6 +345,25 @@ def load_or_map(ec: object, progress: object = None) -> LoadedOrMapped:  # noqa:
     say(f"mapped {shared.nbytes / 2**20:,.0f} MiB of weights exported by another process")
     return LoadedOrMapped(load_model_config(ec.model), shared.tensors(),
                           str(meta["model_fingerprint"]), shared, non_torch)
+
+
+def _dummy_arena(ec: object, device: torch.device, path: Path, seen_bytes: int,
+                 say: object) -> LoadedOrMapped:
+    """``load_format=dummy`` in one-box mode: the family's random weights made on the device
+    straight into the arena, a layer at a time (laid out from a meta-device pass first)."""
+    from engine.checkpoint import dummy_fingerprint, load_model_config
+    from engine.models import family_class
+
+    config = load_model_config(ec.model)
+    family = family_class(config)
+    layout = dict(family.dummy_tensors(config, ec.torch_dtype, "meta", ec.seed))
+    say(f"making dummy weights for {ec.model} on {device} (seed {ec.seed}; this process "
+        f"exports them: {path})")
+    shared = pack_stream(layout, family.dummy_tensors(config, ec.torch_dtype, device, ec.seed),
+                         device)
+    say(f"packed the weights in one {shared.nbytes / 2**20:,.0f} MiB arena to share")
+    return LoadedOrMapped(config, shared.tensors(), dummy_fingerprint(config, layout, ec.seed),
+                          shared, seen_bytes)
 
 
 def describe(shared: SharedWeights) -> str:

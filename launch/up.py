@@ -67,8 +67,16 @@ class UpOptions:
     config: str = ""
     log_dir: str = ""
     startup_timeout_s: float = 600.0
-    # 0 = the workers' own setting (flag > BULKHEAD_* env > --config > WorkerSettings default)
-    max_context: int = 0
+    # 0 / "" = the workers' own setting (flag > BULKHEAD_* env > --config > WorkerSettings
+    # default)
+    max_context: str = ""  # auto or a number of tokens
+    kv_cache_dtype: str = ""
+    load_format: str = ""
+    # one copy of the weights on one GPU for both workers (CUDA IPC, engine/weight_share.py),
+    # the budget the weights leave split prefill_memory_share : 1 - prefill_memory_share
+    share_weights: bool = False
+    prefill_memory_share: float = 0.5
+    colocated: bool = False  # a decode worker alone computes every prompt (no prefill worker)
     max_batch: int = 0
     chunk_tokens: int = 0
     tensor_parallel_size: int = 0  # ranks each worker spans
@@ -170,13 +178,26 @@ def _thread_env(opts: UpOptions) -> dict[str, str]:
 
 def _limit_flags(opts: UpOptions) -> tuple[str, ...]:
     flags: list[str] = []
-    for name in ("max_context", "max_batch", "chunk_tokens", "tensor_parallel_size"):
+    for name in ("max_batch", "chunk_tokens", "tensor_parallel_size"):
         value = getattr(opts, name)
         if value < 0:
             raise LaunchError(f"--{name.replace('_', '-')}: {value} must be >= 1 (0 = default)")
         if value:
             flags += [f"--{name.replace('_', '-')}", str(value)]
+    for name in ("max_context", "kv_cache_dtype", "load_format"):  # checked by the workers
+        if getattr(opts, name):
+            flags += [f"--{name.replace('_', '-')}", getattr(opts, name)]
     return tuple(flags)
+
+
+def _role_flags(opts: UpOptions, role: str, log_dir: Path) -> tuple[str, ...]:
+    """One-box mode: both workers map one copy of the weights and split what it leaves."""
+    if not opts.share_weights:
+        return ()
+    if not 0 < opts.prefill_memory_share < 1:
+        raise LaunchError(f"--prefill-memory-share: {opts.prefill_memory_share} is not in (0, 1)")
+    share = opts.prefill_memory_share if role == "prefill" else 1 - opts.prefill_memory_share
+    return ("--share-weights", str(log_dir / "weights.handle"), "--memory-share", f"{share:g}")
 
 
 def check_ports(opts: UpOptions) -> None:
@@ -227,16 +248,23 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
         config = ("--config", opts.config) if opts.config else ()
         addresses: dict[str, str] = {}
         workers: list[ManagedProcess] = []
-        for role, port in (("prefill", opts.prefill_port), ("decode", opts.decode_port)):
+        roles = (("decode", opts.decode_port),) if opts.colocated else (
+            ("prefill", opts.prefill_port), ("decode", opts.decode_port))
+        if opts.colocated and opts.share_weights:
+            raise LaunchError("--colocated runs one worker: there is no one to share weights "
+                              "with (drop --share-weights)")
+        for role, port in roles:
             port = port or free_port(opts.host)
             addresses[role] = f"{opts.host}:{port}"
             argv = _cli(role, "--model", opts.model, "--host", opts.host, "--port", str(port),
-                        *config, *limits, *opts.extra_worker_args)
+                        *config, *limits, *_role_flags(opts, role, log_dir),
+                        *opts.extra_worker_args)
             workers.append(group.add(spawn(role, argv,
                                            env={**WORKER_ENV, **_thread_env(opts), **url_env},
                                            log_dir=log_dir)))
+        names = [role for role, _ in roles]
         followers = {role: ProgressFollower(proc.log_path) for role, proc
-                     in zip(("prefill", "decode"), workers, strict=True) if proc.log_path}
+                     in zip(names, workers, strict=True) if proc.log_path}
 
         def serving_and_tell(address: str) -> bool:
             # Both workers start at once: tell what either has done since the last poll.
@@ -245,15 +273,17 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
                     log(f"[{time.monotonic() - t0:5.1f} s] {role:8s}  {step}")
             return grpc_serving(address)
 
-        for proc, role in zip(workers, ("prefill", "decode"), strict=True):
+        for proc, role in zip(workers, names, strict=True):
             address = addresses[role]
             wait_until(proc, lambda a=address: serving_and_tell(a), opts.startup_timeout_s,
                        f"serving on {address}")
             ready[role] = lambda a=address: grpc_serving(a)
             log(f"{role:8s}  {address} (log {proc.log_path})")
         url = f"http://{opts.host}:{opts.port}"
-        workers_of_router = () if registry_url else ("--prefill", addresses["prefill"],
-                                                     "--decode", addresses["decode"])
+        workers_of_router: tuple[str, ...] = ()
+        if not registry_url:
+            for role in names:
+                workers_of_router += (f"--{role}-workers", addresses[role])
         # our router tells its /health answers apart from another server's on the port (one
         # that took it while ours restarted) by this id
         instance = secrets.token_hex(8)
@@ -264,7 +294,8 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
                            "--port", str(opts.port), *workers_of_router, *config,
                            *opts.extra_router_args)
         router = group.add(spawn("router", router_argv, env=router_env, log_dir=log_dir))
-        wait_until(router, lambda: router_ready(url, 2, instance), min(opts.startup_timeout_s, 120.0),
+        wait_until(router, lambda: router_ready(url, len(names), instance),
+                   min(opts.startup_timeout_s, 120.0),
                    f"healthy at {url}/health")
         ready["router"] = lambda: http_answers(url, instance)
         log(f"router    {url} (log {router.log_path})")
@@ -272,7 +303,8 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
     except BaseException:
         group.stop_all()
         raise
-    return Deployment(group, url, kv_url, addresses["prefill"], addresses["decode"], log_dir,
+    return Deployment(group, url, kv_url, addresses.get("prefill", ""), addresses["decode"],
+                      log_dir,
                       model_name, time.monotonic() - t0, ready)
 
 
@@ -301,9 +333,26 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"gRPC port of the {role} worker (0 = a free port).")
     p.add_argument("--config", default="", help="YAML settings with router:, prefill: and "
                    "decode: sections, passed to every process.")
-    p.add_argument("--max-context", type=int, default=0, help="Longest prompt + output of "
-                   "one sequence, for both workers (0 = the workers' setting, 4096 unless "
-                   "BULKHEAD_MAX_CONTEXT or --config says otherwise).")
+    p.add_argument("--max-context", default="", help="Longest prompt + output of one "
+                   "sequence, for both workers: a number of tokens or auto ('' = the workers' "
+                   "setting, auto unless BULKHEAD_MAX_CONTEXT or --config says otherwise: on "
+                   "CUDA the longest the memory budget holds, up to the model's limit; on the "
+                   "CPU 4096 at most).")
+    p.add_argument("--kv-cache-dtype", default="", choices=["", "auto", "fp8"],
+                   help="KV entries in the model dtype (auto) or FP8, both workers ('' = the "
+                   "workers' setting, auto).")
+    p.add_argument("--load-format", default="", choices=["", "auto", "dummy"],
+                   help="dummy: random weights of the checkpoint's shapes and formats from "
+                   "config.json alone, both workers ('' = the workers' setting, auto).")
+    p.add_argument("--share-weights", action="store_true",
+                   help="One GPU, one copy of the weights: the workers map one arena (CUDA "
+                   "IPC) and split the budget it leaves (--prefill-memory-share).")
+    p.add_argument("--prefill-memory-share", type=float, default=0.5,
+                   help="With --share-weights: the prefill worker's share of what the weights "
+                   "leave of the budget; the decode worker gets the rest.")
+    p.add_argument("--colocated", action="store_true",
+                   help="One decode worker computes every prompt itself: no prefill worker and "
+                   "no KV handoff (the colocated arm of a comparison).")
     p.add_argument("--max-batch", type=int, default=0, help="Most sequences running at once "
                    "per worker (0 = the workers' setting, 8).")
     p.add_argument("--chunk-tokens", type=int, default=0, help="Most tokens computed in one "
@@ -336,6 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      prefill_port=args.prefill_port, decode_port=args.decode_port,
                      config=args.config, log_dir=args.log_dir,
                      startup_timeout_s=args.startup_timeout, max_context=args.max_context,
+                     kv_cache_dtype=args.kv_cache_dtype, load_format=args.load_format,
+                     share_weights=args.share_weights,
+                     prefill_memory_share=args.prefill_memory_share, colocated=args.colocated,
                      max_batch=args.max_batch, chunk_tokens=args.chunk_tokens,
                      tensor_parallel_size=args.tensor_parallel_size)
     stop_requested: list[int] = []

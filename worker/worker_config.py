@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from common.settings import StoreSettings, WorkerSettings
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelChoices
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class WorkerConfig:
         s = settings
         engine = EngineConfig(
             model=s.model, device=s.device, dtype=s.dtype, weight_format=s.weight_format,
-            max_context=s.max_context,
+            max_context=s.max_context_tokens,  # 0 = auto (engine/config_resolve.py)
             chunk_tokens=s.chunk_tokens, max_batch=s.max_batch, block_size=s.block_size,
             num_blocks=s.num_blocks or None,  # 0 = sized for every sequence at max_context
             attn_tile_tokens=s.attn_tile_tokens, max_queue=s.max_queue,
@@ -41,5 +41,9 @@ class WorkerConfig:
             seed=s.seed, share_weights=s.share_weights,
             share_weights_timeout_s=s.share_weights_timeout_s,
             tensor_parallel_size=s.tensor_parallel_size,
-            kv_import_slice_bytes=max(1, int(s.kv_import_slice_mb * (1 << 20))))
+            kv_import_slice_bytes=max(1, int(s.kv_import_slice_mb * (1 << 20))),
+            kv_dtype=s.kv_cache_dtype, load_format=s.load_format, memory_share=s.memory_share,
+            kernels=KernelChoices(indexer=s.indexer_backend, attention=s.sparse_attention_backend,
+                                  gemm=s.quant_gemm_backend, mhc=s.mhc_backend,
+                                  decode=s.decode_loop, lanes=s.decode_lanes))
         return cls(settings, engine, settings.store)

@@ -28,7 +28,6 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +46,12 @@ from bench.deepseek_v4.quantized_weights import (
     quantized_hf_config,
     synthetic_quantized_state_dict,
 )
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelChoices
 from engine.errors import EngineError
 from engine.llm_engine import LLMEngine, RequestOutput
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import CSA, HCA, DeepseekV4Config, RopeParams
-from engine.models.deepseek_v4.family import DeepseekV4Family
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
 from engine.sampling_params import SamplingParams
@@ -102,21 +100,6 @@ def hf_dict(cfg: DeepseekV4Config) -> dict[str, Any]:
     }
     assert DeepseekV4Config.from_hf_dict(d) == cfg, "hf_dict does not round-trip"
     return d
-
-
-@contextmanager
-def _decode_path(decode: str, lanes: int = 1) -> Iterator[None]:
-    """``--decode`` (and ``--lanes``) reach the model the engine builds (and captures graphs
-    of) itself: the family's constructor gets that backend for the duration of the build, and
-    only then."""
-    orig, plan = DeepseekV4Family.__init__, DeepseekV4Family.plan_decode
-    DeepseekV4Family.__init__ = partialmethod(orig, backend=V4Backend(decode=decode, lanes=lanes))  # type: ignore[method-assign]
-    DeepseekV4Family.plan_decode = decode  # the plan counts the loop the model runs
-    try:
-        yield
-    finally:
-        DeepseekV4Family.__init__ = orig  # type: ignore[method-assign]
-        DeepseekV4Family.plan_decode = plan
 
 
 def _tiled_topk_indexer(q: torch.Tensor, weights: torch.Tensor, keys: Any, rows: Any, rate: int,
@@ -189,6 +172,8 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
         block_size=args.block_size or (16 if args.tiny else 256),
         attn_tile_tokens=args.block_size or (16 if args.tiny else 256),
         num_blocks=args.num_blocks, kv_dtype=args.kv_dtype,
+        kernels=KernelChoices(decode=getattr(args, "decode", "auto"),
+                              lanes=getattr(args, "lanes", 1)),
     )
     t0 = time.perf_counter()
     hf = hf_dict(cfg)
@@ -208,8 +193,7 @@ def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
     # Before the engine: its two 1 GiB buffers are device allocations, which after the warm-up
     # were counted against the engine (the "2 allocations at batch 1's first step" of 12:33).
     copy_tb_s = _copy_tb_s(dev) if cuda else None
-    with _decode_path(getattr(args, "decode", "auto"), getattr(args, "lanes", 1)):
-        engine = LLMEngine(ec, ModelConfig.from_hf_dict(hf, name=ec.model), weights)
+    engine = LLMEngine(ec, ModelConfig.from_hf_dict(hf, name=ec.model), weights)
     weights.clear()  # the engine loaded them into its own module: drop ours
     _sync(cuda)
     kind = engine.runner.model.model.backend.resolved(dev)

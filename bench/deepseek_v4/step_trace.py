@@ -30,7 +30,6 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partialmethod
 from typing import Any
 
 import torch
@@ -51,7 +50,6 @@ from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model_config import ModelConfig  # noqa: E402
 from engine.models.deepseek_v4.backend import V4Backend  # noqa: E402
 from engine.models.deepseek_v4.config import DeepseekV4Config  # noqa: E402
-from engine.models.deepseek_v4.family import DeepseekV4Family  # noqa: E402
 from engine.models.deepseek_v4.model import DeepseekV4Model  # noqa: E402
 
 # What the CUDA engine resolves V4Backend() to (backend.py; resolving needs no device)
@@ -80,29 +78,27 @@ class StepTrace:
 
 @contextlib.contextmanager
 def cuda_code_path() -> Iterator[None]:
-    """While open: the V4 family builds its model with :data:`CUDA_BACKEND`, Triton launches do
-    nothing, the LM head makes its temporary without the product, and the Workspace has a
+    """While open (with an engine config whose ``kernels`` are :data:`CUDA_BACKEND`, as
+    :func:`engine_config` makes it): Triton launches do nothing, the LM head makes its temporary without the product, and the Workspace has a
     margin for the CUDA-only scratch the CPU plan does not count."""
     from triton.runtime.interpreter import InterpretedFunction
 
     import engine.model_runner as runner_mod
 
-    saved = (DeepseekV4Family.__init__, InterpretedFunction.run, DeepseekV4Model.compute_logits,
-             runner_mod.Workspace)
+    saved = (InterpretedFunction.run, DeepseekV4Model.compute_logits, runner_mod.Workspace)
     base_ws = runner_mod.Workspace
 
     class _Workspace(base_ws):  # type: ignore[misc, valid-type]
         def __init__(self, capacity_bytes: int, device: Any) -> None:
             super().__init__(capacity_bytes + _WS_MARGIN, device)
 
-    DeepseekV4Family.__init__ = partialmethod(saved[0], backend=CUDA_BACKEND)  # type: ignore[method-assign]
     InterpretedFunction.run = _launch_nothing  # type: ignore[method-assign]
     DeepseekV4Model.compute_logits = _logits_shape_only  # type: ignore[method-assign]
     runner_mod.Workspace = _Workspace  # type: ignore[misc]
     try:
         yield
     finally:
-        (DeepseekV4Family.__init__, InterpretedFunction.run, DeepseekV4Model.compute_logits,  # type: ignore[method-assign]
+        (InterpretedFunction.run, DeepseekV4Model.compute_logits,  # type: ignore[method-assign]
          runner_mod.Workspace) = saved
 
 
@@ -137,7 +133,8 @@ def engine_config(chunk: int, batch: int, context: int, block_size: int = 256,
                         max_context=context, chunk_tokens=chunk, max_batch=batch,
                         strict_allocations=False, seed=0, cuda_graphs=False,
                         block_size=block_size, attn_tile_tokens=block_size,
-                        num_blocks=num_blocks, kv_dtype=kv_dtype, attention_backend="triton")
+                        num_blocks=num_blocks, kv_dtype=kv_dtype, attention_backend="triton",
+                        kernels=CUDA_BACKEND)
 
 
 def trace_warmup(cfg: DeepseekV4Config, ec: EngineConfig, stacks: bool = True) -> StepTrace:

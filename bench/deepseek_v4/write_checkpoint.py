@@ -2,10 +2,11 @@
 V4-Flash files: size-bounded ``model-0000K-of-0000N.safetensors`` shards in DeepSeek's own tensor
 names with ``model.safetensors.index.json``, a ``config.json`` in V4-Flash's own keys, tokenizer
 files; random weights with FP8 e4m3 + 128 x 128 block scales for the dense projections and MXFP4
-(packed e2m1 + e8m0 per 32) for the routed experts (see :mod:`.tensor_spec`).
+(packed e2m1 + e8m0 per 32) for the routed experts (see :mod:`engine.models.deepseek_v4.checkpoint_specs`).
 
     python -m bench.deepseek_v4.write_checkpoint OUT_DIR --layers 43 --experts 128 --dry-run
     python -m bench.deepseek_v4.write_checkpoint OUT_DIR --layers 4 --experts 8 --hidden 256
+    python -m bench.deepseek_v4.write_checkpoint OUT_DIR --layers 43 --experts 128 --config-only
 
 Memory stays bounded by one shard: tensors are made one by one, a shard is written and dropped
 before the next is filled (the full 43 x 128 model is ~77 GiB on disk). ``--hidden`` below
@@ -26,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from bench.deepseek_v4.quantized_weights import QUANTIZATION_CONFIG
-from bench.deepseek_v4.tensor_spec import TensorSpec, checkpoint_specs, make_tensor
+from engine.models.deepseek_v4.checkpoint_specs import TensorSpec, checkpoint_specs, make_tensor
 from engine.models.deepseek_v4.config import DeepseekV4Config
 
 FLASH_HIDDEN = 4096
@@ -141,6 +142,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-shard-mb", type=int, default=3500, help="data bytes a shard holds at most, MiB")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dry-run", action="store_true", help="print total bytes and shard count, write nothing")
+    p.add_argument("--config-only", action="store_true",
+                   help="config.json, generation_config.json and the tokenizer, no weights: a "
+                   "folder served with --load-format dummy")
     return p.parse_args(argv)
 
 
@@ -171,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     hf.update(bos_token_id=bos, eos_token_id=eos)
     (args.out_dir / "config.json").write_text(json.dumps(hf, indent=2))
     (args.out_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": eos}))
+    if args.config_only:
+        print(f"wrote {args.out_dir}/config.json and the tokenizer (no weights: serve it with "
+              "--load-format dummy)")
+        return 0
     write_shards(args.out_dir, cfg, shards, args.seed, log=sys.stdout)
     return 0
 

@@ -3,7 +3,7 @@ in paged blocks (engine/kv_cache.py), the plan terms of a dense decoder, CUDA-gr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -117,6 +117,32 @@ class DenseFamily(ModelFamily):
         from engine.checkpoint import expected_tensor_shapes
 
         return expected_tensor_shapes(cfg)
+
+    @classmethod
+    def dummy_tensors(cls, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
+                      seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """Normal(0, 0.02) matrices, unit norms, zero biases, in ``dtype``: how transformers
+        initialises these models. One generator over the checkpoint's tensors in name order."""
+        from engine.checkpoint import expected_tensor_shapes
+        from engine.errors import CheckpointError
+
+        qc = cfg.hf_config.get("quantization_config")
+        if qc:
+            method = qc.get("quant_method") if isinstance(qc, dict) else qc
+            raise CheckpointError(f"quantization_config quant_method={method!r}: the dense "
+                                  "families serve unquantized checkpoints (and GGUF files) only")
+        meta = torch.device(device).type == "meta"
+        gen = None if meta else torch.Generator(device=device).manual_seed(seed)
+        for name, shape in sorted(expected_tensor_shapes(cfg).items()):
+            t = torch.empty(shape, dtype=dtype, device=device)
+            if not meta:
+                if name.endswith("norm.weight"):
+                    t.fill_(1.0)
+                elif name.endswith(".bias"):
+                    t.zero_()
+                else:
+                    t.normal_(0.0, 0.02, generator=gen)
+            yield name, t
 
     @classmethod
     def plan_terms(cls, cfg: ModelConfig, ec: EngineConfig,

@@ -10,7 +10,7 @@ KV only in ``KVLayout.allocate`` (once, at start-up) and their weights at constr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -160,6 +160,33 @@ class ModelFamily(ABC):
     @abstractmethod
     def plan_terms(cls, cfg: ModelConfig, ec: EngineConfig,
                    weight_bytes: int | None) -> list[PlanTerm]: ...
+
+    @classmethod
+    def default_block_size(cls, cfg: ModelConfig) -> int:
+        """The KV block size when the operator sets none."""
+        return 16
+
+    @classmethod
+    def block_size_problem(cls, cfg: ModelConfig, block_size: int) -> str | None:
+        """Why this model cannot use ``block_size`` (naming a value that would do), or None."""
+        return None
+
+    @classmethod
+    def context_limit(cls, cfg: ModelConfig) -> int:
+        """The longest sequence the model was made for (``max_position_embeddings``)."""
+        return cfg.max_position_embeddings
+
+    @classmethod
+    def dummy_tensors(cls, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
+                      seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """``load_format=dummy``: every tensor the family loads, with the names, shapes and
+        storage formats the loader would hand over for this config's checkpoint, filled with
+        random values of the usual init spread on ``device`` (the same for the same seed), a few
+        at a time (``device="meta"``: names, shapes and dtypes only). A quantization the config
+        names that the family cannot hold is a CheckpointError."""
+        from engine.errors import CheckpointError
+
+        raise CheckpointError(f"load_format=dummy: family {cfg.family} has no dummy weights")
 
     @classmethod
     def rank_model_config(cls, cfg: ModelConfig, size: int) -> ModelConfig:

@@ -30,44 +30,23 @@ Never decides anything from mutable global state: the choice is a frozen value h
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
+from engine.config import KernelChoices
 from engine.models.deepseek_v4.indexer import indexer_topk_torch
-
-_INDEXERS = ("auto", "torch", "kernels", "kernels_ref", "naive")
-_ATTENTIONS = ("auto", "torch", "kernels", "kernels_ref")
-_GEMMS = ("auto", "torch", "kernels")
-_MHCS = ("auto", "torch", "kernels")
-_DECODES = ("auto", "fused", "unfused")
 
 
 @dataclass(frozen=True)
-class V4Backend:
-    indexer: str = "auto"
-    attention: str = "auto"
-    gemm: str = "auto"
-    mhc: str = "auto"
-    decode: str = "auto"
-    # the fused decode step's streams: 2 runs the compressors' updates, the CSA indexer and the
-    # shared expert on a side lane beside the main chain (decode_fused.py, engine/side_lane.py);
-    # 1 (the default until the GPU has checked and timed it): one stream
-    lanes: int = 1
+class V4Backend(KernelChoices):
+    """The engine's ``KernelChoices`` (engine/config.py, where the allowed values live and are
+    checked) as this family reads them; ``EngineConfig.kernels`` is the one way to set them."""
 
-    def __post_init__(self) -> None:
-        if self.lanes not in (1, 2):
-            raise ValueError(f"V4Backend.lanes={self.lanes!r} not in (1, 2)")
-        if self.indexer not in _INDEXERS:
-            raise ValueError(f"V4Backend.indexer={self.indexer!r} not in {_INDEXERS}")
-        if self.attention not in _ATTENTIONS:
-            raise ValueError(f"V4Backend.attention={self.attention!r} not in {_ATTENTIONS}")
-        if self.gemm not in _GEMMS:
-            raise ValueError(f"V4Backend.gemm={self.gemm!r} not in {_GEMMS}")
-        if self.mhc not in _MHCS:
-            raise ValueError(f"V4Backend.mhc={self.mhc!r} not in {_MHCS}")
-        if self.decode not in _DECODES:
-            raise ValueError(f"V4Backend.decode={self.decode!r} not in {_DECODES}")
+    @classmethod
+    def of(cls, choices: KernelChoices) -> V4Backend:
+        return cls(**dataclasses.asdict(choices))
 
     def resolved(self, device: torch.device) -> V4Backend:
         """'auto' -> 'kernels' on CUDA, 'torch' elsewhere (mhc: as the attention resolves;

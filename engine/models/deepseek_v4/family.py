@@ -10,7 +10,7 @@ Never allocates cache memory after construction.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -25,7 +25,9 @@ from engine.models.deepseek_v4.decode_step import DecodeRows
 from engine.models.deepseek_v4.kv_pool import (
     DeepseekV4KVPool,
     block_bytes_by_kind,
+    block_size_problem,
     check_block_size,
+    default_block_size,
     resume_window_bytes,
     slot_carry_bytes,
     v4_fingerprint,
@@ -129,7 +131,7 @@ def _activations_term(v4: DeepseekV4Config, ec: EngineConfig, scratch: dict[str,
     kv_tokens = DeepseekV4Family.step_context_limit(ec)
     parts = deepseek_v4_kernels_step_bytes(v4, ec.chunk_tokens, ec.max_context, ec.max_batch,
                                            ec.torch_dtype, kv_tokens, ec.kv_dtype == "fp8",
-                                           DeepseekV4Family.plan_decode != "unfused")
+                                           _plans_fused_decode(ec))
     return PlanTerm("activations", deepseek_v4_kernels_peak_bytes(parts),
                     "max(resident + attention, resident + MoE, mHC mix, mHC merge, final norm) "
                     f"at chunk {ec.chunk_tokens}, batch {ec.max_batch}, context {ec.max_context},"
@@ -137,14 +139,16 @@ def _activations_term(v4: DeepseekV4Config, ec: EngineConfig, scratch: dict[str,
                     + ", ".join(f"{k}={v}" for k, v in parts.items()))
 
 
+def _plans_fused_decode(ec: EngineConfig) -> bool:
+    """Whether the plan counts the fused decode loop (its side lane, its step's terms): the
+    loop ``ec.kernels`` resolves to on the engine's device."""
+    return V4Backend.of(ec.kernels).resolved(ec.torch_device).decode == "fused"
+
+
 class DeepseekV4Family(ModelFamily):
     # decode steps are pure device work (decode_step.py) once the experts are the fused MXFP4
     # ones (the bf16 loop reads expert counts on the host); set per instance in __init__
     uses_cuda_graphs: ClassVar[bool] = False
-    # the decode loop the plan counts for: "auto" (fused with the kernels' attention, as
-    # V4Backend() resolves) or "unfused"; whoever builds the family with another backend sets
-    # this too (bench.deepseek_v4.decode --decode)
-    plan_decode: ClassVar[str] = "auto"
     graph_pads_copy_first: ClassVar[bool] = True  # pad rows must not touch slot 0's window ring
     cast_weights_on_load: ClassVar[bool] = False  # FP8/FP4 payloads and scales kept as stored
     supports_tensor_parallel: ClassVar[bool] = True  # dequantized weights (tensor_parallel.py)
@@ -156,7 +160,8 @@ class DeepseekV4Family(ModelFamily):
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineConfig,
                  backend: V4Backend | None = None, tp: Any = None) -> None:
-        """``tp`` (engine/parallel/rank_group.py, or None): ``cfg`` is then a rank's
+        """``backend``: the kernel choices, by default the engine config's (``ec.kernels``).
+        ``tp`` (engine/parallel/rank_group.py, or None): ``cfg`` is then a rank's
         (``rank_model_config``) and ``weights`` that rank's slices (``tensor_slicer``)."""
         self.cfg = DeepseekV4Config.from_hf_dict(whole_hf_config(dict(cfg.hf_config)))
         shard = None
@@ -167,12 +172,50 @@ class DeepseekV4Family(ModelFamily):
                 cut_model(skeleton, self.cfg, tp.rank, tp.size)
         # the engine hands its weights dict over: experts leave it as they are stacked
         self.model = DeepseekV4Model.from_state_dict(self.cfg, weights, ec.torch_dtype,
-                                                     ec.torch_device, backend, ec.weight_format,
+                                                     ec.torch_device,
+                                                     backend or V4Backend.of(ec.kernels),
+                                                     ec.weight_format,
                                                      consume=True, shard=shard)
         if tp is not None:
             wire_model(self.model, self.cfg, tp.rank, tp)
         self.uses_cuda_graphs = all(isinstance(layer.mlp.experts, Mxfp4Experts)
                                     for layer in self.model.model.layers)
+
+    @classmethod
+    def dummy_tensors(cls, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
+                      seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """In the formats config.json declares: FP8 e4m3 with 128 x 128 block scales for the
+        dense projections (``quantization_config.quant_method: fp8``), MXFP4 routed experts
+        (``expert_dtype: fp4``), the rest in ``dtype`` (checkpoint_specs.py)."""
+        from engine.errors import CheckpointError
+        from engine.models.deepseek_v4.checkpoint_specs import dummy_state_dict
+
+        hf = cfg.hf_config
+        qc = hf.get("quantization_config")
+        if qc and not (isinstance(qc, dict) and qc.get("quant_method") == "fp8"):
+            method = qc.get("quant_method") if isinstance(qc, dict) else qc
+            raise CheckpointError(f"quantization_config quant_method={method!r}: this family "
+                                  "holds FP8 block-scaled projections (quant_method fp8) and "
+                                  "MXFP4 experts (expert_dtype fp4) only")
+        fp8, fp4 = has_fp8_linears(hf), has_mxfp4_experts(hf)
+        if fp8 and isinstance(qc, dict) and list(qc.get("weight_block_size") or [128, 128]) != [128, 128]:
+            raise CheckpointError(f"quantization_config weight_block_size="
+                                  f"{qc.get('weight_block_size')}: FP8 projections are held "
+                                  "with 128 x 128 blocks only")
+        v4 = DeepseekV4Config.from_hf_dict(whole_hf_config(dict(hf)))
+        return dummy_state_dict(v4, dtype, device, seed, fp8, fp4)
+
+    @classmethod
+    def default_block_size(cls, cfg: ModelConfig) -> int:
+        return default_block_size(DeepseekV4Config.from_hf_dict(cfg.hf_config))
+
+    @classmethod
+    def block_size_problem(cls, cfg: ModelConfig, block_size: int) -> str | None:
+        return block_size_problem(DeepseekV4Config.from_hf_dict(cfg.hf_config), block_size)
+
+    @classmethod
+    def context_limit(cls, cfg: ModelConfig) -> int:
+        return DeepseekV4Config.from_hf_dict(cfg.hf_config).max_position_embeddings
 
     @classmethod
     def resident_weight_bytes(cls, weights: dict[str, torch.Tensor], ec: EngineConfig) -> int:
@@ -247,7 +290,7 @@ class DeepseekV4Family(ModelFamily):
                                   f"2 x {GEMV_SEMAPHORES} int32 counters of the split-K decode "
                                   "GEMVs (kernels.fp8_linear.gemv_semaphores): one set for the "
                                   "main lane, one for the fused decode's side lane"))
-        if ec.torch_device.type == "cuda" and cls.plan_decode != "unfused":
+        if ec.torch_device.type == "cuda" and _plans_fused_decode(ec):
             # filled in by the planner with the serving stream's measured bytes
             terms.append(PlanTerm(
                 SIDE_LANE_LIBRARY_TERM, 0,

@@ -40,11 +40,33 @@ def block_multiple(cfg: DeepseekV4Config) -> int:
     return math.lcm(*rates) if rates else 1
 
 
-def check_block_size(cfg: DeepseekV4Config, block_size: int) -> None:
+# vLLM's block size for V4 too: at 1M tokens a sequence's table is 4,096 entries, each block
+# closes 64 CSA entries (rate 4) and 2 HCA entries (rate 128), and an LMCache chunk of 256
+# tokens is one whole block
+DEFAULT_BLOCK_TOKENS = 256
+
+
+def default_block_size(cfg: DeepseekV4Config) -> int:
+    """256 tokens, rounded up to a multiple of the rates' lcm (a toy model's rates may not
+    divide 256)."""
     m = block_multiple(cfg)
-    if block_size % m:
-        raise PlanError(f"block_size={block_size} must be a multiple of {m} (the lcm of this "
-                        "model's compression rates) so that no compressor window straddles blocks")
+    return -(-DEFAULT_BLOCK_TOKENS // m) * m
+
+
+def block_size_problem(cfg: DeepseekV4Config, block_size: int) -> str | None:
+    m = block_multiple(cfg)
+    if block_size % m == 0:
+        return None
+    near = max(m, round(block_size / m) * m)
+    return (f"block_size={block_size} must be a multiple of {m} (the lcm of this model's "
+            f"compression rates) so that no compressor window straddles blocks; {near} would do "
+            f"(the default, {default_block_size(cfg)}, when it is not set)")
+
+
+def check_block_size(cfg: DeepseekV4Config, block_size: int) -> None:
+    problem = block_size_problem(cfg, block_size)
+    if problem:
+        raise PlanError(problem)
 
 
 @dataclass

@@ -5,15 +5,11 @@ after warm-up; three sequences run in a graph of four (one pad row copying row 0
 
 from __future__ import annotations
 
-from functools import partialmethod
-
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelChoices
 from engine.llm_engine import LLMEngine
-from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.family import DeepseekV4Family
 from engine.sampling_params import SamplingParams
 
 from ._greedy import greedy_tokens
@@ -26,19 +22,20 @@ PROMPTS = (23, 9, 40)
 NEW = 12
 
 
+_DECODE = ["auto"]  # the loop the current test's engines run (set by the fixture)
+
+
 @pytest.fixture(autouse=True, params=["unfused", "fused"])
-def decode_loop(request, monkeypatch) -> str:
-    """Both decode layer loops: the engine builds its family with this backend."""
-    monkeypatch.setattr(DeepseekV4Family, "__init__", partialmethod(
-        DeepseekV4Family.__init__, backend=V4Backend(decode=request.param)))
-    monkeypatch.setattr(DeepseekV4Family, "plan_decode", request.param)
+def decode_loop(request) -> str:
+    """Both decode layer loops, as the engine config's kernel choice (``_engine``)."""
+    _DECODE[0] = request.param
     return request.param
 
 
 def _engine(folder, **kw) -> LLMEngine:
     ec = EngineConfig(model=str(folder), device="cuda", dtype="float32", max_context=128,
                       chunk_tokens=64, max_batch=4, block_size=16, attn_tile_tokens=16,
-                      strict_allocations=True, **kw)
+                      strict_allocations=True, kernels=KernelChoices(decode=_DECODE[0]), **kw)
     return LLMEngine.from_config(ec)
 
 

@@ -7,15 +7,11 @@ test_deepseek_v4_quantized (FP8 projections, MXFP4 experts)."""
 
 from __future__ import annotations
 
-from functools import partialmethod
-
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelChoices
 from engine.llm_engine import LLMEngine
-from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.family import DeepseekV4Family
 
 from ._greedy import greedy_tokens
 from .test_deepseek_v4_quantized import quantized  # noqa: F401  (the module's fixture)
@@ -25,17 +21,14 @@ pytestmark = [pytest.mark.gpu,
 
 PROMPTS = (23, 9, 40, 17)
 NEW = 12
-_INIT = DeepseekV4Family.__init__
 
 
 def _tokens(folder, monkeypatch, lanes: int, kv_dtype: str
             ) -> tuple[dict[str, list[int]], LLMEngine]:
-    monkeypatch.setattr(DeepseekV4Family, "__init__", partialmethod(
-        _INIT, backend=V4Backend(decode="fused", lanes=lanes)))
-    monkeypatch.setattr(DeepseekV4Family, "plan_decode", "fused")
     ec = EngineConfig(model=str(folder), device="cuda", dtype="float32", max_context=256,
                       chunk_tokens=64, max_batch=4, block_size=16, attn_tile_tokens=16,
-                      strict_allocations=True, kv_dtype=kv_dtype)
+                      strict_allocations=True, kv_dtype=kv_dtype,
+                      kernels=KernelChoices(decode="fused", lanes=lanes))
     engine = LLMEngine.from_config(ec)
     assert engine.runner.graphs is not None
     return greedy_tokens(engine, PROMPTS, NEW, seed=11), engine

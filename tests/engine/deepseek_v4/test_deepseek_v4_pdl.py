@@ -7,15 +7,11 @@ test_deepseek_v4_quantized (FP8 projections, MXFP4 experts)."""
 
 from __future__ import annotations
 
-from functools import partialmethod
-
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelChoices
 from engine.llm_engine import LLMEngine
-from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.family import DeepseekV4Family
 from kernels import pdl_launch
 
 from ._greedy import greedy_tokens
@@ -28,17 +24,10 @@ PROMPTS = (23, 9, 40)
 NEW = 10
 
 
-@pytest.fixture(autouse=True)
-def fused_decode(monkeypatch) -> None:
-    monkeypatch.setattr(DeepseekV4Family, "__init__", partialmethod(
-        DeepseekV4Family.__init__, backend=V4Backend(decode="fused")))
-    monkeypatch.setattr(DeepseekV4Family, "plan_decode", "fused")
-
-
 def _tokens(folder) -> tuple[dict[str, list[int]], int]:
     ec = EngineConfig(model=str(folder), device="cuda", dtype="float32", max_context=128,
                       chunk_tokens=64, max_batch=4, block_size=16, attn_tile_tokens=16,
-                      strict_allocations=True)
+                      strict_allocations=True, kernels=KernelChoices(decode="fused"))
     engine = LLMEngine.from_config(ec)
     assert engine.runner.graphs is not None
     return greedy_tokens(engine, PROMPTS, NEW), engine.runner.num_graph_steps

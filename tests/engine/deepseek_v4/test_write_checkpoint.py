@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from bench.deepseek_v4.tensor_spec import checkpoint_specs
 from bench.deepseek_v4.write_checkpoint import INDEX_FILE, flash_hf_config
+from engine.models.deepseek_v4.checkpoint_specs import checkpoint_specs
 from engine.models.deepseek_v4.config import CSA, HCA, SLIDING, DeepseekV4Config
 
 LAYERS, EXPERTS, HIDDEN, VOCAB = 4, 8, 256, 49152

@@ -1,8 +1,8 @@
 """The tensors of a DeepSeek-V4 checkpoint as V4-Flash ships them: names in DeepSeek's own
 on-disk layout (``layers.N.attn.wq_a.weight``, one ``ffn.experts.E.w1.weight`` per expert),
 shapes, stored dtypes and how to fill each one. The one list both the on-disk writer
-(:mod:`.write_checkpoint`) and the on-device builder (:mod:`.quantized_weights`) walk, so the
-two cannot drift apart.
+(bench.deepseek_v4.write_checkpoint), the on-device builder (bench.deepseek_v4.quantized_weights)
+and the engine's dummy weights walk, so they cannot drift apart.
 
 Shapes come from the engine's own model built on the meta device, its names mapped back through
 the loader's rename tables (:mod:`engine.models.deepseek_v4.weights`): whatever the loader
@@ -11,7 +11,9 @@ expects is what gets written. Stored dtypes follow the shipped files (the header
 128 x 128 block, routed experts I8 (two e2m1 a byte) with an F8_E8M0 scale per 32 values,
 ``tid2eid`` I64, mHC / sinks / positional and routing biases F32, the rest (norms included)
 BF16.
-Benchmark and test tooling: the engine never imports it.
+The engine uses it for ``load_format=dummy`` (:func:`dummy_state_dict`: random weights in the
+formats the config declares, made layer by layer on the device); the benchmarks and tests use
+it to write and build checkpoints.
 """
 
 from __future__ import annotations
@@ -107,9 +109,12 @@ def _expert_specs(stem: str, num_experts: int, inter: int, hidden: int) -> Itera
             yield TensorSpec(f"{stem}{e}.{w}.scale", (rows, cols // MXFP4_GROUP), _E8M0, "mxfp4_scale")
 
 
-def checkpoint_specs(cfg: DeepseekV4Config) -> Iterator[TensorSpec]:
-    """Every tensor of ``cfg``'s checkpoint in file order (embedding, layer by layer, head)."""
-    if cfg.hidden_size % MXFP4_GROUP or cfg.moe_intermediate_size % MXFP4_GROUP:
+def checkpoint_specs(cfg: DeepseekV4Config, fp8: bool = True,
+                     fp4: bool = True) -> Iterator[TensorSpec]:
+    """Every tensor of ``cfg``'s checkpoint in file order (embedding, layer by layer, head):
+    dense projections in FP8 with block scales when ``fp8``, routed experts in MXFP4 when
+    ``fp4`` (else both BF16, as an unquantized checkpoint stores them)."""
+    if fp4 and (cfg.hidden_size % MXFP4_GROUP or cfg.moe_intermediate_size % MXFP4_GROUP):
         raise ValueError(f"MXFP4 experts need hidden_size ({cfg.hidden_size}) and "
                          f"moe_intermediate_size ({cfg.moe_intermediate_size}) in multiples of {MXFP4_GROUP}")
     with torch.device("meta"):
@@ -121,10 +126,17 @@ def checkpoint_specs(cfg: DeepseekV4Config) -> Iterator[TensorSpec]:
         if hf_name.endswith("experts.gate_up_proj"):
             e, two_inter, hidden = shape
             layer = hf_name.split(".")[2]
-            yield from _expert_specs(f"layers.{layer}.ffn.experts.", e, two_inter // 2, hidden)
+            stem = f"layers.{layer}.ffn.experts."
+            if fp4:
+                yield from _expert_specs(stem, e, two_inter // 2, hidden)
+            else:
+                for i in range(e):
+                    for w, sh in (("w1", (two_inter // 2, hidden)), ("w2", (hidden, two_inter // 2)),
+                                  ("w3", (two_inter // 2, hidden))):
+                        yield TensorSpec(f"{stem}{i}.{w}.weight", sh, torch.bfloat16, "normal")
             continue
         name = deepseek_name(hf_name)
-        if FP8_LINEAR.search(hf_name):
+        if fp8 and FP8_LINEAR.search(hf_name):
             n, k = shape
             yield TensorSpec(name, shape, torch.float8_e4m3fn, "fp8")
             grid = (-(-n // FP8_BLOCK), -(-k // FP8_BLOCK))
@@ -161,3 +173,32 @@ def make_tensor(spec: TensorSpec, cfg: DeepseekV4Config, gen: torch.Generator,
     if fill == "zeros":
         return torch.zeros(shape, dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
+
+
+@torch.no_grad()
+def dummy_state_dict(cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.device | str,
+                     seed: int, fp8: bool, fp4: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """``load_format=dummy``: the transformers-named tensors the loader would hand over for a
+    checkpoint of ``cfg`` in the declared formats, made on ``device`` one layer at a time (the
+    embedding first, the head last) and yielded as they are ready, so a consumer that packs
+    them (weight_share.py) never holds two copies of more than one layer. ``device="meta"``
+    gives the names, shapes and dtypes alone. The same seed gives the same values."""
+    from engine.models.deepseek_v4.weights import to_hf_names
+
+    meta = torch.device(device).type == "meta"
+    gen = None if meta else torch.Generator(device=device).manual_seed(seed)
+    group: dict[str, torch.Tensor] = {}
+    current: str | None = None
+    for spec in checkpoint_specs(cfg, fp8, fp4):
+        key = ".".join(spec.name.split(".")[:2]) if spec.name.startswith("layers.") else "top"
+        if key != current and group:
+            yield from to_hf_names(group, dtype, keep_quantized=True, consume=True).items()
+            group = {}
+        current = key
+        if meta:
+            sdt = dtype if spec.dtype == torch.bfloat16 else spec.dtype
+            group[spec.name] = torch.empty(spec.shape, dtype=sdt, device="meta")
+        else:
+            group[spec.name] = make_tensor(spec, cfg, gen, device, float_dtype=dtype)
+    if group:
+        yield from to_hf_names(group, dtype, keep_quantized=True, consume=True).items()
