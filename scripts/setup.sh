@@ -7,7 +7,8 @@
 # constraints.txt, so a fresh machine gets the versions the suite was run with. A marker in the
 # venv keyed on a hash of constraints.txt, pyproject.toml, the profile and the Python version makes
 # a second run install nothing (about a second instead of minutes). Also installs redis-server
-# through apt when run as root and it is missing (tests need it; `bulkhead up` prefers it).
+# through apt when run as root and it is missing (tests need it; `bulkhead up` prefers it), waiting
+# for the package lock if another apt run holds it, then says which KV store `bulkhead up` will use.
 # On a GPU machine: install the CUDA build of torch 2.13.0 into the venv first (the constraint
 # `torch==2.13.0` accepts any local build label), then run this.
 set -euo pipefail
@@ -59,11 +60,42 @@ else
   echo "setup: installed in $(( $(date +%s) - start )) s"
 fi
 
+# apt-get, waiting for another apt/dpkg run to let go of its lock (a fresh machine's unattended
+# upgrade holds it for minutes) rather than failing on it: up to $BULKHEAD_APT_LOCK_WAIT seconds
+# (default 300) in all, polling every $BULKHEAD_APT_LOCK_POLL (default 5). Any other failure
+# shows apt's last lines and returns its status.
+APT_LOCK_WAIT=${BULKHEAD_APT_LOCK_WAIT:-300}
+APT_LOCK_POLL=${BULKHEAD_APT_LOCK_POLL:-5}
+apt_get() {
+  local deadline=$(( $(date +%s) + APT_LOCK_WAIT )) said="" out rc
+  while :; do
+    rc=0
+    out=$(apt-get -o DPkg::Lock::Timeout="$APT_LOCK_POLL" "$@" 2>&1) || rc=$?
+    [ "$rc" = 0 ] && return 0
+    if printf '%s\n' "$out" | grep -qiE "could not (get|open) lock|unable to (acquire|lock)" \
+        && [ "$(date +%s)" -lt "$deadline" ]; then
+      [ -n "$said" ] || echo "setup: another apt/dpkg run holds the package lock; waiting for it (up to ${APT_LOCK_WAIT} s)"
+      said=1
+      sleep "$APT_LOCK_POLL"
+      continue
+    fi
+    printf '%s\n' "$out" | tail -n 3 | sed 's/^/setup: apt-get: /' >&2
+    return "$rc"
+  done
+}
+
 if ! command -v redis-server >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) \
-      || echo "setup: could not install redis-server; bulkhead up will use LMCache's lm:// store"
+    echo "setup: installing redis-server through apt"
+    { apt_get update -qq && apt_get install -y -qq redis-server; } \
+      || echo "setup: could not install redis-server through apt"
   else
-    echo "setup: redis-server not found; bulkhead up will use LMCache's embedded lm:// store"
+    echo "setup: redis-server not found, and apt-get as root is not available to install it"
   fi
+fi
+# What `bulkhead up` will find, checked after the install attempt (up looks it up on PATH too).
+if command -v redis-server >/dev/null 2>&1; then
+  echo "setup: bulkhead up will keep KV in a redis-server it starts ($(command -v redis-server))"
+else
+  echo "setup: bulkhead up will keep KV in LMCache's embedded lm:// store (no redis-server on PATH)"
 fi
