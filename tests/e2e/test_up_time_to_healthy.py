@@ -39,6 +39,8 @@ def test_up_reports_progress_and_time_to_healthy(tmp_path: Path) -> None:
             steps = re.findall(rf"^\[\s*(\d+\.\d) s\] {role}\s+(.*)$", text, re.MULTILINE)
             names = [s for _, s in steps]
             assert any(s.startswith("loading weights") for s in names), text
+            assert any(s.startswith("device cpu, ") and "; kernels: PyTorch ops on CPU" in s
+                       for s in names), text  # the device line, first of the worker's steps
             warmups = [s for s in names if re.match(r"warm-up \d", s)]
             assert [w.split(":")[0] for w in warmups] == [f"warm-up {k}/3" for k in (1, 2, 3)]
             assert any(s.startswith("serving on ") for s in names), text
