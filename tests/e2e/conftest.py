@@ -19,6 +19,7 @@ import pytest
 
 from launch.launcher import ManagedProcess, redis_server_path, spawn, wait_until
 from launch.up import Deployment, UpOptions, grpc_serving, start
+from tests.helpers.startup_budget import startup_budget_s
 from tests.helpers.tiny_model import write_tiny_llama
 
 CHUNK = 16  # LMCache chunk: long prompts span several
@@ -112,7 +113,8 @@ def deploy(tmp_path_factory: pytest.TempPathFactory, *extra_worker_args: str,
     from launch.launcher import free_port
 
     opts = UpOptions(model=str(folder), port=free_port(), log_dir=str(log_dir),
-                     startup_timeout_s=180, extra_worker_args=(*WORKER_FLAGS, *extra_worker_args),
+                     startup_timeout_s=startup_budget_s(),
+                     extra_worker_args=(*WORKER_FLAGS, *extra_worker_args),
                      extra_router_args=("--split-threshold-tokens", str(SPLIT_THRESHOLD),
                                         "--poll-interval-s", "0.5"))
     deployment = start(opts, log=lambda line: None)
