@@ -124,6 +124,11 @@ def deploy(tmp_path_factory: pytest.TempPathFactory, *extra_worker_args: str,
         deployment.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
+    """One deployment shared by every module that asks for ``e2e`` (echo logprobs, lm-eval
+    parity, mixed load, sampling parameters, the tiny deployment, vLLM metrics): a start is
+    20-60 s on 2 cores, and these tests only send requests, compare answers and read metric
+    deltas, so they do not need a fresh one each. A module that stops, restarts or starves a
+    process, or needs other flags, starts its own with ``deploy`` under the same name."""
     yield from deploy(tmp_path_factory)
