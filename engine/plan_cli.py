@@ -26,6 +26,17 @@ def _model_config(path: str) -> ModelConfig:
     return load_model_config(p)
 
 
+def _model_label(path: str, mc: ModelConfig) -> str:
+    """What the plan is of: the file or folder given (a folder holding config.json by its own
+    name, a lone config.json file by its file name, never by the folder it happens to sit in),
+    then the checkpoint's own name (``_name_or_path``) or architecture and its family."""
+    p = Path(path)
+    given = p.name if p.is_dir() or p.name != "config.json" else f"{p.parent.name}/config.json"
+    hf = mc.hf_config or {}
+    own = hf.get("_name_or_path") or (hf.get("architectures") or [None])[0]
+    return f"{given}: {own} ({mc.family})" if own else f"{given} ({mc.family})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="bulkhead plan", description=__doc__,
                                  formatter_class=DefaultsHelpFormatter)
@@ -96,11 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bulkhead plan: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"model": mc.name, "family": mc.family, **plan.to_json()}, indent=2))
+        print(json.dumps({"model": _model_label(args.model, mc), "family": mc.family,
+                          **plan.to_json()}, indent=2))
     else:
-        print(f"model {mc.name} ({mc.family}), dtype {args.dtype}, max_context {ec.max_context}, "
-              f"chunk {ec.chunk_tokens}, max_batch {ec.max_batch}, block_size {ec.block_size}, "
-              f"kv_dtype {ec.kv_dtype}")
+        print(f"model {_model_label(args.model, mc)}, dtype {args.dtype}, max_context "
+              f"{ec.max_context}, chunk {ec.chunk_tokens}, max_batch {ec.max_batch}, block_size "
+              f"{ec.block_size}, kv_dtype {ec.kv_dtype}")
         print(plan.table())
         if ec.tensor_parallel_size > 1:
             print(_per_rank(plan, ec.tensor_parallel_size))

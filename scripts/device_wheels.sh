@@ -12,7 +12,7 @@ mkdir -p "$DEST"
 DEST=$(cd "$DEST" && pwd)
 
 # The runtime closure of router + workers + LMCache's cache engine on the device image, found by
-# tracing sys.modules through a KVStore round trip and the service imports (see docs/gpu_stack.md).
+# tracing sys.modules through a KVStore round trip and the service imports (docs/benchmarks.md).
 WHEELS=(
   lmcache==0.5.6 redis==8.1.0
   fastapi==0.141.1 starlette==1.10.0 pydantic==2.13.4 pydantic-core==2.46.4

@@ -8,7 +8,7 @@
 # BULKHEAD_WHEELS (default ../.whl_lm, else ./.whl_lm) is the folder scripts/device_wheels.sh
 # made: wheels are installed (no index, no deps) into /tmp/site, and redis-server runs from the
 # folder's unpacked Debian packages through a wrapper, so only it sees their libraries.
-# docs/gpu_stack.md tells how to carry the folder with the device tool.
+# docs/gpu_stack.md ("Air-gapped hosts") tells when to use it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHL=${BULKHEAD_WHEELS:-}

@@ -28,6 +28,7 @@ from grpc_health.v1.health import aio as health_aio
 from common.ports import port_in_use
 from common.settings import WorkerSettings
 from common.startup_progress import StartupProgress
+from engine.device_info import describe_device
 from engine.errors import InvalidRequest
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -85,6 +86,10 @@ def build_runtime(settings: WorkerSettings,
     ``progress`` is told each step (``StartupProgress`` prints them for ``bulkhead up``)."""
     config = WorkerConfig.from_settings(settings)
     settings, store = config.settings, config.store
+    device = describe_device(config.engine)  # CPU or which card, and the kernels chosen
+    log.info("%s worker %s: %s", settings.role, settings.name, device)
+    if progress is not None:
+        progress(device)
     engine = build_on_a_passing_thread(lambda: LLMEngine.from_config(config.engine, progress))
     mc = engine.model_config
     kv_dtype = engine.config.torch_dtype

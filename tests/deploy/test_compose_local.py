@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.deploy.test_compose import DEPLOY, REPO, interpolate
+from tests.helpers.startup_budget import startup_budget_s
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -75,7 +76,7 @@ def test_compose_services_run_as_local_processes(tmp_path: Path) -> None:
                 continue
             for worker in ("prefill", "decode"):
                 launcher.wait_until(procs[worker], lambda w=worker: _health_ok(
-                    services[w]["healthcheck"]["test"], hosts), 300, "healthy")
+                    services[w]["healthcheck"]["test"], hosts), startup_budget_s(5 / 3), "healthy")
         base = f"http://127.0.0.1:{ports['router']}"
         launcher.wait_until(procs["router"], lambda: _health_ok(
             services["router"]["healthcheck"]["test"], hosts), 60, "healthy")

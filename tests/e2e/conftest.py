@@ -19,6 +19,7 @@ import pytest
 
 from launch.launcher import ManagedProcess, redis_server_path, spawn, wait_until
 from launch.up import Deployment, UpOptions, grpc_serving, start
+from tests.helpers.startup_budget import startup_budget_s
 from tests.helpers.tiny_model import write_tiny_llama
 
 CHUNK = 16  # LMCache chunk: long prompts span several
@@ -112,7 +113,8 @@ def deploy(tmp_path_factory: pytest.TempPathFactory, *extra_worker_args: str,
     from launch.launcher import free_port
 
     opts = UpOptions(model=str(folder), port=free_port(), log_dir=str(log_dir),
-                     startup_timeout_s=180, extra_worker_args=(*WORKER_FLAGS, *extra_worker_args),
+                     startup_timeout_s=startup_budget_s(),
+                     extra_worker_args=(*WORKER_FLAGS, *extra_worker_args),
                      extra_router_args=("--split-threshold-tokens", str(SPLIT_THRESHOLD),
                                         "--poll-interval-s", "0.5"))
     deployment = start(opts, log=lambda line: None)
@@ -122,6 +124,11 @@ def deploy(tmp_path_factory: pytest.TempPathFactory, *extra_worker_args: str,
         deployment.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
+    """One deployment shared by every module that asks for ``e2e`` (echo logprobs, lm-eval
+    parity, mixed load, sampling parameters, the tiny deployment, vLLM metrics): a start is
+    20-60 s on 2 cores, and these tests only send requests, compare answers and read metric
+    deltas, so they do not need a fresh one each. A module that stops, restarts or starves a
+    process, or needs other flags, starts its own with ``deploy`` under the same name."""
     yield from deploy(tmp_path_factory)

@@ -13,6 +13,7 @@ import pytest
 
 from launch.launcher import free_port, tcp_open
 from tests.helpers.default_model import default_model_or_skip
+from tests.helpers.startup_budget import startup_budget_s
 from tests.helpers.up_process import stop_up, up_process, wait_until_up
 
 pytestmark = pytest.mark.slow  # two workers load and warm up SmolLM2: ~1 min on 2 cores
@@ -29,7 +30,8 @@ def test_up_answers_the_capital_of_france_and_stops_cleanly(tmp_path: Path) -> N
     args = ["--port", str(port), "--max-context", "1024", "--max-batch", "2",
             "--chunk-tokens", "256", "--log-dir", str(tmp_path / "logs")]
     with up_process(args, out_path, env) as proc:
-        wait_until_up(proc, out_path, budget_s=300, poll_s=1)
+        wait_until_up(proc, out_path, budget_s=startup_budget_s(5 / 3), poll_s=1,
+                      log_dir=tmp_path / "logs")
         text = out_path.read_text()
         assert f"http://127.0.0.1:{port}/v1" in text and "curl " in text
         addresses = re.findall(r"^(?:kv store\s+redis://|prefill\s+|decode\s+)(127\.0\.0\.1:\d+)", text,

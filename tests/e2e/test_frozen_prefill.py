@@ -18,9 +18,10 @@ import pytest
 from launch.launcher import free_port, redis_server_path
 from launch.up import Deployment, UpOptions, start
 from tests.e2e.conftest import SPLIT_THRESHOLD, WORKER_FLAGS
+from tests.helpers.startup_budget import startup_budget_s
 from tests.helpers.tiny_model import write_tiny_llama
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 STALL_TIMEOUT_S = 3.0
 KEEPALIVE_S = 0.5
@@ -33,7 +34,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         pytest.skip("redis-server is not installed")
     folder = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
     opts = UpOptions(model=str(folder), port=free_port(),
-                     log_dir=str(tmp_path_factory.mktemp("logs")), startup_timeout_s=180,
+                     log_dir=str(tmp_path_factory.mktemp("logs")), startup_timeout_s=startup_budget_s(),
                      extra_worker_args=WORKER_FLAGS,
                      extra_router_args=("--split-threshold-tokens", str(SPLIT_THRESHOLD),
                                         "--poll-interval-s", "0.5",

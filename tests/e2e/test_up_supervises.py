@@ -20,6 +20,7 @@ import yaml
 
 from launch.launcher import free_port, redis_server_path
 from tests.e2e.conftest import MAX_CONTEXT
+from tests.helpers.startup_budget import startup_budget_s
 from tests.helpers.tiny_model import write_tiny_llama
 from tests.helpers.up_process import stop_up, up_process, wait_until_up
 
@@ -110,7 +111,8 @@ def test_up_restarts_each_child_and_every_stream_ends_with_a_word(tmp_path: Path
             "--log-dir", str(tmp_path / "logs")]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     with up_process(args, out_path, env) as proc:
-        wait_until_up(proc, out_path, budget_s=300)
+        wait_until_up(proc, out_path, budget_s=startup_budget_s(5 / 3),
+                      log_dir=tmp_path / "logs")
         model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
         up = psutil.Process(proc.pid)
         report = []

@@ -13,12 +13,13 @@ import pytest
 
 from launch.launcher import free_port
 from tests.helpers.default_model import default_model_or_skip
+from tests.helpers.startup_budget import startup_budget_s
 from tests.helpers.up_process import stop_up, up_process, wait_until_up
 
 pytestmark = pytest.mark.slow  # two workers warm up the full default plan: ~1 min on 2 cores
 
 # Generous: CI shares its 2 cores; on a quiet machine this takes about a minute (README).
-BUDGET_S = float(os.environ.get("BULKHEAD_UP_HEALTHY_BUDGET_S", "240"))
+BUDGET_S = float(os.environ.get("BULKHEAD_UP_HEALTHY_BUDGET_S", "0")) or startup_budget_s(4 / 3)
 
 
 def test_up_reports_progress_and_time_to_healthy(tmp_path: Path) -> None:
@@ -29,7 +30,7 @@ def test_up_reports_progress_and_time_to_healthy(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BULKHEAD_")}
     with up_process(["--port", str(port), "--log-dir", str(tmp_path / "logs")],
                     out_path, env) as proc:
-        measured_s = wait_until_up(proc, out_path, BUDGET_S)
+        measured_s = wait_until_up(proc, out_path, BUDGET_S, log_dir=tmp_path / "logs")
         text = out_path.read_text()
         reported = re.search(r"healthy after (\d+\.\d) s", text)
         assert reported, text
@@ -39,6 +40,8 @@ def test_up_reports_progress_and_time_to_healthy(tmp_path: Path) -> None:
             steps = re.findall(rf"^\[\s*(\d+\.\d) s\] {role}\s+(.*)$", text, re.MULTILINE)
             names = [s for _, s in steps]
             assert any(s.startswith("loading weights") for s in names), text
+            assert any(s.startswith("device cpu, ") and "; kernels: PyTorch ops on CPU" in s
+                       for s in names), text  # the device line, first of the worker's steps
             warmups = [s for s in names if re.match(r"warm-up \d", s)]
             assert [w.split(":")[0] for w in warmups] == [f"warm-up {k}/3" for k in (1, 2, 3)]
             assert any(s.startswith("serving on ") for s in names), text

@@ -30,6 +30,7 @@ from launch.launcher import (
 from launch.up import grpc_serving, router_ready
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
+from tests.helpers.startup_budget import startup_budget_s
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +74,8 @@ def two_prefill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                                                      "--kv-store-url", kv_url, *FLAGS),
                                           env=WORKER_ENV, log_dir=log_dir))
         for name in procs:
-            wait_until(procs[name], lambda a=addr[name]: grpc_serving(a), 300, "serving")
+            wait_until(procs[name], lambda a=addr[name]: grpc_serving(a), startup_budget_s(5 / 3),
+                       "serving")
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         router = group.add(spawn("router", _cli(
@@ -81,7 +83,7 @@ def two_prefill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             "--prefill", addr["p2"], "--decode", addr["d1"], "--decode", addr["d2"],
             "--split-threshold-tokens", "64",
             "--poll-interval-s", "0.5"), log_dir=log_dir))
-        wait_until(router, lambda: router_ready(url, 4), 120, "all workers up")
+        wait_until(router, lambda: router_ready(url, 4), startup_budget_s(2 / 3), "all workers up")
         yield {"url": url, "procs": procs, "addr": addr}
 
 

@@ -14,13 +14,16 @@ from common.worker_env import WORKER_ENV
 from launch.launcher import ProcessGroup, free_port, spawn, wait_until
 from launch.up import grpc_serving
 from proto import bulkhead_pb2_grpc as pb_grpc
+from tests.helpers.startup_budget import startup_budget_s
 
 
 @contextlib.contextmanager
 def worker_pair(model: Path, kv_store_url: str, flags: Sequence[str], log_dir: Path,
-                startup_timeout_s: float = 180.0
+                startup_timeout_s: float | None = None
                 ) -> Iterator[tuple[pb_grpc.WorkerStub, pb_grpc.WorkerStub, list[Path]]]:
-    """(prefill stub, decode stub, log paths) of two `bulkhead prefill|decode` processes."""
+    """(prefill stub, decode stub, log paths) of two `bulkhead prefill|decode` processes;
+    each must serve within ``startup_timeout_s`` (default: the suite's start-up budget)."""
+    timeout_s = startup_budget_s() if startup_timeout_s is None else startup_timeout_s
     with ProcessGroup() as group:
         addresses = {}
         for role in ("prefill", "decode"):
@@ -31,7 +34,7 @@ def worker_pair(model: Path, kv_store_url: str, flags: Sequence[str], log_dir: P
             group.add(spawn(role, argv, env=WORKER_ENV, log_dir=log_dir))
         for proc in group.processes:
             addr = addresses[proc.name]
-            wait_until(proc, lambda a=addr: grpc_serving(a), startup_timeout_s,
+            wait_until(proc, lambda a=addr: grpc_serving(a), timeout_s,
                        f"serving on {addr}")
         channels = [grpc.insecure_channel(addresses[r]) for r in ("prefill", "decode")]
         try:

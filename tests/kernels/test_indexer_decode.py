@@ -1,7 +1,13 @@
 """kernels.indexer_decode (one decode query per row against a tile of its own paged entries)
 against kernels.indexer_decode_ref: head counts and dims not powers of two, tiles that start
 mid-block and end past the kernel's tile, rows seeing nothing, every entry, or part of the tile.
-CPU tier through the Triton interpreter; gpu tier in bf16 at V4-Flash's indexer widths."""
+CPU tier through the Triton interpreter; gpu tier in bf16 at V4-Flash's indexer widths.
+
+Ties are made in exact arithmetic (small integers, so every sum is exact whatever its order):
+equal keys alone do not give equal fp32 scores everywhere. The interpreter's ``tl.dot`` is
+numpy's matmul, and OpenBLAS's AVX2 (Haswell) sgemm rounds some columns of a tile differently
+from others (one ulp), so "all keys equal" was only a tie on AVX-512 machines
+(``OPENBLAS_CORETYPE=Haswell`` reproduces the difference on any x86 machine)."""
 
 from __future__ import annotations
 
@@ -23,6 +29,12 @@ def _case(b, h, d, per, blocks, first, num, dtype, device, seed):
     seen = (0, blocks * per, first + num // 2, first + 1, 3)  # nothing, all, part of the tile
     ends = torch.tensor([seen[i % len(seen)] for i in range(b)]).clamp(max=blocks * per)
     return q, w, keys, tables.to(device), ends.to(device)
+
+
+def _exact(q, w, keys):
+    """The same case in small integers (weights in quarters): every score is exact in fp32, so
+    equal keys give equal scores and the tie rule alone orders them."""
+    return q.round().clamp(-3, 3), (w * 4).round() / 4, keys.round().clamp(-3, 3)
 
 
 @pytest.mark.parametrize("b,h,d,per,blocks,first,num", [
@@ -87,7 +99,10 @@ def test_indexer_decode_topk_ties_go_to_the_lower_entry(interpret):
 
     b, h, d, per, blocks = 2, 4, 16, 4, 5
     q, w, keys, tables, _ = _case(b, h, d, per, blocks, 0, 8, torch.float32, "cpu", 3)
+    q, w, keys = _exact(q, w, keys)
     keys[:] = keys[0]
+    w[:, 0] = 1.0  # and the tie is not at zero
+    q[:, 0] = keys[0].sign()
     ends = torch.tensor([17, 3])
     out = torch.empty(b, 6, dtype=torch.int64)
     indexer_decode_topk(q, w, keys, tables, ends, per, 6, 8, out)
@@ -112,10 +127,64 @@ def test_indexer_decode_topk_merged_in_parts(interpret, parts):
         indexer_decode_topk(q, w, keys, tables, ends, per, topk, tile, out, workspace=ws,
                             parts=parts)
         assert torch.equal(out, indexer_decode_topk_ref(q, w, keys, tables, ends, per, topk))
+    q, w, keys = _exact(q, w, keys)
     keys[:] = keys[0]  # all tie: the lowest entries win, whichever part holds them
+    w[:, 0] = 1.0  # and the tie is not at zero
+    q[:, 0] = keys[0].sign()
     indexer_decode_topk(q, w, keys, tables, ends, per, topk, tile, out, parts=parts)
+    assert torch.equal(out, indexer_decode_topk_ref(q, w, keys, tables, ends, per, topk))
     assert out[3].tolist() == list(range(12))
     assert out[2].tolist() == [-1] * 12
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_indexer_decode_topk_random_ties_any_parts(interpret, seed):
+    """Property: with scores full of exact ties (keys drawn from a few integer vectors, so many
+    entries score the same), any tile and any number of merge parts pick what the reference
+    picks (higher score, then the lower entry), and what the prefill indexer picks from the
+    same keys laid out contiguously; int32 out gives the same picks as pool rows."""
+    from kernels import indexer_topk
+    from kernels.indexer_decode import indexer_decode_topk, indexer_decode_topk_workspace_bytes
+    from kernels.indexer_decode_ref import entry_pool_rows_ref, indexer_decode_topk_ref
+
+    g = torch.Generator().manual_seed(1000 + seed)
+
+    def pick(lo, hi):
+        return int(torch.randint(lo, hi + 1, (), generator=g))
+
+    for _ in range(3):
+        b, h, d, per, blocks = pick(1, 4), pick(1, 6), pick(2, 5) * 4, pick(1, 8), pick(2, 24)
+        num = blocks * per
+        # tiles from a twelfth of the table to wider than it; parts' slices are whole multiples of
+        # the padded top-k wide, so several parts hold entries only when topk is small
+        topk, tile, parts = pick(1, 24), pick(max(1, num // 12), num + 8), pick(1, 8)
+        pool_blocks = b * blocks + 1
+        tables = (torch.randperm(pool_blocks - 1, generator=g)[: b * blocks] + 1).view(b, blocks)
+        distinct = torch.randint(-2, 3, (pick(1, 8), d), generator=g).float()
+        keys = distinct[torch.randint(0, distinct.shape[0], (pool_blocks * per,), generator=g)]
+        q = torch.randint(-2, 3, (b, h, d), generator=g).float()
+        w = torch.randint(-4, 5, (b, h), generator=g) / 4
+        ends = torch.randint(0, num + 1, (b,), generator=g)
+        ends[0] = num  # one row sees its whole table
+        case = dict(b=b, h=h, d=d, per=per, blocks=blocks, topk=topk, tile=tile, parts=parts,
+                    ends=ends.tolist())
+        want = indexer_decode_topk_ref(q, w, keys, tables, ends, per, topk)
+        ws = torch.full((indexer_decode_topk_workspace_bytes(b, topk, min(tile, num), parts),),
+                        0xFF, dtype=torch.uint8)
+        got = torch.full((b, topk), 7, dtype=torch.int64)
+        indexer_decode_topk(q, w, keys, tables, ends, per, topk, tile, got, workspace=ws,
+                            parts=parts)
+        assert torch.equal(got, want), case
+        rows = torch.full((b, topk), 7, dtype=torch.int32)
+        indexer_decode_topk(q, w, keys, tables, ends, per, topk, tile, rows, workspace=ws,
+                            parts=parts)
+        assert torch.equal(rows, entry_pool_rows_ref(want, tables, per)), case
+        for r in range(b):  # the prefill path over row r's entries in entry order
+            e = torch.arange(num)
+            k_r = keys[tables[r, e // per] * per + e % per]
+            _, prefill = indexer_topk(q[r:r + 1], k_r, w[r:r + 1],
+                                      ends[r:r + 1].to(torch.int32), topk)
+            assert prefill[0].tolist() == want[r].tolist(), (r, case)
 
 
 def test_merge_parts_rule_and_bounds(interpret):

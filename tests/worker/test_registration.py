@@ -27,6 +27,7 @@ from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from router.redis_registry import RedisRegistry
 from router.worker_client import CallDeadlines
+from tests.helpers.startup_budget import startup_budget_s
 from worker.registration import RegistrationPublisher, registration_publisher
 
 pytestmark = pytest.mark.timeout(120)
@@ -124,7 +125,8 @@ async def test_a_real_worker_registers_reports_progress_and_deregisters(
     reg = RedisRegistry((), (), CallDeadlines(2.0, 5.0, 5.0, 5.0), 3600.0,
                         registry_url=redis_url)
     try:
-        wait_until(proc, lambda: grpc_serving(address), 120, f"serving on {address}")
+        wait_until(proc, lambda: grpc_serving(address), startup_budget_s(2 / 3),
+                   f"serving on {address}")
         wait_until(proc, lambda: bool(client.exists(key)), 10, "registered")
         published = pb.WorkerInfo.FromString(client.get(key))
         assert published.address == address and published.role == "decode"

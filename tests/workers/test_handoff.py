@@ -37,7 +37,7 @@ class Pair:
 def pair(tiny_llama: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
          ) -> Iterator[Pair]:
     log_dir = tmp_path_factory.mktemp("handoff-logs")
-    with worker_pair(tiny_llama, redis_url, WORKER_FLAGS, log_dir, 120) as (prefill, decode, logs):
+    with worker_pair(tiny_llama, redis_url, WORKER_FLAGS, log_dir) as (prefill, decode, logs):
         yield Pair(prefill, decode, redis_url, tiny_llama, logs)
 
 

@@ -16,6 +16,7 @@ from common.settings import SettingsError, WorkerSettings, load_worker_settings,
 from launch.cli import SUBCOMMANDS
 from launch.cli import main as cli_main
 from launch.launcher import ProcessGroup, spawn, tcp_open
+from tests.helpers.startup_budget import startup_budget_s
 from worker.worker_config import WorkerConfig
 
 
@@ -148,7 +149,8 @@ def test_worker_process_stops_gracefully_on_sigterm(tiny_llama: Path, tmp_path: 
             "--num-threads", "1", "--grace-s", "5"]
     proc = spawn("decode", argv, env=WORKER_ENV, log_dir=tmp_path)
     try:
-        wait_until(proc, lambda: grpc_serving(f"127.0.0.1:{port}"), 120, "serving")
+        wait_until(proc, lambda: grpc_serving(f"127.0.0.1:{port}"), startup_budget_s(2 / 3),
+                   "serving")
         proc.popen.send_signal(signal.SIGTERM)
         assert proc.popen.wait(timeout=30) == 0, proc.log_tail()
         assert "shutting down" in proc.log_tail()
