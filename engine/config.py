@@ -13,7 +13,7 @@ import torch
 from engine.errors import PlanError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# The kernel choices a family may offer (engine/models/deepseek_v4/backend.py explains each);
+# The kernel choices a family may offer (its backend module explains each one);
 # families without the operation ignore its choice.
 INDEXERS = ("auto", "torch", "kernels", "kernels_ref", "naive")
 SPARSE_ATTENTIONS = ("auto", "torch", "kernels", "kernels_ref")
@@ -137,7 +137,7 @@ class EngineConfig:
                             f"{self.share_weights_timeout_s}")
         if not 0.1 <= self.memory_utilization <= 1.0:
             raise PlanError(f"memory_utilization must be in [0.1, 1], got {self.memory_utilization}")
-        if (self.is_resolved and self.num_blocks is not None
+        if (self.max_context and self.block_size and self.num_blocks is not None
                 and self.num_blocks < self.blocks_per_seq + 1):
             raise PlanError(
                 f"num_blocks={self.num_blocks} cannot hold one sequence of max_context="
@@ -152,7 +152,7 @@ class EngineConfig:
 
     @property
     def blocks_per_seq(self) -> int:
-        assert self.is_resolved, "EngineConfig used before resolve_engine_config"
+        assert self.max_context and self.block_size, "sizes used before resolve_engine_config"
         return -(-self.max_context // self.block_size)
 
     @property

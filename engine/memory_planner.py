@@ -99,6 +99,13 @@ class MemoryPlan:
     def check(self) -> None:
         if self.fits:
             return
+        weights = self.term("weights")
+        if weights >= self.budget_bytes:
+            raise PlanError(
+                f"memory plan does not fit: the weights alone are {weights / GiB:.2f} GiB, the "
+                f"budget {self.budget_bytes / GiB:.2f} GiB ({self.memory_utilization:.0%} of "
+                f"{self.device_memory_bytes / GiB:.2f} GiB on {self.device}): split the model "
+                "over more devices (tensor_parallel_size) or use a quantized checkpoint")
         kv = self.term("kv_cache")
         raise PlanError(
             f"memory plan does not fit: needs {self.total_bytes / GiB:.2f} GiB, budget is "

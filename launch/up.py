@@ -178,13 +178,15 @@ def _thread_env(opts: UpOptions) -> dict[str, str]:
 
 def _limit_flags(opts: UpOptions) -> tuple[str, ...]:
     flags: list[str] = []
+    if opts.max_context:  # auto or a number: the workers check it
+        flags += ["--max-context", opts.max_context]
     for name in ("max_batch", "chunk_tokens", "tensor_parallel_size"):
         value = getattr(opts, name)
         if value < 0:
             raise LaunchError(f"--{name.replace('_', '-')}: {value} must be >= 1 (0 = default)")
         if value:
             flags += [f"--{name.replace('_', '-')}", str(value)]
-    for name in ("max_context", "kv_cache_dtype", "load_format"):  # checked by the workers
+    for name in ("kv_cache_dtype", "load_format"):  # checked by the workers
         if getattr(opts, name):
             flags += [f"--{name.replace('_', '-')}", getattr(opts, name)]
     return tuple(flags)

@@ -51,7 +51,7 @@ def test_every_option_shows_its_default(name: str) -> None:
 
 def test_up_limit_flags_reach_the_workers_only_when_given() -> None:
     assert up._limit_flags(up.UpOptions(model="m")) == ()
-    opts = up.UpOptions(model="m", max_context=1024, max_batch=2, chunk_tokens=256)
+    opts = up.UpOptions(model="m", max_context="1024", max_batch=2, chunk_tokens=256)
     assert up._limit_flags(opts) == ("--max-context", "1024", "--max-batch", "2",
                                      "--chunk-tokens", "256")
     with pytest.raises(up.LaunchError, match="--max-batch: -1"):

@@ -28,15 +28,16 @@ def test_sources_override_in_order(tmp_path: Path) -> None:
     env = {"BULKHEAD_MAX_BATCH": "5", "BULKHEAD_BLOCK_SIZE": "8", "BULKHEAD_PORT": "7000"}
     s = load_worker_settings("decode", ["--config", str(cfg), "--block-size", "64",
                                         "--no-enable-prefix-cache"], env=env)
-    assert (s.role, s.max_context, s.max_batch, s.block_size) == ("decode", 1000, 5, 64)
+    assert (s.role, s.max_context, s.max_batch, s.block_size) == ("decode", "1000", 5, 64)
     assert s.enable_prefix_cache is False and s.bind_port == 7000 and s.num_threads == 2
     assert s.address == "127.0.0.1:7000"
     default = load_worker_settings("decode", [], env={})
-    assert default.bind_port == 50052 and default.max_context == 4096
+    assert default.bind_port == 50052 and default.max_context == "auto"
     assert default.store is None
     engine = WorkerConfig.from_settings(dataclasses.replace(default, model="/m")).engine
     assert engine.num_blocks is None and engine.device_memory_bytes is None  # 0 = derived
-    assert (engine.model, engine.max_context, engine.block_size) == ("/m", 4096, 16)
+    # 0: from the model when it is loaded (engine/config_resolve.py)
+    assert (engine.model, engine.max_context, engine.block_size) == ("/m", 0, 0)
     store = load_worker_settings("decode", ["--kv-store-url", "redis://h:1",
                                             "--kv-ttl-s", "5"], env={}).store
     # chunk 0: chosen from the model's KV layout at start-up (worker/kv_store_config.py)
@@ -170,13 +171,13 @@ def test_worker_with_an_impossible_plan_exits_with_the_reason(tiny_llama: Path,
 
 
 @pytest.mark.parametrize("text, router_port, decode_context", [
-    ("decode:\n  max_context: 64\n", 8000, 64),  # worker sections only: the router's defaults
-    ("router:\n  port: 5000\ndecode: {max_context: 64}\n", 5000, 64),
-    ("worker:\n  max_context: 32\ndecode:\n  max_context: 64\n", 8000, 64),  # role wins
-    ("log_level: debug\n", 8000, 4096),  # flat: every process reads it
+    ("decode:\n  max_context: 64\n", 8000, "64"),  # worker sections only: the router's defaults
+    ("router:\n  port: 5000\ndecode: {max_context: 64}\n", 5000, "64"),
+    ("worker:\n  max_context: 32\ndecode:\n  max_context: 64\n", 8000, "64"),  # role wins
+    ("log_level: debug\n", 8000, "auto"),  # flat: every process reads it
 ])
 def test_one_deployment_yaml_serves_router_and_workers(
-        tmp_path: Path, text: str, router_port: int, decode_context: int) -> None:
+        tmp_path: Path, text: str, router_port: int, decode_context: str) -> None:
     from router.settings import load_settings
 
     cfg = tmp_path / "c.yaml"
