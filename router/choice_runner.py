@@ -35,7 +35,7 @@ from router.quarantine import (
 )
 from router.shared_quarantine import SharedQuarantine
 from router.stall_watch import StallWatch
-from router.text_stream import Decoder, TextStream
+from router.text_stream import Decoder, TextOptions, TextStream
 from router.worker_client import WorkerClient
 from router.worker_codec import Prefilled, Sampling, TokenLogprobs, Usage, WorkItem
 
@@ -78,6 +78,7 @@ class ChoiceSpec:
     route: Route
     deadline_unix_s: float
     echo: bool = False               # completions: the prompt's text opens the choice
+    text: TextOptions = TextOptions()  # skip_special_tokens and the other detokenizing fields
 
     @property
     def work(self) -> WorkItem:
@@ -114,7 +115,8 @@ class ChoiceRunner:
         self._quarantine = quarantine
         self._stall_watch = stall_watch
         self._num_generated_chunks = 0
-        self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop)
+        self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop, spec.text,
+                                getattr(tokenizer, "special_token_ids", ()))
         self._tokenizer = tokenizer
         self._last_token_at: float | None = None
         # the worker scores the prompt (completions echo with logprobs)
@@ -129,7 +131,11 @@ class ChoiceRunner:
                 self._metrics.itl.observe(now - self._last_token_at)
             self._last_token_at = now
             self._metrics.generated_tokens.inc(len(token_ids))
-        text = self._text.add(token_ids)
+        shown = token_ids
+        if (finish_reason == "stop" and token_ids and not self.spec.text.include_stop_str_in_output
+                and token_ids[-1] in self.spec.sampling.stop_token_ids):
+            shown = token_ids[:-1]  # as vLLM: the stop token's text is not output (EOS, ...)
+        text = self._text.add(shown)
         if self._text.stopped:
             finish_reason = "stop"
         elif finish_reason is not None:
@@ -145,7 +151,7 @@ class ChoiceRunner:
         """The delta that opens an echoed choice: the prompt's text and, when the prompt was
         scored, one logprob entry per prompt token (the first has none, as in OpenAI/vLLM)."""
         s = self.spec
-        text = self._tokenizer.decode(s.prompt_token_ids)
+        text = self._tokenizer.decode(s.prompt_token_ids, s.text.skip_special_tokens)
         self.stats.text = text
         self.stats.echo_len = len(text)
         lps: list[LogprobEntry] = []

@@ -94,7 +94,7 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, 
                               "DeepSeek-V4 DSML)", "tools")
     spec = json.dumps({"format": fmt, "tools": tools, "tool_choice": choice,
                        "parallel_tool_calls": parallel_tool_calls is not False},
-                      separators=(",", ":"), sort_keys=True)
+                      separators=(",", ":"))  # key order kept: arguments follow the schema
     return ToolPlan(tools, fmt, spec)
 
 
