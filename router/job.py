@@ -159,7 +159,8 @@ def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
         raise invalid_request("top_logprobs: set logprobs to true to use it", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
-                       getattr(tokenizer, "chat_template_source", None))
+                       getattr(tokenizer, "chat_template_source", None),
+                       settings.tool_call_parser)
     grammar = output_grammar(req, req.response_format)
     grammar_kind, grammar_spec = grammar.kind, grammar.spec
     if tools is not None and tools.grammar_spec:
@@ -171,7 +172,8 @@ def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
             and req.max_tokens != req.max_completion_tokens:
         raise invalid_request("max_tokens and max_completion_tokens disagree; send one",
                               "max_completion_tokens")
-    text = render_chat(req, tokenizer, tools.tools if tools is not None else None)
+    text = render_chat(req, tokenizer, tools.tools if tools is not None else None,
+                       tools.format if tools is not None and tools.default_prompt else None)
     max_tokens = req.max_completion_tokens or req.max_tokens
     _refuse_if_certainly_over(text, tokenizer, max_tokens, max_context, "messages")
     ids = tuple(tokenizer.encode(text, add_special_tokens=False))

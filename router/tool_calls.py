@@ -8,6 +8,12 @@ for them, ``worker/grammar_cache.py``):
 - ``llama`` (Llama 3.x): ``{"name": ..., "parameters": {...}}``
 - ``deepseek_v4`` (DSML): ``<｜DSML｜tool_calls>`` around ``<｜DSML｜invoke name="...">`` blocks of
   ``<｜DSML｜parameter name="k" string="true|false">v</｜DSML｜parameter>``
+Which syntax a request uses: the ``--tool-call-parser`` setting (vLLM's names, ``PARSERS``), else
+the one the chat template teaches its model. Named and ``required`` tool_choice need no parser:
+without one the calls are written in the Hermes form, which the grammar enforces and which is
+taught by a default tool prompt (``default_tool_prompt``) when the template does not render tools
+itself. ``auto`` lets the model choose to call or not, so its syntax must be the model's own: with
+no parser it is a 400 saying which settings enable it.
 Torch-free; pure functions of text.
 """
 
@@ -22,6 +28,10 @@ from router.errors import invalid_request
 from router.tool_call_deltas import CallDelta, IncrementalCalls
 
 TRIGGERS = {"qwen_3": "<tool_call>", "llama": '{"name": ', "deepseek_v4": "<｜DSML｜tool_calls>"}
+# --tool-call-parser values (vLLM's spellings) -> the syntax they read
+PARSERS = {"hermes": "qwen_3", "qwen3": "qwen_3", "llama3_json": "llama", "llama4_json": "llama",
+           "deepseek_v4": "deepseek_v4"}
+DEFAULT_FORMAT = "qwen_3"  # named / required calls on a model whose template names no syntax
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
@@ -39,6 +49,20 @@ def detect_format(template_source: str | None) -> str | None:
     return None
 
 
+def template_reads_tools(template_source: str | None) -> bool:
+    """Whether a chat template renders the ``tools`` it is given (else they would vanish)."""
+    if not template_source:
+        return False
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        names = meta.find_undeclared_variables(jinja2.Environment().parse(template_source))
+    except jinja2.TemplateSyntaxError:
+        return False
+    return "tools" in names
+
+
 @dataclass(frozen=True)
 class ToolPlan:
     """What a chat request's tools mean for this request."""
@@ -46,12 +70,16 @@ class ToolPlan:
     tools: list[dict[str, Any]]  # as the template and the grammar take them
     format: str | None  # None: tool_choice "none", output is not parsed
     grammar_spec: str  # "" when nothing is enforced
+    # the template does not render tools: the prompt gets default_tool_prompt(format) instead
+    default_prompt: bool = False
 
 
 def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
-               parallel_tool_calls: bool | None, template_source: str | None) -> ToolPlan | None:
-    """Check ``tools`` / ``tool_choice``; None when the request has no tools. Raises ApiError
-    naming the field."""
+               parallel_tool_calls: bool | None, template_source: str | None,
+               parser: str = "") -> ToolPlan | None:
+    """Check ``tools`` / ``tool_choice``; None when the request has no tools. ``parser``: the
+    ``--tool-call-parser`` setting ('' = the template's own syntax). Raises ApiError naming
+    the field."""
     if not tools:
         if tool_choice not in (None, "none"):
             raise invalid_request("tool_choice: set tools to choose one", "tool_choice")
@@ -87,15 +115,37 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, 
                                   f"({', '.join(names)})", "tool_choice")
     if choice == "none":
         return ToolPlan(tools, None, "")
-    fmt = detect_format(template_source)
+    fmt = PARSERS[parser] if parser else detect_format(template_source)
     if fmt is None:
-        raise invalid_request("tools: this model's chat template has no tool-call syntax this "
-                              "server knows (Hermes/Qwen <tool_call>, Llama 3.x JSON, "
-                              "DeepSeek-V4 DSML)", "tools")
+        if choice == "auto":
+            raise invalid_request(
+                "tool_choice: \"auto\" needs a tool-call parser, and this model's chat template "
+                "teaches no tool-call syntax this server knows (Hermes/Qwen <tool_call>, Llama "
+                "3.x JSON, DeepSeek-V4 DSML). Start the server with --tool-call-parser "
+                f"({', '.join(PARSERS)}) or --chat-template FILE (a template with tool-call "
+                "syntax), or send tool_choice \"required\" or a named function, which work on "
+                "any model", "tool_choice")
+        fmt = DEFAULT_FORMAT
     spec = json.dumps({"format": fmt, "tools": tools, "tool_choice": choice,
                        "parallel_tool_calls": parallel_tool_calls is not False},
                       separators=(",", ":"))  # key order kept: arguments follow the schema
-    return ToolPlan(tools, fmt, spec)
+    return ToolPlan(tools, fmt, spec, default_prompt=not template_reads_tools(template_source))
+
+
+def default_tool_prompt(fmt: str, tools: list[dict[str, Any]]) -> str:
+    """The tools and the call syntax, for a chat template that does not render tools: the Hermes
+    form (Qwen 2.5's own words) or, for the Llama syntax, Llama 3.1's JSON form."""
+    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    if fmt == "llama":
+        return ("You have access to the following functions. To call a function, respond with "
+                "a JSON object of the form {\"name\": function name, \"parameters\": "
+                "dictionary of argument name and its value}.\n\n" + listed)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{listed}\n</tools>\n\nFor each function call, return a json object "
+            "with function name and arguments within <tool_call></tool_call> XML tags:\n"
+            "<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+            "</tool_call>")
 
 
 @dataclass(frozen=True)
