@@ -20,12 +20,15 @@ Torch-free; pure functions of text.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from router.errors import invalid_request
-from router.tool_call_deltas import CallDelta, IncrementalCalls
+from router.tool_call_deltas import CallDelta, IncrementalCalls, StreamedCall
+
+log = logging.getLogger("bulkhead.router.tools")
 
 TRIGGERS = {"qwen_3": "<tool_call>", "llama": '{"name": ', "deepseek_v4": "<｜DSML｜tool_calls>"}
 # --tool-call-parser values (vLLM's spellings) -> the syntax they read
@@ -240,13 +243,33 @@ def _parse_dsml(body: str) -> list[ParsedToolCall]:
     return out
 
 
+def rest_of_calls(parsed: ParsedOutput, streamed: list[StreamedCall]) -> list[CallDelta]:
+    """What the end of the answer adds to the calls already streamed: calls the incremental
+    reader did not find in full, whole."""
+    out: list[CallDelta] = []
+    for k, call in enumerate(parsed.calls):
+        sent = streamed[k] if k < len(streamed) else None
+        if sent is None:
+            out += [CallDelta(k, name=call.name), CallDelta(k, arguments=call.arguments)]
+        elif sent.name == call.name and call.arguments.startswith(sent.arguments):
+            if len(call.arguments) > len(sent.arguments):
+                out.append(CallDelta(k, arguments=call.arguments[len(sent.arguments):]))
+        else:  # an object with a repeated key (json.loads keeps the last value)
+            log.warning("streamed tool call %d differs from the parsed one", k)
+    return out
+
+
 class ToolCallStream:
     """Streams one choice's text as content until a tool call may have begun; from there on the
     calls stream as they are generated (``take_deltas``: a call's name, then its arguments in
-    fragments, router/tool_call_deltas.py), and the whole text is parsed at the end: the
-    streamed calls are exactly the non-streamed ones. A call the output never completes (cut
-    by max_tokens) has streamed its beginning; the end's parse then finds no calls and the text
-    is content, as in the non-streamed answer."""
+    fragments, router/tool_call_deltas.py), and the whole text is parsed at the end for what
+    the incremental reader missed.
+
+    One rule for every finish state, streamed or not (``answer_of`` runs this same reader over
+    the whole text): the calls of the answer are the calls whose beginning was written. A call
+    cut by max_tokens is a call whose arguments are the text written so far (not valid JSON),
+    with finish_reason ``length``, as OpenAI answers a cut call; text after the first call's
+    trigger is never content. Output with no call at all is content."""
 
     def __init__(self, fmt: str) -> None:
         self.fmt = fmt
@@ -254,6 +277,7 @@ class ToolCallStream:
         self._text = ""
         self._sent = 0  # characters of _text already streamed as content
         self._holding = False  # a trigger was seen: nothing more streams as content
+        self._trigger_at = -1
         self.calls = IncrementalCalls(fmt)
         self._deltas: list[CallDelta] = []
 
@@ -271,6 +295,7 @@ class ToolCallStream:
         at = self._text.find(self._trigger, self._sent)
         if at >= 0:
             self._holding = True
+            self._trigger_at = at
             self._deltas += self.calls.feed(self._text[at:])
             return self._release(at)
         # keep back a tail that could be the start of the trigger
@@ -281,20 +306,38 @@ class ToolCallStream:
                 break
         return self._release(end)
 
-    def _release(self, end: str | int) -> str:
-        piece = self._text[self._sent:int(end)]
-        if not self._text[:int(end)].strip():  # leading blanks wait: a call may follow them
+    def _release(self, end: int) -> str:
+        piece = self._text[self._sent:end]
+        if not self._text[:end].strip():  # leading blanks wait: a call may follow them
             return ""
         if not self._text[:self._sent].strip():
-            piece = self._text[:int(end)]  # the blanks held so far go out with the first text
-        self._sent = int(end)
+            piece = self._text[:end]  # the blanks held so far go out with the first text
+        self._sent = end
         return piece
 
-    def finish(self) -> tuple[str, ParsedOutput]:
-        """(content still to stream, the parse of the whole text)."""
+    def finish(self) -> tuple[str, list[CallDelta], ParsedOutput]:
+        """(content still to stream, call pieces still to stream, the whole answer)."""
         parsed = parse_tool_calls(self.fmt, self._text)
-        if parsed.calls:
-            return "", parsed
-        rest = self._text[self._sent:] if self._text[:self._sent].strip() else self._text
-        self._sent = len(self._text)
-        return rest, parsed
+        streamed = self.calls.calls
+        if not streamed and not parsed.calls:
+            rest = self._text[self._sent:] if self._text[:self._sent].strip() else self._text
+            self._sent = len(self._text)
+            return rest, [], ParsedOutput(self._text, ())
+        rest_deltas = rest_of_calls(parsed, streamed)
+        calls: dict[int, list[str]] = {k: [c.name, c.arguments] for k, c in enumerate(streamed)}
+        for d in rest_deltas:
+            if d.name is not None:
+                calls[d.index] = [d.name, ""]
+            else:
+                calls[d.index][1] += d.arguments
+        prefix = self._text[:self._trigger_at] if self._trigger_at >= 0 else ""
+        return "", rest_deltas, ParsedOutput(
+            prefix if prefix.strip() else None,
+            tuple(ParsedToolCall(calls[k][0], calls[k][1]) for k in sorted(calls)))
+
+
+def answer_of(fmt: str, text: str) -> ParsedOutput:
+    """The non-streamed answer of ``text``: what its stream sends, read in one piece."""
+    stream = ToolCallStream(fmt)
+    stream.add(text)
+    return stream.finish()[2]

@@ -112,7 +112,7 @@ def test_stream_reassembles_the_same_calls(compiler, fmt: str, pieces: int) -> N
     content = ""
     for i in range(0, len(text), pieces):
         content += stream.add(text[i:i + pieces])
-    rest, parsed = stream.finish()
+    rest, _, parsed = stream.finish()
     assert content + rest == "Let me look. " and parsed == whole
 
 
@@ -120,7 +120,7 @@ def test_plain_text_streams_through() -> None:
     stream = ToolCallStream("qwen_3")
     text = "  no <tool but <b>text</b> here <tool_"
     got = "".join(stream.add(text[i:i + 2]) for i in range(0, len(text), 2))
-    rest, parsed = stream.finish()
+    rest, _, parsed = stream.finish()
     assert got + rest == text and not parsed.calls and parsed.content == text
 
 
