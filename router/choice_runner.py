@@ -36,7 +36,7 @@ from router.quarantine import (
 from router.shared_quarantine import SharedQuarantine
 from router.stall_watch import StallWatch
 from router.text_stream import Decoder, TextOptions, TextStream
-from router.worker_client import WorkerClient
+from router.worker_client import GenerateStream, WorkerClient
 from router.worker_codec import Prefilled, Sampling, TokenLogprobs, Usage, WorkItem
 
 log = logging.getLogger("bulkhead.router.choice")
@@ -279,6 +279,7 @@ class ChoiceRunner:
     async def _generate(self, address: str,
                         after: Prefilled | None) -> AsyncIterator[ChoiceDelta]:
         stream = self._clients(address).generate(self.spec.work, after)
+        watch = self._watch(address, stream)
         started = time.monotonic()
         first = True
         finished = unreachable = False
@@ -311,11 +312,31 @@ class ChoiceRunner:
             unreachable = err.code == grpc.StatusCode.UNAVAILABLE   # an Abort would not arrive
             raise self._failed(err) from None
         finally:
+            if watch is not None:
+                watch.cancel()
             self._metrics.phase.labels("decode").observe(time.monotonic() - started)
             if not finished:
                 stream.cancel()
                 if not unreachable:
                     self._abort_later(address)
+
+    def _watch(self, address: str, stream: GenerateStream) -> asyncio.Future[None] | None:
+        """Give up on ``stream`` once its worker stops advancing (router/stall_watch.py), after
+        ``stall_timeout_s`` rather than a first-token or stream-idle deadline per chunk: before
+        any chunk as UNAVAILABLE (another decode worker takes the choice, `deltas`), after
+        some as DEADLINE_EXCEEDED (a 504 or an error event, at once)."""
+        if self._stall_watch is None:
+            return None
+
+        async def watch() -> None:
+            problem = await self._stall_watch.wait(address)  # type: ignore[union-attr]
+            code = (grpc.StatusCode.UNAVAILABLE if self._num_generated_chunks == 0
+                    else grpc.StatusCode.DEADLINE_EXCEEDED)
+            log.warning("decode of %s on %s given up: %s", self.spec.request_id, address,
+                        problem)
+            stream.give_up(code, f"the worker stopped advancing: {problem}")
+
+        return asyncio.ensure_future(watch())
 
     def _take_usage(self, usage: Usage, has_prefill: bool) -> None:
         self.stats.num_loaded_tokens = usage.loaded_kv_tokens

@@ -26,7 +26,7 @@ from common.periodic import Periodic
 from router.errors import WorkerCallError
 from router.liveness import LivenessState, Progress, judge_liveness
 from router.policy import WorkerLoad
-from router.worker_client import CallDeadlines, WorkerAccess, WorkerClient
+from router.worker_client import EMPTY_ANSWER, CallDeadlines, WorkerAccess, WorkerClient
 from router.worker_status import WorkerStatus
 
 log = logging.getLogger("bulkhead.router.registry")
@@ -122,8 +122,9 @@ class StaticRegistry:
 
     def _poll_problem(self, w: _Worker, res: WorkerStatus | BaseException) -> str:
         """What this GetInfo answer says is wrong with `w` ('' = nothing)."""
-        if (isinstance(res, WorkerCallError) and res.code == grpc.StatusCode.DEADLINE_EXCEEDED
-                and w.healthy and (w.key or w.missed_polls + 1 < MAX_MISSED_POLLS)):
+        missed = isinstance(res, WorkerCallError) and (
+            res.code == grpc.StatusCode.DEADLINE_EXCEEDED or res.details == EMPTY_ANSWER)
+        if missed and w.healthy and (w.key or w.missed_polls + 1 < MAX_MISSED_POLLS):
             # A slow answer is not a dead worker: a busy host (a long prefill step on few
             # cores) can miss polls. A registered worker's live heartbeat key and its progress
             # counters speak for it; an unregistered one gets MAX_MISSED_POLLS. A refused
