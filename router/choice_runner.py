@@ -66,6 +66,11 @@ class ChoiceStats:
     logprobs: list[LogprobEntry] = field(default_factory=list)
     echo_len: int = 0                # leading characters of `text` that echo the prompt
     prompt_logprobs: list[LogprobEntry] = field(default_factory=list)  # echo with logprobs
+    # the worker's queue (arrival to admission) and prefill (admission to first token) times,
+    # from the worker that computed the prompt; decode: first token to last, seen here
+    queue_time_s: float = 0.0
+    prefill_time_s: float = 0.0
+    decode_time_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,7 @@ class ChoiceRunner:
                                 getattr(tokenizer, "special_token_ids", ()))
         self._tokenizer = tokenizer
         self._last_token_at: float | None = None
+        self._first_token_at: float | None = None
         # the worker scores the prompt (completions echo with logprobs)
         self._scored = spec.echo and spec.sampling.prompt_logprobs is not None
         self._echoed = False
@@ -130,6 +136,8 @@ class ChoiceRunner:
             if self._last_token_at is not None:
                 self._metrics.itl.observe(now - self._last_token_at)
             self._last_token_at = now
+            if self._first_token_at is None:
+                self._first_token_at = now
             self._metrics.generated_tokens.inc(len(token_ids))
         shown = token_ids
         if (finish_reason == "stop" and token_ids and not self.spec.text.include_stop_str_in_output
@@ -143,6 +151,8 @@ class ChoiceRunner:
         self.stats.token_ids.extend(token_ids)
         self.stats.text += text
         self.stats.finish_reason = finish_reason
+        if finish_reason is not None and self._first_token_at is not None:
+            self.stats.decode_time_s = now - self._first_token_at
         lps = entries(self._tokenizer, logprobs)
         self.stats.logprobs.extend(lps)
         return ChoiceDelta(self.spec.index, text, token_ids, finish_reason, lps)
@@ -187,6 +197,8 @@ class ChoiceRunner:
         self._metrics.phase.labels("prefill").observe(time.monotonic() - started)
         self.stats.num_cached_tokens = resp.num_cached_tokens
         self.stats.num_recomputed_tokens = resp.num_computed_tokens
+        self.stats.queue_time_s, self.stats.prefill_time_s = (resp.queue_time_s,
+                                                              resp.prefill_time_s)
         return resp
 
     async def _prefill_unless_stalled(self, address: str) -> Prefilled:
@@ -334,6 +346,7 @@ class ChoiceRunner:
                     else grpc.StatusCode.DEADLINE_EXCEEDED)
             log.warning("decode of %s on %s given up: %s", self.spec.request_id, address,
                         problem)
+            self._on_unavailable(address, f"decode: {problem}")  # the worker's state, not ours
             stream.give_up(code, f"the worker stopped advancing: {problem}")
 
         return asyncio.ensure_future(watch())
@@ -346,3 +359,5 @@ class ChoiceRunner:
         else:
             self.stats.num_cached_tokens = usage.cached_tokens
             self.stats.num_recomputed_tokens = usage.recomputed_tokens
+            self.stats.queue_time_s = usage.queue_time_s
+            self.stats.prefill_time_s = usage.prefill_time_s

@@ -129,6 +129,12 @@ def _account(dispatch: Dispatch, metrics: RouterMetrics) -> None:
         metrics.kv_tokens.labels("loaded").inc(r.stats.num_loaded_tokens)
         metrics.kv_tokens.labels("cached").inc(r.stats.num_cached_tokens)
         metrics.kv_tokens.labels("recomputed").inc(r.stats.num_recomputed_tokens)
+        if r.stats.finish_reason:   # vLLM's per-request series: one observation per choice
+            metrics.request_prompt_tokens.observe(len(r.spec.prompt_token_ids))
+            metrics.request_generation_tokens.observe(len(r.stats.token_ids))
+            metrics.request_time.labels("queue").observe(r.stats.queue_time_s)
+            metrics.request_time.labels("prefill").observe(r.stats.prefill_time_s)
+            metrics.request_time.labels("decode").observe(r.stats.decode_time_s)
 
 
 async def _stream_body(ctx: RouterContext, job: GenerationJob, dispatch: Dispatch,

@@ -31,6 +31,7 @@ SPECIALS = ["<|im_start|>", "<|im_end|>", "<eos>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 SCRIPT = " The answer is 42. END of the story, ça va?"
+QUEUE_S, PREFILL_S = 0.25, 0.5   # the queue and prefill times the fakes report
 
 
 class TinyTokenizer:
@@ -148,7 +149,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
             request_id=request.request_id, first_token_id=out[0],
             kv=pb.KVHandle(num_tokens_stored=n, kv_layout_fingerprint="kv1", store_url="fake://"),
             num_prompt_tokens=n, num_cached_tokens=0, num_computed_tokens=n,
-            finish_reason=reason)
+            finish_reason=reason, queue_time_s=QUEUE_S, prefill_time_s=PREFILL_S)
 
     async def Generate(self, request: pb.GenerateRequest, context: Any) -> Any:
         if self.exhausted:
@@ -173,7 +174,8 @@ class FakeWorker(pb_grpc.WorkerServicer):
                     loaded = n if request.has_prefill else 0
                     chunk.usage.CopyFrom(pb.Usage(
                         prompt_tokens=n, completion_tokens=len(out), cached_tokens=loaded,
-                        loaded_kv_tokens=loaded, recomputed_tokens=n - loaded))
+                        loaded_kv_tokens=loaded, recomputed_tokens=n - loaded,
+                        queue_time_s=QUEUE_S, prefill_time_s=PREFILL_S))
                 yield chunk
             self.completed.append(request.request_id)
         except asyncio.CancelledError:

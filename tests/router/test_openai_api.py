@@ -296,3 +296,39 @@ def tok_from(folder: Path):
     from common.tokenizer import Tokenizer
 
     return Tokenizer.from_path(folder)
+
+
+def _scrape(c: Cluster) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with httpx.Client(base_url=c.base_url) as h:
+        text = h.get("/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_vllm_request_series(reset: Cluster) -> None:
+    """vLLM's per-request histograms, preemption counter and cache config, with model_name."""
+    from tests.router.router_fakes import PREFILL_S, QUEUE_S
+
+    m = (("model_name", MODEL),)
+    before = _scrape(reset)
+    r = reset.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5)
+    after = _scrape(reset)
+
+    def grew(name: str) -> float:
+        return after[(name, m)] - before.get((name, m), 0.0)
+
+    assert grew("vllm:request_prompt_tokens_count") == 1
+    assert grew("vllm:request_prompt_tokens_sum") == r.usage.prompt_tokens
+    assert grew("vllm:request_generation_tokens_sum") == r.usage.completion_tokens
+    assert grew("vllm:request_queue_time_seconds_sum") == pytest.approx(QUEUE_S)
+    assert grew("vllm:request_prefill_time_seconds_sum") == pytest.approx(PREFILL_S)
+    assert grew("vllm:request_decode_time_seconds_count") == 1
+    assert grew("vllm:request_decode_time_seconds_sum") >= 0
+    workers = {dict(labels)["engine"]: (dict(labels), v) for (name, labels), v in after.items()
+               if name == "vllm:cache_config_info"}
+    labels, value = workers[reset.decode[0].address]
+    assert value == 1 and labels["block_size"] == "16" and labels["model_name"] == MODEL
+    assert labels["num_gpu_blocks"] == "0" and labels["cache_dtype"] == "float32"
+    assert any(name == "vllm:num_preemptions_total" for name, _ in after)
