@@ -73,7 +73,7 @@ CASES: list[tuple[str, dict[str, Any] | str, int, str | None, str | None]] = [
      "chat_template_kwargs", None),
     # the fake model's template has no tool-call syntax
     ("chat/completions", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400,
-     "tools", None),
+     "tool_choice", None),   # auto with no tool-call parser: the settings are named
     ("chat/completions", chat(tools=[{"type": "retrieval"}]), 400, "tools[0]", None),
     ("chat/completions", chat(tool_choice="required"), 400, "tool_choice", None),
     ("chat/completions", chat(response_format={"type": "xml"}), 400,
