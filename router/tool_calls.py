@@ -137,8 +137,15 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, 
 
 def default_tool_prompt(fmt: str, tools: list[dict[str, Any]]) -> str:
     """The tools and the call syntax, for a chat template that does not render tools: the Hermes
-    form (Qwen 2.5's own words) or, for the Llama syntax, Llama 3.1's JSON form."""
+    form (Qwen 2.5's own words), Llama 3.1's JSON form, or DeepSeek-V4's DSML, as the parser
+    that will read the calls (and the grammar that enforces them) expects."""
     listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    if fmt == "deepseek_v4":
+        return ("You have access to the following functions:\n" + listed + "\n\nTo call "
+                "functions, write <｜DSML｜tool_calls> then, for each call, <｜DSML｜invoke "
+                "name=\"NAME\"> with one <｜DSML｜parameter name=\"ARG\" string=\"true|false\">"
+                "VALUE</｜DSML｜parameter> per argument (string=\"false\": VALUE is JSON) and "
+                "</｜DSML｜invoke>, then </｜DSML｜tool_calls>.")
     if fmt == "llama":
         return ("You have access to the following functions. To call a function, respond with "
                 "a JSON object of the form {\"name\": function name, \"parameters\": "

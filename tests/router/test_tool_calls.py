@@ -186,3 +186,13 @@ def test_default_tool_prompt_joins_the_system_turn() -> None:
     assert out[3]["content"] == "<tool_response>\nsunny\n</tool_response>"
     # what the default prompt teaches is what the parser reads
     assert parse_tool_calls("qwen_3", out[2]["content"]).calls[0].name == "get_weather"
+
+
+@pytest.mark.parametrize("fmt", ["qwen_3", "llama", "deepseek_v4"])
+def test_the_default_prompt_teaches_the_syntax_the_parser_reads(fmt: str) -> None:
+    from router.tool_calls import default_tool_prompt
+
+    prompt = default_tool_prompt(fmt, TOOLS)
+    assert '"get_weather"' in prompt and '"get_time"' in prompt
+    assert {"qwen_3": "<tool_call>", "llama": '"parameters"',
+            "deepseek_v4": "<｜DSML｜invoke"}[fmt] in prompt
