@@ -52,6 +52,7 @@ class GenerationJob:
     prompt_logprobs: int | None = None
     grammar_kind: str = ""        # constrained decoding (worker/grammar_cache.py), "" = none
     grammar_spec: str = ""
+    grammar_param: str = ""       # the request field the grammar came from, for its errors
     tool_format: str | None = None  # chat: parse the output as this tool-call syntax
     text: TextOptions = TextOptions()  # how tokens become text (skip_special_tokens, ...)
 
@@ -162,12 +163,12 @@ def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
                        getattr(tokenizer, "chat_template_source", None),
                        settings.tool_call_parser)
     grammar = output_grammar(req, req.response_format)
-    grammar_kind, grammar_spec = grammar.kind, grammar.spec
+    grammar_kind, grammar_spec, grammar_param = grammar.kind, grammar.spec, grammar.param
     if tools is not None and tools.grammar_spec:
         if grammar_kind:
             raise invalid_request(f"{grammar.param}: not together with tools (a tool call is "
                                   "already constrained); send one", grammar.param)
-        grammar_kind, grammar_spec = "tool_calls", tools.grammar_spec
+        grammar_kind, grammar_spec, grammar_param = "tool_calls", tools.grammar_spec, "tools"
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
         raise invalid_request("max_tokens and max_completion_tokens disagree; send one",
@@ -182,7 +183,7 @@ def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
     _check_min_tokens(req.min_tokens, max_tokens)
     return GenerationJob(kind="chat", prompts=(ids,), max_tokens=max_tokens,  # type: ignore[arg-type]
                          logprobs=logprobs, grammar_kind=grammar_kind, grammar_spec=grammar_spec,
-                         tool_format=tools.format if tools is not None else None, **common)
+                         grammar_param=grammar_param, tool_format=tools.format if tools is not None else None, **common)
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[int, ...]:
@@ -230,7 +231,8 @@ def completion_job(req: CompletionRequest, settings: RouterSettings,
             prompts.append(_check_ids(item, vocab_size, param))
     _check_min_tokens(req.min_tokens, max_tokens)
     grammar = output_grammar(req, req.response_format)
-    return GenerationJob(kind="completion", grammar_kind=grammar.kind, grammar_spec=grammar.spec, prompts=tuple(prompts), max_tokens=max_tokens,
+    return GenerationJob(kind="completion", grammar_kind=grammar.kind, grammar_spec=grammar.spec,
+                         grammar_param=grammar.param, prompts=tuple(prompts), max_tokens=max_tokens,
                          logprobs=req.logprobs, echo=req.echo,
                          prompt_logprobs=req.logprobs if req.echo else None,
                          **common)  # type: ignore[arg-type]

@@ -234,7 +234,8 @@ def test_vllm_lark_grammar_is_a_400_naming_it(e2e: E2E) -> None:
     assert exc.value.body["param"] == "guided_grammar" and "Lark" in exc.value.body["message"]
     with pytest.raises(openai.BadRequestError) as exc:
         _vllm(e2e, structured_outputs={"grammar": "root ::= undefined"})
-    assert exc.value.body["param"] == "structured_outputs"
+    assert exc.value.body["param"] == "structured_outputs.grammar"
+    assert "structured_outputs.grammar: cannot build a grammar" in exc.value.body["message"]
 
 
 @pytest.mark.parametrize("field", ["guided_json", "structured_outputs.json"])
