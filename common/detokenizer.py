@@ -7,13 +7,35 @@ Torch-free; it never encodes and never decides when a request finishes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 
 class Decoder(Protocol):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class SpacedSpecials:
+    """A decoder that writes one space between two adjacent special tokens it keeps (vLLM's
+    ``spaces_between_special_tokens``): ``<|im_end|> <|im_start|>``. Text around a special
+    token is left as the tokenizer decodes it, so nothing else changes."""
+
+    def __init__(self, tokenizer: Decoder, special_token_ids: Collection[int]) -> None:
+        self._tok = tokenizer
+        self._special = frozenset(special_token_ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens or not self._special:
+            return self._tok.decode(ids, skip_special_tokens)
+        pieces: list[str] = []
+        start = 0
+        for i in range(1, len(ids)):
+            if ids[i] in self._special and ids[i - 1] in self._special:
+                pieces.append(self._tok.decode(ids[start:i], False))
+                start = i
+        pieces.append(self._tok.decode(ids[start:], False))
+        return " ".join(pieces)
 
 
 class IncrementalDetokenizer:

@@ -9,6 +9,7 @@ guesses a tokenizer the files do not describe.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -247,6 +248,14 @@ class Tokenizer:
         if self._chat_template is None:
             raise TokenizerError(f"{self.source}: the model has no chat template")
         return self._chat_template.render(messages, add_generation_prompt, tools, **kwargs)
+
+    def with_chat_template(self, source: str) -> Tokenizer:
+        """This tokenizer with another chat template (``--chat-template FILE``); raises
+        ChatTemplateError when it does not compile."""
+        other = copy.copy(self)
+        other._chat_template = ChatTemplate(source, self.special_tokens)
+        other.chat_template_source = source
+        return other
 
     @property
     def vocab_size(self) -> int:

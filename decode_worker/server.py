@@ -83,7 +83,8 @@ class DecodeServicer(WorkerServicerBase):
                                                prompt_logprobs=prompt_lps)
                     continue
                 usage = usage_to_proto(out.num_prompt_tokens, out.num_output_tokens,
-                                       out.num_cached_tokens, out.num_imported_tokens)
+                                       out.num_cached_tokens, out.num_imported_tokens,
+                                       out.queue_time_s, out.prefill_time_s)
                 yield pb.GenerateChunk(token_ids=out.new_token_ids, logprobs=logprobs,
                                        prompt_logprobs=prompt_lps,
                                        finish_reason=out.finish_reason or "stop", usage=usage)

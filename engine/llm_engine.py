@@ -11,6 +11,7 @@ Single-threaded: one thread owns the engine and the device.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -241,7 +242,8 @@ class LLMEngine:
             # scheduler refuses the prefix cache for it for the same reason).
             kv_import = None
         seq = Sequence(request_id, prompt, sampling, self._arrivals, keep_kv=keep_kv,
-                       has_kv_import=kv_import is not None, grammar=grammar)
+                       has_kv_import=kv_import is not None, grammar=grammar,
+                       added_s=time.monotonic())
         if sampling.prompt_logprobs is not None:
             seq.prompt_logprobs = [None] * len(prompt)
         self._arrivals += 1
@@ -353,8 +355,11 @@ class LLMEngine:
                 log.error("%s: the grammar refused token %d it allowed", rid, sampled[rid])
         self._steps += 1
         self._tokens += sched.num_tokens
+        now_s = time.monotonic()
         for u in self.scheduler.update_from_output(sched, sampled):
             seq = self._seqs[u.request_id]
+            if u.new_token_ids and seq.first_token_s is None:
+                seq.first_token_s = now_s
             out = self._output(seq, list(u.new_token_ids), u.finished, u.finish_reason)
             if seq.sampling.logprobs is not None and u.request_id in logprobs and u.new_token_ids:
                 out.logprobs = [logprobs[u.request_id]]
@@ -392,6 +397,8 @@ class LLMEngine:
     # -- internals ------------------------------------------------------------------------------
     def _on_admit(self, seq: Sequence) -> None:
         """A sequence was given a cache slot in this step: its sampling state and generator."""
+        if seq.admitted_s is None:  # a preempted one re-admitted keeps its first admission
+            seq.admitted_s = time.monotonic()
         sp = seq.sampling
         stops = list(sp.stop_token_ids)
         if not sp.ignore_eos:
@@ -410,9 +417,15 @@ class LLMEngine:
 
     def _output(self, seq: Sequence, new: list[int], finished: bool,
                 reason: str | None) -> RequestOutput:
-        return RequestOutput(seq.request_id, new, finished, reason, seq.num_prompt_tokens,
-                             seq.num_cached_tokens, seq.num_imported_tokens,
-                             len(seq.output_token_ids))
+        out = RequestOutput(seq.request_id, new, finished, reason, seq.num_prompt_tokens,
+                            seq.num_cached_tokens, seq.num_imported_tokens,
+                            len(seq.output_token_ids))
+        if finished:
+            admitted = seq.admitted_s if seq.admitted_s is not None else time.monotonic()
+            out.queue_time_s = max(admitted - seq.added_s, 0.0)
+            if seq.first_token_s is not None:
+                out.prefill_time_s = max(seq.first_token_s - admitted, 0.0)
+        return out
 
     def _forget(self, seq: Sequence) -> None:
         self._seqs.pop(seq.request_id, None)

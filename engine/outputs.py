@@ -21,6 +21,9 @@ class RequestOutput:
     logprobs: list[Any] | None = None
     # on the first output of a request with prompt_logprobs: one per prompt token, the first None
     prompt_logprobs: list[Any] | None = None
+    # on the finishing output: arrival to admission, admission to the first token (seconds)
+    queue_time_s: float = 0.0
+    prefill_time_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,11 @@ class Sequence:
     finish_reason: str | None = None
     keep_kv: bool = False
     num_preemptions: int = 0
+    # time.monotonic() at add_request, at the first admission and at the first token computed
+    # here (the request's queue and prefill times, vLLM's request_queue/prefill_time_seconds)
+    added_s: float = 0.0
+    admitted_s: float | None = None
+    first_token_s: float | None = None
     has_kv_import: bool = False
     # admitted with its blocks, its KV being imported over steps: no chunk until it is all in
     is_importing: bool = False

@@ -318,6 +318,16 @@ def curl_example(url: str, model_name: str) -> str:
             f"-d {shlex.quote(body)}")
 
 
+def _tool_args(chat_template: str, tool_call_parser: str) -> tuple[str, ...]:
+    """The router flags of ``up``'s --chat-template and --tool-call-parser."""
+    out: tuple[str, ...] = ()
+    if chat_template:
+        out += ("--chat-template", str(Path(chat_template).resolve()))
+    if tool_call_parser:
+        out += ("--tool-call-parser", tool_call_parser)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bulkhead up", formatter_class=DefaultsHelpFormatter,
@@ -361,6 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "engine step (0 = the workers' setting, 512).")
     p.add_argument("--tensor-parallel-size", type=int, default=0, help="Devices (processes) "
                    "each worker spans (0 = the workers' setting, 1).")
+    p.add_argument("--chat-template", default="", help="A jinja chat template file the router "
+                   "uses instead of the model's own ('' = the model's).")
+    p.add_argument("--tool-call-parser", default="", help="The tool-call syntax tool_choice "
+                   "auto reads: hermes, qwen3, llama3_json, llama4_json, deepseek_v4 ('' = the "
+                   "chat template's own, if any).")
     p.add_argument("--log-dir", default="", help="Where each process's log goes ('' = "
                    "$XDG_STATE_HOME/bulkhead/up-PORT, i.e. ~/.local/state/bulkhead/up-PORT, "
                    "replaced by the next start on that port).")
@@ -391,7 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      share_weights=args.share_weights,
                      prefill_memory_share=args.prefill_memory_share, colocated=args.colocated,
                      max_batch=args.max_batch, chunk_tokens=args.chunk_tokens,
-                     tensor_parallel_size=args.tensor_parallel_size)
+                     tensor_parallel_size=args.tensor_parallel_size,
+                     extra_router_args=_tool_args(args.chat_template, args.tool_call_parser))
     stop_requested: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -132,7 +132,8 @@ class PrefillServicer(WorkerServicerBase):
             num_prompt_tokens=final.num_prompt_tokens,
             num_cached_tokens=final.num_cached_tokens,
             num_computed_tokens=final.num_prompt_tokens - final.num_cached_tokens,
-            finish_reason=finish_reason)
+            finish_reason=finish_reason, queue_time_s=final.queue_time_s,
+            prefill_time_s=final.prefill_time_s)
 
     def _put_bytes(self, num_tokens: int) -> int:
         """The bytes a prompt of ``num_tokens`` takes of LMCache's pool while it is put (only

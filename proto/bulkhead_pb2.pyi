@@ -84,7 +84,7 @@ class WorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "model_name", "compat", "max_context", "chunk_tokens", "max_batch", "num_running", "num_waiting", "max_queue", "free_kv_tokens", "memory_planned_bytes", "memory_headroom_bytes", "steps_completed", "tokens_advanced", "address", "total_kv_tokens", "tensor_parallel_size")
+    __slots__ = ("worker_id", "role", "model_name", "compat", "max_context", "chunk_tokens", "max_batch", "num_running", "num_waiting", "max_queue", "free_kv_tokens", "memory_planned_bytes", "memory_headroom_bytes", "steps_completed", "tokens_advanced", "address", "total_kv_tokens", "tensor_parallel_size", "num_preemptions")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class WorkerInfo(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     model_name: str
@@ -121,7 +122,8 @@ class WorkerInfo(_message.Message):
     address: str
     total_kv_tokens: int
     tensor_parallel_size: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., model_name: _Optional[str] = ..., compat: _Optional[_Union[Compatibility, _Mapping]] = ..., max_context: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., free_kv_tokens: _Optional[int] = ..., memory_planned_bytes: _Optional[int] = ..., memory_headroom_bytes: _Optional[int] = ..., steps_completed: _Optional[int] = ..., tokens_advanced: _Optional[int] = ..., address: _Optional[str] = ..., total_kv_tokens: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ...) -> None: ...
+    num_preemptions: int
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., model_name: _Optional[str] = ..., compat: _Optional[_Union[Compatibility, _Mapping]] = ..., max_context: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., free_kv_tokens: _Optional[int] = ..., memory_planned_bytes: _Optional[int] = ..., memory_headroom_bytes: _Optional[int] = ..., steps_completed: _Optional[int] = ..., tokens_advanced: _Optional[int] = ..., address: _Optional[str] = ..., total_kv_tokens: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., num_preemptions: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "deadline_unix_s")
@@ -146,7 +148,7 @@ class KVHandle(_message.Message):
     def __init__(self, num_tokens_stored: _Optional[int] = ..., kv_layout_fingerprint: _Optional[str] = ..., store_url: _Optional[str] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("request_id", "first_token_id", "kv", "num_prompt_tokens", "num_cached_tokens", "num_computed_tokens", "finish_reason", "first_token_logprobs", "prompt_logprobs")
+    __slots__ = ("request_id", "first_token_id", "kv", "num_prompt_tokens", "num_cached_tokens", "num_computed_tokens", "finish_reason", "first_token_logprobs", "prompt_logprobs", "queue_time_s", "prefill_time_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +158,8 @@ class PrefillResponse(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TIME_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     first_token_id: int
     kv: KVHandle
@@ -165,7 +169,9 @@ class PrefillResponse(_message.Message):
     finish_reason: str
     first_token_logprobs: TokenLogprobs
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
-    def __init__(self, request_id: _Optional[str] = ..., first_token_id: _Optional[int] = ..., kv: _Optional[_Union[KVHandle, _Mapping]] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ..., first_token_logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ...) -> None: ...
+    queue_time_s: float
+    prefill_time_s: float
+    def __init__(self, request_id: _Optional[str] = ..., first_token_id: _Optional[int] = ..., kv: _Optional[_Union[KVHandle, _Mapping]] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ..., first_token_logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., queue_time_s: _Optional[float] = ..., prefill_time_s: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "deadline_unix_s", "has_prefill", "first_token_id", "kv")
@@ -186,18 +192,22 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ..., has_prefill: bool = ..., first_token_id: _Optional[int] = ..., kv: _Optional[_Union[KVHandle, _Mapping]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "loaded_kv_tokens", "recomputed_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "loaded_kv_tokens", "recomputed_tokens", "queue_time_s", "prefill_time_s")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOADED_KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TIME_S_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
     loaded_kv_tokens: int
     recomputed_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., loaded_kv_tokens: _Optional[int] = ..., recomputed_tokens: _Optional[int] = ...) -> None: ...
+    queue_time_s: float
+    prefill_time_s: float
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., loaded_kv_tokens: _Optional[int] = ..., recomputed_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., prefill_time_s: _Optional[float] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("token_ids", "finish_reason", "usage", "logprobs", "prompt_logprobs")

@@ -49,7 +49,7 @@ from router.tokenize_api import (
     tokenize,
     version,
 )
-from router.tokenizer_port import RouterTokenizer, load_tokenizer
+from router.tokenizer_port import RouterTokenizer, load_tokenizer, with_chat_template_file
 from router.worker_client import CallDeadlines
 
 log = logging.getLogger("bulkhead.router")
@@ -104,6 +104,8 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tok = tokenizer if tokenizer is not None else await asyncio.to_thread(
             load_tokenizer, settings.model)
+        if settings.chat_template:
+            tok = with_chat_template_file(tok, settings.chat_template)
         # a registered worker whose tokenizer differs from ours is refused (it would answer
         # in token ids we decode wrongly)
         fingerprint = "" if registry is not None or not settings.registry_url else str(

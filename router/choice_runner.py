@@ -35,8 +35,8 @@ from router.quarantine import (
 )
 from router.shared_quarantine import SharedQuarantine
 from router.stall_watch import StallWatch
-from router.text_stream import Decoder, TextStream
-from router.worker_client import WorkerClient
+from router.text_stream import Decoder, TextOptions, TextStream
+from router.worker_client import GenerateStream, WorkerClient
 from router.worker_codec import Prefilled, Sampling, TokenLogprobs, Usage, WorkItem
 
 log = logging.getLogger("bulkhead.router.choice")
@@ -66,6 +66,11 @@ class ChoiceStats:
     logprobs: list[LogprobEntry] = field(default_factory=list)
     echo_len: int = 0                # leading characters of `text` that echo the prompt
     prompt_logprobs: list[LogprobEntry] = field(default_factory=list)  # echo with logprobs
+    # the worker's queue (arrival to admission) and prefill (admission to first token) times,
+    # from the worker that computed the prompt; decode: first token to last, seen here
+    queue_time_s: float = 0.0
+    prefill_time_s: float = 0.0
+    decode_time_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class ChoiceSpec:
     route: Route
     deadline_unix_s: float
     echo: bool = False               # completions: the prompt's text opens the choice
+    text: TextOptions = TextOptions()  # skip_special_tokens and the other detokenizing fields
 
     @property
     def work(self) -> WorkItem:
@@ -114,9 +120,11 @@ class ChoiceRunner:
         self._quarantine = quarantine
         self._stall_watch = stall_watch
         self._num_generated_chunks = 0
-        self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop)
+        self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop, spec.text,
+                                getattr(tokenizer, "special_token_ids", ()))
         self._tokenizer = tokenizer
         self._last_token_at: float | None = None
+        self._first_token_at: float | None = None
         # the worker scores the prompt (completions echo with logprobs)
         self._scored = spec.echo and spec.sampling.prompt_logprobs is not None
         self._echoed = False
@@ -128,8 +136,14 @@ class ChoiceRunner:
             if self._last_token_at is not None:
                 self._metrics.itl.observe(now - self._last_token_at)
             self._last_token_at = now
+            if self._first_token_at is None:
+                self._first_token_at = now
             self._metrics.generated_tokens.inc(len(token_ids))
-        text = self._text.add(token_ids)
+        shown = token_ids
+        if (finish_reason == "stop" and token_ids and not self.spec.text.include_stop_str_in_output
+                and token_ids[-1] in self.spec.sampling.stop_token_ids):
+            shown = token_ids[:-1]  # as vLLM: the stop token's text is not output (EOS, ...)
+        text = self._text.add(shown)
         if self._text.stopped:
             finish_reason = "stop"
         elif finish_reason is not None:
@@ -137,6 +151,8 @@ class ChoiceRunner:
         self.stats.token_ids.extend(token_ids)
         self.stats.text += text
         self.stats.finish_reason = finish_reason
+        if finish_reason is not None and self._first_token_at is not None:
+            self.stats.decode_time_s = now - self._first_token_at
         lps = entries(self._tokenizer, logprobs)
         self.stats.logprobs.extend(lps)
         return ChoiceDelta(self.spec.index, text, token_ids, finish_reason, lps)
@@ -145,7 +161,7 @@ class ChoiceRunner:
         """The delta that opens an echoed choice: the prompt's text and, when the prompt was
         scored, one logprob entry per prompt token (the first has none, as in OpenAI/vLLM)."""
         s = self.spec
-        text = self._tokenizer.decode(s.prompt_token_ids)
+        text = self._tokenizer.decode(s.prompt_token_ids, s.text.skip_special_tokens)
         self.stats.text = text
         self.stats.echo_len = len(text)
         lps: list[LogprobEntry] = []
@@ -181,6 +197,8 @@ class ChoiceRunner:
         self._metrics.phase.labels("prefill").observe(time.monotonic() - started)
         self.stats.num_cached_tokens = resp.num_cached_tokens
         self.stats.num_recomputed_tokens = resp.num_computed_tokens
+        self.stats.queue_time_s, self.stats.prefill_time_s = (resp.queue_time_s,
+                                                              resp.prefill_time_s)
         return resp
 
     async def _prefill_unless_stalled(self, address: str) -> Prefilled:
@@ -273,6 +291,7 @@ class ChoiceRunner:
     async def _generate(self, address: str,
                         after: Prefilled | None) -> AsyncIterator[ChoiceDelta]:
         stream = self._clients(address).generate(self.spec.work, after)
+        watch = self._watch(address, stream)
         started = time.monotonic()
         first = True
         finished = unreachable = False
@@ -305,11 +324,32 @@ class ChoiceRunner:
             unreachable = err.code == grpc.StatusCode.UNAVAILABLE   # an Abort would not arrive
             raise self._failed(err) from None
         finally:
+            if watch is not None:
+                watch.cancel()
             self._metrics.phase.labels("decode").observe(time.monotonic() - started)
             if not finished:
                 stream.cancel()
                 if not unreachable:
                     self._abort_later(address)
+
+    def _watch(self, address: str, stream: GenerateStream) -> asyncio.Future[None] | None:
+        """Give up on ``stream`` once its worker stops advancing (router/stall_watch.py), after
+        ``stall_timeout_s`` rather than a first-token or stream-idle deadline per chunk: before
+        any chunk as UNAVAILABLE (another decode worker takes the choice, `deltas`), after
+        some as DEADLINE_EXCEEDED (a 504 or an error event, at once)."""
+        if self._stall_watch is None:
+            return None
+
+        async def watch() -> None:
+            problem = await self._stall_watch.wait(address)  # type: ignore[union-attr]
+            code = (grpc.StatusCode.UNAVAILABLE if self._num_generated_chunks == 0
+                    else grpc.StatusCode.DEADLINE_EXCEEDED)
+            log.warning("decode of %s on %s given up: %s", self.spec.request_id, address,
+                        problem)
+            self._on_unavailable(address, f"decode: {problem}")  # the worker's state, not ours
+            stream.give_up(code, f"the worker stopped advancing: {problem}")
+
+        return asyncio.ensure_future(watch())
 
     def _take_usage(self, usage: Usage, has_prefill: bool) -> None:
         self.stats.num_loaded_tokens = usage.loaded_kv_tokens
@@ -319,3 +359,5 @@ class ChoiceRunner:
         else:
             self.stats.num_cached_tokens = usage.cached_tokens
             self.stats.num_recomputed_tokens = usage.recomputed_tokens
+            self.stats.queue_time_s = usage.queue_time_s
+            self.stats.prefill_time_s = usage.prefill_time_s

@@ -244,7 +244,7 @@ class Dispatcher:
                                       prompt_token_ids=list(prompt),
                                       sampling=self._sampling(job, max_tokens, i),
                                       stop=job.stop, route=route, deadline_unix_s=deadline,
-                                      echo=job.echo)
+                                      echo=job.echo, text=job.text)
                     runners.append(ChoiceRunner(
                         spec, self._registry.client, self._tokenizer, self._metrics,
                         self._background, self._registry.mark_unavailable,

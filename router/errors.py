@@ -107,8 +107,9 @@ def from_worker_error(err: WorkerCallError, retry_after_s: int) -> ApiError:
         return ApiError(503, f"Worker unavailable ({where}): {err.details}. Retry later.",
                         "service_unavailable", None, "worker_unavailable", retry_after_s)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return ApiError(504, f"Deadline exceeded in phase {where}.", "timeout_error", None,
-                        f"{err.phase}_timeout")
+        detail = f": {err.details}" if err.details else "."
+        return ApiError(504, f"Deadline exceeded in phase {where}{detail}", "timeout_error",
+                        None, f"{err.phase}_timeout")
     if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE):
         return ApiError(400, f"The worker's memory plan cannot hold this request ({where}): "
                         f"{err.details}", "invalid_request_error", None,

@@ -7,10 +7,9 @@ the field.  This module must never reach a worker and never import torch.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from common.token_bound import min_tokens
 from router.chat_prompt import render_chat
@@ -22,6 +21,8 @@ from router.errors import (
 from router.refused_fields import refuse_unimplemented
 from router.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from router.settings import RouterSettings
+from router.structured_outputs import output_grammar
+from router.text_stream import TextOptions
 from router.tokenizer_port import RouterTokenizer
 from router.tool_calls import plan_tools
 from router.worker_codec import LogitShaping
@@ -51,7 +52,9 @@ class GenerationJob:
     prompt_logprobs: int | None = None
     grammar_kind: str = ""        # constrained decoding (worker/grammar_cache.py), "" = none
     grammar_spec: str = ""
+    grammar_param: str = ""       # the request field the grammar came from, for its errors
     tool_format: str | None = None  # chat: parse the output as this tool-call syntax
+    text: TextOptions = TextOptions()  # how tokens become text (skip_special_tokens, ...)
 
     @property
     def num_choices(self) -> int:
@@ -91,6 +94,9 @@ def _common(req: _SamplingFields, settings: RouterSettings,
         stream=req.stream,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         return_token_ids=req.return_token_ids,
+        text=TextOptions(skip_special_tokens=req.skip_special_tokens,
+                         spaces_between_special_tokens=req.spaces_between_special_tokens,
+                         include_stop_str_in_output=req.include_stop_str_in_output),
         shaping=LogitShaping(
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty,
@@ -154,18 +160,21 @@ def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
         raise invalid_request("top_logprobs: set logprobs to true to use it", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
-                       getattr(tokenizer, "chat_template_source", None))
-    grammar_kind, grammar_spec = response_grammar(req.response_format)
+                       getattr(tokenizer, "chat_template_source", None),
+                       settings.tool_call_parser)
+    grammar = output_grammar(req, req.response_format)
+    grammar_kind, grammar_spec, grammar_param = grammar.kind, grammar.spec, grammar.param
     if tools is not None and tools.grammar_spec:
         if grammar_kind:
-            raise invalid_request("response_format: not together with tools (a tool call is "
-                                  "already constrained); send one", "response_format")
-        grammar_kind, grammar_spec = "tool_calls", tools.grammar_spec
+            raise invalid_request(f"{grammar.param}: not together with tools (a tool call is "
+                                  "already constrained); send one", grammar.param)
+        grammar_kind, grammar_spec, grammar_param = "tool_calls", tools.grammar_spec, "tools"
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
         raise invalid_request("max_tokens and max_completion_tokens disagree; send one",
                               "max_completion_tokens")
-    text = render_chat(req, tokenizer, tools.tools if tools is not None else None)
+    text = render_chat(req, tokenizer, tools.tools if tools is not None else None,
+                       tools.format if tools is not None and tools.default_prompt else None)
     max_tokens = req.max_completion_tokens or req.max_tokens
     _refuse_if_certainly_over(text, tokenizer, max_tokens, max_context, "messages")
     ids = tuple(tokenizer.encode(text, add_special_tokens=False))
@@ -174,25 +183,7 @@ def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
     _check_min_tokens(req.min_tokens, max_tokens)
     return GenerationJob(kind="chat", prompts=(ids,), max_tokens=max_tokens,  # type: ignore[arg-type]
                          logprobs=logprobs, grammar_kind=grammar_kind, grammar_spec=grammar_spec,
-                         tool_format=tools.format if tools is not None else None, **common)
-
-
-def response_grammar(fmt: dict[str, Any] | None) -> tuple[str, str]:
-    """(grammar kind, spec) of a response_format; ("", "") for text."""
-    kind = (fmt or {}).get("type", "text")
-    if kind == "text":
-        return "", ""
-    if kind == "json_object":
-        return "json_object", ""
-    if kind == "json_schema":
-        js = fmt.get("json_schema") if fmt else None
-        schema = js.get("schema") if isinstance(js, dict) else None
-        if not isinstance(schema, dict):
-            raise invalid_request("response_format.json_schema.schema: a JSON schema object is "
-                                  "required", "response_format.json_schema.schema")
-        return "json_schema", json.dumps(schema, separators=(",", ":"), sort_keys=True)
-    raise invalid_request(f"response_format.type: {kind!r} is not text, json_object or "
-                          "json_schema", "response_format.type")
+                         grammar_param=grammar_param, tool_format=tools.format if tools is not None else None, **common)
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> tuple[int, ...]:
@@ -239,7 +230,9 @@ def completion_job(req: CompletionRequest, settings: RouterSettings,
         else:
             prompts.append(_check_ids(item, vocab_size, param))
     _check_min_tokens(req.min_tokens, max_tokens)
-    return GenerationJob(kind="completion", prompts=tuple(prompts), max_tokens=max_tokens,
+    grammar = output_grammar(req, req.response_format)
+    return GenerationJob(kind="completion", grammar_kind=grammar.kind, grammar_spec=grammar.spec,
+                         grammar_param=grammar.param, prompts=tuple(prompts), max_tokens=max_tokens,
                          logprobs=req.logprobs, echo=req.echo,
                          prompt_logprobs=req.logprobs if req.echo else None,
                          **common)  # type: ignore[arg-type]

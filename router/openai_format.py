@@ -9,7 +9,6 @@ must never await, reach a worker or read settings.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,10 +16,8 @@ from typing import Any
 from router.choice_runner import ChoiceDelta, ChoiceRunner
 from router.job import GenerationJob
 from router.logprobs_format import chat_logprobs, completion_logprobs
-from router.tool_call_deltas import CallDelta, StreamedCall
-from router.tool_calls import ParsedOutput, ToolCallStream, parse_tool_calls
-
-log = logging.getLogger("bulkhead.router.format")
+from router.tool_call_deltas import CallDelta
+from router.tool_calls import ParsedOutput, ToolCallStream, answer_of
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -62,22 +59,6 @@ def streamed_tool_calls(deltas: Sequence[CallDelta], request_id: str,
     return out
 
 
-def rest_of_calls(parsed: ParsedOutput, streamed: Sequence[StreamedCall]) -> list[CallDelta]:
-    """What the end of the answer adds to the calls already streamed: calls the incremental
-    reader did not find in full, whole."""
-    out: list[CallDelta] = []
-    for k, call in enumerate(parsed.calls):
-        sent = streamed[k] if k < len(streamed) else None
-        if sent is None:
-            out += [CallDelta(k, name=call.name), CallDelta(k, arguments=call.arguments)]
-        elif sent.name == call.name and call.arguments.startswith(sent.arguments):
-            if len(call.arguments) > len(sent.arguments):
-                out.append(CallDelta(k, arguments=call.arguments[len(sent.arguments):]))
-        else:  # an object with a repeated key (json.loads keeps the last value)
-            log.warning("streamed tool call %d differs from the parsed one", k)
-    return out
-
-
 def tool_calls_json(parsed: ParsedOutput, request_id: str, index: int) -> list[dict[str, Any]]:
     """OpenAI tool_calls of a whole answer; ids derive from the request id, choice and position."""
     return [{"id": tool_call_id(request_id, index, k), "type": "function",
@@ -101,7 +82,7 @@ def full_response(job: GenerationJob, request_id: str, created: int,
         if job.kind == "chat":
             choice["message"] = {"role": "assistant", "content": r.stats.text}
             if job.tool_format is not None:
-                parsed = parse_tool_calls(job.tool_format, r.stats.text)
+                parsed = answer_of(job.tool_format, r.stats.text)
                 if parsed.calls:
                     choice["message"] = {"role": "assistant", "content": parsed.content,
                                          "tool_calls": tool_calls_json(parsed, request_id,
@@ -181,9 +162,9 @@ class ChunkWriter:
                 text = stream.add(d.text)
                 calls = stream.take_deltas()
             if fmt is not None and d.finish_reason is not None:
-                rest, parsed = stream.finish()
+                rest, rest_calls, parsed = stream.finish()
                 text += rest
-                calls += rest_of_calls(parsed, stream.calls.calls)
+                calls += rest_calls
                 if parsed.calls and d.finish_reason == "stop":
                     choice["finish_reason"] = "tool_calls"
             choice["delta"] = {"content": text} if text else {}

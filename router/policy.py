@@ -33,6 +33,9 @@ class WorkerLoad:
     compat_key: CompatKey
     healthy: bool = True
     total_kv_tokens: int = 0     # the worker's KV extent (0 = not reported)
+    num_preemptions: int = 0     # sequences its engine preempted so far
+    block_size: int = 0          # its KV block size and dtype (vllm:cache_config_info)
+    dtype: str = ""
 
     @property
     def is_queue_full(self) -> bool:

@@ -23,14 +23,6 @@ _CHAT_AND_COMPLETION = {
     "truncate_prompt_tokens": "prompt truncation",
     "allowed_token_ids": "allowed_token_ids",
     "bad_words": "bad_words",
-    "include_stop_str_in_output": "include_stop_str_in_output",
-    "skip_special_tokens": "skip_special_tokens",
-    "spaces_between_special_tokens": "spaces_between_special_tokens",
-    "guided_json": "guided decoding",
-    "guided_regex": "guided decoding",
-    "guided_choice": "guided decoding",
-    "guided_grammar": "guided decoding",
-    "structured_outputs": "structured outputs through vLLM's extension field",
     "priority": "request priorities",
     "logits_processors": "custom logits processors",
 }
@@ -58,14 +50,6 @@ class RefusedCompletionFields(BaseModel):
     truncate_prompt_tokens: Any = None
     allowed_token_ids: Any = None
     bad_words: Any = None
-    include_stop_str_in_output: Any = None
-    skip_special_tokens: Any = None
-    spaces_between_special_tokens: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    structured_outputs: Any = None
     priority: Any = None
     logits_processors: Any = None
 
@@ -92,8 +76,6 @@ def _is_default(name: str, value: Any, n: int) -> bool:
         return value == n
     if name == "modalities":
         return value == ["text"]
-    if name in ("skip_special_tokens",):  # what this server does anyway
-        return value is True
     return False
 
 

@@ -26,10 +26,23 @@ from common.periodic import Periodic
 from router.errors import WorkerCallError
 from router.liveness import LivenessState, Progress, judge_liveness
 from router.policy import WorkerLoad
-from router.worker_client import CallDeadlines, WorkerAccess, WorkerClient
+from router.worker_client import EMPTY_ANSWER, CallDeadlines, WorkerAccess, WorkerClient
 from router.worker_status import WorkerStatus
 
 log = logging.getLogger("bulkhead.router.registry")
+
+def _latest(a: WorkerStatus | None, b: WorkerStatus | None) -> WorkerStatus | None:
+    """The later of two observations of one worker: the one whose counters went further; on a
+    tie the one that shows work. (A heartbeat written while the worker was idle must not hide
+    the work a later GetInfo saw: frozen then, it would look idle, never stalled.)"""
+    if a is None or b is None:
+        return a if b is None else b
+
+    def key(s: WorkerStatus) -> tuple[int, int, int]:
+        return s.steps_completed, s.tokens_advanced, s.num_running + s.num_waiting
+
+    return a if key(a) >= key(b) else b
+
 
 def progress_of(info: WorkerStatus) -> Progress:
     return Progress(info.steps_completed, info.tokens_advanced, info.num_running,
@@ -122,8 +135,9 @@ class StaticRegistry:
 
     def _poll_problem(self, w: _Worker, res: WorkerStatus | BaseException) -> str:
         """What this GetInfo answer says is wrong with `w` ('' = nothing)."""
-        if (isinstance(res, WorkerCallError) and res.code == grpc.StatusCode.DEADLINE_EXCEEDED
-                and w.healthy and (w.key or w.missed_polls + 1 < MAX_MISSED_POLLS)):
+        missed = isinstance(res, WorkerCallError) and (
+            res.code == grpc.StatusCode.DEADLINE_EXCEEDED or res.details == EMPTY_ANSWER)
+        if missed and w.healthy and (w.key or w.missed_polls + 1 < MAX_MISSED_POLLS):
             # A slow answer is not a dead worker: a busy host (a long prefill step on few
             # cores) can miss polls. A registered worker's live heartbeat key and its progress
             # counters speak for it; an unregistered one gets MAX_MISSED_POLLS. A refused
@@ -147,8 +161,7 @@ class StaticRegistry:
         """'' while `w` is idle or its progress counters advance: from this GetInfo answer, or
         when it did not come, from the heartbeat (a registered worker) or the last answer.
         Mixing the sources is safe: a stalled engine's counters are frozen in all of them."""
-        seen = res if isinstance(res, WorkerStatus) else (
-            w.heartbeat if w.heartbeat is not None else w.info)
+        seen = res if isinstance(res, WorkerStatus) else _latest(w.heartbeat, w.info)
         if seen is None:
             return ""
         verdict = judge_liveness(w.liveness, progress_of(seen), now_s, self.stall_timeout_s)
@@ -214,7 +227,8 @@ class StaticRegistry:
                 num_running=info.num_running, num_waiting=info.num_waiting,
                 num_inflight=w.num_inflight, free_kv_tokens=info.free_kv_tokens,
                 compat_key=info.compat.key(), healthy=w.healthy,
-                total_kv_tokens=info.total_kv_tokens))
+                total_kv_tokens=info.total_kv_tokens, num_preemptions=info.num_preemptions,
+                block_size=info.compat.block_size, dtype=info.compat.dtype))
         return out
 
     def info(self, address: str) -> WorkerStatus | None:

@@ -138,6 +138,23 @@ class ChatMessage(StrictModel):
         return "".join(p.text for p in self.content)
 
 
+class StructuredOutputs(StrictModel):
+    """vLLM's ``structured_outputs``: one source of a grammar the output must follow."""
+
+    # a JSON schema (object or its text); "json" in the body (the name shadows BaseModel.json)
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None                   # EBNF (GBNF), as xgrammar reads it
+    json_object: bool | None = None
+    structural_tag: str | None = None            # an xgrammar structural tag (JSON text)
+    # vLLM's backend knobs: one backend here, and its JSON is always compact
+    disable_fallback: bool | None = None         # not applicable: there is no fallback
+    disable_any_whitespace: bool | None = None   # true is what this server does; false refused
+    disable_additional_properties: bool | None = None  # refused when true
+    whitespace_pattern: str | None = None        # refused
+
+
 class _SamplingFields(RequestBody):
     """Fields shared by chat and completions."""
 
@@ -161,6 +178,16 @@ class _SamplingFields(RequestBody):
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0                 # vLLM extension
     min_tokens: Annotated[int, Field(ge=0)] = 0                          # vLLM extension
     user: str | None = None
+    # vLLM's detokenization fields (router/text_stream.py TextOptions)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # vLLM's structured outputs and their older names (router/structured_outputs.py)
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
+    guided_grammar: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, RefusedChatFields):
@@ -185,3 +212,4 @@ class CompletionRequest(_SamplingFields, RefusedCompletionFields):
     max_tokens: Annotated[int, Field(ge=0)] | None = None
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None   # OpenAI's limit
     echo: bool = False
+    response_format: dict[str, Any] | None = None   # vLLM takes it on completions too

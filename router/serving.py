@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import Request
@@ -70,6 +70,20 @@ async def _ready_within(task: asyncio.Future[ChoiceDelta], timeout_s: float) -> 
 
 def error_response(err: ApiError) -> JSONResponse:
     return AsciiJSONResponse(err.body(), status_code=err.status, headers=err.headers())
+
+
+# the fields a worker names when a grammar does not compile (worker/grammar_cache.py)
+_GRAMMAR_FIELDS = ("response_format", "structured_outputs", "tools")
+
+
+def named_for_request(err: ApiError, job: GenerationJob | None) -> ApiError:
+    """A worker's grammar error names the field this request used (``guided_json``,
+    ``structured_outputs.regex``, ...) rather than the grammar kind's usual field."""
+    if (job is None or not job.grammar_param or err.code != "invalid_argument"
+            or err.param not in _GRAMMAR_FIELDS or err.param == job.grammar_param):
+        return err
+    message = err.message.replace(f"{err.param}:", f"{job.grammar_param}:", 1)
+    return replace(err, message=message, param=job.grammar_param)
 
 
 def as_api_error(exc: BaseException, ctx: RouterContext) -> ApiError:
@@ -129,6 +143,12 @@ def _account(dispatch: Dispatch, metrics: RouterMetrics) -> None:
         metrics.kv_tokens.labels("loaded").inc(r.stats.num_loaded_tokens)
         metrics.kv_tokens.labels("cached").inc(r.stats.num_cached_tokens)
         metrics.kv_tokens.labels("recomputed").inc(r.stats.num_recomputed_tokens)
+        if r.stats.finish_reason:   # vLLM's per-request series: one observation per choice
+            metrics.request_prompt_tokens.observe(len(r.spec.prompt_token_ids))
+            metrics.request_generation_tokens.observe(len(r.stats.token_ids))
+            metrics.request_time.labels("queue").observe(r.stats.queue_time_s)
+            metrics.request_time.labels("prefill").observe(r.stats.prefill_time_s)
+            metrics.request_time.labels("decode").observe(r.stats.decode_time_s)
 
 
 async def _stream_body(ctx: RouterContext, job: GenerationJob, dispatch: Dispatch,
@@ -160,7 +180,7 @@ async def _stream_body(ctx: RouterContext, job: GenerationJob, dispatch: Dispatc
         yield sse("[DONE]")
     except Exception as exc:   # noqa: BLE001 - whatever cut the stream, the client gets a word
         # (a worker that died, a bug): an OpenAI error event and [DONE], never a bare reset
-        err = as_api_error(exc, ctx)
+        err = named_for_request(as_api_error(exc, ctx), job)
         result = err.code or str(err.status)
         yield sse(err.body())
         yield sse("[DONE]")
@@ -202,6 +222,7 @@ async def serve_generation(ctx: RouterContext, request: Request,
         return error_response(err)
     handed_over = False
     result = "error"
+    job: GenerationJob | None = None
     try:
         job = await _build_job(ctx, build)
         dispatch = await ctx.dispatcher.start(job)
@@ -241,7 +262,7 @@ async def serve_generation(ctx: RouterContext, request: Request,
         result = "cancelled"
         return Response(status_code=499)
     except (ApiError, WorkerCallError) as exc:
-        err = as_api_error(exc, ctx)
+        err = named_for_request(as_api_error(exc, ctx), job)
         result = err.code or str(err.status)
         return error_response(err)
     finally:

@@ -20,6 +20,7 @@ from common import settings_loader
 from common.settings_loader import ENV_PREFIX, SettingsError
 from common.settings_loader import doc as _doc
 from common.worker_registry import url_problem
+from router.tool_calls import PARSERS
 
 __all__ = ["ENV_PREFIX", "RouterSettings", "SettingsError", "build_parser", "load_settings",
            "settings_table"]
@@ -79,6 +80,13 @@ class RouterSettings:
     max_stop_strings: int = field(default=16, metadata=_doc("Most `stop` strings per request."))
     max_prompts: int = field(default=64, metadata=_doc(
         "Most prompts in one /v1/completions request (a list of prompts)."))
+    chat_template: str = field(default="", metadata=_doc(
+        "A jinja chat template file used instead of the model's own (vLLM's --chat-template); "
+        "'' = the model's."))
+    tool_call_parser: str = field(default="", metadata=_doc(
+        "The tool-call syntax tool_choice auto reads (vLLM's names: hermes, qwen3, llama3_json, "
+        "llama4_json, deepseek_v4); '' = the one the chat template teaches, if any. Named and "
+        "required tool_choice work without one."))
     log_level: str = field(default="info", metadata=_doc("Python log level of the router."))
     quarantine_ttl_s: float = field(default=600.0, metadata=_doc(
         "Seconds a request whose prefill took down two workers is refused (500) before it may "
@@ -112,6 +120,9 @@ class RouterSettings:
                      "max_header_bytes", "max_concurrent_tokenizations"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")
+        if self.tool_call_parser and self.tool_call_parser not in PARSERS:
+            raise SettingsError(f"tool_call_parser: {self.tool_call_parser!r} is not one of "
+                                f"{', '.join(PARSERS)}")
         if self.registry_url and url_problem(self.registry_url):
             raise SettingsError(f"registry_url: {url_problem(self.registry_url)}")
         for name in ("prefill_workers", "decode_workers"):

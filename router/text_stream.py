@@ -8,20 +8,36 @@ ever returned.  This module must never import torch and never send anything itse
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
-from common.detokenizer import Decoder, IncrementalDetokenizer, find_stop
+from common.detokenizer import Decoder, IncrementalDetokenizer, SpacedSpecials, find_stop
 
-__all__ = ["Decoder", "TextStream"]
+__all__ = ["Decoder", "TextOptions", "TextStream"]
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """How a choice's tokens become text (vLLM's detokenization fields, with its defaults)."""
+
+    skip_special_tokens: bool = True            # special tokens (EOS, <|im_end|>...) left out
+    spaces_between_special_tokens: bool = True  # kept specials side by side get a space between
+    include_stop_str_in_output: bool = False    # the matched stop string (or stop token) kept
 
 
 class TextStream:
     """Incremental detokenizer with stop strings for one choice."""
 
     def __init__(self, tokenizer: Decoder, prompt_token_ids: Sequence[int],
-                 stop: Sequence[str] = ()) -> None:
-        self._detok = IncrementalDetokenizer(tokenizer, prompt_token_ids)
+                 stop: Sequence[str] = (), options: TextOptions = TextOptions(),
+                 special_token_ids: Collection[int] = ()) -> None:
+        decoder: Decoder = tokenizer
+        if not options.skip_special_tokens and options.spaces_between_special_tokens:
+            decoder = SpacedSpecials(tokenizer, special_token_ids)
+        self._detok = IncrementalDetokenizer(decoder, prompt_token_ids,
+                                             skip_special_tokens=options.skip_special_tokens)
         self._stop = tuple(s for s in stop if s)
+        self._keep_stop = options.include_stop_str_in_output
         self._text = ""          # decoded output so far (cut at a stop string once found)
         self._sent = 0           # characters of _text already returned
         self.stopped = False     # a stop string was found; no more text will come
@@ -47,7 +63,8 @@ class TextStream:
         self._text += new
         match = find_stop(self._text, self._stop, len(new))
         if match.stop_index is not None:
-            cut = max(match.stop_index, self._sent)
+            end = match.stop_index + (len(match.stop_string or "") if self._keep_stop else 0)
+            cut = max(end, self._sent)
             out = self._text[self._sent:cut]
             self._text = self._text[:cut]
             self._sent = cut

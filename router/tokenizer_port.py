@@ -8,6 +8,7 @@ so tests may hand in any object with these methods.  This module must never impo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -29,3 +30,23 @@ def load_tokenizer(model_path: str) -> RouterTokenizer:
     from common.tokenizer import Tokenizer  # imported here: common/ is torch-free, stays lazy
 
     return Tokenizer.from_path(model_path)
+
+
+def with_chat_template_file(tokenizer: RouterTokenizer, path: str) -> RouterTokenizer:
+    """``tokenizer`` with the chat template in ``path`` (``--chat-template``); SettingsError
+    when the file cannot be read or the template does not compile, so the router stops at
+    start-up instead of refusing every chat request."""
+    from common.chat_template import ChatTemplateError
+    from common.settings_loader import SettingsError
+
+    try:
+        source = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"chat_template: cannot read {path}: {exc}") from None
+    override = getattr(tokenizer, "with_chat_template", None)
+    if override is None:
+        raise SettingsError("chat_template: this tokenizer cannot take another template")
+    try:
+        return override(source)
+    except ChatTemplateError as exc:
+        raise SettingsError(f"chat_template: {path}: {exc}") from None

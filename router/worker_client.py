@@ -74,6 +74,9 @@ class WorkerAccess:
         return grpc.aio.insecure_channel(address, options=list(options))
 
 
+EMPTY_ANSWER = "the answer held no readable message"
+
+
 class GenerateStream:
     """One server-streaming Generate call, read chunk by chunk under deadlines."""
 
@@ -83,11 +86,14 @@ class GenerateStream:
         self._deadlines = deadlines
         self._num_chunks = 0
         self._done = False
+        self._given_up: WorkerCallError | None = None
 
     def __aiter__(self) -> GenerateStream:
         return self
 
     async def __anext__(self) -> Chunk:
+        if self._given_up is not None:
+            raise self._given_up
         if self._done:
             raise StopAsyncIteration
         first = self._num_chunks == 0
@@ -100,9 +106,19 @@ class GenerateStream:
             self.cancel()
             raise WorkerCallError(self._address, phase, grpc.StatusCode.DEADLINE_EXCEEDED,
                                   f"no chunk within {timeout:g} s") from None
+        except asyncio.CancelledError:
+            # the read the give_up() below cut short; a cancel of our own task goes on
+            task = asyncio.current_task()
+            if self._given_up is not None and (task is None or not task.cancelling()):
+                raise self._given_up from None
+            raise
         except grpc.aio.AioRpcError as exc:
             self._done = True
+            if self._given_up is not None:
+                raise self._given_up from None
             raise WorkerCallError(self._address, phase, exc.code(), exc.details() or "") from None
+        if self._given_up is not None:
+            raise self._given_up
         if msg is grpc.aio.EOF:
             self._done = True
             raise StopAsyncIteration
@@ -113,6 +129,13 @@ class GenerateStream:
         """Cancel the RPC; cancelling a Generate call aborts the request on the worker."""
         self._done = True
         self._call.cancel()
+
+    def give_up(self, code: grpc.StatusCode, details: str) -> None:
+        """End the stream from outside (its worker stopped advancing): the read waiting now,
+        or the next one, fails with this status instead of waiting out its deadline."""
+        if self._given_up is None and not self._done:
+            self._given_up = WorkerCallError(self._address, "decode", code, details)
+            self.cancel()
 
 
 class WorkerClient:
@@ -130,9 +153,16 @@ class WorkerClient:
 
     async def _unary(self, method: Any, request: Any, phase: str, timeout: float) -> Any:
         try:
-            return await method(request, timeout=timeout, metadata=self._metadata)
+            answer = await method(request, timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise WorkerCallError(self.address, phase, exc.code(), exc.details() or "") from None
+        if answer is None:
+            # grpc.aio hands back None, not an error, when it cannot deserialize an answer
+            # (grpc/_common.py `_transform` logs and swallows the exception) or when a call ends
+            # OK with no message; read on, that was the router's `GetInfo failed:
+            # AttributeError("'NoneType' object has no attribute 'worker_id'")` under load
+            raise WorkerCallError(self.address, phase, grpc.StatusCode.UNKNOWN, EMPTY_ANSWER)
+        return answer
 
     async def get_info(self) -> WorkerStatus:
         return status_from_proto(await self._unary(self._stub.GetInfo, pb.WorkerInfoRequest(),

@@ -86,6 +86,8 @@ class Prefilled:
     kv: KVHandle
     first_token_logprobs: TokenLogprobs | None = None
     prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # entry i scores prompt token i + 1
+    queue_time_s: float = 0.0     # on the prefill worker: arrival to admission
+    prefill_time_s: float = 0.0   # admission to the first token
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ class Usage:
     cached_tokens: int
     loaded_kv_tokens: int
     recomputed_tokens: int
+    queue_time_s: float = 0.0     # on the decode worker: arrival to admission
+    prefill_time_s: float = 0.0   # admission to the first token it computed
 
 
 @dataclass(frozen=True)
@@ -167,14 +171,16 @@ def prefilled_from_proto(msg: pb.PrefillResponse) -> Prefilled:
     first = int(msg.first_token_id) if msg.HasField("first_token_id") else None
     return Prefilled(first, msg.finish_reason or None,
                      int(msg.num_cached_tokens), int(msg.num_computed_tokens), kv, first_lp,
-                     tuple(logprobs_from_proto(lp) for lp in msg.prompt_logprobs))
+                     tuple(logprobs_from_proto(lp) for lp in msg.prompt_logprobs),
+                     float(msg.queue_time_s), float(msg.prefill_time_s))
 
 
 def chunk_from_proto(msg: pb.GenerateChunk) -> Chunk:
     usage = None
     if msg.HasField("usage"):
         usage = Usage(int(msg.usage.cached_tokens), int(msg.usage.loaded_kv_tokens),
-                      int(msg.usage.recomputed_tokens))
+                      int(msg.usage.recomputed_tokens), float(msg.usage.queue_time_s),
+                      float(msg.usage.prefill_time_s))
     return Chunk(tuple(int(t) for t in msg.token_ids), msg.finish_reason or None, usage,
                  tuple(logprobs_from_proto(lp) for lp in msg.logprobs),
                  tuple(logprobs_from_proto(lp) for lp in msg.prompt_logprobs))

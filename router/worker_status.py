@@ -58,6 +58,7 @@ class WorkerStatus:
     steps_completed: int = 0   # liveness: these two advance while the engine makes progress
     tokens_advanced: int = 0
     tensor_parallel_size: int = 0  # ranks its engine spans; 0 from a worker older than the field
+    num_preemptions: int = 0       # sequences its engine preempted so far
 
 
 def _copy(cls: type, msg: object) -> dict[str, object]:

@@ -155,7 +155,8 @@ def stream_rpc(method: Callable[..., AsyncIterator[R]]) -> Callable[..., AsyncIt
 
 
 def usage_to_proto(num_prompt_tokens: int, num_output_tokens: int, num_cached_tokens: int,
-                   num_imported_tokens: int) -> pb.Usage:
+                   num_imported_tokens: int, queue_time_s: float = 0.0,
+                   prefill_time_s: float = 0.0) -> pb.Usage:
     """Usage of a finished request. ``recomputed`` = prompt tokens this worker computed."""
     return pb.Usage(
         prompt_tokens=num_prompt_tokens,
@@ -163,4 +164,5 @@ def usage_to_proto(num_prompt_tokens: int, num_output_tokens: int, num_cached_to
         cached_tokens=num_cached_tokens,
         loaded_kv_tokens=num_imported_tokens,
         recomputed_tokens=max(num_prompt_tokens - num_cached_tokens, 0),
+        queue_time_s=queue_time_s, prefill_time_s=prefill_time_s,
     )

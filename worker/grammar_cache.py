@@ -2,7 +2,9 @@
 
 A request names its grammar as (kind, spec) text (``proto`` SamplingParams.grammar_kind /
 grammar_spec): ``json_object`` (any JSON object), ``json_schema`` (spec: the schema, strict),
-``structural_tag`` (spec: an xgrammar structural tag) or ``tool_calls`` (spec: {"format",
+``structural_tag`` (spec: an xgrammar structural tag), ``regex`` (spec: the pattern), ``choice``
+(spec: a JSON list of strings, one of which is the whole output), ``grammar`` (spec: EBNF text)
+or ``tool_calls`` (spec: {"format",
 "tools", "tool_choice", "parallel_tool_calls"}; the model's own tool-call syntax, built by
 xgrammar's per-model structural tags). ``GrammarCache.compile`` runs on a worker thread (the
 servicer awaits it through ``asyncio.to_thread``); the engine only ever gets the compiled result.
@@ -19,7 +21,8 @@ from typing import Any
 
 from engine.errors import InvalidRequest
 
-KINDS = ("json_object", "json_schema", "structural_tag", "tool_calls")
+KINDS = ("json_object", "json_schema", "structural_tag", "tool_calls", "regex", "choice",
+         "grammar")
 MAX_SPEC_CHARS = 256 * 1024  # a grammar spec is JSON text; past this it is refused
 
 
@@ -90,7 +93,14 @@ def _library_message(exc: Exception) -> str:
 
 
 def _field(kind: str) -> str:
+    if kind in ("regex", "choice", "grammar"):
+        return "structured_outputs"
     return "tools" if kind == "tool_calls" else "response_format"
+
+
+def choice_ebnf(options: list[str]) -> str:
+    """``root ::= "a" | "b"``: JSON string escapes are EBNF string escapes."""
+    return "root ::= " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options)
 
 
 def _compile(compiler: Any, kind: str, spec: str) -> Any:
@@ -104,6 +114,12 @@ def _compile(compiler: Any, kind: str, spec: str) -> Any:
         return compiler.compile_json_schema(spec, strict_mode=True, any_whitespace=False)
     if kind == "structural_tag":
         return compiler.compile_structural_tag(spec)
+    if kind == "regex":
+        return compiler.compile_regex(spec)
+    if kind == "choice":
+        return compiler.compile_grammar(choice_ebnf(json.loads(spec)))
+    if kind == "grammar":
+        return compiler.compile_grammar(spec)
     req = json.loads(spec)
     choice = req.get("tool_choice", "auto")
     parallel = bool(req.get("parallel_tool_calls", True))

@@ -218,7 +218,7 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
             steps_completed=s.steps_completed, tokens_advanced=s.tokens_advanced,
             address=self.rt.settings.address,
             total_kv_tokens=self.rt.engine.block_manager.num_usable_blocks * ec.block_size,
-            tensor_parallel_size=ec.tensor_parallel_size)
+            tensor_parallel_size=ec.tensor_parallel_size, num_preemptions=s.num_preemptions)
 
     async def Abort(self, request: pb.AbortRequest,
                     context: grpc.aio.ServicerContext) -> pb.AbortResponse:

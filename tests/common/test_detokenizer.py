@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common.detokenizer import IncrementalDetokenizer, find_stop
+from common.detokenizer import IncrementalDetokenizer, SpacedSpecials, find_stop
 from common.tokenizer import Tokenizer
 
 STREAM_TEXTS = [
@@ -98,3 +98,20 @@ def test_find_stop_incremental_equals_full_search():
         if found is not None:
             first = min(i for i in (text.find(s) for s in stops) if i != -1)
             assert found == first
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5])
+def test_spaces_between_special_tokens_streamed(tokenizer: Tokenizer, chunk: int) -> None:
+    """vLLM's spaces_between_special_tokens: two kept special tokens side by side get one space
+    between them, streamed or not; the text around them is decoded as it is without it."""
+    text = "Hi<|im_end|><|im_start|>assistant\nok<|im_end|>"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if tokenizer.backend.token_to_id("<|im_end|>") not in tokenizer.special_token_ids:
+        pytest.skip("this tokenizer has no <|im_end|> special token")
+    spaced = SpacedSpecials(tokenizer, tokenizer.special_token_ids)
+    want = "Hi<|im_end|> <|im_start|>assistant\nok<|im_end|>"
+    assert spaced.decode(ids, False) == want
+    assert spaced.decode(ids, True) == tokenizer.decode(ids, True)
+    detok = IncrementalDetokenizer(spaced, [], skip_special_tokens=False)
+    out = "".join(detok.push(ids[i:i + chunk]) for i in range(0, len(ids), chunk))
+    assert out + detok.flush() == want

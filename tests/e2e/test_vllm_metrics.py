@@ -118,3 +118,18 @@ def test_vllm_named_series_answer_grafana_queries_after_traffic(e2e: E2E) -> Non
         series = {dict(lab)["role"]: v for (n, lab), v in after.items() if n == name}
         assert set(series) == {"prefill", "decode"}, (name, series)
         assert all(0.0 <= v <= (1.0 if name.endswith("perc") else 8) for v in series.values())
+
+    # the per-request series (one observation per choice) and the engine's
+    prompt_hist = increase(before, after, "vllm:request_prompt_tokens_sum")[""]
+    assert prompt_hist == sum(r[1] for r in results)
+    assert increase(before, after, "vllm:request_generation_tokens_sum")[""] == generated
+    for stage in ("queue", "prefill", "decode"):
+        count = increase(before, after, f"vllm:request_{stage}_time_seconds_count")[""]
+        total = increase(before, after, f"vllm:request_{stage}_time_seconds_sum")[""]
+        assert count == len(results) and 0 <= total <= sum(r[0] for r in results), stage
+    assert increase(before, after, "vllm:request_prefill_time_seconds_sum")[""] > 0
+    preempted = {dict(lab)["role"] for (n, lab) in after if n == "vllm:num_preemptions_total"}
+    assert preempted == {"prefill", "decode"}
+    config = [dict(lab) for (n, lab), v in after.items() if n == "vllm:cache_config_info"]
+    assert {c["role"] for c in config} == {"prefill", "decode"}
+    assert all(int(c["block_size"]) > 0 and int(c["num_gpu_blocks"]) > 0 for c in config)

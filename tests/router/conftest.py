@@ -168,4 +168,5 @@ def reset(cluster: Cluster) -> Cluster:
         w.exhausted = False
         w.fail_after = -1
         w.token_delay_s = 0.0
+        w.frozen = False
     return cluster

@@ -31,6 +31,7 @@ SPECIALS = ["<|im_start|>", "<|im_end|>", "<eos>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 SCRIPT = " The answer is 42. END of the story, ça va?"
+QUEUE_S, PREFILL_S = 0.25, 0.5   # the queue and prefill times the fakes report
 
 
 class TinyTokenizer:
@@ -88,6 +89,9 @@ class FakeWorker(pb_grpc.WorkerServicer):
     prefill_error: grpc.StatusCode | None = None  # Prefill fails with this status
     exhausted: bool = False           # answer RESOURCE_EXHAUSTED
     fail_after: int = -1              # Generate: fail UNAVAILABLE after this many tokens
+    frozen: bool = False              # a stalled engine: no token, counters stop (GetInfo answers)
+    steps_completed: int = 0          # progress counters GetInfo reports: one step per token
+    num_running: int = 0
     address: str = ""
     prefills: list[pb.PrefillRequest] = field(default_factory=list)
     generates: list[pb.GenerateRequest] = field(default_factory=list)
@@ -121,7 +125,9 @@ class FakeWorker(pb_grpc.WorkerServicer):
         return pb.WorkerInfo(worker_id=self.address, role=self.role, model_name="tiny",
                              compat=self.compat, max_context=self.max_context, chunk_tokens=64,
                              max_batch=4, max_queue=self.max_queue, free_kv_tokens=4096,
-                             address=self.address)
+                             address=self.address, steps_completed=self.steps_completed,
+                             tokens_advanced=self.steps_completed,
+                             num_running=self.num_running)
 
     async def Lookup(self, request: Any, context: Any) -> pb.LookupResponse:
         self.lookups += 1
@@ -143,7 +149,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
             request_id=request.request_id, first_token_id=out[0],
             kv=pb.KVHandle(num_tokens_stored=n, kv_layout_fingerprint="kv1", store_url="fake://"),
             num_prompt_tokens=n, num_cached_tokens=0, num_computed_tokens=n,
-            finish_reason=reason)
+            finish_reason=reason, queue_time_s=QUEUE_S, prefill_time_s=PREFILL_S)
 
     async def Generate(self, request: pb.GenerateRequest, context: Any) -> Any:
         if self.exhausted:
@@ -153,9 +159,13 @@ class FakeWorker(pb_grpc.WorkerServicer):
         reason = self._reason(out, request.sampling)
         n = len(request.prompt_token_ids)
         tokens = out[1:] if request.has_prefill else out   # the first token is not repeated
+        self.num_running += 1
         try:
             for i, tid in enumerate(tokens):
                 await asyncio.sleep(self.token_delay_s)
+                while self.frozen:
+                    await asyncio.sleep(0.01)
+                self.steps_completed += 1
                 if i == self.fail_after:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "worker lost its device")
                 last = i == len(tokens) - 1
@@ -164,12 +174,15 @@ class FakeWorker(pb_grpc.WorkerServicer):
                     loaded = n if request.has_prefill else 0
                     chunk.usage.CopyFrom(pb.Usage(
                         prompt_tokens=n, completion_tokens=len(out), cached_tokens=loaded,
-                        loaded_kv_tokens=loaded, recomputed_tokens=n - loaded))
+                        loaded_kv_tokens=loaded, recomputed_tokens=n - loaded,
+                        queue_time_s=QUEUE_S, prefill_time_s=PREFILL_S))
                 yield chunk
             self.completed.append(request.request_id)
         except asyncio.CancelledError:
             self.cancelled.append(request.request_id)
             raise
+        finally:
+            self.num_running -= 1
 
     async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:
         self.aborts.append(request.request_id)

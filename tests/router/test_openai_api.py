@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from router.settings import SettingsError
+from router.tokenizer_port import with_chat_template_file
 from tests.router.conftest import MODEL, Cluster, start_cluster
 from tests.router.router_fakes import SCRIPT, LoopThread, TinyTokenizer
 
@@ -261,3 +264,71 @@ def test_tokenizer_and_chat_template_load_from_the_model_folder(
         assert set(gen.sampling.stop_token_ids) == {tok.eos_token_ids[0]}   # <eos> from config
     finally:
         c.close()
+
+
+def test_chat_template_file_overrides_the_models(loop_thread: LoopThread, tok: TinyTokenizer,
+                                                 tmp_path: Path) -> None:
+    """--chat-template FILE: the router renders with it, tools included, and auto then reads
+    the syntax that template teaches."""
+    tok.save_hf_folder(tmp_path)
+    template = tmp_path / "tools.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+                        "{% if tools %}<tool_call> {{ tools | length }} tools\n{% endif %}")
+    c = start_cluster(loop_thread, tok, model_path=str(tmp_path), chat_template=str(template))
+    try:
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+        c.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
+                                           tools=tools)
+        (gen,) = c.decode[0].generates
+        prompt = tok.decode(list(gen.prompt_token_ids))
+        assert prompt.startswith(f"[{MESSAGES[0]['role']}] ") and "<tool_call> 1 tools" in prompt
+        assert json.loads(gen.sampling.grammar_spec)["format"] == "qwen_3"
+    finally:
+        c.close()
+    with pytest.raises(SettingsError, match="chat_template"):
+        with_chat_template_file(tok_from(tmp_path), str(tmp_path / "missing.jinja"))
+    (tmp_path / "bad.jinja").write_text("{% for %}")
+    with pytest.raises(SettingsError, match="does not compile"):
+        with_chat_template_file(tok_from(tmp_path), str(tmp_path / "bad.jinja"))
+
+
+def tok_from(folder: Path):
+    from common.tokenizer import Tokenizer
+
+    return Tokenizer.from_path(folder)
+
+
+def _scrape(c: Cluster) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with httpx.Client(base_url=c.base_url) as h:
+        text = h.get("/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_vllm_request_series(reset: Cluster) -> None:
+    """vLLM's per-request histograms, preemption counter and cache config, with model_name."""
+    from tests.router.router_fakes import PREFILL_S, QUEUE_S
+
+    m = (("model_name", MODEL),)
+    before = _scrape(reset)
+    r = reset.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5)
+    after = _scrape(reset)
+
+    def grew(name: str) -> float:
+        return after[(name, m)] - before.get((name, m), 0.0)
+
+    assert grew("vllm:request_prompt_tokens_count") == 1
+    assert grew("vllm:request_prompt_tokens_sum") == r.usage.prompt_tokens
+    assert grew("vllm:request_generation_tokens_sum") == r.usage.completion_tokens
+    assert grew("vllm:request_queue_time_seconds_sum") == pytest.approx(QUEUE_S)
+    assert grew("vllm:request_prefill_time_seconds_sum") == pytest.approx(PREFILL_S)
+    assert grew("vllm:request_decode_time_seconds_count") == 1
+    assert grew("vllm:request_decode_time_seconds_sum") >= 0
+    workers = {dict(labels)["engine"]: (dict(labels), v) for (name, labels), v in after.items()
+               if name == "vllm:cache_config_info"}
+    labels, value = workers[reset.decode[0].address]
+    assert value == 1 and labels["block_size"] == "16" and labels["model_name"] == MODEL
+    assert labels["num_gpu_blocks"] == "0" and labels["cache_dtype"] == "float32"
+    assert any(name == "vllm:num_preemptions_total" for name, _ in after)

@@ -219,6 +219,27 @@ async def test_a_long_prefill_with_slow_getinfo_stays_healthy_while_steps_comple
         assert "stalled" in reg.problems()[prefill.info.address]
 
 
+async def test_frozen_after_an_idle_heartbeat_is_still_a_stall(r, redis_url, workers) -> None:
+    """The heartbeat was written while the worker was idle; a later GetInfo saw it busy; then
+    it froze (no answer, no heartbeat). The later observation decides: it has work and its
+    counters stand still, so it is stalled (the idle heartbeat alone would say alive)."""
+    decode = await InfoWorker("decode").start("decode-frozen")
+    workers.append(decode)
+    await publish(r, decode)   # idle heartbeat
+    async with registry(redis_url, stall_timeout_s=0.4) as reg:
+        decode.info.num_running, decode.info.steps_completed = 2, 9
+        await reg.refresh()    # GetInfo: busy, advancing
+        assert healthy(reg) == {decode.info.address: True}
+        decode.delay_s = 1.0   # frozen: every GetInfo misses its deadline
+        for _ in range(4):
+            await asyncio.sleep(0.3)
+            await reg.refresh()
+            if not healthy(reg)[decode.info.address]:
+                break
+        assert healthy(reg) == {decode.info.address: False}
+        assert "stalled" in reg.problems()[decode.info.address]
+
+
 async def test_a_dead_worker_is_out_before_its_key_expires(r, redis_url, workers) -> None:
     decode = await InfoWorker("decode").start("decode-dead")
     await publish(r, decode)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.text_stream import TextStream
+from router.text_stream import TextOptions, TextStream
 from tests.router.router_fakes import TinyTokenizer
 
 TEXTS = [" The answer is 42. END of the story, ça va?", "Bonjour à tous, ça va? 日本語 ✓ ok",
@@ -82,3 +82,26 @@ def test_default_model_tokenizer_round_trip() -> None:
     for t in ids:
         out += ts.add([t])
     assert ts.stopped and out == text[:text.index("日本")]
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_include_stop_str_in_output_keeps_the_stop_string(tok: TinyTokenizer, chunk: int) -> None:
+    ids = tok.encode(TEXTS[0], add_special_tokens=False)
+    for keep, want in ((False, " The answer is "), (True, " The answer is 42")):
+        ts = TextStream(tok, [], ["42"], TextOptions(include_stop_str_in_output=keep))
+        out = "".join(ts.add(ids[i:i + chunk]) for i in range(0, len(ids), chunk))
+        assert out + ts.finish() == want and ts.stopped
+
+
+def test_skip_special_tokens_false_keeps_them(tok: TinyTokenizer) -> None:
+    ids = tok.encode("Hi<|im_end|><|im_start|> there", add_special_tokens=False)
+    specials = {tok.encode(s, add_special_tokens=False)[0] for s in ("<|im_end|>", "<|im_start|>")}
+
+    def text(**kw: bool) -> str:
+        ts = TextStream(tok, [], (), TextOptions(**kw), specials)
+        return ts.add(ids) + ts.finish()
+
+    assert text() == "Hi there"
+    assert text(skip_special_tokens=False) == "Hi<|im_end|> <|im_start|> there"
+    assert text(skip_special_tokens=False,
+                spaces_between_special_tokens=False) == "Hi<|im_end|><|im_start|> there"

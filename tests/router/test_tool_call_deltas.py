@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from router.openai_format import rest_of_calls, streamed_tool_calls
+from router.openai_format import streamed_tool_calls
 from router.tool_call_deltas import IncrementalCalls, JsonCanonicalizer
 from router.tool_calls import TRIGGERS, ToolCallStream, parse_tool_calls, plan_tools
 from tests.router.test_tool_calls import TEMPLATES, TOOLS, compiler, walk  # noqa: F401
@@ -68,10 +68,9 @@ def test_calls_stream_while_written_and_reassemble_exactly(compiler, fmt: str,  
         if deltas:
             steps_with_calls.append(step)
             chunks.append(streamed_tool_calls(deltas, "chatcmpl-abc", 0))
-    rest, parsed = stream.finish()
+    rest, rest_calls, parsed = stream.finish()
     assert rest == "" and parsed == whole
-    chunks.append(streamed_tool_calls(rest_of_calls(parsed, stream.calls.calls),
-                                      "chatcmpl-abc", 0))
+    chunks.append(streamed_tool_calls(rest_calls, "chatcmpl-abc", 0))
     assert reassemble(chunks) == [
         {"id": f"call_abc_0_{k}", "name": c.name, "arguments": c.arguments}
         for k, c in enumerate(whole.calls)]
@@ -89,8 +88,8 @@ def test_a_call_the_reader_missed_comes_whole_at_the_end() -> None:
     stream = ToolCallStream("qwen_3")
     stream.add(text)
     assert stream.take_deltas() == []
-    _, parsed = stream.finish()
-    got = streamed_tool_calls(rest_of_calls(parsed, stream.calls.calls), "chatcmpl-x", 2)
+    _, rest_calls, _ = stream.finish()
+    got = streamed_tool_calls(rest_calls, "chatcmpl-x", 2)
     assert reassemble([got]) == [{"id": "call_x_2_0", "name": "get_time",
                                   "arguments": '{"zone": "UTC"}'}]
 

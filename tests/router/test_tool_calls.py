@@ -112,7 +112,7 @@ def test_stream_reassembles_the_same_calls(compiler, fmt: str, pieces: int) -> N
     content = ""
     for i in range(0, len(text), pieces):
         content += stream.add(text[i:i + pieces])
-    rest, parsed = stream.finish()
+    rest, _, parsed = stream.finish()
     assert content + rest == "Let me look. " and parsed == whole
 
 
@@ -120,7 +120,7 @@ def test_plain_text_streams_through() -> None:
     stream = ToolCallStream("qwen_3")
     text = "  no <tool but <b>text</b> here <tool_"
     got = "".join(stream.add(text[i:i + 2]) for i in range(0, len(text), 2))
-    rest, parsed = stream.finish()
+    rest, _, parsed = stream.finish()
     assert got + rest == text and not parsed.calls and parsed.content == text
 
 
@@ -145,8 +145,54 @@ def test_bad_tools_name_the_field(tools, choice, param) -> None:
     assert exc.value.param == param
 
 
-def test_a_template_without_a_syntax_refuses_tools() -> None:
+def test_auto_without_a_parser_is_a_400_naming_the_settings() -> None:
     with pytest.raises(ApiError) as exc:
         plan_tools(TOOLS, "auto", None, "{{ messages }}")
-    assert exc.value.param == "tools"
+    assert exc.value.param == "tool_choice"
+    assert "--tool-call-parser" in exc.value.message and "--chat-template" in exc.value.message
     assert plan_tools(TOOLS, "none", None, "{{ messages }}").format is None
+    # a parser setting names the syntax a template does not teach
+    plan = plan_tools(TOOLS, "auto", None, "{{ messages }}", "llama3_json")
+    assert plan.format == "llama" and plan.default_prompt
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_named_and_required_work_on_any_template(compiler, choice, seed: int) -> None:
+    """No tool syntax in the template, no parser: the calls are Hermes calls, enforced by the
+    grammar, and the tools reach the prompt in the default form."""
+    plan = plan_tools(TOOLS, choice, False, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert plan.format == "qwen_3" and plan.default_prompt
+    parsed = parse_tool_calls(plan.format, walk(compiler, plan.grammar_spec, seed))
+    check_calls(parsed.calls, None if choice == "required" else ["get_weather"])
+    assert len(parsed.calls) == 1
+
+
+def test_default_tool_prompt_joins_the_system_turn() -> None:
+    from router.chat_prompt import with_default_tools
+
+    history = [{"role": "system", "content": "Be brief."},
+               {"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    out = with_default_tools(history, "qwen_3", TOOLS)
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
+    assert out[0]["content"].startswith("Be brief.\n\n# Tools") and '"get_time"' in out[0]["content"]
+    assert out[2]["content"] == ('<tool_call>\n{"name": "get_weather", "arguments": '
+                                 '{"city": "Oslo", "days": 1}}\n</tool_call>')
+    assert out[3]["content"] == "<tool_response>\nsunny\n</tool_response>"
+    # what the default prompt teaches is what the parser reads
+    assert parse_tool_calls("qwen_3", out[2]["content"]).calls[0].name == "get_weather"
+
+
+@pytest.mark.parametrize("fmt", ["qwen_3", "llama", "deepseek_v4"])
+def test_the_default_prompt_teaches_the_syntax_the_parser_reads(fmt: str) -> None:
+    from router.tool_calls import default_tool_prompt
+
+    prompt = default_tool_prompt(fmt, TOOLS)
+    assert '"get_weather"' in prompt and '"get_time"' in prompt
+    assert {"qwen_3": "<tool_call>", "llama": '"parameters"',
+            "deepseek_v4": "<｜DSML｜invoke"}[fmt] in prompt
