@@ -242,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
               *(["--block-size", str(args.block_size)] if args.block_size else []),
               "--lmcache-chunk-size", str(args.lmcache_chunk_size), "--kv-visible-timeout-s", "120",
               *args.extra_worker_flag]
-    sh = shapes(args)
+    sh = {} if args.up else shapes(args)  # --up: the workers size themselves (settings)
     result["shapes"] = {k: v.__dict__ for k, v in sh.items()}
     workload = Workload(num_chats=args.chats, chat_prompt_chars=args.chat_prompt_chars,
                         output_tokens=args.output_tokens, long_tokens=args.long_tokens,
@@ -262,7 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
         json_path.write_text(json.dumps(body, default=str))
         done = {n: a for n, a in arms.items() if "records" in a}
         if done:
-            plot(out / "split.png", done)
+            try:
+                plot(out / "split.png", done)
+            except ValueError as exc:  # e.g. no token streamed: the figures still count
+                print(f"split.png not drawn: {exc}", flush=True)
 
     try:
         for name in arm_names:

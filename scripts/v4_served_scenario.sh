@@ -63,7 +63,7 @@ for part in "${parts[@]}"; do
   echo "== $(date -u +%T) $part"
   case $part in
     split)
-      run timeout 470 python3 -m launch.cli bench split "$out/split" --up --model "$model" \
+      run timeout "${SPLIT_S:-470}" python3 -m launch.cli bench split "$out/split" --up --model "$model" \
         --config "$out/settings.yaml" --device cuda --long-tokens 131072,262144 --chats 16 \
         "${agent[@]}" --chat-prompt-chars 400 --output-tokens 256 --long-output-tokens 8 \
         --duration-s 50 --first-long-s 5 --long-every-s 20 > "$out/split.log" 2>&1 || rc=1
@@ -75,7 +75,7 @@ for part in "${parts[@]}"; do
       sed -e 's/max_context: "266240"/max_context: "9472"/' -e 's/max_batch: [0-9]*/max_batch: 32/' \
         -e '/num_blocks/d' "$out/settings.yaml" > "$out/serve.yaml"
       port=18000
-      run timeout 420 bash -c "
+      run timeout "${SERVE_S:-420}" bash -c "
         python3 -m launch.cli up --model '$model' --config '$out/serve.yaml' --share-weights \
           --port $port --log-dir '$out/serve-logs' > '$out/serve-up.log' 2>&1 &
         up=\$!
