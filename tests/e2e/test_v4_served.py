@@ -110,3 +110,31 @@ def test_config_only_v4_folder_serves_dummy_weights_with_fp8_kv(tmp_path: Path) 
     resp, log = _serve(folder, tmp_path, "--load-format", "dummy", "--kv-cache-dtype", "fp8")
     assert resp.choices[0].text == Tokenizer.from_path(str(folder)).decode(want)
     assert "kv dtype fp8" in log and "making dummy weights" in log, log
+
+
+def test_config_only_dense_folder_serves_dummy_weights(tmp_path: Path) -> None:
+    """The same for a dense family: a Llama config.json and a tokenizer, no weights."""
+    default_model_or_skip()
+    from common.tokenizer import Tokenizer
+
+    folder = tmp_path / "llama-cfg"
+    folder.mkdir()
+    vocab, bos, eos = write_tokenizer(folder)
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "bos_token_id": bos, "eos_token_id": eos,
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16"}))
+    engine = LLMEngine.from_config(EngineConfig(
+        model=str(folder), device="cpu", load_format="dummy", max_batch=8, chunk_tokens=512))
+    assert engine.config.block_size == 16 and engine.config.max_context == 2048
+    engine.add_request("r", PROMPT, SamplingParams(max_tokens=NEW, temperature=0,
+                                                   ignore_eos=True))
+    want: list[int] = []
+    while engine.has_unfinished():
+        want += [t for o in engine.step() for t in o.new_token_ids]
+    del engine
+    resp, log = _serve(folder, tmp_path, "--load-format", "dummy")
+    assert resp.choices[0].text == Tokenizer.from_path(str(folder)).decode(want)
+    assert "making dummy weights" in log and "max_context 2,048" in log, log
