@@ -21,6 +21,9 @@ class RequestOutput:
     logprobs: list[Any] | None = None
     # on the first output of a request with prompt_logprobs: one per prompt token, the first None
     prompt_logprobs: list[Any] | None = None
+    # set when finish_reason is "error": why this sequence alone was ended (a typed engine
+    # error, engine.errors.SequenceFailed, that the worker maps to its RPC status)
+    error: Exception | None = None
 
 
 @dataclass(frozen=True)
