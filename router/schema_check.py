@@ -46,11 +46,13 @@ _MAP = ("properties", "patternProperties", "$defs", "definitions")
 
 @dataclass(frozen=True)
 class SchemaLimits:
-    """Bounds on a schema's shape that keep a worker's compile short, far above what tool and
-    response schemas use (OpenAI's structured outputs allow 10 levels of nesting)."""
+    """Bounds on a schema's shape that keep a worker's compile under a second. Measured with
+    xgrammar 0.2.8 on a 30k-entry vocabulary (2 compile threads, cache off): nesting depth 32
+    0.02 s, 64 0.13 s, 100 0.42 s; one object of 500 optional properties 0.6 s, of 2,000
+    72 s (optional properties cost superlinearly; required ones ten times less)."""
 
     max_depth: int = 32      # nesting of subschemas (an object in an array in an object: 3)
-    max_nodes: int = 2000    # subschemas in all, $defs included
+    max_nodes: int = 512     # subschemas in all, $defs included
 
     def __post_init__(self) -> None:
         assert self.max_depth >= 1 and self.max_nodes >= 1
