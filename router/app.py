@@ -26,6 +26,7 @@ from common.router_identity import INSTANCE_ENV, INSTANCE_HEADER
 from router.admission import Admission
 from router.background import BackgroundTasks
 from router.body_limit import BodyLimitMiddleware
+from router.body_parse import BodyParser, OffLoopBodyRoute
 from router.dispatch import Dispatcher
 from router.errors import ApiError, no_worker
 from router.job import chat_job, completion_job
@@ -123,15 +124,19 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
             Dispatcher(settings, tok, reg, metrics, background),
             Admission(settings.max_inflight_requests, settings.retry_after_s),
             asyncio.Semaphore(settings.max_concurrent_tokenizations))
+        app.state.body_parser = BodyParser(settings.parse_off_loop_bytes)
         log.info("serving model %r", settings.model_name)
         try:
             yield
         finally:
+            app.state.body_parser.close()
             await background.close()
             await app.state.ctx.dispatcher.aclose()
             await reg.stop()
 
     app = FastAPI(title="Bulkhead router", lifespan=lifespan)
+    # a large JSON body is parsed and validated in another process (router/body_parse.py)
+    app.router.route_class = OffLoopBodyRoute
     if settings.api_keys:
         keys = [k.encode() for k in settings.api_keys]
 

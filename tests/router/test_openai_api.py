@@ -261,3 +261,14 @@ def test_tokenizer_and_chat_template_load_from_the_model_folder(
         assert set(gen.sampling.stop_token_ids) == {tok.eos_token_ids[0]}   # <eos> from config
     finally:
         c.close()
+
+
+def test_one_requests_n_runs_at_most_half_the_decode_slots_at_once(reset: Cluster) -> None:
+    """Fair share (router/policy.py choice_share): the fake decode worker has 4 slots, so a
+    request runs 2 of its choices at once and starts the next as one ends; all are answered."""
+    reset.decode[0].token_delay_s = 0.01
+    r = reset.client().chat.completions.create(model=MODEL, messages=MESSAGES, n=6,
+                                               max_completion_tokens=5)
+    assert sorted(c.index for c in r.choices) == list(range(6))
+    assert all(c.finish_reason == "length" for c in r.choices)
+    assert reset.decode[0].max_generating == 2

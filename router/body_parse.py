@@ -1,0 +1,133 @@
+"""Large request bodies parsed and validated in another process, so the router's event loop
+never spends seconds inside one C call.
+
+``json.loads`` and pydantic's validation each hold the GIL for their whole run: 2.6M token ids
+took 5.5 s and 230k chat messages 3.4 s on the loop (issue 39), and a thread does not help,
+since the loop cannot run until the call returns. A body of at least ``threshold_bytes`` is sent
+to a one-process pool that parses it exactly as FastAPI does (``json.loads`` of the bytes, then
+the model's validation) and sends back the model or the errors; the loop only awaits. Smaller
+bodies take FastAPI's own path: there the process round trip would cost more than the parse.
+
+``OffLoopBodyRoute`` is the route class of the JSON POST routes: it keeps their declared body
+model (the OpenAPI schema is unchanged) and takes the large-body path before FastAPI's own.
+This module never runs a parse of a large body on the loop and never imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import multiprocessing
+import typing
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from router.schemas import InvalidText, UnsupportedPart
+
+MAX_ERRORS = 20  # validation errors sent back from the child
+
+
+def _parse(model_path: str, raw: bytes) -> tuple[str, Any]:
+    """In the child: ("ok", model) or ("errors", FastAPI-shaped errors, picklable)."""
+    module, _, name = model_path.partition(":")
+    model: type[BaseModel] = getattr(importlib.import_module(module), name)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return "errors", [{"type": "json_invalid", "loc": ("body", exc.pos),
+                           "msg": "JSON decode error", "ctx": {"error": exc.msg}}]
+    except UnicodeDecodeError:
+        return "errors", [{"type": "json_invalid", "loc": ("body",),
+                           "msg": "JSON decode error", "ctx": {"error": "not UTF-8/16/32"}}]
+    try:
+        return "ok", model.model_validate(value)
+    except ValidationError as exc:
+        # A million-id list of the wrong type has an error per id (per union member): only
+        # the deepest few come back, the ones the answer is chosen from (router/app.py).
+        errors = sorted(exc.errors(include_url=False, include_input=False),
+                        key=lambda e: -len(e.get("loc", ())))[:MAX_ERRORS]
+        return "errors", [_portable(e) for e in errors]
+
+
+def _portable(err: Any) -> dict[str, Any]:
+    """An error without the objects pickling would lose (the cause is rebuilt in the parent)."""
+    out = {k: v for k, v in err.items() if k != "ctx"}
+    out["loc"] = ("body", *err.get("loc", ()))
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, InvalidText):
+        out["cause"] = ("InvalidText", cause.param, str(cause).removeprefix(f"{cause.param}: "))
+    elif isinstance(cause, UnsupportedPart):
+        out["cause"] = ("UnsupportedPart", cause.where, str(cause))
+    elif cause is not None:
+        out["ctx"] = {"error": str(cause)}
+    return out
+
+
+def _restored(err: dict[str, Any]) -> dict[str, Any]:
+    cause = err.pop("cause", None)
+    if cause is not None:
+        kind, where, detail = cause
+        err["ctx"] = {"error": InvalidText(where, detail) if kind == "InvalidText"
+                      else UnsupportedPart(where, detail)}
+    return err
+
+
+class BodyParser:
+    """Parses large bodies in a child process (started on first use, spawned: no fork of a
+    process with threads and a running loop)."""
+
+    def __init__(self, threshold_bytes: int) -> None:
+        self.threshold_bytes = threshold_bytes
+        self._pool: ProcessPoolExecutor | None = None
+
+    def wants(self, num_bytes: int) -> bool:
+        return 0 < self.threshold_bytes <= num_bytes
+
+    async def parse(self, model: type[BaseModel], raw: bytes) -> BaseModel:
+        """The validated ``model`` of ``raw``; RequestValidationError as FastAPI raises it."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        loop = asyncio.get_running_loop()
+        kind, value = await loop.run_in_executor(
+            self._pool, _parse, f"{model.__module__}:{model.__qualname__}", raw)
+        if kind == "errors":
+            raise RequestValidationError([_restored(e) for e in value])
+        return value
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class OffLoopBodyRoute(APIRoute):
+    """A JSON POST route whose large bodies are parsed by ``request.app.state.body_parser``
+    (a BodyParser) off the loop; its endpoint takes ``body`` (the model) and ``request``."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        original = super().get_route_handler()
+        model = typing.get_type_hints(self.endpoint).get("body")
+        endpoint = self.endpoint
+
+        async def handler(request: Request) -> Response:
+            parser: BodyParser | None = getattr(request.app.state, "body_parser", None)
+            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if parser is None or model is None or kind != "application/json":
+                return await original(request)
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and not parser.wants(int(declared)):
+                return await original(request)
+            raw = await request.body()  # bounded by the body limit; kept for FastAPI's path
+            if not parser.wants(len(raw)):
+                return await original(request)
+            body = await parser.parse(model, raw)
+            return await endpoint(body=body, request=request)
+
+        return handler
