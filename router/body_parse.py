@@ -3,8 +3,8 @@ never spends seconds inside one C call.
 
 ``json.loads`` and pydantic's validation each hold the GIL for their whole run: 2.6M token ids
 took 5.5 s and 230k chat messages 3.4 s on the loop (issue 39), and a thread does not help,
-since the loop cannot run until the call returns. A body of at least ``threshold_bytes`` is sent
-to a one-process pool that parses it exactly as FastAPI does (``json.loads`` of the bytes, then
+since the loop cannot run until the call returns. A body of at least ``threshold_bytes`` made
+of at least ``MIN_VALUES`` JSON values (commas) is sent to a one-process pool that parses it exactly as FastAPI does (``json.loads`` of the bytes, then
 the model's validation) and sends back the model or the errors; the loop only awaits. Smaller
 bodies take FastAPI's own path: there the process round trip would cost more than the parse.
 
@@ -30,9 +30,23 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.schemas import InvalidText, UnsupportedPart
+from router.schemas import InvalidText, RequestBody, UnsupportedPart
 
 MAX_ERRORS = 20  # validation errors sent back from the child
+MIN_VALUES = 10_000  # commas in a large body from which it goes to the child
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "json-or-python"})
+
+
+def param_of(loc: tuple[Any, ...]) -> str:
+    """'messages[0].content' from pydantic's loc, without the union member tags it inserts."""
+    parts = [p for p in loc if p != "body" and not (
+        isinstance(p, str) and (p in _TYPE_TAGS or not p.isidentifier()))]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
 
 
 def _parse(model_path: str, raw: bytes) -> tuple[str, Any]:
@@ -53,7 +67,7 @@ def _parse(model_path: str, raw: bytes) -> tuple[str, Any]:
         # A million-id list of the wrong type has an error per id (per union member): only
         # the deepest few come back, the ones the answer is chosen from (router/app.py).
         errors = sorted(exc.errors(include_url=False, include_input=False),
-                        key=lambda e: -len(e.get("loc", ())))[:MAX_ERRORS]
+                        key=lambda e: -len(param_of(("body", *e.get("loc", ())))))[:MAX_ERRORS]
         return "errors", [_portable(e) for e in errors]
 
 
@@ -88,8 +102,21 @@ class BodyParser:
         self.threshold_bytes = threshold_bytes
         self._pool: ProcessPoolExecutor | None = None
 
+    def start(self) -> None:
+        """Start the child now (it imports the request models, seconds on a busy host), so the
+        first large body does not wait for it; the warm-up parse is not awaited."""
+        if self.threshold_bytes > 0 and self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool.submit(_parse, f"{RequestBody.__module__}:{RequestBody.__qualname__}",
+                              b"{}")
+
     def wants(self, num_bytes: int) -> bool:
         return 0 < self.threshold_bytes <= num_bytes
+
+    def wants_body(self, raw: bytes) -> bool:
+        """Large and made of many values: parsing costs per value (a 4 MB string parses in
+        milliseconds, 2.6M ids in seconds), and counting commas is a memchr-speed scan."""
+        return self.wants(len(raw)) and raw.count(b",") >= MIN_VALUES
 
     async def parse(self, model: type[BaseModel], raw: bytes) -> BaseModel:
         """The validated ``model`` of ``raw``; RequestValidationError as FastAPI raises it."""
@@ -125,7 +152,7 @@ class OffLoopBodyRoute(APIRoute):
             if declared.isdigit() and not parser.wants(int(declared)):
                 return await original(request)
             raw = await request.body()  # bounded by the body limit; kept for FastAPI's path
-            if not parser.wants(len(raw)):
+            if not parser.wants_body(raw):
                 return await original(request)
             body = await parser.parse(model, raw)
             return await endpoint(body=body, request=request)

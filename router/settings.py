@@ -74,9 +74,9 @@ class RouterSettings:
         "Largest request head (request line and headers) accepted, in bytes; past it the "
         "HTTP server answers 431 without buffering more."))
     parse_off_loop_bytes: int = field(default=256 * 1024, metadata=_doc(
-        "A JSON body of at least this many bytes is parsed and validated in a child process, "
-        "off the event loop (json.loads and validation hold the GIL for seconds on megabytes); "
-        "0 = always on the loop."))
+        "A JSON body of at least this many bytes (and 10,000 values) is parsed and validated in "
+        "a child process, off the event loop (json.loads and validation hold the GIL for "
+        "seconds on millions of values); 0 = always on the loop."))
     max_concurrent_tokenizations: int = field(default=2, metadata=_doc(
         "Prompts tokenized at once (each off the event loop, without the GIL); more wait."))
     max_n: int = field(default=16, metadata=_doc("Largest `n` (choices per request) accepted."))

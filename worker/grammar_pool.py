@@ -2,7 +2,8 @@
 schema, a cap on compiles per worker, and nothing left queued once every client that asked for it
 has gone.
 
-A compile runs on one of ``max_concurrent`` threads of this pool only; the KV-store fetches and
+A compile runs on one of ``max_concurrent`` threads of this pool only, at a lower CPU priority
+(nice +10: on a busy host the compiles slow down, not the running streams); the KV-store fetches and
 lookups (``asyncio.to_thread``, the loop's default executor) never queue behind it. Requests for
 the same (kind, spec) share one compile, and its result stays in ``GrammarCache``'s LRU. Past
 ``max_concurrent + max_waiting`` distinct compiles outstanding, a new one is refused at once
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,6 +30,17 @@ from typing import Any
 
 from engine.errors import InvalidRequest, QueueFull
 from worker.grammar_cache import GrammarCache, field_of
+
+COMPILE_NICENESS = 10  # compile threads yield the CPU to the engine thread and the RPCs
+
+
+def _lower_priority() -> None:
+    """Lower this compile thread's CPU priority (Linux: a thread is a task with its own nice
+    value, and the threads xgrammar starts from it inherit it), so a burst of compiles slows the
+    compiles, not the steps and streams of the requests already running."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux: the default priority
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                       os.getpriority(os.PRIO_PROCESS, 0) + COMPILE_NICENESS)
 
 
 @dataclass(frozen=True)
@@ -56,7 +70,8 @@ class GrammarPool:
         self.cache = cache
         self.config = config
         self._executor = ThreadPoolExecutor(config.max_concurrent,
-                                            thread_name_prefix="grammar-compile")
+                                            thread_name_prefix="grammar-compile",
+                                            initializer=_lower_priority)
         self._outstanding: dict[tuple[str, str], _Compile] = {}  # touched on the loop only
 
     @property
