@@ -19,6 +19,9 @@ import asyncio
 import importlib
 import json
 import multiprocessing
+import os
+import threading
+import time
 import typing
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ProcessPoolExecutor
@@ -94,6 +97,19 @@ def _restored(err: dict[str, Any]) -> dict[str, Any]:
     return err
 
 
+def _exit_with_parent() -> None:
+    """In the child: exit as soon as the router is gone (a router killed by a signal never
+    runs the pool's shutdown, and an orphaned child would hold the router's stdout open)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 class BodyParser:
     """Parses large bodies in a child process (started on first use, spawned: no fork of a
     process with threads and a running loop)."""
@@ -102,11 +118,16 @@ class BodyParser:
         self.threshold_bytes = threshold_bytes
         self._pool: ProcessPoolExecutor | None = None
 
+    @staticmethod
+    def _new_pool() -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_exit_with_parent)
+
     def start(self) -> None:
         """Start the child now (it imports the request models, seconds on a busy host), so the
         first large body does not wait for it; the warm-up parse is not awaited."""
         if self.threshold_bytes > 0 and self._pool is None:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = self._new_pool()
             self._pool.submit(_parse, f"{RequestBody.__module__}:{RequestBody.__qualname__}",
                               b"{}")
 
@@ -121,7 +142,7 @@ class BodyParser:
     async def parse(self, model: type[BaseModel], raw: bytes) -> BaseModel:
         """The validated ``model`` of ``raw``; RequestValidationError as FastAPI raises it."""
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = self._new_pool()
         loop = asyncio.get_running_loop()
         kind, value = await loop.run_in_executor(
             self._pool, _parse, f"{model.__module__}:{model.__qualname__}", raw)
@@ -130,8 +151,13 @@ class BodyParser:
         return value
 
     def close(self) -> None:
+        """Stop the child now, whatever it is doing (a parse in flight has no one to answer)."""
         if self._pool is not None:
+            children = list(getattr(self._pool, "_processes", {}).values())
             self._pool.shutdown(wait=False, cancel_futures=True)
+            for child in children:
+                child.terminate()
+            self._pool = None
 
 
 class OffLoopBodyRoute(APIRoute):
