@@ -349,6 +349,7 @@ class LLMEngine:
             elif m.is_terminated():
                 done_now.add(rid)
         for rid in complete:  # the token drawn for it (unconstrained) is dropped
+            failed.pop(rid, None)
             outputs.append(self._end(rid, "stop"))
         for rid, why in failed.items():
             log.warning("%s ended alone: %s", rid, why)
