@@ -20,7 +20,7 @@ from router.errors import invalid_request
 # keyword -> why it is refused (what xgrammar 0.2 does with it: nothing, or less than JSON
 # Schema says). Checked on xgrammar 0.2.8 with a schema that the keyword should refuse.
 UNENFORCED: dict[str, str] = {
-    "allOf": "allOf (every branch at once) is not enforced",
+    "allOf": "allOf of more than one branch (every branch at once) is not enforced",
     "not": "a negated schema is not enforced",
     "if": "conditional schemas (if/then/else) are not enforced",
     "then": "conditional schemas (if/then/else) are not enforced",
@@ -40,7 +40,7 @@ UNENFORCED: dict[str, str] = {
 # keywords whose value is one subschema / a list of them / a name -> subschema map
 _ONE = ("items", "additionalProperties", "propertyNames", "additionalItems",
         "unevaluatedItems", "unevaluatedProperties")
-_LIST = ("prefixItems", "anyOf", "oneOf")
+_LIST = ("prefixItems", "anyOf", "oneOf", "allOf")
 _MAP = ("properties", "patternProperties", "$defs", "definitions")
 
 
@@ -81,6 +81,8 @@ def check_schema(schema: Any, param: str, limits: SchemaLimits = SchemaLimits())
                                   f"{limits.max_depth} levels, the limit (its grammar would take "
                                   "too long to build)", param, "schema_too_deep")
         for key in node:
+            if key == "allOf" and isinstance(node[key], list) and len(node[key]) == 1:
+                continue  # one branch is that branch, and enforced (pydantic v1 writes these)
             if key in UNENFORCED:
                 raise invalid_request(f"{param}{path}: the keyword {key!r} is not supported: "
                                       f"{UNENFORCED[key]} by this server's grammar engine",

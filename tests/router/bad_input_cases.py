@@ -213,7 +213,7 @@ CASES: list[Case] = [
     *[Case(f"json_schema with {key!r} (not enforced)", "grammar", 400,
            "response_format.json_schema.schema", "unsupported_schema_keyword",
            body=chat(response_format=_schema({key: value})))
-      for key, value in [("allOf", [{"type": "integer"}]), ("not", {"type": "string"}),
+      for key, value in [("allOf", [{"type": "integer"}, {"minimum": 5}]), ("not", {"type": "string"}),
                          ("if", {"type": "integer"}), ("uniqueItems", True),
                          ("contains", {"const": 1}), ("dependentRequired", {"a": ["b"]})]],
     Case('json_schema with "type": []', "grammar", 400, "response_format.json_schema.schema",

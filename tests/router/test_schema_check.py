@@ -48,3 +48,11 @@ def test_depth_and_size_are_bounded_without_recursion() -> None:
     for _ in range(31):
         deep32 = {"type": "array", "items": deep32}
     check_schema(deep32, "x")
+
+
+def test_a_one_branch_allof_is_that_branch_and_is_checked_inside() -> None:
+    check_schema({"type": "object", "properties": {"a": {"allOf": [{"$ref": "#/$defs/X"}],
+                                                         "description": "d"}},
+                  "$defs": {"X": {"type": "integer"}}}, "x")
+    assert "'not'" in refused({"allOf": [{"not": {}}]}).message
+    assert "'allOf'" in refused({"allOf": [{"type": "integer"}, {"minimum": 5}]}).message
