@@ -273,6 +273,20 @@ class WorkerSettings:
     tls_key_file: str = field(
         default="", metadata=_doc("PEM private key of tls_cert_file.")
     )
+    grammar_compile_timeout_s: float = field(
+        default=10.0,
+        metadata=_doc("Longest a grammar (json_schema, tools) may take to build, and to wait "
+                      "for a compile thread; past it the request gets a 400 naming this limit "
+                      "(or a 429 when it never started)."),
+    )
+    max_concurrent_grammar_compiles: int = field(
+        default=2, metadata=_doc("Grammar compile threads of a worker (their own pool: KV-store "
+                                 "fetches never wait behind them).")
+    )
+    max_waiting_grammar_compiles: int = field(
+        default=16, metadata=_doc("Distinct grammar compiles that may queue for a thread; past "
+                                  "it a new one is refused (429, retry later).")
+    )
     log_level: str = field(default="info", metadata=_doc("Python log level."))
 
     def __post_init__(self) -> None:
@@ -310,16 +324,18 @@ class WorkerSettings:
             "max_batch",
             "max_queue",
             "tensor_parallel_size",
+            "max_concurrent_grammar_compiles",
         ):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")
         for name in ("kv_staging_gb", "kv_import_slice_mb", "kv_visible_timeout_s",
                      "memory_utilization",
-                     "heartbeat_ttl_s", "share_weights_timeout_s"):
+                     "heartbeat_ttl_s", "share_weights_timeout_s", "grammar_compile_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
         for name in ("num_blocks", "device_memory_gb", "grace_s", "num_threads", "kv_ttl_s",
-                     "lmcache_chunk_size", "block_size", "attn_tile_tokens"):
+                     "lmcache_chunk_size", "block_size", "attn_tile_tokens",
+                     "max_waiting_grammar_compiles"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 0")
         if self.kv_store_url and self.kv_store_url.split("://")[0] not in ("redis", "rediss",

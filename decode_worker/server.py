@@ -75,6 +75,8 @@ class DecodeServicer(WorkerServicerBase):
                 except TimeoutError:
                     raise DeadlinePassed(f"request {rid} passed its deadline while "
                                          f"decoding") from None
+                if out.error is not None:  # this sequence alone was ended (engine.errors)
+                    raise out.error
                 logprobs = [logprobs_to_proto(lp) for lp in out.logprobs or ()]
                 prompt_lps = prompt_logprobs_to_proto(out.prompt_logprobs)
                 if not out.finished:

@@ -27,6 +27,12 @@ class InvalidRequest(EngineError):
         self.field = field
 
 
+class SequenceFailed(InvalidRequest):
+    """One sequence cannot go on (its next token cannot be drawn: every token masked, the logits
+    not finite, or its grammar refused what it sampled). That sequence ends alone with this
+    error; the step, the rest of the batch and the worker go on."""
+
+
 class ContextLengthExceeded(InvalidRequest):
     """Prompt + max_tokens exceeds the longest context the fixed KV extent was planned for."""
 

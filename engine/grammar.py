@@ -48,18 +48,31 @@ class TokenBitmask:
                                pin_memory=device.type == "cuda")
         self.shifts = torch.arange(32, dtype=torch.int32, device=device)
 
-    def apply(self, logits: torch.Tensor, matchers: Sequence[Any | None], ws: Workspace) -> None:
+    def apply(self, logits: torch.Tensor, matchers: Sequence[Any | None],
+              ws: Workspace) -> dict[int, str]:
         """Mask ``logits`` [n, vocab] fp32 in place: row i by ``matchers[i]``'s next-token
-        bitmask, rows without a matcher not at all (their words are all ones)."""
+        bitmask, rows without a matcher not at all (their words are all ones). -> row: why,
+        for the rows whose matcher cannot say what comes next (it has terminated, or raised):
+        those rows are masked entirely, and only their sequences end."""
         n = logits.shape[0]
+        failed: dict[int, str] = {}
         for i, m in enumerate(matchers):
             if m is None:
                 self.host[i].fill_(-1)
-            else:
-                m.fill_next_token_bitmask(self.host, i)
+                continue
+            try:
+                if m.is_terminated():
+                    failed[i] = "its grammar is already complete: no token may follow"
+                else:
+                    m.fill_next_token_bitmask(self.host, i)
+            except Exception as exc:  # noqa: BLE001 - a matcher's failure is its sequence's
+                failed[i] = f"its grammar cannot give the next tokens ({exc})"
+            if i in failed:
+                self.host[i].fill_(0)
         dev = ws.take((n, self.words), torch.int32, caller="grammar.bitmask")
         dev.copy_(self.host[:n], non_blocking=True)
         apply_bitmask(logits, dev, self.shifts, ws)
+        return {i: f"the sequence cannot continue: {why}" for i, why in failed.items()}
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, shifts: torch.Tensor,

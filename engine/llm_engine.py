@@ -28,6 +28,7 @@ from engine.errors import (
     InvalidRequest,
     PlanError,
     QueueFull,
+    SequenceFailed,
 )
 from engine.grammar import new_matcher
 from engine.kv_import_job import KVImporter
@@ -341,6 +342,11 @@ class LLMEngine:
                 for c in sched.chunks if c.do_sample}
         matchers = {rid: self._seqs[rid].matcher for rid in rows
                     if self._seqs[rid].matcher is not None}
+        # A grammar already complete (a decode worker continuing after the prefill's last
+        # allowed token): the output ends, ignore_eos notwithstanding; its row is not masked.
+        complete = [rid for rid, m in matchers.items() if m.is_terminated()]
+        for rid in complete:
+            del matchers[rid]
         prompts = {c.request_id: self._seqs[c.request_id].prompt_token_ids for c in sched.chunks
                    if self._seqs[c.request_id].prompt_logprobs is not None}
         sampled = self.runner.execute(sched, params, self._generators, rows, matchers or None,
@@ -350,9 +356,23 @@ class LLMEngine:
             scores = self._seqs[rid].prompt_logprobs
             assert scores is not None
             scores[first : first + len(items)] = items
+        # A sequence no token could be drawn for ends alone, with the reason; the others go on.
+        failed = dict(self.runner.last_errors)
+        done_now = set()  # their grammar took its last token in this step
         for rid, m in matchers.items():
-            if not m.accept_token(sampled[rid]):  # the mask allowed it: should never happen
-                log.error("%s: the grammar refused token %d it allowed", rid, sampled[rid])
+            if rid in failed:
+                continue
+            if not _accepts(m, sampled[rid]):  # the mask allowed it: should never happen
+                failed[rid] = (f"the sequence cannot continue: its grammar refused token "
+                               f"{sampled[rid]}, which it had allowed")
+            elif m.is_terminated():
+                done_now.add(rid)
+        for rid in complete:  # the token drawn for it (unconstrained) is dropped
+            failed.pop(rid, None)
+            outputs.append(self._end(rid, "stop"))
+        for rid, why in failed.items():
+            log.warning("%s ended alone: %s", rid, why)
+            outputs.append(self._end(rid, "error", SequenceFailed(why)))
         self._steps += 1
         self._tokens += sched.num_tokens
         now_s = time.monotonic()
@@ -360,13 +380,17 @@ class LLMEngine:
             seq = self._seqs[u.request_id]
             if u.new_token_ids and seq.first_token_s is None:
                 seq.first_token_s = now_s
-            out = self._output(seq, list(u.new_token_ids), u.finished, u.finish_reason)
+            finished, reason = u.finished, u.finish_reason
+            if not finished and u.request_id in done_now:
+                self.scheduler.finish(u.request_id, "stop")
+                finished, reason = True, "stop"
+            out = self._output(seq, list(u.new_token_ids), finished, reason)
             if seq.sampling.logprobs is not None and u.request_id in logprobs and u.new_token_ids:
                 out.logprobs = [logprobs[u.request_id]]
             if seq.prompt_logprobs is not None:  # the prompt is all computed: hand them out once
                 out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
             outputs.append(out)
-            if u.finished:
+            if finished:
                 if seq.keep_kv:
                     self._kept[seq.request_id] = seq
                 self._forget(seq)
@@ -415,6 +439,18 @@ class LLMEngine:
                 gen.manual_seed(seq.seed)
             self._generators[seq.request_id] = gen
 
+    def _end(self, request_id: str, reason: str,
+             error: SequenceFailed | None = None) -> RequestOutput:
+        """End a running sequence outside the scheduler's own rules, with no new token."""
+        seq = self.scheduler.finish(request_id, reason)
+        assert seq is not None, f"{request_id} is not running"
+        out = self._output(seq, [], True, reason)
+        out.error = error
+        if seq.keep_kv and error is None:
+            self._kept[seq.request_id] = seq
+        self._forget(seq)
+        return out
+
     def _output(self, seq: Sequence, new: list[int], finished: bool,
                 reason: str | None) -> RequestOutput:
         out = RequestOutput(seq.request_id, new, finished, reason, seq.num_prompt_tokens,
@@ -432,3 +468,11 @@ class LLMEngine:
         self._imports.pop(seq.request_id, None)
         self._importer.cancel(seq.request_id)  # mid-import: its host memory goes too
         self._generators.pop(seq.request_id, None)
+
+
+def _accepts(matcher: Any, token: int) -> bool:
+    """Whether ``matcher`` took ``token``; a matcher that raises has not."""
+    try:
+        return bool(matcher.accept_token(int(token)))
+    except Exception:  # noqa: BLE001 - xgrammar's errors end that sequence, not the step
+        return False

@@ -104,6 +104,8 @@ class ModelRunner:
         self.last_logprobs: dict[str, TokenLogprobs] = {}  # the last step's, by request id
         # the last step's prompt scores: request id -> (prompt position of the first, items)
         self.last_prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = {}
+        # the last step's sequences no token could be drawn for: request id -> why
+        self.last_errors: dict[str, str] = {}
         self.bitmask = TokenBitmask(ec.max_batch, model_cfg.vocab_size, self.device)
         self.graphs: DecodeGraphs | None = None
         self.num_graph_steps = 0
@@ -181,6 +183,7 @@ class ModelRunner:
         sampled_ids = [c.request_id for c in out.chunks if c.do_sample]
         self.last_logprobs = {}
         self.last_prompt_logprobs = {}
+        self.last_errors = {}
         spans = self._prompt_spans(out.chunks, params, prompts or {})
         with self.ws.scope():
             tokens: list[int] = []
@@ -212,6 +215,7 @@ class ModelRunner:
                                 self.slot_sampling, self.bitmask,
                                 [matchers.get(r) for r in sampled_ids] if matchers else None)
                 tokens = result.tokens
+                self.last_errors = {sampled_ids[i]: why for i, why in result.errors.items()}
                 self.last_logprobs = {r: lp for r, lp in zip(sampled_ids, result.logprobs,
                                                              strict=True) if lp is not None}
         self.num_steps += 1

@@ -24,6 +24,9 @@ class RequestOutput:
     # on the finishing output: arrival to admission, admission to the first token (seconds)
     queue_time_s: float = 0.0
     prefill_time_s: float = 0.0
+    # set when finish_reason is "error": why this sequence alone was ended (a typed engine
+    # error, engine.errors.SequenceFailed, that the worker maps to its RPC status)
+    error: Exception | None = None
 
 
 @dataclass(frozen=True)

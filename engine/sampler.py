@@ -7,12 +7,19 @@ log-softmax of those processed logits (before temperature, top-k, top-p and min-
 how a token is drawn, not the model's distribution); then the greedy rows take one argmax and the
 others are drawn row by row. Every vocab-sized buffer is a workspace view: sampling never
 allocates vocab-sized tensors of its own.
+
+Safe by construction: after the mask and the processors, a row whose largest logit is not a
+finite number below ``MAX_SAFE_LOGIT`` (NaN, every token masked to -inf, an overflow) is not
+drawn from. It gets an entry in ``SampleResult.errors`` and the engine ends that sequence alone;
+every other row is sampled as usual. A row that passes has a finite maximum, so with the
+temperature at or above its greedy floor the draw's softmax has a top probability of exactly 1
+and cannot turn NaN.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Container, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,6 +43,13 @@ class TokenLogprobs:
 class SampleResult:
     tokens: list[int]
     logprobs: list[TokenLogprobs | None]  # per row; None where the row asked for none
+    # row -> why no token could be drawn for it (its token in ``tokens`` is meaningless)
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+# A row's largest logit must be below this: divided by the lowest non-greedy temperature (1e-5)
+# it stays inside float32's range (3.4e38).
+MAX_SAFE_LOGIT = 1e30
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,7 @@ def sampler_workspace_bytes(vocab_size: int, max_batch: int = 1) -> int:
     per_row_draw = 3 * 256 + v * (4 + 8 + 4 + 1)  # sorted values, order, probs, min-p mask
     logprobs = _align(n * v * 4) + 2 * _align(n * MAX_LOGPROBS * 8) + _align(n * 4)
     row_inputs = 3 * _align(n * 8) + _align(n)  # tokens, slots, chosen index; hold mask
+    row_inputs += 2 * _align(n * 4) + _align(n)  # each row's peak logit, its size, usable
     return (per_row_draw + logprobs + row_inputs + apply_workspace_bytes(n, v)
             + _align(bitmask_workspace_bytes(n, v)))
 
@@ -73,9 +88,10 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     ``bitmask``: a grammar decides what may be sampled, the processors and the draw which."""
     n, vocab = logits.shape
     with ws.scope():
+        errors: dict[int, str] = {}
         if matchers is not None:
             assert bitmask is not None
-            bitmask.apply(logits, matchers, ws)
+            errors.update(bitmask.apply(logits, matchers, ws))
         slots = None
         use_counts = False
         if state is not None and rows is not None and any(p.uses_processors for p in params):
@@ -85,6 +101,7 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
             use_counts = any(p.uses_counts for p in params)
             state.apply(logits, slots, hold_t, ws, counts=use_counts,
                         bias=any(p.logit_bias for p in params), stops=any(hold))
+        _check_rows(logits, ws, matchers, errors)
         want = [p.logprobs for p in params]
         lp = top_v = top_i = None
         if any(w is not None for w in want):
@@ -98,14 +115,14 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
                 torch.topk(lp, k, dim=-1, out=(top_v, top_i))
         tok = ws.take((n,), torch.int64, caller="sampler.tokens")
         torch.argmax(logits, dim=-1, out=tok)  # right for greedy rows; the others overwrite
-        if not all(p.is_greedy for p in params):
-            _draw(logits, params, generators, ws, tok)
+        if not all(p.is_greedy or i in errors for i, p in enumerate(params)):
+            _draw(logits, params, generators, ws, tok, skip=errors)
         if use_counts:
             assert state is not None and slots is not None
             state.record(slots, tok)
         tokens = [int(t) for t in tok.tolist()]
         if lp is None:
-            return SampleResult(tokens, [None] * n)
+            return SampleResult(tokens, [None] * n, errors)
         chosen = lp.gather(1, tok.unsqueeze(1)).squeeze(1).tolist()
         tv = top_v.tolist() if top_v is not None else [[] for _ in range(n)]
         ti = top_i.tolist() if top_i is not None else [[] for _ in range(n)]
@@ -114,20 +131,53 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
             out.append(None if w is None else TokenLogprobs(
                 tokens[i], float(chosen[i]),
                 tuple((int(a), float(b)) for a, b in zip(ti[i][:w], tv[i][:w], strict=True))))
-        return SampleResult(tokens, out)
+        return SampleResult(tokens, out, errors)
+
+
+def _check_rows(logits: torch.Tensor, ws: Workspace, matchers: Sequence[Any | None] | None,
+                errors: dict[int, str]) -> None:
+    """Find the rows no token can be drawn from (see the module docstring), record why in
+    ``errors`` and make them harmless (all zeros) for the batched steps that follow."""
+    n = logits.shape[0]
+    peak = ws.take((n,), torch.float32, caller="sampler.row_peak")
+    torch.amax(logits, dim=-1, out=peak)  # NaN anywhere in a row makes its peak NaN
+    size = ws.take((n,), torch.float32, caller="sampler.row_peak_size")
+    torch.abs(peak, out=size)
+    usable = ws.take((n,), torch.bool, caller="sampler.row_usable")
+    torch.lt(size, MAX_SAFE_LOGIT, out=usable)  # NaN < x is False
+    if not errors and bool(usable.all()):  # the common case: one sync, nothing to do
+        return
+    for i, value in enumerate(peak.tolist()):
+        if i not in errors and not abs(value) < MAX_SAFE_LOGIT:
+            errors[i] = f"the sequence cannot continue: {_why(value, matchers, i)}"
+    for i in errors:
+        logits[i].fill_(0.0)
+
+
+def _why(peak: float, matchers: Sequence[Any | None] | None, row: int) -> str:
+    if peak != peak:
+        return "its logits are NaN"
+    if peak == float("-inf"):
+        if matchers is not None and matchers[row] is not None:
+            return ("no token is allowed next: its grammar (response_format or tools), together "
+                    "with min_tokens, logit_bias and the stop tokens, admits none")
+        return ("no token is allowed next: min_tokens, logit_bias and the stop tokens mask "
+                "every token")
+    return f"its logits are out of range (largest {peak:g})"
 
 
 def _draw(logits: torch.Tensor, params: Sequence[SamplingParams],
           generators: Sequence[torch.Generator | None], ws: Workspace,
-          tok: torch.Tensor) -> None:
-    """Draw each non-greedy row's token into ``tok`` (temperature, top-k, top-p, min-p)."""
+          tok: torch.Tensor, skip: Container[int] = ()) -> None:
+    """Draw each non-greedy row's token into ``tok`` (temperature, top-k, top-p, min-p); rows
+    in ``skip`` (no token can be drawn) are left as they are."""
     vocab = logits.shape[1]
     vals = ws.take((vocab,), torch.float32, caller="sampler.sorted_values")
     order = ws.take((vocab,), torch.int64, caller="sampler.sorted_indices")
     probs = ws.take((vocab,), torch.float32, caller="sampler.probs")
     small = ws.take((vocab,), torch.bool, caller="sampler.min_p_mask")
     for i, p in enumerate(params):
-        if p.is_greedy:
+        if p.is_greedy or i in skip:
             continue
         row = logits[i]
         row.div_(p.temperature)

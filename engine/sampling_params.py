@@ -16,12 +16,17 @@ MAX_LOGIT_BIAS = 300  # entries of logit_bias a request may carry (OpenAI's limi
 MAX_STOP_TOKEN_IDS = 64  # stop token ids (user's + EOS) that min_tokens can hold back
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's top_logprobs limit)
 MAX_PROMPT_LOGPROBS = 5  # top alternatives per prompt token (OpenAI's completions limit)
+# Below this temperature a request is greedy (vLLM's _SAMPLING_EPS): logits divided by 1e-45
+# overflow to inf and the softmax turns NaN, so a tiny temperature means "argmax" here.
+GREEDY_TEMPERATURE_FLOOR = 1e-5
+# The repetition penalty divides positive logits by r: below this, 1/r leaves float32's range.
+MIN_REPETITION_PENALTY = 0.01
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 1.0  # 0 -> greedy
+    temperature: float = 1.0  # below GREEDY_TEMPERATURE_FLOOR (0 included) -> greedy
     top_p: float = 1.0  # 1 -> off
     top_k: int = 0  # 0 -> off
     seed: int | None = None
@@ -60,8 +65,8 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise InvalidRequest(f"{name} must be in [-2, 2], got {getattr(self, name)}", name)
-        if not 0.0 < self.repetition_penalty <= 10.0:
-            raise InvalidRequest(f"repetition_penalty must be in (0, 10], got "
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= 10.0:
+            raise InvalidRequest(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, 10], got "
                                  f"{self.repetition_penalty}", "repetition_penalty")
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidRequest(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
@@ -86,7 +91,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE_FLOOR or self.top_k == 1
 
     @property
     def uses_counts(self) -> bool:

@@ -218,6 +218,15 @@ class Scheduler:
                 return seq
         return None
 
+    def finish(self, request_id: str, reason: str) -> Sequence | None:
+        """End a running sequence now (its grammar is complete, or no token can be drawn for
+        it); its blocks are kept only for a keep_kv sequence that ends well."""
+        for seq in self.running:
+            if seq.request_id == request_id:
+                self._finish(seq, reason, keep_kv=None if reason != "error" else False)
+                return seq
+        return None
+
     def finish_reason(self, seq: Sequence, token: int) -> str | None:
         sp = seq.sampling
         if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.config.eos_token_ids):

@@ -82,6 +82,9 @@ class PrefillServicer(WorkerServicerBase):
             except TimeoutError:
                 raise DeadlinePassed(f"prefill of {len(prompt)} tokens passed the request's "
                                      f"deadline") from None
+            if final.error is not None:  # this sequence alone was ended; its blocks are free
+                kept = False
+                raise final.error
             if final.finish_reason == "abort":
                 kept = False
                 raise RequestAborted(f"request {rid} was aborted")

@@ -26,6 +26,7 @@ from common.router_identity import INSTANCE_ENV, INSTANCE_HEADER
 from router.admission import Admission
 from router.background import BackgroundTasks
 from router.body_limit import BodyLimitMiddleware
+from router.body_parse import BodyParser, OffLoopBodyRoute, param_of
 from router.dispatch import Dispatcher
 from router.errors import ApiError, no_worker
 from router.job import chat_job, completion_job
@@ -57,37 +58,24 @@ log = logging.getLogger("bulkhead.router")
 
 # outside /v1 but behind the API key too: they run the tokenizer on client input
 _KEYED_PATHS = frozenset({"/tokenize", "/detokenize"})
-_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "json-or-python"})
-
-
-def _param_of(loc: tuple[Any, ...]) -> str:
-    """'messages[0].content' from pydantic's loc, without the union member tags it inserts."""
-    parts = [p for p in loc if p != "body" and not (
-        isinstance(p, str) and (p in _TYPE_TAGS or not p.isidentifier()))]
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out
-
-
 def _validation_error(exc: RequestValidationError) -> ApiError:
     errors = exc.errors()
     # A value that fits no member of a union gets one error per member; the deepest names the
     # place best (``stop[0]`` for a list holding a number, not the bare ``stop`` of the string
     # member). max() keeps the first of equally deep ones.
-    first = max(errors, key=lambda e: len(_param_of(tuple(e.get("loc", ()))))) if errors \
+    first = max(errors, key=lambda e: len(param_of(tuple(e.get("loc", ()))))) if errors \
         else {"loc": (), "msg": "invalid body", "type": ""}
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, InvalidText):
         return ApiError(400, str(cause), "invalid_request_error", cause.param, "invalid_unicode")
     if isinstance(cause, UnsupportedPart):
-        param = _param_of(tuple(first.get("loc", ()))) + cause.where
+        param = param_of(tuple(first.get("loc", ()))) + cause.where
         return ApiError(400, f"{param}: {cause}", "invalid_request_error", param,
                         "unsupported_content")
     if first.get("type") == "json_invalid":
         return ApiError(400, f"Malformed JSON body: {first.get('msg')}", "invalid_request_error",
                         "body", "invalid_json")
-    param = _param_of(tuple(first.get("loc", ())))
+    param = param_of(tuple(first.get("loc", ())))
     if not param:
         return ApiError(400, f"Request body: {first.get('msg')}", "invalid_request_error",
                         "body", "invalid_body")
@@ -125,15 +113,20 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
             Dispatcher(settings, tok, reg, metrics, background),
             Admission(settings.max_inflight_requests, settings.retry_after_s),
             asyncio.Semaphore(settings.max_concurrent_tokenizations))
+        app.state.body_parser = BodyParser(settings.parse_off_loop_bytes)
+        app.state.body_parser.start()
         log.info("serving model %r", settings.model_name)
         try:
             yield
         finally:
+            app.state.body_parser.close()
             await background.close()
             await app.state.ctx.dispatcher.aclose()
             await reg.stop()
 
     app = FastAPI(title="Bulkhead router", lifespan=lifespan)
+    # a large JSON body is parsed and validated in another process (router/body_parse.py)
+    app.router.route_class = OffLoopBodyRoute
     if settings.api_keys:
         keys = [k.encode() for k in settings.api_keys]
 

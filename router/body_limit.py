@@ -4,7 +4,8 @@ Pure ASGI middleware: a declared ``Content-Length`` over the limit is answered 4
 reading a byte of the body; a chunked (or lying) body is counted message by message as the app
 pulls it, and the moment the count passes the limit the client gets the 413, the app sees a
 disconnect and whatever it then tries to send is dropped.  So no request can make the router
-hold more than ``max_body_bytes`` of its body, however it is framed.  This module must never
+hold more than ``max_body_bytes`` of its body, however it is framed. A request framed two ways
+(both Transfer-Encoding and Content-Length) is refused with a 400 before anything reads it.  This module must never
 buffer a body and never import torch.
 """
 
@@ -31,14 +32,20 @@ class BodyLimitMiddleware:
         self.max_bytes = max_bytes
 
     async def _refuse(self, send: Send, seen: str) -> None:
-        body = _too_large_body(self.max_bytes, seen)
-        # connection: close, since the rest of the body is never read off this connection
-        await send({"type": "http.response.start", "status": 413, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await _answer(send, 413, _too_large_body(self.max_bytes, seen))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _has_both_framings(scope):
+            # RFC 9112 6.1: a server may reject such a request, and must close the connection
+            # after it; a request framed two ways is how request smuggling starts.
+            await _answer(send, 400, json.dumps({"error": {
+                "message": "The request has both Transfer-Encoding and Content-Length; send "
+                           "one.", "type": "invalid_request_error", "param": "body",
+                "code": "ambiguous_framing"}}, separators=(",", ":")).encode())
+            return
+        await self._limited(scope, receive, send)
+
+    async def _limited(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -73,6 +80,19 @@ class BodyLimitMiddleware:
             await send(message)
 
         await self.app(scope, counted_receive, guarded_send)
+
+
+async def _answer(send: Send, status: int, body: bytes) -> None:
+    # connection: close, since the rest of the body is never read off this connection
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _has_both_framings(scope: Scope) -> bool:
+    names = {name for name, _ in scope.get("headers", ())}
+    return b"content-length" in names and b"transfer-encoding" in names
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -33,6 +33,7 @@ from router.policy import (
     Route,
     RoutePolicy,
     RouteRequest,
+    choice_share,
     choose_route,
     needs_lookup,
     other_prefill,
@@ -60,15 +61,20 @@ class Dispatch:
     request_id: str
     runners: list[ChoiceRunner]
     leases: contextlib.ExitStack
+    # most choices of this request running at once (fair share, `choice_share`); 0 = all
+    max_running: int = 0
 
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:
-        """All choices' deltas as they arrive; the first failure cancels the other choices."""
+        """All choices' deltas as they arrive; the first failure cancels the other choices.
+        At most ``max_running`` choices run at once: the next starts as one ends."""
         queue: asyncio.Queue[ChoiceDelta | BaseException | None] = asyncio.Queue()
+        share = asyncio.Semaphore(self.max_running or len(self.runners) or 1)
 
         async def pump(runner: ChoiceRunner) -> None:
             try:
-                async for d in runner.deltas():
-                    queue.put_nowait(d)
+                async with share:
+                    async for d in runner.deltas():
+                        queue.put_nowait(d)
                 queue.put_nowait(None)
             except asyncio.CancelledError:
                 raise
@@ -254,4 +260,4 @@ class Dispatcher:
         except BaseException:
             leases.close()
             raise
-        return Dispatch(request_id, runners, leases)
+        return Dispatch(request_id, runners, leases, choice_share(self._registry.loads()))

@@ -7,6 +7,7 @@ the field.  This module must never reach a worker and never import torch.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -111,6 +112,7 @@ def _token_end(vocab_size: int | None) -> int:
 
 
 MAX_LOGIT_BIAS = 300   # the engine's per-slot buffer holds this many entries
+_TOKEN_KEY = re.compile(r"-?[0-9]{1,19}")
 
 
 def _logit_bias(given: dict[str, float] | None, vocab_size: int | None
@@ -123,11 +125,11 @@ def _logit_bias(given: dict[str, float] | None, vocab_size: int | None
     end = _token_end(vocab_size)
     out = []
     for key, bias in given.items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise invalid_request(f"logit_bias: key {key!r} is not a token id",
-                                  "logit_bias") from None
+        # ASCII digits only: int() also reads "٣", " 3", "+3" and "1_0" as numbers
+        if not _TOKEN_KEY.fullmatch(key):
+            raise invalid_request(f"logit_bias: key {key!r} is not a token id (ASCII digits)",
+                                  "logit_bias")
+        token = int(key)
         if not 0 <= token < end:
             raise invalid_request(f"logit_bias: token id {token} is outside [0, {end})",
                                   "logit_bias")
@@ -135,10 +137,14 @@ def _logit_bias(given: dict[str, float] | None, vocab_size: int | None
     return tuple(sorted(dict(out).items()))  # "1" and "01" name one token: the last wins
 
 
-def _check_min_tokens(count: int, max_tokens: int | None) -> None:
+def _check_min_tokens(count: int, max_tokens: int | None, max_context: int | None) -> None:
+    """min_tokens may not pass max_tokens, nor (max_tokens unset) the longest context."""
     if max_tokens is not None and count > max_tokens:
         raise invalid_request(f"min_tokens: {count} is more than max_tokens {max_tokens}",
                               "min_tokens")
+    if max_context is not None and count > max_context:
+        raise invalid_request(f"min_tokens: {count} is more than the longest context "
+                              f"({max_context} tokens)", "min_tokens")
 
 
 def _refuse_if_certainly_over(text: str, tokenizer: RouterTokenizer, num_new: int | None,
@@ -180,7 +186,7 @@ def chat_job(req: ChatCompletionRequest, settings: RouterSettings,
     ids = tuple(tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise invalid_request("messages: they render to an empty prompt", "messages")
-    _check_min_tokens(req.min_tokens, max_tokens)
+    _check_min_tokens(req.min_tokens, max_tokens, max_context)
     return GenerationJob(kind="chat", prompts=(ids,), max_tokens=max_tokens,  # type: ignore[arg-type]
                          logprobs=logprobs, grammar_kind=grammar_kind, grammar_spec=grammar_spec,
                          grammar_param=grammar_param, tool_format=tools.format if tools is not None else None, **common)
@@ -229,7 +235,7 @@ def completion_job(req: CompletionRequest, settings: RouterSettings,
             prompts.append(_check_ids(ids, None, param))
         else:
             prompts.append(_check_ids(item, vocab_size, param))
-    _check_min_tokens(req.min_tokens, max_tokens)
+    _check_min_tokens(req.min_tokens, max_tokens, max_context)
     grammar = output_grammar(req, req.response_format)
     return GenerationJob(kind="completion", grammar_kind=grammar.kind, grammar_spec=grammar.spec,
                          grammar_param=grammar.param, prompts=tuple(prompts), max_tokens=max_tokens,

@@ -137,3 +137,11 @@ def choose_route(req: RouteRequest, workers: Sequence[WorkerLoad],
                      "no compatible prefill worker free; the decode worker prefills")
     return Route("decode", open_decode[0].address, None,
                  f"{req.num_uncached_tokens} uncached tokens < {policy.split_threshold_tokens}")
+
+
+def choice_share(loads: Sequence[WorkerLoad]) -> int:
+    """Fair share: the most choices (``n``, and the prompts of a list) one request runs at once,
+    half the decode slots of the smallest healthy decode worker (at least 1), so one request's
+    ``n`` cannot take every slot while others wait; its other choices start as these end."""
+    batches = [w.max_batch for w in loads if w.role == "decode" and w.healthy and w.max_batch]
+    return max(1, min(batches) // 2) if batches else 0

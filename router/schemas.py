@@ -173,10 +173,11 @@ class _SamplingFields(RequestBody):
     return_token_ids: bool = False                                    # vLLM extension
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0   # vLLM extension
+    # vLLM extension; below 0.01, 1/r leaves float32's range (engine/sampling_params.py)
+    repetition_penalty: Annotated[float, Field(ge=0.01, le=10.0)] = 1.0
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0                 # vLLM extension
-    min_tokens: Annotated[int, Field(ge=0)] = 0                          # vLLM extension
+    min_tokens: Annotated[int, Field(ge=0, le=_MAX_INT32)] = 0           # vLLM extension
     user: str | None = None
     # vLLM's detokenization fields (router/text_stream.py TextOptions)
     skip_special_tokens: bool = True

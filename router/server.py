@@ -16,6 +16,7 @@ import uvicorn
 import uvloop
 
 from router.app import create_app
+from router.http_protocol import EdgeH11Protocol
 from router.settings import RouterSettings, SettingsError, load_settings
 
 GRACEFUL_SHUTDOWN_S = 10
@@ -23,11 +24,12 @@ GRACEFUL_SHUTDOWN_S = 10
 
 async def serve(settings: RouterSettings) -> bool:
     """Serve until a shutdown signal; False if the app failed to start."""
-    # h11, not httptools: h11 bounds the request head it buffers (431 past max_header_bytes),
-    # httptools accepts headers of any size
+    # h11, not httptools: h11 bounds the request head it buffers (431 past max_header_bytes,
+    # router/http_protocol.py), httptools accepts headers of any size
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                             loop="none", lifespan="on", log_level=settings.log_level.lower(),
-                            http="h11", h11_max_incomplete_event_size=settings.max_header_bytes,
+                            http=EdgeH11Protocol,
+                            h11_max_incomplete_event_size=settings.max_header_bytes,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, access_log=False)
     server = uvicorn.Server(config)
     await server.serve()

@@ -74,6 +74,10 @@ class RouterSettings:
     max_header_bytes: int = field(default=64 * 1024, metadata=_doc(
         "Largest request head (request line and headers) accepted, in bytes; past it the "
         "HTTP server answers 431 without buffering more."))
+    parse_off_loop_bytes: int = field(default=256 * 1024, metadata=_doc(
+        "A JSON body of at least this many bytes (and 10,000 values) is parsed and validated in "
+        "a child process, off the event loop (json.loads and validation hold the GIL for "
+        "seconds on millions of values); 0 = always on the loop."))
     max_concurrent_tokenizations: int = field(default=2, metadata=_doc(
         "Prompts tokenized at once (each off the event loop, without the GIL); more wait."))
     max_n: int = field(default=16, metadata=_doc("Largest `n` (choices per request) accepted."))
@@ -112,6 +116,8 @@ class RouterSettings:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
         if self.request_timeout_s < 0:
             raise SettingsError(f"request_timeout_s: {self.request_timeout_s} must be >= 0")
+        if self.parse_off_loop_bytes < 0:
+            raise SettingsError(f"parse_off_loop_bytes: {self.parse_off_loop_bytes} must be >= 0")
         if self.max_inflight_requests < 0:
             raise SettingsError(f"max_inflight_requests: {self.max_inflight_requests} must be >= 0")
         if self.retry_after_s < 0:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.errors import invalid_request
+from router.schema_check import check_schema
 from router.schemas import StructuredOutputs, _SamplingFields
 
 
@@ -29,7 +30,10 @@ class OutputGrammar:
 NO_GRAMMAR = OutputGrammar("", "", "")
 
 
-def _schema_text(schema: dict[str, Any] | str, param: str) -> str:
+def _schema_text(schema: dict[str, Any] | str, param: str, where: str | None = None) -> str:
+    """The schema as the grammar compiler gets it, after the checks that refuse what it would
+    not enforce or could not compile in time (router/schema_check.py); ``where`` names the
+    schema's place in the request (default ``param``)."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -37,6 +41,7 @@ def _schema_text(schema: dict[str, Any] | str, param: str) -> str:
             raise invalid_request(f"{param}: not valid JSON: {exc}", param) from None
     if not isinstance(schema, dict):
         raise invalid_request(f"{param}: a JSON schema object is required", param)
+    check_schema(schema, where or param)
     # never sort_keys: the grammar follows the schema's property order, which is the order the
     # model writes the keys in (a "reasoning" before an "answer" must stay first)
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
@@ -55,8 +60,8 @@ def response_format_grammar(fmt: dict[str, Any] | None) -> OutputGrammar:
         if not isinstance(schema, dict):
             raise invalid_request("response_format.json_schema.schema: a JSON schema object is "
                                   "required", "response_format.json_schema.schema")
-        return OutputGrammar("json_schema", _schema_text(schema, "response_format"),
-                             "response_format")
+        return OutputGrammar("json_schema", _schema_text(
+            schema, "response_format", "response_format.json_schema.schema"), "response_format")
     raise invalid_request(f"response_format.type: {kind!r} is not text, json_object or "
                           "json_schema", "response_format.type")
 

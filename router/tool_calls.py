@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.errors import invalid_request
+from router.schema_check import check_schema
 from router.tool_call_deltas import CallDelta, IncrementalCalls, StreamedCall
 
 log = logging.getLogger("bulkhead.router.tools")
@@ -35,7 +36,8 @@ TRIGGERS = {"qwen_3": "<tool_call>", "llama": '{"name": ', "deepseek_v4": "<｜D
 PARSERS = {"hermes": "qwen_3", "qwen3": "qwen_3", "llama3_json": "llama", "llama4_json": "llama",
            "deepseek_v4": "deepseek_v4"}
 DEFAULT_FORMAT = "qwen_3"  # named / required calls on a model whose template names no syntax
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# fullmatch, not "$": "$" also matches before a trailing newline
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 def detect_format(template_source: str | None) -> str | None:
@@ -95,13 +97,14 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, 
             raise invalid_request(f"tools[{i}]: only {{\"type\": \"function\", \"function\": "
                                   "{...}} tools are supported", f"tools[{i}]")
         name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise invalid_request(f"tools[{i}].function.name: must be 1-64 letters, digits, "
                                   "'_', '.' or '-'", f"tools[{i}].function.name")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
             raise invalid_request(f"tools[{i}].function.parameters: must be a JSON schema "
                                   "object", f"tools[{i}].function.parameters")
+        check_schema(params, f"tools[{i}].function.parameters")
         names.append(name)
     if len(set(names)) != len(names):
         raise invalid_request("tools: function names must be unique", "tools")

@@ -6,8 +6,8 @@ grammar_spec): ``json_object`` (any JSON object), ``json_schema`` (spec: the sch
 (spec: a JSON list of strings, one of which is the whole output), ``grammar`` (spec: EBNF text)
 or ``tool_calls`` (spec: {"format",
 "tools", "tool_choice", "parallel_tool_calls"}; the model's own tool-call syntax, built by
-xgrammar's per-model structural tags). ``GrammarCache.compile`` runs on a worker thread (the
-servicer awaits it through ``asyncio.to_thread``); the engine only ever gets the compiled result.
+xgrammar's per-model structural tags). ``GrammarCache.compile`` runs on a thread of the worker's
+grammar pool (``worker/grammar_pool.py``); the engine only ever gets the compiled result.
 The tokenizer's xgrammar view is built once, on the first request that needs it.
 """
 
@@ -53,28 +53,42 @@ class GrammarCache:
                 self._compiler = xgr.GrammarCompiler(info, max_threads=2)
             return self._compiler
 
-    def compile(self, kind: str, spec: str) -> Any:
-        """The compiled grammar of (kind, spec); raises InvalidRequest naming the field the
-        router filled it from."""
+    @staticmethod
+    def check(kind: str, spec: str) -> None:
+        """Refuse an unknown kind or an oversized spec (InvalidRequest naming the field)."""
         if kind not in KINDS:
             raise InvalidRequest(f"grammar kind {kind!r} is not one of {', '.join(KINDS)}",
                                  "response_format")
         if len(spec) > MAX_SPEC_CHARS:
             raise InvalidRequest(f"the grammar spec has {len(spec)} characters, the limit is "
-                                 f"{MAX_SPEC_CHARS}", _field(kind))
+                                 f"{MAX_SPEC_CHARS}", field_of(kind))
+
+    def cached(self, kind: str, spec: str) -> Any:
+        """The compiled grammar of (kind, spec) if it is in the cache, else None."""
         key = (kind, spec)
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
+        return None
+
+    def compile(self, kind: str, spec: str) -> Any:
+        """The compiled grammar of (kind, spec), from the cache or built now (blocking: call it
+        from a thread, ``worker/grammar_pool.py``); raises InvalidRequest naming the field the
+        router filled it from."""
+        self.check(kind, spec)
+        hit = self.cached(kind, spec)
+        if hit is not None:
+            return hit
+        key = (kind, spec)
         compiler = self._get_compiler()
         try:
             compiled = _compile(compiler, kind, spec)
         except InvalidRequest:
             raise
         except Exception as exc:  # xgrammar's errors for bad schemas / tags
-            raise InvalidRequest(f"{_field(kind)}: cannot build a grammar from it: "
-                                 f"{_library_message(exc)}", _field(kind)) from None
+            raise InvalidRequest(f"{field_of(kind)}: cannot build a grammar from it: "
+                                 f"{_library_message(exc)}", field_of(kind)) from None
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > self._max_entries:
@@ -92,7 +106,7 @@ def _library_message(exc: Exception) -> str:
     return " ".join(_LOG_PREFIX.sub("", text).split()) or type(exc).__name__
 
 
-def _field(kind: str) -> str:
+def field_of(kind: str) -> str:
     if kind in ("regex", "choice", "grammar"):
         return "structured_outputs"
     return "tools" if kind == "tool_calls" else "response_format"

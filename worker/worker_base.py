@@ -40,6 +40,7 @@ from worker.codec import abort_with, unary_rpc
 from worker.engine_loop import EngineLoop, RequestStream, build_on_a_passing_thread
 from worker.errors import DeadlinePassed, KVStoreUnavailable, WrongRole
 from worker.grammar_cache import GrammarCache
+from worker.grammar_pool import GrammarPool, GrammarPoolConfig
 from worker.kv_import import fetch_import
 from worker.kv_store import KVStore
 from worker.kv_store_config import auto_chunk_tokens, layout_fingerprint
@@ -61,7 +62,8 @@ class WorkerRuntime:
     kv_store: KVStore | None
     compat: pb.Compatibility
     model_name: str
-    grammars: GrammarCache | None = None  # constrained decoding (built lazily, on first use)
+    # constrained decoding: compiles on its own pool (the compiler is built on first use)
+    grammars: GrammarPool | None = None
 
     def close(self) -> None:
         self.loop.stop()
@@ -123,7 +125,11 @@ def build_runtime(settings: WorkerSettings,
         lmcache_chunk_size=chunk_size,
         kv_layout_fingerprint=kv_layout,
     )
-    grammars = GrammarCache(settings.model, mc.vocab_size, tuple(mc.eos_token_ids))
+    grammars = GrammarPool(
+        GrammarCache(settings.model, mc.vocab_size, tuple(mc.eos_token_ids)),
+        GrammarPoolConfig(settings.max_concurrent_grammar_compiles,
+                          settings.max_waiting_grammar_compiles,
+                          settings.grammar_compile_timeout_s))
     return WorkerRuntime(settings, engine, EngineLoop(engine), kv_store, compat, mc.name,
                          grammars)
 
@@ -173,13 +179,13 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
 
     async def grammar(self, sampling: pb.SamplingParams) -> Any:
         """The compiled grammar a request's sampling names (None: unconstrained), compiled on
-        a worker thread (cached): the engine thread never compiles. Raises InvalidRequest."""
+        the worker's grammar pool (cached, bounded, timed; worker/grammar_pool.py): the engine
+        thread never compiles. Raises InvalidRequest or QueueFull."""
         if not sampling.grammar_kind:
             return None
         if self.rt.grammars is None:
             raise InvalidRequest("this worker has no grammar engine", "response_format")
-        return await asyncio.to_thread(self.rt.grammars.compile, sampling.grammar_kind,
-                                       sampling.grammar_spec)
+        return await self.rt.grammars.compile(sampling.grammar_kind, sampling.grammar_spec)
 
     async def prepare_import(self, prompt: Sequence[int]) -> StagedKV | None:
         """The stored prefix of ``prompt`` fetched into host memory, for the engine to import

@@ -45,6 +45,17 @@ def _raw_request(head_lines: list[str], body: bytes = b"") -> bytes:
     return head.encode("latin-1") + b"\r\n\r\n" + body
 
 
+def _schema(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+
+def _deep(depth: int) -> dict[str, Any]:
+    node: dict[str, Any] = {"type": "integer"}
+    for _ in range(depth - 1):
+        node = {"type": "object", "properties": {"a": node}, "required": ["a"]}
+    return node
+
+
 _OK = json.dumps(chat()).encode()
 S = "\ud800"   # a lone surrogate: valid JSON escape, invalid Unicode
 
@@ -187,6 +198,44 @@ CASES: list[Case] = [
     Case("temperature 2.5", "sizes", 400, "temperature", body=chat(temperature=2.5)),
     Case("empty messages", "sizes", 400, "messages", body=chat(messages=[])),
     Case("empty stop string", "sizes", 400, "stop", body=chat(stop="")),
+    Case("min_tokens 2**64 without max_tokens", "sizes", 400, "min_tokens",
+         body={"model": MODEL, "messages": MSG, "min_tokens": 2**64}),
+    Case("min_tokens past the context without max_tokens", "sizes", 400, "min_tokens",
+         body={"model": MODEL, "messages": MSG, "min_tokens": 100_000}),
+    Case("repetition_penalty 1e-45 (1/r overflows)", "sizes", 400, "repetition_penalty",
+         body=chat(repetition_penalty=1e-45)),
+    Case("temperature 1e-45 (greedy below 1e-5)", "sizes", 200, body=chat(temperature=1e-45)),
+    Case("logit_bias key in Arabic-Indic digits", "sizes", 400, "logit_bias",
+         body=chat(logit_bias={"\u0663": 1})),
+    Case("logit_bias key with an underscore", "sizes", 400, "logit_bias",
+         body=chat(logit_bias={"1_0": 1})),
+    # --- grammars (structured output, tools) ----------------------------------------------------
+    *[Case(f"json_schema with {key!r} (not enforced)", "grammar", 400,
+           "response_format.json_schema.schema", "unsupported_schema_keyword",
+           body=chat(response_format=_schema({key: value})))
+      for key, value in [("allOf", [{"type": "integer"}, {"minimum": 5}]), ("not", {"type": "string"}),
+                         ("if", {"type": "integer"}), ("uniqueItems", True),
+                         ("contains", {"const": 1}), ("dependentRequired", {"a": ["b"]})]],
+    Case('json_schema with "type": []', "grammar", 400, "response_format.json_schema.schema",
+         "unsupported_schema_keyword", body=chat(response_format=_schema({"type": []}))),
+    Case("a property named 'not' (a name, not the keyword)", "grammar", 200,
+         body=chat(response_format=_schema({"type": "object", "properties": {
+             "not": {"type": "string"}}}))),
+    Case("json_schema 250 levels deep", "grammar", 400, "response_format.json_schema.schema",
+         "schema_too_deep", body=chat(response_format=_schema(_deep(250)))),
+    Case("json_schema of 5,000 properties", "grammar", 400, "response_format.json_schema.schema",
+         "schema_too_large", body=chat(response_format=_schema({"type": "object", "properties": {
+             f"p{i}": {"type": "integer"} for i in range(5000)}}))),
+    Case("tool parameters with 'allOf'", "grammar", 400, "tools[0].function.parameters",
+         "unsupported_schema_keyword", body=chat(tools=[{"type": "function", "function": {
+             "name": "f", "parameters": {"type": "object", "allOf": []}}}])),
+    Case("tool name with a trailing newline", "grammar", 400, "tools[0].function.name",
+         body=chat(tools=[{"type": "function", "function": {"name": "f\n"}}])),
+    Case("response_format on /v1/completions (honoured)", "grammar", 200,
+         endpoint="completions", body=comp(response_format={"type": "json_object"})),
+    Case("response_format on /v1/completions with 'not'", "grammar", 400,
+         "response_format.json_schema.schema", "unsupported_schema_keyword",
+         endpoint="completions", body=comp(response_format=_schema({"not": {}}))),
     Case("10 KB model name", "sizes", 404, "model", "model_not_found", body=chat(model="m" * 10_000)),
     # --- headers and protocol ----------------------------------------------------------------
     Case("content-type text/plain", "headers", 400, raw=_OK,
@@ -206,15 +255,19 @@ CASES: list[Case] = [
          request=_raw_request(["content-type: application/json", "content-length: abc"], _OK)),
     Case("negative Content-Length", "headers", 400,
          request=_raw_request(["content-type: application/json", "content-length: -5"], _OK)),
-    Case("Content-Length and chunked together (chunked wins, RFC 9112)", "headers", 200,
+    Case("Content-Length and chunked together (refused, RFC 9112 6.1)", "headers", 400,
+         "body", "ambiguous_framing",
          request=_raw_request(["content-type: application/json", f"content-length: {len(_OK)}",
                                "transfer-encoding: chunked"],
                               b"%x\r\n%s\r\n0\r\n\r\n" % (len(_OK), _OK))),
     Case("Content-Length shorter than the body", "headers", 400,
          request=_raw_request(["content-type: application/json", "content-length: 20"], _OK)),
-    Case("1 MB header (past max_header_bytes)", "headers", 400,
+    Case("1 MB header (past max_header_bytes)", "headers", 431,
          request=_raw_request(["content-type: application/json", f"content-length: {len(_OK)}",
                                "x-big: " + "a" * 1_000_000], _OK)),
+    Case("200 kB header (past max_header_bytes)", "headers", 431,
+         request=_raw_request(["content-type: application/json", f"content-length: {len(_OK)}",
+                               "x-big: " + "a" * 200_000], _OK)),
     Case("Expect: 100-continue with a 50 MB Content-Length", "headers", 413, "body",
          "request_too_large",
          request=_raw_request(["content-type: application/json", "expect: 100-continue",

@@ -164,6 +164,7 @@ def reset(cluster: Cluster) -> Cluster:
         w.cancelled.clear()
         w.completed.clear()
         w.lookups = 0
+        w.max_generating = 0
         w.num_cached = 0
         w.exhausted = False
         w.fail_after = -1

@@ -99,6 +99,8 @@ class FakeWorker(pb_grpc.WorkerServicer):
     aborts: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     completed: list[str] = field(default_factory=list)
+    num_generating: int = 0           # Generate calls running now
+    max_generating: int = 0           # the most at once since the last reset
 
     def _output(self, sampling: pb.SamplingParams) -> list[int]:
         seq = list(self.script) + [self.eos_id]
@@ -155,6 +157,15 @@ class FakeWorker(pb_grpc.WorkerServicer):
         if self.exhausted:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full (8 waiting)")
         self.generates.append(request)
+        self.num_generating += 1
+        self.max_generating = max(self.max_generating, self.num_generating)
+        try:
+            async for chunk in self._generate(request, context):
+                yield chunk
+        finally:
+            self.num_generating -= 1
+
+    async def _generate(self, request: pb.GenerateRequest, context: Any) -> Any:
         out = self._output(request.sampling)
         reason = self._reason(out, request.sampling)
         n = len(request.prompt_token_ids)

@@ -222,3 +222,15 @@ def test_a_prompt_certainly_over_the_context_is_refused_before_tokenizing(
         assert err["param"] == "messages"
         # tokenizing 4 MB takes seconds here; the length check takes milliseconds
         assert elapsed < 1.0, elapsed
+
+
+@pytest.mark.parametrize("size", [200_000, 1_000_000])
+def test_a_huge_header_gets_431_not_a_reset(router: EdgeRouter, size: int) -> None:
+    """The head past max_header_bytes is answered 431 and the connection drains what the client
+    still sends, so an ordinary client reads the answer instead of a connection reset."""
+    with httpx.Client(base_url=router.base_url, timeout=10) as h:
+        r = h.post("/v1/chat/completions", headers={"x-big": "a" * size},
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 431, r.text
+    with router.http() as h:
+        assert h.get("/health").status_code == 200

@@ -332,3 +332,14 @@ def test_vllm_request_series(reset: Cluster) -> None:
     assert value == 1 and labels["block_size"] == "16" and labels["model_name"] == MODEL
     assert labels["num_gpu_blocks"] == "0" and labels["cache_dtype"] == "float32"
     assert any(name == "vllm:num_preemptions_total" for name, _ in after)
+
+
+def test_one_requests_n_runs_at_most_half_the_decode_slots_at_once(reset: Cluster) -> None:
+    """Fair share (router/policy.py choice_share): the fake decode worker has 4 slots, so a
+    request runs 2 of its choices at once and starts the next as one ends; all are answered."""
+    reset.decode[0].token_delay_s = 0.01
+    r = reset.client().chat.completions.create(model=MODEL, messages=MESSAGES, n=6,
+                                               max_completion_tokens=5)
+    assert sorted(c.index for c in r.choices) == list(range(6))
+    assert all(c.finish_reason == "length" for c in r.choices)
+    assert reset.decode[0].max_generating == 2
