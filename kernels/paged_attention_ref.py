@@ -3,7 +3,8 @@
 ``paged_attention_ref``: sequence b's queries are ``q[query_start_loc[b]:query_start_loc[b+1]]``,
 the LAST q_len tokens of its context_lens[b]-token context, causal, GQA (query head h reads KV
 head h // (Hq // Hkv)). Its KV token i lives at ``cache[block_tables[b, i // block_size],
-i % block_size]``. fp32 arithmetic; it gathers each sequence's whole context, so it is for
+i % block_size]``; an FP8 e4m3fn cache (``kernels.kv_quant``: scale 1) is read by upcasting
+each stored value. fp32 arithmetic; it gathers each sequence's whole context, so it is for
 tests and small shapes only. It must never change meaning: the Triton kernels follow it.
 """
 
