@@ -17,6 +17,9 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, n: int) -> torch.Ten
     """Tokens [0, n) of one sequence: [n, Hkv, D]."""
     block_size = cache.shape[1]
     pos = torch.arange(n, device=cache.device)
+    if cache.element_size() == 1:  # FP8: gather the bytes (index kernels may lack FP8 types)
+        raw = cache.view(torch.uint8)[block_table.long()[pos // block_size], pos % block_size]
+        return raw.view(cache.dtype)
     return cache[block_table.long()[pos // block_size], pos % block_size]
 
 
