@@ -82,7 +82,9 @@ class LLMEngine:
         self.plan.check()
         if progress is not None:
             progress(f"memory plan: {self.plan.total_bytes / 2**20:,.0f} MiB, KV extent "
-                     f"{self.plan.num_blocks} blocks of {ec.block_size} tokens")
+                     f"{self.plan.num_blocks} blocks of {ec.block_size} tokens "
+                     f"({self.plan.kv_layout.bytes_per_token:,.0f} B a token, kv_dtype "
+                     f"{ec.kv_dtype})")
         self.runner = ModelRunner(rank_cfg, ec, weights, self.plan,
                                   tp=None if ranks is None else ranks.group)
         self._kv_view: KVLayout = self.plan.kv_layout
