@@ -123,9 +123,11 @@ def _rope_and_cache_kernel(
         slot = tl.load(slot_ptr + tok).to(tl.int64)
         o1, o2 = _rotate_half(k_ptr + tok * stride_kn + kh * stride_kh, c_ptr, s_ptr, offs,
                               mask, HALF)
-        dst = kc_ptr + slot * stride_cache_slot + kh * stride_cache_h
-        _store_kv(dst + offs, o1, mask, KV_FP8)
-        _store_kv(dst + HALF + offs, o2, mask, KV_FP8)
+        # not ``dst``: a name must keep one type across the if/else (q_out's and the cache's
+        # pointer types differ when the cache is FP8)
+        kdst = kc_ptr + slot * stride_cache_slot + kh * stride_cache_h
+        _store_kv(kdst + offs, o1, mask, KV_FP8)
+        _store_kv(kdst + HALF + offs, o2, mask, KV_FP8)
         src = v_ptr + tok * stride_vn + kh * stride_vh
         vdst = vc_ptr + slot * stride_cache_slot + kh * stride_cache_h
         _store_kv(vdst + offs, tl.load(src + offs, mask=mask), mask, KV_FP8)
