@@ -33,11 +33,6 @@ class DenseKVLayout(KVLayout):
         self._spec = self.spec_for(2)
 
     @property
-    def dtype(self) -> torch.dtype:
-        """The dtype the cache stores."""
-        return self._spec.dtype
-
-    @property
     def kinds(self) -> tuple[CacheKind, ...]:
         s = self._spec
         elem = torch.empty((), dtype=s.dtype).element_size()
