@@ -2,7 +2,9 @@
 
 Two paths behind one function: on CUDA the Triton kernels of ``kernels/`` (when importable); on any
 device the PyTorch path below, which takes every buffer from the workspace and is the reference the
-engine is tested with on CPU. Never allocates scratch that scales with context length.
+engine is tested with on CPU. Both read a cache in the model dtype or in FP8 e4m3fn
+(kernels/kv_quant.py, scale 1: reading is an upcast). Never allocates scratch that scales with
+context length.
 """
 
 from __future__ import annotations
@@ -127,6 +129,9 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
         tables = [batch.block_tables[i] for i in seqs]
         k_flat = k_cache.view(-1, hkv, d)
         v_flat = v_cache.view(-1, hkv, d)
+        if k_cache.element_size() == 1:  # FP8: gather the bytes (no FP8 index kernels needed)
+            k_flat, v_flat = k_flat.view(torch.uint8), v_flat.view(torch.uint8)
+            k_raw, v_raw = k_raw.view(torch.uint8), v_raw.view(torch.uint8)
         offs = torch.arange(t, device=dev)
         for t0 in range(0, max(ctx), t):
             # gather this tile's slots for every sequence (null block 0 past a table's end)
@@ -139,8 +144,9 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch
             torch.add(blk.repeat_interleave(bs, dim=1) * bs, (offs % bs).view(1, t), out=slots)
             torch.index_select(k_flat, 0, slots.view(-1), out=k_raw)
             torch.index_select(v_flat, 0, slots.view(-1), out=v_raw)
-            kt.copy_(k_raw.view(b, t, hkv, d))
-            vt.copy_(v_raw.view(b, t, hkv, d))
+            # the upcast to fp32 is also the dequantization of an FP8 cache (scale 1)
+            kt.copy_(k_raw.view(k_cache.dtype).view(b, t, hkv, d))
+            vt.copy_(v_raw.view(v_cache.dtype).view(b, t, hkv, d))
             # scores[b, h, r, c] = q . k
             torch.matmul(qg, kt.permute(0, 2, 3, 1), out=scores)
             key_pos = t0 + offs  # [t]

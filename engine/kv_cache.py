@@ -2,6 +2,8 @@
 
 Layout (docs/architecture.md): data[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim];
 index 0 of dim 1 holds K (after RoPE), 1 holds V. Block 0 is the null block.
+The stored dtype is the model dtype, or FP8 e4m3fn for ``kv_dtype=fp8`` (kernels/kv_quant.py says
+why one implicit scale of 1.0): writes clamp and cast, every reader upcasts.
 """
 
 from __future__ import annotations
@@ -9,6 +11,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from kernels.kv_quant import KV_FP8_DTYPE, KV_FP8_SCHEME, quantize_kv
+
+
+def kv_storage_dtype(kv_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a dense cache stores for EngineConfig.kv_dtype ("auto" | "fp8")."""
+    return KV_FP8_DTYPE if kv_dtype == "fp8" else model_dtype
+
+
+def write_rows(flat: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """flat[slots] = rows (flat: [num_slots, ...]); 1-byte dtypes move as uint8 because
+    PyTorch's CPU index_copy_ has no FP8 kernel (the bytes are the same)."""
+    if flat.element_size() == 1:
+        flat, rows = flat.view(torch.uint8), rows.view(torch.uint8)
+    flat.index_copy_(0, slots, rows)
 
 
 @dataclass(frozen=True)
@@ -36,8 +53,11 @@ class KVCacheSpec:
 
     @property
     def layout_fingerprint(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        if self.dtype == KV_FP8_DTYPE:  # what the bytes mean includes the scaling scheme
+            dtype = f"fp8-{KV_FP8_SCHEME}"
         return (f"paged-kv-v1:L{self.num_layers}:H{self.num_kv_heads}:D{self.head_dim}:"
-                f"B{self.block_size}:{str(self.dtype).removeprefix('torch.')}")
+                f"B{self.block_size}:{dtype}")
 
 
 class KVCache:
@@ -50,7 +70,8 @@ class KVCache:
         return self.data[i, 0], self.data[i, 1]
 
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        # k, v: [N, num_kv_heads, head_dim]; slot_mapping: [N] flat slots
+        # k, v: [N, num_kv_heads, head_dim] model dtype; slot_mapping: [N] flat slots
         k_cache, v_cache = self.layer(layer)
-        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
-        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+        for cache, x in ((k_cache, k), (v_cache, v)):
+            write_rows(cache.view(-1, *cache.shape[2:]), slot_mapping,
+                       quantize_kv(x, cache.dtype))

@@ -94,7 +94,9 @@ class LLMEngine:
                      f"{self.plan.budget_bytes / 2**20:,.0f} MiB budget, max_context "
                      f"{ec.max_context:,}, max_batch {ec.max_batch}, KV extent "
                      f"{self.plan.num_blocks} blocks of {ec.block_size} tokens "
-                     f"({self.plan.kv_tokens:,} tokens, kv dtype {ec.kv_dtype})")
+                     f"({self.plan.kv_tokens:,} tokens, "
+                     f"{self.plan.kv_layout.bytes_per_token:,.0f} B a token, kv_dtype "
+                     f"{ec.kv_dtype})")
         self.runner = ModelRunner(rank_cfg, ec, weights, self.plan,
                                   tp=None if ranks is None else ranks.group)
         self._kv_view: KVLayout = self.plan.kv_layout

@@ -68,11 +68,42 @@ def _rotate_half(x_ptr, c_ptr, s_ptr, offs, mask, HALF: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_bits(x):
+    """FP8 e4m3fn bits (uint8) of fp32 ``x``: clamped to +-448, rounded to nearest even, as
+    ``kernels.kv_quant.quantize_kv``. Integer arithmetic rather than ``x.to(tl.float8e4nv)``:
+    the Triton interpreter's fp8 downcast drops the carry when rounding reaches the next
+    exponent (0.0309 -> 0.0156) and flushes subnormals, so a CPU test of the cast would prove
+    nothing; this is exact on every backend and costs a few integer ops per element."""
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    mag = bits & 0x7FFFFFFF
+    # Normal range: drop 20 of fp32's 23 mantissa bits with round-half-even (a carry moves
+    # into the exponent by itself), then rebias the exponent from 127 to 7.
+    normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20) - (120 << 3)
+    # Below 2^-6 e4m3fn is subnormal, multiples of 2^-9: round |x| * 512 to an integer (the
+    # 2^23 addition rounds half-even), which is also the encoding (8 = the smallest normal).
+    absx = mag.to(tl.float32, bitcast=True)
+    sub = ((absx * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
+    return (tl.where(absx < 0.015625, sub, normal) | sign).to(tl.uint8)
+
+
+@triton.jit
+def _store_kv(ptr, x, mask, KV_FP8: tl.constexpr):
+    """Store K or V values ``x`` into the cache as the cache stores them."""
+    if KV_FP8:
+        tl.store(ptr, _e4m3_bits(x.to(tl.float32)).to(tl.float8e4nv, bitcast=True), mask=mask)
+    else:
+        tl.store(ptr, x, mask=mask)
+
+
+@triton.jit
 def _rope_and_cache_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, qo_ptr,
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_cos,
     stride_cache_slot, stride_cache_h, stride_qon, stride_qoh,
     NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     tok = tl.program_id(0)
     head = tl.program_id(1)
@@ -92,13 +123,15 @@ def _rope_and_cache_kernel(
         slot = tl.load(slot_ptr + tok).to(tl.int64)
         o1, o2 = _rotate_half(k_ptr + tok * stride_kn + kh * stride_kh, c_ptr, s_ptr, offs,
                               mask, HALF)
-        dst = kc_ptr + slot * stride_cache_slot + kh * stride_cache_h
-        tl.store(dst + offs, o1, mask=mask)
-        tl.store(dst + HALF + offs, o2, mask=mask)
+        # not ``dst``: a name must keep one type across the if/else (q_out's and the cache's
+        # pointer types differ when the cache is FP8)
+        kdst = kc_ptr + slot * stride_cache_slot + kh * stride_cache_h
+        _store_kv(kdst + offs, o1, mask, KV_FP8)
+        _store_kv(kdst + HALF + offs, o2, mask, KV_FP8)
         src = v_ptr + tok * stride_vn + kh * stride_vh
         vdst = vc_ptr + slot * stride_cache_slot + kh * stride_cache_h
-        tl.store(vdst + offs, tl.load(src + offs, mask=mask), mask=mask)
-        tl.store(vdst + HALF + offs, tl.load(src + HALF + offs, mask=mask), mask=mask)
+        _store_kv(vdst + offs, tl.load(src + offs, mask=mask), mask, KV_FP8)
+        _store_kv(vdst + HALF + offs, tl.load(src + HALF + offs, mask=mask), mask, KV_FP8)
 
 
 def launch_rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -114,7 +147,8 @@ def launch_rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         q, k, v, positions, cos, sin, slot_mapping, kc, vc, q_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0), kc.stride(0), kc.stride(1), q_out.stride(0), q_out.stride(1),
-        NUM_Q_HEADS=hq, HALF=half, BLOCK_HALF=next_pow2(half), num_warps=1,
+        NUM_Q_HEADS=hq, HALF=half, BLOCK_HALF=next_pow2(half),
+        KV_FP8=k_cache.dtype == torch.float8_e4m3fn, num_warps=1,
     )
 
 

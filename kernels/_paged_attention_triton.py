@@ -5,7 +5,9 @@ find their sequence by binary search over ``query_start_loc`` (the vLLM trick: s
 first tile has number query_start_loc[b] // BLOCK_M + b), so the grid is N // BLOCK_M + B and
 needs no host-side metadata. Decode: one program per (sequence, KV head, split) holding the
 whole GQA group as rows of the tile, flash-decoding style: each split writes a partial
-(acc, max, sum) into the workspace and a second launch combines them. Nothing allocates here.
+(acc, max, sum) into the workspace and a second launch combines them. An FP8 e4m3fn cache
+(kernels/kv_quant.py) is read through its own pointer type and cast to q's dtype after the
+load. Nothing allocates here.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ def _prefill_tile(
                 other=0.0)
     v = tl.load(v_base + blk[:, None] * stride_vb + tok[:, None] * stride_vt, mask=kv_mask,
                 other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    # q's dtype (fp32 when UPCAST): the cast is also the dequantization of an FP8 cache
+    # (kernels/kv_quant.py: scale 1), a no-op for a cache in the model dtype.
+    k = k.to(q.dtype)
+    v = v.to(q.dtype)
     s = tl.dot(q, tl.trans(k)) * qk_scale
     if MASKED:
         visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
@@ -166,9 +169,8 @@ def _paged_decode_kernel(
                     + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + blk[:, None] * stride_vb + tok[:, None] * stride_vt
                     + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k = k.to(q.dtype)  # dequantizes an FP8 cache, as in _prefill_tile
+        v = v.to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))

@@ -93,6 +93,7 @@ def default_specs() -> list[KernelSpec]:
     prefill_types = kv_types | {n: _ptr("i32") for n in ("bt_ptr", "qsl_ptr", "ctx_ptr")}
     prefill_types["qk_scale"] = "fp32"
     mixes = {"s_ptr": _ptr("bf16"), "fn_ptr": _ptr("fp32"), "out_ptr": _ptr("fp32"), "eps": "fp32"}
+    fp8_kv = {"k_ptr": _ptr("fp8e4nv"), "v_ptr": _ptr("fp8e4nv")}  # kv_dtype=fp8
     decode_types = kv_types | {"part_acc_ptr": _ptr("fp32"), "part_ml_ptr": _ptr("fp32"),
                                "bt_ptr": _ptr("i32"), "ctx_ptr": _ptr("i32"), "qk_scale": "fp32"}
     return [
@@ -139,6 +140,14 @@ def default_specs() -> list[KernelSpec]:
         KernelSpec("paged decode split", paged._paged_decode_kernel, decode_types,
                    {"PAGE_SIZE": 16, "UPCAST": False, "SPLIT": True, "BLOCK_G": 16,
                     "BLOCK_N": 64, "BLOCK_D": 128}),
+        KernelSpec("paged prefill, fp8 kv", paged._paged_attention_kernel,
+                   prefill_types | fp8_kv,
+                   {"PAGE_SIZE": 16, "UPCAST": False, "BLOCK_M": 128, "BLOCK_N": 64,
+                    "BLOCK_D": 128}, num_warps=8),
+        KernelSpec("paged decode split, fp8 kv", paged._paged_decode_kernel,
+                   decode_types | fp8_kv,
+                   {"PAGE_SIZE": 16, "UPCAST": False, "SPLIT": True, "BLOCK_G": 16,
+                    "BLOCK_N": 64, "BLOCK_D": 128}),
         KernelSpec("paged decode combine", paged._paged_decode_combine_kernel,
                    {"part_acc_ptr": _ptr("fp32"), "part_ml_ptr": _ptr("fp32"),
                     "out_ptr": _ptr("bf16")}, {"BLOCK_S": 32, "BLOCK_D": 128}),
@@ -150,7 +159,15 @@ def default_specs() -> list[KernelSpec]:
                    {p: _ptr("bf16") for p in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr",
                                                "kc_ptr", "vc_ptr", "qo_ptr")}
                    | {"pos_ptr": _ptr("i64"), "slot_ptr": _ptr("i64")},
-                   {"NUM_Q_HEADS": 32, "HALF": 64, "BLOCK_HALF": 64}, num_warps=1),
+                   {"NUM_Q_HEADS": 32, "HALF": 64, "BLOCK_HALF": 64, "KV_FP8": False},
+                   num_warps=1),
+        KernelSpec("fused rope + fp8 kv write (d 128)", fused._rope_and_cache_kernel,
+                   {p: _ptr("bf16") for p in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr",
+                                               "qo_ptr")}
+                   | {"kc_ptr": _ptr("fp8e4nv"), "vc_ptr": _ptr("fp8e4nv"),
+                      "pos_ptr": _ptr("i64"), "slot_ptr": _ptr("i64")},
+                   {"NUM_Q_HEADS": 32, "HALF": 64, "BLOCK_HALF": 64, "KV_FP8": True},
+                   num_warps=1),
         KernelSpec("mHC sinkhorn (m 4)", sk._sinkhorn_kernel,
                    {"x_ptr": _ptr("fp32"), "out_ptr": _ptr("fp32"), "eps": "fp32"},
                    {"BLOCK": 4}, num_warps=1),

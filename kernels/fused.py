@@ -15,6 +15,7 @@ import torch
 from kernels._checks import check_tensor
 from kernels._triton_support import require_triton
 from kernels.errors import KernelArgumentError
+from kernels.kv_quant import KV_FP8_DTYPE
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 _INDEX = (torch.int32, torch.int64)
@@ -48,7 +49,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
     """Rotate q into ``q_out`` and write rotated k and plain v into the paged caches at
     ``slot_mapping``. q/q_out: [N, Hq, D]; k, v: [N, Hkv, D] (any row/head strides, D
     contiguous); positions, slot_mapping: [N]; cos/sin: [P, D] tables (rotary over all of D);
-    k_cache/v_cache: [num_blocks, block_size, Hkv, D] contiguous. -> q_out."""
+    k_cache/v_cache: [num_blocks, block_size, Hkv, D] contiguous, q's dtype or FP8 e4m3fn
+    (written as ``kernels.kv_quant.quantize_kv``: clamped and rounded). -> q_out."""
     name = "rope_and_cache"
     dev = q.device
     check_tensor(name, "q", q, shape=(None, None, None), dtypes=_FLOATS, device=dev)
@@ -61,9 +63,9 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
     check_tensor(name, "slot_mapping", slot_mapping, shape=(n,), dtypes=_INDEX, device=dev)
     check_tensor(name, "cos", cos, shape=(None, d), dtypes=(q.dtype,), device=dev)
     check_tensor(name, "sin", sin, shape=tuple(cos.shape), dtypes=(q.dtype,), device=dev)
-    check_tensor(name, "k_cache", k_cache, shape=(None, None, hkv, d), dtypes=(q.dtype,),
-                 device=dev)
-    check_tensor(name, "v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(q.dtype,),
+    check_tensor(name, "k_cache", k_cache, shape=(None, None, hkv, d),
+                 dtypes=(q.dtype, KV_FP8_DTYPE), device=dev)
+    check_tensor(name, "v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(k_cache.dtype,),
                  device=dev)
     if d % 2:
         raise KernelArgumentError(name, "q", f"head_dim must be even for rotary, got {d}")

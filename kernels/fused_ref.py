@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.kv_quant import quantize_kv
+
 
 def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,7 +27,8 @@ def rope_and_cache_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positi
                        k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
     """q: [N, Hq, D], k/v: [N, Hkv, D]; cos/sin: [P, D] (HF rotate_half layout, cos[i] for both
     halves); slot_mapping: [N] flat slot of each token; k_cache/v_cache: [num_blocks, block_size,
-    Hkv, D]. Writes rotated k and v into the caches at the slots; returns rotated q [N, Hq, D]."""
+    Hkv, D] (q's dtype, or FP8: ``quantize_kv``). Writes rotated k and v into the caches at the
+    slots; returns rotated q [N, Hq, D]."""
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
         c = cos[positions].unsqueeze(1)
@@ -34,8 +37,11 @@ def rope_and_cache_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positi
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * c + rotated * s
 
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping.long(), rotate(k))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping.long(), v)
+    for cache, x in ((k_cache, rotate(k)), (v_cache, v)):
+        rows = quantize_kv(x, cache.dtype)
+        if cache.element_size() == 1:  # CPU index_copy_ has no FP8 kernel: move the bytes
+            cache, rows = cache.view(torch.uint8), rows.view(torch.uint8)
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping.long(), rows)
     return rotate(q)
 
 

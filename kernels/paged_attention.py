@@ -2,7 +2,8 @@
 specialisation with split-KV (flash-decoding). Triton kernels, PyTorch references beside.
 
 KV layout: ``k_cache``/``v_cache`` [num_blocks, block_size, num_kv_heads, head_dim] (one layer's
-slice of ``KVCache.data``); token i of sequence b is at ``[block_tables[b, i // block_size],
+slice of ``KVCache.data``), in q's dtype or FP8 e4m3fn (``kernels.kv_quant``: scale 1, read by an
+upcast); token i of sequence b is at ``[block_tables[b, i // block_size],
 i % block_size]``; block 0 is the null block (never read for positions < context_lens[b]).
 Sequence b's queries are the LAST q_len of its context_lens[b] tokens, causal; GQA maps query
 head h to KV head h // (Hq // Hkv). Scratch is independent of context length: none for
@@ -19,6 +20,7 @@ import torch
 from kernels._checks import check_contiguous, check_tensor
 from kernels._triton_support import cdiv, next_pow2, require_triton
 from kernels.errors import KernelArgumentError
+from kernels.kv_quant import KV_FP8_DTYPE
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -51,9 +53,9 @@ def _check_common(
     dev = q.device
     check_tensor(name, "q", q, shape=(None, None, None), dtypes=_FLOATS, device=dev)
     num_q_heads, head_dim = q.shape[1], q.shape[2]
-    check_tensor(name, "k_cache", k_cache, shape=(None, None, None, head_dim), dtypes=(q.dtype,),
-                 device=dev)
-    check_tensor(name, "v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(q.dtype,),
+    check_tensor(name, "k_cache", k_cache, shape=(None, None, None, head_dim),
+                 dtypes=(q.dtype, KV_FP8_DTYPE), device=dev)
+    check_tensor(name, "v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(k_cache.dtype,),
                  device=dev)
     num_kv_heads = k_cache.shape[2]
     if num_kv_heads == 0 or num_q_heads % num_kv_heads:

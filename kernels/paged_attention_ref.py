@@ -3,7 +3,8 @@
 ``paged_attention_ref``: sequence b's queries are ``q[query_start_loc[b]:query_start_loc[b+1]]``,
 the LAST q_len tokens of its context_lens[b]-token context, causal, GQA (query head h reads KV
 head h // (Hq // Hkv)). Its KV token i lives at ``cache[block_tables[b, i // block_size],
-i % block_size]``. fp32 arithmetic; it gathers each sequence's whole context, so it is for
+i % block_size]``; an FP8 e4m3fn cache (``kernels.kv_quant``: scale 1) is read by upcasting
+each stored value. fp32 arithmetic; it gathers each sequence's whole context, so it is for
 tests and small shapes only. It must never change meaning: the Triton kernels follow it.
 """
 
@@ -16,6 +17,9 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, n: int) -> torch.Ten
     """Tokens [0, n) of one sequence: [n, Hkv, D]."""
     block_size = cache.shape[1]
     pos = torch.arange(n, device=cache.device)
+    if cache.element_size() == 1:  # FP8: gather the bytes (index kernels may lack FP8 types)
+        raw = cache.view(torch.uint8)[block_table.long()[pos // block_size], pos % block_size]
+        return raw.view(cache.dtype)
     return cache[block_table.long()[pos // block_size], pos % block_size]
 
 

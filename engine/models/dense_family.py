@@ -10,7 +10,7 @@ import torch
 
 from engine.attention import AttentionShape, attention_workspace_bytes
 from engine.config import EngineConfig
-from engine.kv_cache import KVCache, KVCacheSpec
+from engine.kv_cache import KVCache, KVCacheSpec, kv_storage_dtype
 from engine.memory_planner import GRAPH_POOL_SLACK, PlanTerm, common_step_terms
 from engine.model_config import ModelConfig
 from engine.models.dense import DenseDecoder
@@ -21,17 +21,15 @@ from engine.workspace import Workspace
 
 
 class DenseKVLayout(KVLayout):
-    """K and V of each token, per layer: ``KVCache.data[L, 2, num_blocks, block_size, H, D]``."""
+    """K and V of each token, per layer: ``KVCache.data[L, 2, num_blocks, block_size, H, D]``,
+    in the model dtype (kv_dtype=auto) or FP8 e4m3fn (kv_dtype=fp8, kernels/kv_quant.py): one
+    byte an element and no scales, so an FP8 block is half a bf16 one and moves as raw bytes."""
 
     def __init__(self, cfg: ModelConfig, ec: EngineConfig) -> None:
-        if ec.kv_dtype != "auto":
-            from engine.errors import PlanError
-
-            raise PlanError(f"kv_dtype={ec.kv_dtype!r}: this family stores K/V in the model dtype "
-                            "only (kv_dtype=auto)")
         self.block_size = ec.block_size
+        dtype = kv_storage_dtype(ec.kv_dtype, ec.torch_dtype)
         self.spec_for = lambda n: KVCacheSpec(cfg.num_layers, n, ec.block_size, cfg.num_kv_heads,
-                                              cfg.head_dim, ec.torch_dtype)
+                                              cfg.head_dim, dtype)
         self._spec = self.spec_for(2)
 
     @property
@@ -48,17 +46,21 @@ class DenseKVLayout(KVLayout):
     def allocate(self, num_blocks: int, device: torch.device) -> KVCache:
         return KVCache(self.spec_for(num_blocks), device)
 
+    # Blocks move as the bytes they hold, whatever the stored dtype: a uint8 view of the cache
+    # ([L, 2, blocks, B, H, D x elem]) copies them bit for bit, FP8 included (PyTorch's CPU
+    # index_copy_ has no FP8 kernel, and no dtype conversion may touch stored values).
     def export_blocks(self, kv: KVCache, block_ids: list[int]) -> torch.Tensor:
-        idx = torch.as_tensor(block_ids, dtype=torch.long, device=kv.data.device)
-        blocks = kv.data.index_select(2, idx).transpose(0, 2).contiguous()  # [n, 2, L, B, H, D]
-        return blocks.view(len(block_ids), -1).view(torch.uint8)
+        raw = kv.data.view(torch.uint8)
+        idx = torch.as_tensor(block_ids, dtype=torch.long, device=raw.device)
+        blocks = raw.index_select(2, idx).transpose(0, 2).contiguous()  # [n, 2, L, B, H, D x e]
+        return blocks.view(len(block_ids), -1)
 
     def import_blocks(self, kv: KVCache, block_ids: list[int], data: torch.Tensor) -> None:
-        idx = torch.as_tensor(block_ids, dtype=torch.long, device=kv.data.device)
-        d = kv.data
-        src = data.to(d.device).contiguous().view(d.dtype).view(
-            len(block_ids), d.shape[1], d.shape[0], *d.shape[3:]).transpose(0, 2)
-        d.index_copy_(2, idx, src)
+        raw = kv.data.view(torch.uint8)
+        idx = torch.as_tensor(block_ids, dtype=torch.long, device=raw.device)
+        src = data.to(raw.device).contiguous().view(torch.uint8).view(
+            len(block_ids), raw.shape[1], raw.shape[0], *raw.shape[3:]).transpose(0, 2)
+        raw.index_copy_(2, idx, src)
 
 
 def dense_weight_bytes(cfg: ModelConfig, elem: int) -> int:
@@ -148,6 +150,7 @@ class DenseFamily(ModelFamily):
     def plan_terms(cls, cfg: ModelConfig, ec: EngineConfig,
                    weight_bytes: int | None) -> list[PlanTerm]:
         elem = torch.empty((), dtype=ec.torch_dtype).element_size()
+        kv_dtype = kv_storage_dtype(ec.kv_dtype, ec.torch_dtype)
         attn = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, ec.block_size,
                               ec.attn_tile_tokens)
         terms = [
@@ -157,9 +160,11 @@ class DenseFamily(ModelFamily):
             PlanTerm("ws.attention", 0, "Triton paged attention keeps its tiles on chip", True)
             if ec.use_triton_attention else
             PlanTerm("ws.attention", attention_workspace_bytes(attn, ec.chunk_tokens,
-                                                               ec.max_batch, ec.torch_dtype),
+                                                               ec.max_batch, kv_dtype),
                      f"max(chunk {ec.chunk_tokens} x 1 seq, 1 x batch {ec.max_batch}) x heads x "
-                     f"tile {ec.attn_tile_tokens} (fp32 scores, K/V tiles, accumulators)", True),
+                     f"tile {ec.attn_tile_tokens} (fp32 scores, K/V tiles as stored "
+                     f"({str(kv_dtype).removeprefix('torch.')}) and in fp32, accumulators)",
+                     True),
             *common_step_terms(cfg, ec),
             PlanTerm("rope_tables", 2 * ec.max_context * cfg.head_dim * elem,
                      f"2 x max_context {ec.max_context} x head_dim x {elem} B"),

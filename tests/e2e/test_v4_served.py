@@ -109,7 +109,7 @@ def test_config_only_v4_folder_serves_dummy_weights_with_fp8_kv(tmp_path: Path) 
     del engine
     resp, log = _serve(folder, tmp_path, "--load-format", "dummy", "--kv-cache-dtype", "fp8")
     assert resp.choices[0].text == Tokenizer.from_path(str(folder)).decode(want)
-    assert "kv dtype fp8" in log and "making dummy weights" in log, log
+    assert "kv_dtype fp8)" in log and "making dummy weights" in log, log
 
 
 def test_config_only_dense_folder_serves_dummy_weights(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from kernels import (
     sparse_attention_ref,
     sparse_attention_workspace_bytes,
 )
+from kernels.kv_quant import KV_FP8_DTYPE, quantize_kv
 
 pytestmark = pytest.mark.gpu
 
@@ -83,13 +84,16 @@ def test_sparse_attention_realistic(cuda) -> None:
     assert _rel(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
 @pytest.mark.parametrize(("q_lens", "ctx"), [([2048], [2048]), ([1000, 1, 333], [5000, 77, 333])])
-def test_paged_prefill_realistic(cuda, q_lens, ctx) -> None:
+def test_paged_prefill_realistic(cuda, q_lens, ctx, kv_dtype) -> None:
     g = torch.Generator(device="cuda").manual_seed(2)
     hq, hkv, d, bs = 32, 8, 128, 16
     blocks = [-(-c // bs) for c in ctx]
     kc = torch.randn(sum(blocks) + 1, bs, hkv, d, device="cuda", generator=g).to(torch.bfloat16)
     vc = torch.randn_like(kc)
+    if kv_dtype == "fp8":  # the cache as kv_dtype=fp8 stores it; q and out stay bf16
+        kc, vc = quantize_kv(kc, KV_FP8_DTYPE), quantize_kv(vc, KV_FP8_DTYPE)
     perm = torch.randperm(sum(blocks), device="cuda", generator=g) + 1
     tables = torch.zeros(len(ctx), max(blocks), dtype=torch.int32, device="cuda")
     off = 0

@@ -1,7 +1,7 @@
 """A separate OS process that stores or retrieves KV through worker.kv_store (test helper).
 
 Usage: python tests/worker/kv_peer.py SPEC.json OUT.pt.  SPEC holds the store URL, the dense
-layout's shapes (block size included: both sides page alike),
+layout's shapes (block size included: both sides page alike) and optionally its kv_dtype,
 and a list of operations; OUT receives a dict of results (tensors and counts) for the test to
 check. Kept out of the pytest process because LMCache starts threads and changes the
 multiprocessing start method.
@@ -31,7 +31,7 @@ def dense_layout(spec: dict) -> DenseKVLayout:
                      num_layers=spec["num_layers"], num_heads=heads, num_kv_heads=heads,
                      head_dim=dim)
     ec = EngineConfig(model="peer", device="cpu", dtype=spec["dtype"],
-                      block_size=spec["block_size"])
+                      block_size=spec["block_size"], kv_dtype=spec.get("kv_dtype", "auto"))
     return DenseKVLayout(mc, ec)
 
 
@@ -47,6 +47,8 @@ def paged_from_tokens(layout: DenseKVLayout, kv_tokens: torch.Tensor, block_ids:
 
 
 def gather_tokens(paged: torch.Tensor, block_ids: list[int], n: int) -> torch.Tensor:
+    """Tokens [0, n) as [L, 2, n, H, D] fp32 (an FP8 cache upcast: exact, NaN kept)."""
+    paged = paged.float()
     block_size = paged.shape[3]
     n = min(n, len(block_ids) * block_size)
     return torch.stack(
@@ -78,7 +80,8 @@ def main() -> None:
                 results[name + ".kv"] = gather_tokens(kv.data, op["block_ids"], len(tokens))
                 # Blocks outside the table must stay untouched.
                 others = [b for b in range(op["num_blocks"]) if b not in op["block_ids"]]
-                results[name + ".others_untouched"] = bool(kv.data[:, :, others].isnan().all())
+                results[name + ".others_untouched"] = bool(
+                    kv.data[:, :, others].float().isnan().all())
             elif op["kind"] == "fetch":
                 if "arena_bytes" in op:  # a smaller host staging than the store's own
                     store._staging = HostStaging(op["arena_bytes"], pin=False)

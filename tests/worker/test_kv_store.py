@@ -21,9 +21,9 @@ LAYOUT = {"model_name": "tiny-test", "num_layers": 3, "num_kv_heads": 2, "head_d
           "chunk_size": 16, "dtype": "float32", "block_size": 8}
 
 
-def run_peer(tmp_path: Path, tag: str, url: str, ops: list[dict]) -> dict:
+def run_peer(tmp_path: Path, tag: str, url: str, ops: list[dict], **layout: object) -> dict:
     spec_path, out_path = tmp_path / f"{tag}.json", tmp_path / f"{tag}.pt"
-    spec_path.write_text(json.dumps({"url": url, **LAYOUT, "ops": ops}))
+    spec_path.write_text(json.dumps({"url": url, **LAYOUT, **layout, "ops": ops}))
     env = {**os.environ, **worker_environment(), "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, str(PEER), str(spec_path), str(out_path)], env=env,
                           capture_output=True, text=True, timeout=120)
@@ -106,6 +106,31 @@ def test_store_in_one_process_retrieve_in_another(redis_url: str, tmp_path: Path
     assert got["lookup_full"] == 40
     assert got["lookup_longer"] == 32
     assert got["lookup_evicted"] == 16
+
+
+def test_fp8_kv_is_stored_and_loaded_bit_exactly(redis_url: str, tmp_path: Path) -> None:
+    """kv_dtype=fp8: blocks of e4m3fn K/V (half the bytes) go through LMCache and come back
+    byte for byte in other blocks of another process; a float32 peer of the same model sees
+    another layout fingerprint, so it never reads them."""
+    tokens = list(range(2000, 2045))
+    # values an FP8 cache holds exactly (the peer's scatter casts them), so equality is exact
+    kv = random_kv(45, 2).to(torch.float8_e4m3fn).float()
+    torch.save(kv, tmp_path / "kv8.pt")
+    stored = run_peer(tmp_path, "store8", redis_url, [
+        {"kind": "store", "name": "p", "tokens": tokens, "kv_path": str(tmp_path / "kv8.pt"),
+         "block_ids": [4, 9, 1, 7, 3, 11], "num_blocks": 12}], kv_dtype="fp8")
+    assert stored["p"] == 40
+    got = run_peer(tmp_path, "load8", redis_url, [
+        {"kind": "retrieve", "name": "p", "tokens": tokens, "block_ids": [2, 13, 5, 8, 1, 6],
+         "num_blocks": 14},
+        {"kind": "fetch", "name": "f", "tokens": tokens}], kv_dtype="fp8")
+    assert got["layout_fingerprint"] == stored["layout_fingerprint"]
+    assert got["p"] == 40 and torch.equal(got["p.kv"][:, :, :40], kv[:, :, :40])
+    assert got["p.others_untouched"]
+    assert got["f"] == 40 and torch.equal(got["f.kv"], kv[:, :, :40])
+    wide = run_peer(tmp_path, "lookup32", redis_url, [
+        {"kind": "lookup", "name": "l", "tokens": tokens}])
+    assert wide["layout_fingerprint"] != stored["layout_fingerprint"] and wide["l"] == 0
 
 
 def test_layout_fingerprint_tracks_what_the_bytes_mean() -> None:
