@@ -298,6 +298,8 @@ class WorkerSettings:
             raise SettingsError(f"dtype: {self.dtype!r} is not one of {', '.join(_DTYPES)}")
         if self.weight_format not in ("checkpoint", "dequantize"):
             raise SettingsError(f"weight_format: {self.weight_format!r} is not one of checkpoint, dequantize")
+        if isinstance(self.max_context, int):  # WorkerSettings(max_context=N) from code
+            object.__setattr__(self, "max_context", str(self.max_context))
         if self.max_context != "auto" and not (self.max_context.isdigit()
                                                and int(self.max_context) >= 2):
             raise SettingsError(f"max_context: {self.max_context!r} is neither auto nor a "
