@@ -111,7 +111,9 @@ class DenseFamily(ModelFamily):
 
     @classmethod
     def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> DenseKVLayout:
-        return DenseKVLayout(cfg, ec)
+        from engine.config_resolve import resolve_engine_config
+
+        return DenseKVLayout(cfg, ec if ec.is_resolved else resolve_engine_config(ec, cfg))
 
     @classmethod
     def checkpoint_tensors(cls, cfg: ModelConfig,

@@ -241,6 +241,10 @@ class DeepseekV4Family(ModelFamily):
 
     @classmethod
     def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> V4KVLayout:
+        from engine.config_resolve import resolve_engine_config
+
+        if not ec.is_resolved:  # sizes left to the model: its defaults
+            ec = resolve_engine_config(ec, cfg)
         return V4KVLayout(DeepseekV4Config.from_hf_dict(cfg.hf_config), ec)
 
     @classmethod
