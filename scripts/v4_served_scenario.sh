@@ -23,11 +23,12 @@ parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(split serve)
 mkdir -p "$out"
 run() { if [ -n "${BULKHEAD_WHEELS:-}" ]; then scripts/gpu_stack.sh env -- "$@"; else "$@"; fi; }
-model=${V4_MODEL_DIR:-/tmp/bulkhead-v4-flash-config}
+layers=${V4_LAYERS:-43}  # 21 fits an 80 GB card (the H100) beside both roles' plans
+model=${V4_MODEL_DIR:-/tmp/bulkhead-v4-flash-config-${layers}l}
 rc=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 if [ ! -f "$model/config.json" ]; then
-  run python3 -m bench.deepseek_v4.write_checkpoint "$model" --layers 43 --experts 128 \
+  run python3 -m bench.deepseek_v4.write_checkpoint "$model" --layers "$layers" --experts 128 \
     --config-only || exit 1
 fi
 # One settings file for every process, as an operator would write it. The decode worker holds
