@@ -66,6 +66,7 @@ for part in "${parts[@]}"; do
     split)
       run timeout "${SPLIT_S:-470}" python3 -m launch.cli bench split "$out/split" --up --model "$model" \
         --config "$out/settings.yaml" --device cuda --long-tokens 131072,262144 --chats 16 \
+        --arms "${ARMS:-split,colocated}" \
         "${agent[@]}" --chat-prompt-chars 400 --output-tokens 256 --long-output-tokens 8 \
         --duration-s "${DURATION_S:-50}" --first-long-s 5 --long-every-s "${LONG_EVERY_S:-20}" \
         > "$out/split.log" 2>&1 || rc=1
