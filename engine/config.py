@@ -108,8 +108,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.speculative_method == "mtp":
-            raise PlanError("speculative_method=mtp: DeepSeek-V4's MTP drafter is not built in "
-                            "this engine yet; use ngram (dense families) or none")
+            raise PlanError("speculative_method=mtp: drafts from a checkpoint's own MTP "
+                            "(multi-token prediction) layers are not built in this engine yet; "
+                            "use ngram (dense families) or none")
         if self.speculative_method not in SPECULATIVE_METHODS:
             raise PlanError(f"speculative_method must be one of "
                             f"{', '.join(SPECULATIVE_METHODS)}; got {self.speculative_method!r}")

@@ -227,8 +227,8 @@ def _record(state: SlotSampling, ws: Workspace, slots: list[int], tokens: list[i
     step = state.ones.shape[0]
     for start in range(0, len(slots), step):
         with ws.scope():
-            s = _stage(ws, slots[start:start + step], torch.int64, "spec.kept_slots")
-            t = _stage(ws, tokens[start:start + step], torch.int64, "spec.kept_tokens")
+            s = _stage(ws, slots[start:start + step], torch.int64, "spec.accepted_slots")
+            t = _stage(ws, tokens[start:start + step], torch.int64, "spec.accepted_tokens")
             state.record(s, t)
 
 

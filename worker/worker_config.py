@@ -43,6 +43,8 @@ class WorkerConfig:
             tensor_parallel_size=s.tensor_parallel_size,
             kv_import_slice_bytes=max(1, int(s.kv_import_slice_mb * (1 << 20))),
             kv_dtype=s.kv_cache_dtype, load_format=s.load_format, memory_share=s.memory_share,
+            speculative_method=s.speculative_method,
+            num_speculative_tokens=s.num_speculative_tokens,
             kernels=KernelChoices(indexer=s.indexer_backend, attention=s.sparse_attention_backend,
                                   gemm=s.quant_gemm_backend, mhc=s.mhc_backend,
                                   decode=s.decode_loop, lanes=s.decode_lanes))

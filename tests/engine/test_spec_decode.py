@@ -120,7 +120,7 @@ def test_sampling_with_drafts_runs_and_is_reproducible(engines) -> None:
 
 
 def test_mtp_and_unknown_methods_are_refused(folder) -> None:
-    with pytest.raises(PlanError, match="speculative_method=mtp: DeepSeek-V4's MTP drafter"):
+    with pytest.raises(PlanError, match="speculative_method=mtp: drafts from a checkpoint's own MTP"):
         make_engine(folder, speculative_method="mtp", **SIZES)
     with pytest.raises(PlanError, match="speculative_method must be one of none, ngram"):
         make_engine(folder, speculative_method="eagle", **SIZES)
