@@ -35,9 +35,9 @@ from engine.kv_import_job import KVImporter
 from engine.memory_planner import MemoryPlan, device_memory, library_workspaces, make_plan
 from engine.model_config import ModelConfig
 from engine.model_runner import KVImport, ModelRunner
-from engine.ngram_drafter import NgramDrafter
 from engine.models import family_class
 from engine.models.family import KVLayout
+from engine.ngram_drafter import NgramDrafter
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampler import RowState
 from engine.sampling_params import SamplingParams
