@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tensor-parallel-size", type=int, default=1,
                     help="plan one rank of this many devices (--device-memory-gib and "
                     "--weights-gib are then per device)")
+    ap.add_argument("--speculative-method", default="none", choices=["none", "ngram", "mtp"],
+                    help="plan the verify rows of speculative decoding (mtp is refused)")
+    ap.add_argument("--num-speculative-tokens", type=int, default=3,
+                    help="draft tokens per sequence and step, with a --speculative-method")
     ap.add_argument("--json", action="store_true", help="print JSON, one entry per term")
     return ap
 
@@ -94,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                           memory_utilization=args.memory_utilization, kv_dtype=args.kv_dtype,
                           weight_format=args.weight_format,
                           tensor_parallel_size=args.tensor_parallel_size,
-                          cuda_graphs=not args.no_cuda_graphs)
+                          cuda_graphs=not args.no_cuda_graphs,
+                          speculative_method=args.speculative_method,
+                          num_speculative_tokens=args.num_speculative_tokens)
         weights = None if args.weights_gib is None else int(args.weights_gib * GiB)
         tp = ec.tensor_parallel_size
         rank_mc = mc if tp == 1 else family_class(mc).rank_model_config(mc, tp)
