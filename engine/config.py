@@ -63,7 +63,11 @@ class EngineConfig:
     chunk_tokens: int = 512  # most tokens computed in one step (the prefill chunk)
     max_batch: int = 8  # most sequences running at once
     block_size: int = 0  # KV block size in tokens; 0 = the model family's default
-    num_blocks: int | None = None  # KV extent; None -> every running sequence can reach max_context
+    num_blocks: int | None = None  # KV extent; None -> kv_tokens' worth (+ the null block)
+    # tokens the extent holds when num_blocks is None, all sequences together, at least one
+    # whole max_context sequence; 0 -> max_batch x max_context (every running sequence can reach
+    # max_context). The worker settings choose a smaller one on the CPU (worker/worker_config.py)
+    kv_tokens: int = 0
     # "auto": KV stored in the model dtype; "fp8": stored entries in FP8 e4m3 (DeepSeek-V4: an
     # fp32 scale per row; dense families: vLLM's uncalibrated scale 1.0, kernels/kv_quant.py)
     kv_dtype: str = "auto"
@@ -108,6 +112,9 @@ class EngineConfig:
                      "kv_import_slice_bytes"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_tokens < 0:
+            raise PlanError(f"kv_tokens must be >= 0 (0 = max_batch x max_context), got "
+                            f"{self.kv_tokens}")
         for name in ("max_context", "block_size", "attn_tile_tokens"):  # 0: resolved later
             if getattr(self, name) < 0:
                 raise PlanError(f"{name} must be >= 0 (0 = from the model), got "
@@ -157,7 +164,12 @@ class EngineConfig:
 
     @property
     def resolved_num_blocks(self) -> int:
-        return self.num_blocks or self.max_batch * self.blocks_per_seq + 1
+        if self.num_blocks:
+            return self.num_blocks
+        every = self.max_batch * self.blocks_per_seq  # every running sequence at max_context
+        if not self.kv_tokens:
+            return every + 1
+        return min(every, max(self.blocks_per_seq, -(-self.kv_tokens // self.block_size))) + 1
 
     @property
     def torch_device(self) -> torch.device:

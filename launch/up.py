@@ -38,6 +38,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from common.help_format import DefaultsHelpFormatter
+from common.planned_memory import PlannedMemory
 from common.ports import port_in_use
 from common.router_identity import INSTANCE_ENV, INSTANCE_HEADER
 from common.startup_progress import ProgressFollower
@@ -267,12 +268,17 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
         names = [role for role, _ in roles]
         followers = {role: ProgressFollower(proc.log_path) for role, proc
                      in zip(names, workers, strict=True) if proc.log_path}
+        planned = PlannedMemory()
 
-        def serving_and_tell(address: str) -> bool:
+        def tell() -> None:
             # Both workers start at once: tell what either has done since the last poll.
             for role, follower in followers.items():
                 for step in follower.new_steps():
+                    planned.read(role, step)
                     log(f"[{time.monotonic() - t0:5.1f} s] {role:8s}  {step}")
+
+        def serving_and_tell(address: str) -> bool:
+            tell()
             return grpc_serving(address)
 
         for proc, role in zip(workers, names, strict=True):
@@ -281,6 +287,9 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
                        f"serving on {address}")
             ready[role] = lambda a=address: grpc_serving(a)
             log(f"{role:8s}  {address} (log {proc.log_path})")
+        tell()  # steps told after the last poll
+        if planned.plan_mib:
+            log(f"memory    {planned.summary()}")
         url = f"http://{opts.host}:{opts.port}"
         workers_of_router: tuple[str, ...] = ()
         if not registry_url:

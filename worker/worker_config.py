@@ -3,6 +3,9 @@ store's ``StoreSettings`` and the process's own (network, registry, auth, loggin
 
 Built once at start-up from ``WorkerSettings`` (common/settings.py, torch-free so that
 ``--help`` and the launcher stay light); from here on each part is handed only to its user.
+The settings whose 0 means "by device" are fixed here, where the device is known: the KV extent
+(``kv_tokens``) and the import slice. On the CPU they are sized for a laptop, where the plan is
+the same RAM as everything else: ``bulkhead up`` with no arguments fits 2 GB there (README).
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ from dataclasses import dataclass
 
 from common.settings import StoreSettings, WorkerSettings
 from engine.config import EngineConfig, KernelChoices
+from engine.config_resolve import CPU_AUTO_KV_TOKENS
+
+MiB = 1 << 20
+IMPORT_SLICE_MB = {"cuda": 64.0, "cpu": 16.0}  # kv_import_slice_mb = 0
+STAGING_GB_CUDA = 0.5  # kv_staging_gb = 0 on CUDA; on the CPU: one sequence's KV (staging_gb)
 
 
 @dataclass(frozen=True)
@@ -41,9 +49,26 @@ class WorkerConfig:
             seed=s.seed, share_weights=s.share_weights,
             share_weights_timeout_s=s.share_weights_timeout_s,
             tensor_parallel_size=s.tensor_parallel_size,
-            kv_import_slice_bytes=max(1, int(s.kv_import_slice_mb * (1 << 20))),
+            kv_tokens=s.kv_tokens,
             kv_dtype=s.kv_cache_dtype, load_format=s.load_format, memory_share=s.memory_share,
             kernels=KernelChoices(indexer=s.indexer_backend, attention=s.sparse_attention_backend,
                                   gemm=s.quant_gemm_backend, mhc=s.mhc_backend,
                                   decode=s.decode_loop, lanes=s.decode_lanes))
+        cpu = engine.torch_device.type == "cpu"
+        slice_mb = s.kv_import_slice_mb or IMPORT_SLICE_MB["cpu" if cpu else "cuda"]
+        engine = dataclasses.replace(
+            engine, kv_import_slice_bytes=max(1, int(slice_mb * MiB)),
+            kv_tokens=s.kv_tokens or (CPU_AUTO_KV_TOKENS if cpu else 0))
         return cls(settings, engine, settings.store)
+
+
+def staging_gb(store: StoreSettings, engine: EngineConfig, bytes_per_token: float,
+               chunk_tokens: int) -> float:
+    """``kv_staging_gb``, its 0 resolved: 0.5 on CUDA; on the CPU one ``max_context`` sequence's
+    KV (``engine`` resolved) in whole LMCache chunks of ``chunk_tokens``, and one chunk more."""
+    if store.staging_gb:
+        return store.staging_gb
+    if engine.torch_device.type != "cpu":
+        return STAGING_GB_CUDA
+    tokens = (-(-engine.max_context // chunk_tokens) + 1) * chunk_tokens
+    return -(-int(tokens * bytes_per_token) // MiB) / 1024
