@@ -41,11 +41,11 @@ from worker.engine_loop import EngineLoop, RequestStream, build_on_a_passing_thr
 from worker.errors import DeadlinePassed, KVStoreUnavailable, WrongRole
 from worker.grammar_cache import GrammarCache
 from worker.grammar_pool import GrammarPool, GrammarPoolConfig
+from worker.heap_trim import trim_heap
 from worker.kv_import import fetch_import
 from worker.kv_store import KVStore
 from worker.kv_store_config import auto_chunk_tokens, layout_fingerprint
 from worker.registration import registration_publisher
-from worker.heap_trim import trim_heap
 from worker.worker_config import WorkerConfig, staging_gb
 
 log = logging.getLogger(__name__)
