@@ -35,13 +35,13 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def tree(pid: int) -> list[int]:
-    """``pid`` and every process below it."""
-    todo, seen = [pid], []
+def tree(pid: int) -> list[tuple[int, int]]:
+    """``pid`` and every process below it, each with its parent (0 for ``pid``)."""
+    todo, seen = [(pid, 0)], []
     while todo:
-        p = todo.pop()
-        seen.append(p)
-        todo += children(p)
+        p, parent = todo.pop()
+        seen.append((p, parent))
+        todo += [(c, p) for c in children(p)]
     return seen
 
 
@@ -98,10 +98,14 @@ def main() -> None:
         with urllib.request.urlopen(req, timeout=120) as r:
             answer = json.load(r)["choices"][0]["message"]["content"]
         time.sleep(2)
-        rows = []
-        for pid in tree(proc.pid):
+        rows, names = [], {}
+        for pid, parent in tree(proc.pid):
             try:
-                rows.append({"pid": pid, "process": label(pid), **rollup(pid)})
+                name = label(pid)
+                if name == "python" and parent in names:  # e.g. the router's parser child
+                    name = f"{names[parent]} child"
+                names[pid] = name
+                rows.append({"pid": pid, "process": name, **rollup(pid)})
             except OSError:  # exited meanwhile
                 continue
     finally:
@@ -118,7 +122,8 @@ def main() -> None:
     print(f"answer: {answer!r}")
     print(f"{'process':<16}{'pid':>8}{'RSS MiB':>10}{'PSS MiB':>10}")
     for r in rows:
-        print(f"{r['process']:<16}{r['pid']:>8}{r['rss'] / MiB:>10,.0f}{r['pss'] / MiB:>10,.0f}")
+        print(f"{r['process'][:15]:<16}{r['pid']:>8}{r['rss'] / MiB:>10,.0f}"
+              f"{r['pss'] / MiB:>10,.0f}")
     print(f"{'total':<24}{total['rss'] / MiB:>10,.0f}{total['pss'] / MiB:>10,.0f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"argv": argv[3:], "answer": answer,
