@@ -64,8 +64,8 @@ class EngineConfig:
     max_batch: int = 8  # most sequences running at once
     block_size: int = 0  # KV block size in tokens; 0 = the model family's default
     num_blocks: int | None = None  # KV extent; None -> every running sequence can reach max_context
-    # "auto": KV stored in the model dtype; "fp8": stored entries in FP8 e4m3 (DeepSeek-V4: an
-    # fp32 scale per row; dense families: vLLM's uncalibrated scale 1.0, kernels/kv_quant.py)
+    # "auto": KV stored in the model dtype; "fp8": stored entries in FP8 e4m3 (each family picks
+    # its scaling: a per-row fp32 scale, or vLLM's uncalibrated scale 1.0 in kernels/kv_quant.py)
     kv_dtype: str = "auto"
     attn_tile_tokens: int = 0  # keys per attention tile (PyTorch path); 0 = 256 in whole blocks
     attention_backend: str = "auto"  # "auto" (triton on CUDA, else torch) | "torch" | "triton"
