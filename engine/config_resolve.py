@@ -24,10 +24,6 @@ from engine.errors import PlanError
 from engine.model_config import ModelConfig
 
 CPU_AUTO_CONTEXT = 4096
-# A worker's KV extent on the CPU when none is set (worker/worker_config.py): one sequence of
-# the auto context, not max_batch of them, since there the KV is the laptop's own RAM; the
-# running sequences share it (at least one max_context sequence whatever max_context is).
-CPU_AUTO_KV_TOKENS = CPU_AUTO_CONTEXT
 ATTN_TILE_TOKENS = 256
 
 PlanFits = Callable[[EngineConfig], bool]

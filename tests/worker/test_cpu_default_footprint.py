@@ -9,6 +9,7 @@ import pytest
 
 from common.settings import load_worker_settings
 from engine.checkpoint import load_model_config
+from engine.config import CPU_AUTO_KV_TOKENS
 from engine.config_resolve import CPU_AUTO_CONTEXT, resolve_engine_config
 from engine.memory_planner import make_plan
 from engine.models import family_class
@@ -48,7 +49,7 @@ def test_default_cpu_up_plans_within_its_share_of_2_gb() -> None:
     decode, _ = _planned_mib("decode", "cpu")
     assert prefill + decode <= PLANNED_BUDGET_MIB, (prefill, decode)
     ec = config.engine
-    assert ec.dtype == "bfloat16" and ec.kv_tokens == CPU_AUTO_CONTEXT
+    assert ec.dtype == "bfloat16" and ec.kv_tokens == CPU_AUTO_KV_TOKENS == CPU_AUTO_CONTEXT
     assert ec.kv_import_slice_bytes == 16 * MiB
 
 
