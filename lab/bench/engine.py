@@ -1,4 +1,4 @@
-"""``python -m bench.engine``: engine decode and prefill figures on a CUDA device, beside
+"""``python -m lab.bench.engine``: engine decode and prefill figures on a CUDA device, beside
 transformers ``generate`` on the same weights in the same run. Random weights (shapes only).
 
 Prints one table and, with --json, writes the figures. Also reports device allocations after
@@ -145,7 +145,7 @@ def _prefill(engine: LLMEngine, n: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m lab.bench.engine", description=__doc__)
     ap.add_argument("--shapes", default="smollm2-135m,llama3-8b")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--steps", type=int, default=64)

@@ -1,4 +1,4 @@
-"""``python -m bench.gpu_smoke OUT_DIR``: does the split stack start on this GPU machine?
+"""``python -m lab.bench.gpu_smoke OUT_DIR``: does the split stack start on this GPU machine?
 
 Checks, each on its own (one failing does not hide the others), and writes ``smoke.json``:
 the versions of what the carried wheels bring; whether LMCache's compiled CUDA ops load

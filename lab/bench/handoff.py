@@ -7,7 +7,7 @@ prompt computed on the decode worker alone; and the inter-token gaps of a stream
 on the decode worker while each of the two lands (what disaggregation protects). Per-phase times of
 the prefill side come from its log line ``prefill <id>: ... KV put ... visible after ...``.
 
-    python -m bench.handoff --model PATH --prompt-tokens 2000 --trials 2
+    python -m lab.bench.handoff --model PATH --prompt-tokens 2000 --trials 2
 
 A measuring tool, never imported by the workers.
 """
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> list[dict[str, float]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.handoff", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lab.bench.handoff", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="checkpoint folder or .gguf file")
     ap.add_argument("--prompt-tokens", type=int, default=2000)

@@ -11,8 +11,8 @@ that copies the whole prompt, an LMCache chunk at a time, in the admission step)
 ``--slices-mb`` value, each from a pageable and/or a pinned arena (``--arenas``). No store and no network: the fetch is not what is measured here
 (bench/split_handoff.py measures it).
 
-    python -m bench.import_slices --shape kv-heavy --prompt-tokens 16384 --device cpu
-    python -m bench.import_slices --shape llama3-8b --prompt-tokens 131072 --device cuda \
+    python -m lab.bench.import_slices --shape kv-heavy --prompt-tokens 16384 --device cpu
+    python -m lab.bench.import_slices --shape llama3-8b --prompt-tokens 131072 --device cuda \
         --chats 16 --chat-tokens 4096 --slices-mb 256,64,16 --arenas pageable,pinned
 """
 

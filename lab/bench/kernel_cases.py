@@ -1,4 +1,4 @@
-"""The measurement cases behind ``python -m bench.kernels``: inputs, timing, checks, one dict a row.
+"""The measurement cases behind ``python -m lab.bench.kernels``: inputs, timing, checks, one dict a row.
 
 Every case takes its sizes from ``BenchShapes`` (the issue's shapes by default, toy sizes for
 ``--smoke``) and a ``timer(fn, rep_ms) -> ms``. Measurement code only: the engine must never

@@ -1,4 +1,4 @@
-"""Measurement cases for the quantized GEMMs behind ``python -m bench.kernels --only quant``:
+"""Measurement cases for the quantized GEMMs behind ``python -m lab.bench.kernels --only quant``:
 the block-scaled FP8 linear and the fused MXFP4 experts at DeepSeek-V4-Flash shapes, each
 against the time to stream its weight bytes once (decode is bandwidth-bound) and checked
 against its reference. Measurement code only: the engine must never import it.
@@ -132,7 +132,7 @@ def sweep_quant_tiles(timer: Timer = graph_ms, parts: tuple[str, ...] = ("moe", 
                       moe_prefill: tuple[tuple[int, ...], ...] = ()) -> list[dict]:
     """Tile choices of the decode FP8 kernel and of the MoE GEMMs at the bench shapes, each
     timed: how the defaults in ``fp8_gemv_tiles`` and ``moe_tiles`` were picked (GPU only).
-    The decode variants (split-K, the no-dot GEMV) are swept by ``bench.quant_decode_sweep``."""
+    The decode variants (split-K, the no-dot GEMV) are swept by ``lab.bench.quant_decode_sweep``."""
     from kernels._fp8_linear_triton import launch_fp8_gemv
     from kernels._mxfp4_moe_triton import launch_moe, launch_moe_sort
 

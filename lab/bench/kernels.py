@@ -1,4 +1,4 @@
-"""``python -m bench.kernels``: the kernels' figures on a CUDA GPU, printed as markdown tables.
+"""``python -m lab.bench.kernels``: the kernels' figures on a CUDA GPU, printed as markdown tables.
 
 Measures (a) the device's own ceilings (copy bandwidth, bf16 matmul rate), (b) the indexer at
 S=4096, H=64, D=128, top-512 over T = context/4 keys: peak memory above the inputs, time vs the
@@ -22,7 +22,7 @@ from functools import partial
 
 import torch
 
-from bench.kernel_cases import (
+from lab.bench.kernel_cases import (
     BenchShapes,
     bench_indexer,
     bench_indexer_split,
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         if not args.smoke:
-            raise SystemExit("bench.kernels needs a CUDA device (or --smoke)")
+            raise SystemExit("lab.bench.kernels needs a CUDA device (or --smoke)")
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
     shapes = BenchShapes.smoke() if args.smoke else BenchShapes()
     if args.contexts:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "paged" in only:
         report["paged"] = bench_paged(shapes, bench_ms, check, ceil.copy_tb_s)
     if "quant" in only:
-        from bench.kernel_quant_cases import bench_quant
+        from lab.bench.kernel_quant_cases import bench_quant
 
         report["quant"] = bench_quant(bench_ms, ceil.copy_tb_s, args.smoke, check)
     print(f"\n{report['device']}, torch {report['torch']}, triton {report['triton']}; "

@@ -1,6 +1,6 @@
-"""``python -m bench.kv_fp8``: what kv_dtype=fp8 buys a dense model on a CUDA device: KV tokens
+"""``python -m lab.bench.kv_fp8``: what kv_dtype=fp8 buys a dense model on a CUDA device: KV tokens
 per GiB of the plan and decode tokens/s at a long context, kv_dtype auto then fp8, on the same
-random weights (shapes only; bench.engine's builders) in the same run.
+random weights (shapes only; lab.bench.engine's builders) in the same run.
 
 Each engine is built from EngineConfig as a worker builds it (CUDA graphs, Triton attention and
 the fused kernels on), runs strict about device allocations after warm-up, and is dropped before
@@ -14,11 +14,11 @@ import json
 
 import torch
 
-from bench.engine import _decode_tps, _engine, _hf_model
+from lab.bench.engine import _decode_tps, _engine, _hf_model
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.kv_fp8", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m lab.bench.kv_fp8", description=__doc__)
     ap.add_argument("--shape", default="llama3-8b")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--context", type=int, default=4096, help="prompt tokens of each sequence")

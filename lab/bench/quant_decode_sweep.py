@@ -1,4 +1,4 @@
-"""``python -m bench.quant_decode_sweep``: every decode variant of the quantized GEMMs (issue 20)
+"""``python -m lab.bench.quant_decode_sweep``: every decode variant of the quantized GEMMs (issue 20)
 timed at DeepSeek-V4-Flash's shapes inside CUDA graphs, one JSON line per case, then one
 ``best`` line per shape saying which variant won and by how much over the default.
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.kernel_quant_cases import _random_fp8, _random_mxfp4, _rel, graph_ms
+from lab.bench.kernel_quant_cases import _random_fp8, _random_mxfp4, _rel, graph_ms
 from kernels.fp8_linear import (
     Fp8GemvVariant,
     fp8_gemv_variant,

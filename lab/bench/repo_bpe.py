@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.synthetic_model import SPECIALS, write_llama
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def corpus_files(root: Path = REPO) -> list[Path]:

@@ -1,6 +1,6 @@
 """Which allocator requests a ``sparse_attention`` call makes on CUDA, with their stacks.
 
-    python scripts/sparse_alloc_debug.py      # on a CUDA machine
+    python lab/scripts/sparse_alloc_debug.py      # on a CUDA machine
 
 Diagnostic only (it found that a GPU test's own ``t + window`` was the "kernel allocation").
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.sparse_case import realistic_sparse_inputs
+from lab.bench.sparse_case import realistic_sparse_inputs
 from kernels.sparse_attention import sparse_attention
 
 

@@ -2,7 +2,7 @@
 first GEMMs, and whether a thread that starts after another has ended reuses its handles
 (worker/engine_loop.build_on_a_passing_thread relies on it).
 
-`python3 scripts/thread_memory_probe.py` on a CUDA machine prints one THREADPROBE line of MiB:
+`python3 lab/scripts/thread_memory_probe.py` on a CUDA machine prints one THREADPROBE line of MiB:
 the first GEMMs of the main thread, of a new thread while the main one lives, of a thread that
 starts after that one ended, and of a thread started while another GEMM thread is still alive.
 """

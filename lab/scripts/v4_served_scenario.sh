@@ -3,7 +3,7 @@
 # shape (43 layers x 128 routed experts, FP8 projections + MXFP4 experts, FP8 KV) with dummy
 # weights, started by `bulkhead up` the way an operator starts it, driven by `bulkhead bench`.
 #
-#   scripts/v4_served_scenario.sh OUT_DIR [split] [serve]        (default: split serve)
+#   lab/scripts/v4_served_scenario.sh OUT_DIR [split] [serve]        (default: split serve)
 #
 # split: `bulkhead bench split --up`: arm "split" (prefill + decode workers on one card sharing
 #        one copy of the weights, KV through LMCache into Redis) against arm "colocated" (one
@@ -15,10 +15,10 @@
 # Settings every worker reads are in OUT_DIR/settings.yaml (written here; see deploy/README.md).
 # Runs under scripts/gpu_stack.sh (BULKHEAD_WHEELS as there) when the stack is not installed.
 set -uo pipefail
-out=${1:?usage: scripts/v4_served_scenario.sh OUT_DIR [split] [serve]}
+out=${1:?usage: lab/scripts/v4_served_scenario.sh OUT_DIR [split] [serve]}
 out=$(realpath -m "$out")
 shift
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(split serve)
 mkdir -p "$out"
@@ -28,7 +28,7 @@ model=${V4_MODEL_DIR:-/tmp/bulkhead-v4-flash-config-${layers}l}
 rc=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 if [ ! -f "$model/config.json" ]; then
-  run python3 -m bench.deepseek_v4.write_checkpoint "$model" --layers "$layers" --experts 128 \
+  run python3 -m lab.bench.deepseek_v4.write_checkpoint "$model" --layers "$layers" --experts 128 \
     --config-only || exit 1
 fi
 # One settings file for every process, as an operator would write it. The decode worker holds

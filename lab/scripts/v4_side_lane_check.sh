@@ -4,7 +4,7 @@
 # card's clocks shows as a spread rather than a gain. 21 layers (V4-Flash's first 21) x 128
 # experts, FP8 + MXFP4 weights built on the device: fits an H100 as well as an H200.
 #
-#   scripts/v4_side_lane_check.sh OUT_DIR
+#   lab/scripts/v4_side_lane_check.sh OUT_DIR
 #
 # Writes OUT_DIR/tests.log and OUT_DIR/lanes.json + .log; runs under scripts/gpu_stack.sh
 # (BULKHEAD_WHEELS as there). The parts' time limits add up to 560 s, inside one device call's
@@ -12,9 +12,9 @@
 # on an H200 for full depth). SEPARATE=1: one engine build per pass instead (lanes<N>_<i>.*),
 # should the one-build recapture fail.
 set -uo pipefail
-out=${1:?usage: scripts/v4_side_lane_check.sh OUT_DIR}
+out=${1:?usage: lab/scripts/v4_side_lane_check.sh OUT_DIR}
 out=$(realpath -m "$out")
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 mkdir -p "$out"
 layers=${LAYERS:-SSCHCHCHCHCHCHCHCHCHC}
 steps=${STEPS:-64}
@@ -28,7 +28,7 @@ run timeout 180 python3 -m pytest -q -m gpu -o addopts="" tests/engine/test_side
 tail -n 12 "$out/tests.log"
 decode() {  # decode() NAME LANES: one engine build, a pass of every row per entry of LANES
   echo "== $(date -u +%T) $1 (lanes $2)"
-  run timeout "$3" python3 -m bench.deepseek_v4.decode run --weights fp8-mxfp4 --layers "$layers" \
+  run timeout "$3" python3 -m lab.bench.deepseek_v4.decode run --weights fp8-mxfp4 --layers "$layers" \
     --experts 128 --steps "$steps" --decode fused --batches "$batches" --prompts 1024 \
     --lanes "$2" --deadline $(($3 - 30)) --out "$out/$1.json" > "$out/$1.log" 2>&1
   local code=$?
@@ -42,7 +42,7 @@ if [ "${SEPARATE:-0}" = 1 ]; then
     decode "lanes${lanes}_$i" "$lanes" 95 || rc=1
   done
 else
-  # one build, the graphs captured again between passes (bench/deepseek_v4/decode.py --lanes)
+  # one build, the graphs captured again between passes (lab/bench/deepseek_v4/decode.py --lanes)
   decode lanes 2,1,2,1 380 || rc=1
 fi
 exit $rc

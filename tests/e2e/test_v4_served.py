@@ -19,7 +19,7 @@ import openai
 import pytest
 import torch
 
-from bench.deepseek_v4.write_checkpoint import flash_hf_config, write_tokenizer
+from lab.bench.deepseek_v4.write_checkpoint import flash_hf_config, write_tokenizer
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.models.deepseek_v4.weights import to_hf_names

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.deepseek_v4.write_checkpoint import flash_hf_config
+from lab.bench.deepseek_v4.write_checkpoint import flash_hf_config
 from engine.checkpoint import expected_tensor_shapes, load_checkpoint
 from engine.errors import CheckpointError
 from engine.model_config import ModelConfig

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from bench.sparse_case import realistic_sparse_inputs
+from lab.bench.sparse_case import realistic_sparse_inputs
 from kernels import (
     default_decode_splits,
     indexer_topk,

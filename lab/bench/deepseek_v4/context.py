@@ -2,17 +2,18 @@
 chunked prefill from 0 to ``--context`` tokens, per chunk the planned and the measured peak,
 device allocations after warm-up and tokens/s; then the same with the naive indexer.
 
-    python -m bench.deepseek_v4.context run --out results.json      # on the GPU
-    python -m bench.deepseek_v4.context report results.json         # anywhere
+    python -m lab.bench.deepseek_v4.context run --out results.json      # on the GPU
+    python -m lab.bench.deepseek_v4.context report results.json         # anywhere
 
-``report`` writes the table and plot into docs/ (deepseek_v4_context.png and a section of
-docs/deepseek_v4.md between markers). Never used by the engine itself.
+``report`` writes the plot into lab/results (deepseek_v4_context.png) and the table into a section
+of docs/deepseek_v4.md between markers. Never used by the engine itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -257,11 +258,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
     ax2.set_ylabel("prefill tokens / s")
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    png = Path(args.docs) / "deepseek_v4_context.png"
+    png = results_dir(Path(args.docs)) / "deepseek_v4_context.png"
     fig.savefig(png, dpi=110)
+    link = os.path.relpath(png, args.docs)
     write_marked_section(Path(args.docs) / "deepseek_v4.md", _MARK_BEGIN, _MARK_END,
-                         "\n".join([f"![peak and throughput per chunk]({png.name})", "", *lines]))
+                         "\n".join([f"![peak and throughput per chunk]({link})", "", *lines]))
     return 0
+
+
+def results_dir(docs: Path) -> Path:
+    """Where a report's plot goes: the lab's results folder beside ``docs`` (lab/results for
+    the repository's docs/), made if missing."""
+    out = docs.resolve().parent / "lab" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def add_report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -328,7 +338,7 @@ def _section(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.context")
+    p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.context")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--out", default="bench_context.json")

@@ -9,7 +9,7 @@ decode tokens (3 by default). The step's PyTorch ops that launch work (by source
 time (on the GPU: :mod:`.profile_decode`); per-step work (rope tables, shared addressing, the
 final head) is spread over the layers, so deeper models show fewer per layer.
 
-    TRITON_INTERPRET=1 python -m bench.deepseek_v4.count_launches --layers SCHC \
+    TRITON_INTERPRET=1 python -m lab.bench.deepseek_v4.count_launches --layers SCHC \
         [--step mixed --decodes 3] [--record launches.json]
 
 Never used by the engine.
@@ -25,9 +25,9 @@ from collections import Counter
 
 import torch
 
-from bench.deepseek_v4.context import flash_config
-from bench.deepseek_v4.kernel_sources import OpSources
-from bench.deepseek_v4.quantized_weights import reblock_fp8_scales, synthetic_quantized_state_dict
+from lab.bench.deepseek_v4.context import flash_config
+from lab.bench.deepseek_v4.kernel_sources import OpSources
+from lab.bench.deepseek_v4.quantized_weights import reblock_fp8_scales, synthetic_quantized_state_dict
 from engine.models.deepseek_v4 import DeepseekV4KVPool, DeepseekV4Model, V4Backend
 from engine.models.deepseek_v4.merged_linear import unmerge_projections
 from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes
@@ -109,7 +109,7 @@ def count(layers: str, decode: str, prompts: tuple[int, ...] = (30, 21),
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.count_launches")
+    p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.count_launches")
     p.add_argument("--layers", default="SCHC", help="S sliding, C CSA, H HCA (V4-Flash's letters)")
     p.add_argument("--step", choices=("decode", "mixed"), default="decode",
                    help="a decode step of two sequences (fused and unfused loops), or a mixed "

@@ -1,8 +1,8 @@
 """Decode benchmark of a DeepSeek-V4 stack at V4-Flash's layer dimensions (synthetic weights),
 served through the real engine (LLMEngine: plan, warm-up, scheduler, batched decode, sampler).
 
-    python -m bench.deepseek_v4.decode run --out decode.json   # on the GPU
-    python -m bench.deepseek_v4.decode report decode.json      # anywhere
+    python -m lab.bench.deepseek_v4.decode run --out decode.json   # on the GPU
+    python -m lab.bench.deepseek_v4.decode report decode.json      # anywhere
 
 The model is built as in :mod:`.context` (``flash_config`` + ``random_init_``), or with
 ``--weights fp8-mxfp4`` in V4-Flash's shipped formats (:mod:`.quantized_weights`); its state
@@ -33,15 +33,15 @@ from typing import Any
 
 import torch
 
-from bench.deepseek_v4.context import (
+from lab.bench.deepseek_v4.context import (
     _sync,
     flash_config,
     random_init_,
     report_results,
     run_or_report,
 )
-from bench.deepseek_v4.decode_report import report_table
-from bench.deepseek_v4.quantized_weights import (
+from lab.bench.deepseek_v4.decode_report import report_table
+from lab.bench.deepseek_v4.quantized_weights import (
     active_weight_bytes,
     quantized_hf_config,
     synthetic_quantized_state_dict,
@@ -462,7 +462,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.decode")
+    p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.decode")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="measure (GPU; --tiny on CPU)")
     r.add_argument("--out", default="bench_decode.json")

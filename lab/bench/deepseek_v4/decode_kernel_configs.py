@@ -13,7 +13,7 @@ them) and checked against the default setting's outputs:
 * ``topk_merge``: the decode indexer's top-512 over ``--context`` tokens of entries (rate 4),
   the merge's warps, with the merge on 1, 4, 8 and the default number of programs a row.
 
-    python -m bench.deepseek_v4.decode_kernel_configs --batches 1,8,32 [--kernels moe_route,compress]
+    python -m lab.bench.deepseek_v4.decode_kernel_configs --batches 1,8,32 [--kernels moe_route,compress]
 
 Settings: ``KERNEL=...`` lists separated by ";", each a comma list of the kernel's knobs in
 ``KNOBS`` order ("default" for the defaults); compress takes window C,W,warps then the entry's
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from bench.deepseek_v4.hc_decode_warps import _graph_us
+from lab.bench.deepseek_v4.hc_decode_warps import _graph_us
 from kernels._launch_configs import KNOBS, overridden
 
 SWEEPS = {
@@ -265,7 +265,7 @@ def best_env(rows: list[dict[str, Any]], batch: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.decode_kernel_configs",
+    p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.decode_kernel_configs",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--kernels", default=",".join(SWEEPS),

@@ -1,4 +1,4 @@
-"""The markdown report of one ``bench.deepseek_v4.decode`` run (a JSON result -> a table and a
+"""The markdown report of one ``lab.bench.deepseek_v4.decode`` run (a JSON result -> a table and a
 line of context). Pure formatting: runs nothing, imports no torch."""
 
 from __future__ import annotations

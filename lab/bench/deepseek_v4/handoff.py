@@ -18,7 +18,7 @@ side stored (``stored_*``), and the blocks plus the one window the decode side f
 use another; an ``lm://`` store has no place for windows: nothing is resumable). ``--tiny`` runs
 the same path on a toy config on the CPU (a smoke test).
 
-Usage: python -m bench.deepseek_v4.handoff --out handoff_v4.json
+Usage: python -m lab.bench.deepseek_v4.handoff --out handoff_v4.json
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from engine.model_config import ModelConfig
 from engine.models import family_class
 
 INCIDENT_PROMPTS = (149_760, 212_992, 255_549)
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TINY_CONFIG = {
     "model_type": "deepseek_v4", "vocab_size": 101, "hidden_size": 32,
     "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.handoff", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.handoff", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(REPO / "tests/data/deepseek-v4-flash-config.json"))
     ap.add_argument("--prompts", default=",".join(map(str, INCIDENT_PROMPTS)))

@@ -3,7 +3,7 @@ Sinkhorn, norm) at V4-Flash's shape (4 streams x 4096, 20 Sinkhorn rounds), at e
 choice given, timed from a CUDA graph (the launches as a captured decode step makes them) and
 checked against the default's outputs.
 
-    python -m bench.deepseek_v4.hc_decode_warps --batches 1,8,32 --warps "4,4,2;4,1,2;2,1,1"
+    python -m lab.bench.deepseek_v4.hc_decode_warps --batches 1,8,32 --warps "4,4,2;4,1,2;2,1,1"
 
 Warps: mix,finish,norm. Without a GPU it runs each choice once through the Triton interpreter
 on a tiny shape (a smoke test).
@@ -91,7 +91,7 @@ def sweep(batches: list[int], choices: list[tuple[int, int, int]], dev: str, str
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.hc_decode_warps",
+    p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.hc_decode_warps",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--warps", default="4,4,2;4,1,2;4,2,2;2,1,1;1,1,1")

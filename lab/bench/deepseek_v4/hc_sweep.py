@@ -4,7 +4,7 @@ kernels (``kernels.hc_streams``: mixes, collapse, merge; 4 streams x 4096, 24 mi
 the FP8 activation quantizer of the prefill projections (``kernels.fp8_w8a8``, at the inputs
 1024, 4096 and 8192 wide).
 
-    python -m bench.deepseek_v4.hc_sweep --tokens 4096 \
+    python -m lab.bench.deepseek_v4.hc_sweep --tokens 4096 \
         --mixes "default;32,64,4,3;16,128,8,3" --collapse "default;1024,4" --merge "default;1024,4" \
         --act-quant "default;64,4;128,8"
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from bench.deepseek_v4.prefill_gemms import _ms
+from lab.bench.deepseek_v4.prefill_gemms import _ms
 
 
 def _tiles(spec: str) -> tuple[int, ...] | None:

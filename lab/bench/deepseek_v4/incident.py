@@ -1,8 +1,8 @@
 """The incident's scenario on a full-depth DeepSeek-V4-Flash shape: one prompt prefilled in chunks
 from 0 toward 1,048,576 tokens while other sequences decode, against the memory plan.
 
-    python -m bench.deepseek_v4.incident run --out incident.json      # on the GPU
-    python -m bench.deepseek_v4.incident report incident.json         # anywhere (table + PNG)
+    python -m lab.bench.deepseek_v4.incident run --out incident.json      # on the GPU
+    python -m lab.bench.deepseek_v4.incident report incident.json         # anywhere (table + PNG)
 
 Weights: V4-Flash's shipped formats built on the device (:mod:`.quantized_weights`; 43 layers x
 128 experts by default). The plan is the engine's own (``make_plan`` with the family's terms) for
@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from bench.deepseek_v4.context import flash_config
-from bench.deepseek_v4.decode import hf_dict
-from bench.deepseek_v4.quantized_weights import quantized_hf_config, synthetic_quantized_state_dict
+from lab.bench.deepseek_v4.context import flash_config
+from lab.bench.deepseek_v4.decode import hf_dict
+from lab.bench.deepseek_v4.quantized_weights import quantized_hf_config, synthetic_quantized_state_dict
 from engine.config import EngineConfig
 from engine.memory_planner import MemoryPlan, make_plan
 from engine.model_config import ModelConfig
@@ -286,7 +286,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.incident")
+    p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.incident")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="measure (CUDA)")
     r.add_argument("--out", default="incident.json")
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--docs", default="docs")
     args = p.parse_args(argv)
     if args.cmd == "report":
-        from bench.deepseek_v4.incident_report import write_report
+        from lab.bench.deepseek_v4.incident_report import write_report
 
         return write_report(json.loads(Path(args.results).read_text()), Path(args.docs))
     torch.backends.cuda.matmul.allow_tf32 = True

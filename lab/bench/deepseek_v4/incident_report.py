@@ -1,4 +1,4 @@
-"""Report of :mod:`.incident`: a plot (docs/deepseek_v4_incident.png) of the measured peak of
+"""Report of :mod:`.incident`: a plot (lab/results/deepseek_v4_incident.png) of the measured peak of
 every step against the plan and of prefill tokens/s against context, and a table between
 markers in docs/deepseek_v4.md. Reads the results JSON only; never measures anything."""
 
@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.deepseek_v4.context import write_marked_section
+from lab.bench.deepseek_v4.context import results_dir, write_marked_section
 
 BEGIN, END = "<!-- bench_incident:begin -->", "<!-- bench_incident:end -->"
 HEADING = "## The incident's scenario at full depth"
 PNG = "deepseek_v4_incident.png"
+PNG_LINK = f"../lab/results/{PNG}"  # from docs/deepseek_v4.md
 GiB = 2**30
 
 
@@ -20,8 +21,8 @@ def replan(res: dict[str, Any]) -> dict[str, Any]:
     measurements stay as recorded): ratios and the table then show today's plan."""
     import argparse
 
-    from bench.deepseek_v4.context import flash_config
-    from bench.deepseek_v4.incident import plan_for
+    from lab.bench.deepseek_v4.context import flash_config
+    from lab.bench.deepseek_v4.incident import plan_for
 
     args = argparse.Namespace(
         decode_context=res["decode_context"], chunk=res["chunk"], decodes=res["decodes"],
@@ -108,7 +109,7 @@ def plot(res: dict[str, Any], png: Path) -> None:
 def render(res: dict[str, Any]) -> str:
     plan = res["plan"]
     lines = [
-        f"![peak per step against the plan, and prefill rate]({PNG})", "",
+        f"![peak per step against the plan, and prefill rate]({PNG_LINK})", "",
         f"{res['device']}, torch {res['torch']}; {len(res['layers'])} layers x {res['experts']} "
         f"experts, FP8/MXFP4 weights {res['weights_bytes'] / GiB:.2f} GiB; chunk budget "
         f"{res['chunk']} tokens a step with {res['decodes']} sequences decoding (from "
@@ -167,6 +168,6 @@ def render(res: dict[str, Any]) -> str:
 
 def write_report(res: dict[str, Any], docs: Path) -> int:
     res = replan(res)
-    plot(res, docs / PNG)
+    plot(res, results_dir(docs) / PNG)
     write_marked_section(docs / "deepseek_v4.md", BEGIN, END, render(res), heading=HEADING)
     return 0

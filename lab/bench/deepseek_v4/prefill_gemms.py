@@ -1,8 +1,8 @@
 """The prefill GEMMs of one DeepSeek-V4-Flash layer at a 4096-token chunk, previous kernels
 against the new ones in the same process:
 
-    python -m bench.deepseek_v4.prefill_gemms --out prefill_gemms.json      # on the GPU
-    TRITON_INTERPRET=1 python -m bench.deepseek_v4.prefill_gemms --smoke    # CPU, tiny shapes
+    python -m lab.bench.deepseek_v4.prefill_gemms --out prefill_gemms.json      # on the GPU
+    TRITON_INTERPRET=1 python -m lab.bench.deepseek_v4.prefill_gemms --smoke    # CPU, tiny shapes
 
 FP8 projections (q_a, q_b, kv, the indexer's q_b, the grouped o_a, o_b, the shared expert's
 gate/up/down): the weight-only kernel (``kernels.fp8_linear``) against the w8a8 path
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from bench.kernel_quant_cases import _random_fp8, _random_mxfp4, _rel
+from lab.bench.kernel_quant_cases import _random_fp8, _random_mxfp4, _rel
 from kernels.fp8_linear import fp8_grouped_linear, fp8_linear
 from kernels.fp8_w8a8 import fp8_grouped_linear_w8a8, fp8_linear_w8a8, fp8_w8a8_scratch_bytes
 from kernels.fp8_w8a8_ref import fp8_grouped_linear_w8a8_ref, fp8_linear_w8a8_ref
@@ -152,7 +152,7 @@ def bench_moe(tokens: int, dev: str, variants: list[str],
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.prefill_gemms")
+    p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.prefill_gemms")
     p.add_argument("--rows", type=int, default=4096)
     p.add_argument("--out", default="prefill_gemms.json")
     p.add_argument("--moe-tiles", default="fp8;default",

@@ -1,7 +1,7 @@
 """Where a DeepSeek-V4 prefill chunk spends its time and memory, at V4-Flash's dimensions with
 weights in the shipped formats (FP8 projections, MXFP4 experts; synthetic values).
 
-    python -m bench.deepseek_v4.prefill_profile --layers SCH --experts 128 --out prof.json
+    python -m lab.bench.deepseek_v4.prefill_profile --layers SCH --experts 128 --out prof.json
 
 Chunked prefill of one sequence (optionally with ``--decodes`` one-token sequences in the same
 step) straight through ``DeepseekV4Model``; per chunk the time and the peak above the resident
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from bench.deepseek_v4.context import flash_config
-from bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
+from lab.bench.deepseek_v4.context import flash_config
+from lab.bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool
 from engine.models.deepseek_v4.model import DeepseekV4Model
@@ -123,7 +123,7 @@ def part_hooks(model: DeepseekV4Model, stats: dict[str, list[float]]) -> list[An
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.prefill_profile")
+    p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.prefill_profile")
     p.add_argument("--layers", default="SCH")
     p.add_argument("--experts", type=int, default=128)
     p.add_argument("--context", type=int, default=32768)

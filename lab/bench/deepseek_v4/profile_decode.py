@@ -2,7 +2,7 @@
 by CPU time, kernel launches, graph launches and host syncs per step, and (``--trace-allocs``)
 every device allocation made after the warm-up with the frames of ours that asked for it.
 
-    python -m bench.deepseek_v4.profile_decode --weights fp8-mxfp4 --layers SCHC --experts 8 \
+    python -m lab.bench.deepseek_v4.profile_decode --weights fp8-mxfp4 --layers SCHC --experts 8 \
         --batch 8 --prompt 1024 --steps 5 [--no-graphs] [--decode unfused] [--trace-allocs] \
         --out prof.txt
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from bench.deepseek_v4.decode import _DTYPES, build_engine, previous_decode_kernels
-from bench.deepseek_v4.kernel_sources import OpSources, family_table
+from lab.bench.deepseek_v4.decode import _DTYPES, build_engine, previous_decode_kernels
+from lab.bench.deepseek_v4.kernel_sources import OpSources, family_table
 from engine.sampling_params import SamplingParams
 
 # runtime API calls counted per step; the synchronising ones are what stalls the host
@@ -100,7 +100,7 @@ def profile(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.profile_decode")
+    p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.profile_decode")
     p.add_argument("--layers", default="SCHC")
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--weights", default="fp8-mxfp4", choices=("bf16", "fp8-mxfp4"))
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the fused decode step's streams (2: the side lane, decode_fused.py)")
     p.add_argument("--trace-allocs", action="store_true")
     p.add_argument("--previous-kernels", action="store_true",
-                   help="the fused decode's previous kernel choices (see bench.deepseek_v4.decode)")
+                   help="the fused decode's previous kernel choices (see lab.bench.deepseek_v4.decode)")
     p.add_argument("--out", default="profile_decode.txt")
     args = p.parse_args(argv)
     args.device, args.dtype, args.tiny, args.batch_list = "cuda", None, False, [args.batch]

@@ -1,8 +1,8 @@
 """Resumed-conversation benchmark of a DeepSeek-V4 stack at V4-Flash's layer dimensions
 (synthetic weights), for the incident's three shapes (cached prefix + new tokens).
 
-    python -m bench.deepseek_v4.resume resume --out resume.json   # on the GPU
-    python -m bench.deepseek_v4.resume report resume.json         # anywhere
+    python -m lab.bench.deepseek_v4.resume resume --out resume.json   # on the GPU
+    python -m lab.bench.deepseek_v4.resume report resume.json         # anywhere
 
 One cache slot at ``--context`` (by default the largest cached+new rounded up to a chunk), a locked
 Workspace and the planned bytes as in :mod:`.context`. Warm-up first: the plan's worst
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from bench.deepseek_v4.context import (
+from lab.bench.deepseek_v4.context import (
     _device_allocs,
     _planned,
     _sync,
@@ -345,7 +345,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.resume")
+    p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.resume")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("resume", aliases=["run"], help="measure (GPU; --tiny on CPU)")
     r.add_argument("--out", default="bench_resume.json")

@@ -1,6 +1,6 @@
 """The live tensor bytes of a DeepSeek-V4 warm-up on the CUDA code path, measured on a CPU.
 
-    python -m bench.deepseek_v4.step_trace --chunk 4096 --batch 1 --context 32768
+    python -m lab.bench.deepseek_v4.step_trace --chunk 4096 --batch 1 --context 32768
 
 builds the engine of tests/engine/deepseek_v4/test_plan_tightness.py (V4-Flash's layer
 dimensions, FP8 / MXFP4 weights, ``--layers`` x ``--experts``) on the CPU, with every choice the
@@ -10,7 +10,7 @@ launch is skipped (``InterpretedFunction.run`` only zeroes the integer arguments
 are indices PyTorch reads next): a kernel writes only into
 buffers its wrapper allocated or took from the Workspace, so the allocations are those of the
 GPU run while the values are not; the LM head's product is skipped likewise (its temporary is
-still made). :class:`bench.live_bytes.LiveBytes` counts the bytes alive through the warm-up,
+still made). :class:`lab.bench.live_bytes.LiveBytes` counts the bytes alive through the warm-up,
 the quantity the GPU engine reads as ``max_memory_allocated() - base`` (WarmupReport's
 ``activation_peak_bytes``), without the CUDA allocator's rounding (512 B a tensor, and up to
 1 MiB where it hands out a cached block without splitting off the rest).
@@ -38,13 +38,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from bench.deepseek_v4.context import flash_config  # noqa: E402
-from bench.deepseek_v4.decode import hf_dict  # noqa: E402
-from bench.deepseek_v4.quantized_weights import (  # noqa: E402
+from lab.bench.deepseek_v4.context import flash_config  # noqa: E402
+from lab.bench.deepseek_v4.decode import hf_dict  # noqa: E402
+from lab.bench.deepseek_v4.quantized_weights import (  # noqa: E402
     quantized_hf_config,
     synthetic_quantized_state_dict,
 )
-from bench.live_bytes import Allocation, LiveBytes  # noqa: E402
+from lab.bench.live_bytes import Allocation, LiveBytes  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model_config import ModelConfig  # noqa: E402
@@ -127,7 +127,7 @@ def _logits_shape_only(self: DeepseekV4Model, hidden: torch.Tensor,
 def engine_config(chunk: int, batch: int, context: int, block_size: int = 256,
                   num_blocks: int | None = None, kv_dtype: str = "auto",
                   device: str = "cpu") -> EngineConfig:
-    """The EngineConfig bench.deepseek_v4.decode.build_engine makes on CUDA (bf16; no graphs:
+    """The EngineConfig lab.bench.deepseek_v4.decode.build_engine makes on CUDA (bf16; no graphs:
     they are captured after the measured pass), on ``device`` with the Triton attention's plan."""
     return EngineConfig(model="synthetic-v4-flash", device=device, dtype="bfloat16",
                         max_context=context, chunk_tokens=chunk, max_batch=batch,
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="cuda: the real kernels, and the allocator's readings beside the count")
     args = p.parse_args(argv)
     cfg = flash_config(args.layers, args.experts, args.context, tiny=args.tiny)
-    if args.tiny:  # MXFP4 needs widths in multiples of 32 (as bench.deepseek_v4.decode does)
+    if args.tiny:  # MXFP4 needs widths in multiples of 32 (as lab.bench.deepseek_v4.decode does)
         import dataclasses
 
         cfg = dataclasses.replace(cfg, hidden_size=32, moe_intermediate_size=32)

@@ -4,9 +4,9 @@ names with ``model.safetensors.index.json``, a ``config.json`` in V4-Flash's own
 files; random weights with FP8 e4m3 + 128 x 128 block scales for the dense projections and MXFP4
 (packed e2m1 + e8m0 per 32) for the routed experts (see :mod:`engine.models.deepseek_v4.checkpoint_specs`).
 
-    python -m bench.deepseek_v4.write_checkpoint OUT_DIR --layers 43 --experts 128 --dry-run
-    python -m bench.deepseek_v4.write_checkpoint OUT_DIR --layers 4 --experts 8 --hidden 256
-    python -m bench.deepseek_v4.write_checkpoint OUT_DIR --layers 43 --experts 128 --config-only
+    python -m lab.bench.deepseek_v4.write_checkpoint OUT_DIR --layers 43 --experts 128 --dry-run
+    python -m lab.bench.deepseek_v4.write_checkpoint OUT_DIR --layers 4 --experts 8 --hidden 256
+    python -m lab.bench.deepseek_v4.write_checkpoint OUT_DIR --layers 43 --experts 128 --config-only
 
 Memory stays bounded by one shard: tensors are made one by one, a shard is written and dropped
 before the next is filled (the full 43 x 128 model is ~77 GiB on disk). ``--hidden`` below
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from bench.deepseek_v4.quantized_weights import QUANTIZATION_CONFIG
+from lab.bench.deepseek_v4.quantized_weights import QUANTIZATION_CONFIG
 from engine.models.deepseek_v4.checkpoint_specs import TensorSpec, checkpoint_specs, make_tensor
 from engine.models.deepseek_v4.config import DeepseekV4Config
 
@@ -132,7 +132,7 @@ def write_shards(out: Path, cfg: DeepseekV4Config, shards: list[list[TensorSpec]
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.deepseek_v4.write_checkpoint", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.write_checkpoint", description=__doc__.split("\n\n")[0])
     p.add_argument("out_dir", type=Path)
     p.add_argument("--layers", type=int, required=True, help="decoder layers (V4-Flash: 43)")
     p.add_argument("--experts", type=int, required=True, help="routed experts a layer (V4-Flash: 256)")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from bench.deepseek_v4.write_checkpoint import flash_hf_config
+from lab.bench.deepseek_v4.write_checkpoint import flash_hf_config
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams

@@ -1,4 +1,4 @@
-"""bench.deepseek_v4.hc_decode_warps on the CPU (interpreter, tiny shape): the default warps
+"""lab.bench.deepseek_v4.hc_decode_warps on the CPU (interpreter, tiny shape): the default warps
 first, every choice's outputs against it, and a bad choice refused with the field named."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from bench.deepseek_v4 import hc_decode_warps
+from lab.bench.deepseek_v4 import hc_decode_warps
 from kernels.errors import KernelArgumentError
 from kernels.hc_decode import hc_decode, hc_decode_partial_shape
 

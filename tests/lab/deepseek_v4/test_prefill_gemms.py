@@ -1,4 +1,4 @@
-"""bench.deepseek_v4.prefill_gemms --smoke: every V4 projection shape (widths / 32) through the
+"""lab.bench.deepseek_v4.prefill_gemms --smoke: every V4 projection shape (widths / 32) through the
 weight-only and w8a8 kernels and the experts through both forms, under the interpreter, each
 close to its specification (what the GPU run of the same bench reports as errors)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from bench.deepseek_v4 import prefill_gemms
+from lab.bench.deepseek_v4 import prefill_gemms
 
 
 def test_prefill_gemms_smoke(interpret, tmp_path) -> None:

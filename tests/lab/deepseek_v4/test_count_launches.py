@@ -1,4 +1,4 @@
-"""bench.deepseek_v4.count_launches on a toy V4 under the Triton interpreter (its own process:
+"""lab.bench.deepseek_v4.count_launches on a toy V4 under the Triton interpreter (its own process:
 TRITON_INTERPRET must be set before triton is imported): the fused decode loop launches well
 under half the unfused loop's kernels, and no mHC or RoPE PyTorch ops are left in it. Every
 distinct launch those steps made (argument types as the engine passed them) compiles for sm_90
@@ -37,7 +37,7 @@ def _launches_compile(records: Path) -> None:
 def test_fused_decode_launches_a_third_of_the_kernels(tmp_path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     rec = tmp_path / "launches.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.deepseek_v4.count_launches", "--layers", "SCH",
+    proc = subprocess.run([sys.executable, "-m", "lab.bench.deepseek_v4.count_launches", "--layers", "SCH",
                            "--record", str(rec)],
                           env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -57,7 +57,7 @@ def test_mixed_step_launches_compile_for_both_gpus(tmp_path) -> None:
     prefill kernels; each distinct launch compiles for sm_90 and sm_120."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     rec = tmp_path / "launches.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.deepseek_v4.count_launches", "--layers", "SCH",
+    proc = subprocess.run([sys.executable, "-m", "lab.bench.deepseek_v4.count_launches", "--layers", "SCH",
                            "--step", "mixed", "--record", str(rec)],
                           env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.live_bytes import LiveBytes
+from lab.bench.live_bytes import LiveBytes
 
 
 def test_counts_new_storages_once_and_releases_them() -> None:

@@ -1,4 +1,4 @@
-"""scripts/v4_full_depth.sh refuses what it cannot run before it starts anything (no GPU needed):
+"""lab/scripts/v4_full_depth.sh refuses what it cannot run before it starts anything (no GPU needed):
 no output folder, or a part it does not know, each with a message naming the problem."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "v4_full_depth.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "lab" / "scripts" / "v4_full_depth.sh"
 
 
 def test_usage_without_out_dir() -> None:
     r = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, check=False)
-    assert r.returncode != 0 and "usage: scripts/v4_full_depth.sh OUT_DIR" in r.stderr
+    assert r.returncode != 0 and "usage: lab/scripts/v4_full_depth.sh OUT_DIR" in r.stderr
 
 
 def test_unknown_part_named(tmp_path) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from bench.deepseek_v4.context import flash_config
-from bench.deepseek_v4.decode import HEADING, hf_dict, main, max_tokens_for
+from lab.bench.deepseek_v4.context import flash_config
+from lab.bench.deepseek_v4.decode import HEADING, hf_dict, main, max_tokens_for
 from engine.errors import EngineError
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
@@ -40,7 +40,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
 
 
 def test_no_pdl_switches_pdl_off_for_the_run(tmp_path, monkeypatch) -> None:
-    import bench.deepseek_v4.decode as dec
+    import lab.bench.deepseek_v4.decode as dec
 
     seen = []
 
@@ -130,7 +130,7 @@ def test_a_lane_list_measures_each_row_per_entry_on_one_engine(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--lanes 2,1: the engine is built once (with 2 lanes), every row runs twice, and between
     the passes the model's backend takes 1 lane and the decode graphs are captured again."""
-    import bench.deepseek_v4.decode as dec
+    import lab.bench.deepseek_v4.decode as dec
     from engine.llm_engine import LLMEngine
 
     builds: list[int] = []
@@ -219,7 +219,7 @@ def test_report_writes_the_section_once(tiny_run: tuple[int, Path], tmp_path: Pa
 def test_quantized_weights_run(tmp_path: Path) -> None:
     """--weights fp8-mxfp4: the model holds FP8 projections and MXFP4 experts made on the device
     (through from_state_dict, as a checkpoint would be), and decodes."""
-    from bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
+    from lab.bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
     from engine.models.deepseek_v4.model import DeepseekV4Model
     from engine.models.deepseek_v4.quant_modules import Fp8Linear, Mxfp4Experts
 
@@ -238,7 +238,7 @@ def test_quantized_weights_run(tmp_path: Path) -> None:
 def test_config_estimate_equals_the_quantized_weights() -> None:
     """bulkhead plan's weight estimate (config only) = the bytes of the quantized tensors the
     bench makes (fp32 model, so every float tensor is 4 B either way); dequantized is larger."""
-    from bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
+    from lab.bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
     from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
     from engine.models.deepseek_v4.sizing import deepseek_v4_weight_bytes
 

@@ -1,4 +1,4 @@
-"""`python -m bench.kernels --smoke` runs every benchmark path at toy sizes (CPU interpreter),
+"""`python -m lab.bench.kernels --smoke` runs every benchmark path at toy sizes (CPU interpreter),
 so the GPU run is not the first time the script executes."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import kernels as bench
+from lab.bench import kernels as bench
 
 
 @pytest.mark.slow
@@ -33,9 +33,9 @@ def test_bench_smoke_runs_the_quantized_cases(interpret, tmp_path) -> None:
 
 
 def test_decode_variant_sweep_smoke(interpret, tmp_path) -> None:
-    """`python -m bench.quant_decode_sweep --smoke`: every kind of decode variant (split-K dot
+    """`python -m lab.bench.quant_decode_sweep --smoke`: every kind of decode variant (split-K dot
     form, no-dot form, MoE splits, the experts' per-pair form) runs end to end on toy shapes and matches its reference."""
-    from bench.quant_decode_sweep import main
+    from lab.bench.quant_decode_sweep import main
 
     out = tmp_path / "sweep.json"
     main(["--smoke", "--fp8-split", "1,3", "--fp8-sum-bn", "4", "--moe-split", "1x1,2x2",

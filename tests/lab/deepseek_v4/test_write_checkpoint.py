@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from bench.deepseek_v4.write_checkpoint import INDEX_FILE, flash_hf_config
+from lab.bench.deepseek_v4.write_checkpoint import INDEX_FILE, flash_hf_config
 from engine.models.deepseek_v4.checkpoint_specs import checkpoint_specs
 from engine.models.deepseek_v4.config import CSA, HCA, SLIDING, DeepseekV4Config
 
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def _script(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "LMCACHE_TRACK_USAGE": "false"}
-    return subprocess.run([sys.executable, "-m", "bench.deepseek_v4.write_checkpoint", *args],
+    return subprocess.run([sys.executable, "-m", "lab.bench.deepseek_v4.write_checkpoint", *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 

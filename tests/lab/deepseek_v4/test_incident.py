@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.deepseek_v4.context import flash_config
-from bench.deepseek_v4.incident import FLASH_43, largest_context, plan_for
-from bench.deepseek_v4.incident_report import ratio_at_same_contexts, render, replan, write_report
+from lab.bench.deepseek_v4.context import flash_config
+from lab.bench.deepseek_v4.incident import FLASH_43, largest_context, plan_for
+from lab.bench.deepseek_v4.incident_report import ratio_at_same_contexts, render, replan, write_report
 
 GiB = 2**30
 
@@ -63,18 +63,22 @@ def test_report_renders_runs_ratio_and_plot(tmp_path: Path) -> None:
     assert [r["peak_bytes"] for r in again["runs"][1]["rows"]] == [100 * GiB] * 3
     text = render(again)
     assert "| incident | 3 | 12,276 |" in text and "2.00x the time" in text
-    (tmp_path / "deepseek_v4.md").write_text("# t\n")
-    assert write_report(res, tmp_path) == 0
-    assert (tmp_path / "deepseek_v4_incident.png").stat().st_size > 0
-    text = (tmp_path / "deepseek_v4.md").read_text()
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "deepseek_v4.md").write_text("# t\n")
+    assert write_report(res, docs) == 0
+    # the plot goes to the lab's results beside docs/, and the page links it there
+    assert (tmp_path / "lab" / "results" / "deepseek_v4_incident.png").stat().st_size > 0
+    text = (docs / "deepseek_v4.md").read_text()
     assert "bench_incident:begin" in text and "today's formulas" in text  # re-planned
+    assert "](../lab/results/deepseek_v4_incident.png)" in text
 
 
 def test_tile_flags_name_themselves_on_bad_input() -> None:
     """--moe-tiles / --moe-fp8-tiles: five positive integers at least, or an exit naming the flag."""
     import pytest
 
-    from bench.deepseek_v4.incident import _tiles_arg
+    from lab.bench.deepseek_v4.incident import _tiles_arg
 
     assert _tiles_arg("moe_tiles", "256,64,128,8,3,1,0,1,1") == (256, 64, 128, 8, 3, 1, 0, 1, 1)
     for bad in ("1,2,3", "a,b,c,d,e", "128,0,128,8,3"):

@@ -1,4 +1,4 @@
-"""The V4 handoff benchmark (bench/deepseek_v4/handoff.py) runs end to end on a toy config on
+"""The V4 handoff benchmark (lab/bench/deepseek_v4/handoff.py) runs end to end on a toy config on
 the CPU through a real KV server (its own OS process, as LMCache starts threads): every block
 arrives bit-exact with the window snapshot of the last one (the decode side can resume there),
 the partial last block is left to recompute, and the bytes moved are the blocks plus one window
@@ -21,7 +21,7 @@ def test_handoff_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "h.json"
     env = {**os.environ, **worker_environment(), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.deepseek_v4.handoff", "--tiny", "--prompts", "1000,2053",
+        [sys.executable, "-m", "lab.bench.deepseek_v4.handoff", "--tiny", "--prompts", "1000,2053",
          "--chunk", "64", "--prefill-chunk", "500", "--staging-gb", "0.1", "--out", str(out),
          "--log-dir", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=300, cwd=REPO)

@@ -1,4 +1,4 @@
-"""bench/import_slices.py end to end on the CPU at a small size: every arm imports the whole
+"""lab/bench/import_slices.py end to end on the CPU at a small size: every arm imports the whole
 prompt, a sliced arm takes as many steps as its bound asks, and the one-go arm one."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.import_slices import main
+from lab.bench.import_slices import main
 
 
 def test_import_slices_bench_runs_every_arm(tmp_path: Path) -> None:

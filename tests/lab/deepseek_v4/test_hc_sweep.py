@@ -1,4 +1,4 @@
-"""bench.deepseek_v4.hc_sweep on the CPU (interpreter, tiny widths): every tile choice of the mHC
+"""lab.bench.deepseek_v4.hc_sweep on the CPU (interpreter, tiny widths): every tile choice of the mHC
 stream kernels and of the FP8 activation quantizer gives the default tiles' answer (the sums
 regroup, the values do not change)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from bench.deepseek_v4 import hc_sweep
+from lab.bench.deepseek_v4 import hc_sweep
 
 
 def test_hc_sweep_tiles_agree(interpret, tmp_path) -> None:

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from bench.deepseek_v4 import resume as bench_resume
-from bench.deepseek_v4.context import flash_config
-from bench.deepseek_v4.resume import (
+from lab.bench.deepseek_v4 import resume as bench_resume
+from lab.bench.deepseek_v4.context import flash_config
+from lab.bench.deepseek_v4.resume import (
     ResumeBench,
     Shape,
     default_context,

@@ -25,9 +25,9 @@ def _hits(folders: tuple[str, ...]) -> list[str]:
 
 
 def test_no_code_sets_a_setting_by_patching_a_family_class() -> None:
-    hits = _hits(("bench", "scripts", "engine", "worker", "launch", "prefill_worker",
+    hits = _hits(("bench", "lab", "scripts", "engine", "worker", "launch", "prefill_worker",
                   "decode_worker", "tests"))
-    hits = [h for h in hits if not h.startswith("tests/bench/test_no_setting_by_patching.py")]
+    hits = [h for h in hits if not h.startswith("tests/lab/test_no_setting_by_patching.py")]
     assert not hits, "settings changed by patching a class:\n" + "\n".join(hits)
 
 

@@ -1,4 +1,4 @@
-"""bench.grammar without any model file: the synthetic Llama it writes loads in the engine, its
+"""lab.bench.grammar without any model file: the synthetic Llama it writes loads in the engine, its
 tokenizer (trained offline on the repo's text) is a real multi-character BPE that xgrammar takes,
 and the benchmark runs end to end on it (a CPU smoke run of a small shape; the H200 figures use
 the default SmolLM2-135M shape)."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import grammar
-from bench.repo_bpe import write_bpe_llama
+from lab.bench import grammar
+from lab.bench.repo_bpe import write_bpe_llama
 from common.tokenizer import Tokenizer
 from engine.checkpoint import load_checkpoint
 
