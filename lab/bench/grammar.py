@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from lab.bench.repo_bpe import write_bpe_llama
 from common.default_model import DefaultModelMissing, default_model_path
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from lab.bench.repo_bpe import write_bpe_llama
 from worker.grammar_cache import GrammarCache
 
 SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999},

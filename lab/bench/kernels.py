@@ -22,6 +22,7 @@ from functools import partial
 
 import torch
 
+from kernels.indexer_topk import IndexerTiles
 from lab.bench.kernel_cases import (
     BenchShapes,
     bench_indexer,
@@ -30,7 +31,6 @@ from lab.bench.kernel_cases import (
     bench_sparse,
     sweep_indexer_tiles,
 )
-from kernels.indexer_topk import IndexerTiles
 
 GIB = 1024**3
 

@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 import torch
 
-from lab.bench.kernel_quant_cases import _random_fp8, _random_mxfp4, _rel, graph_ms
 from kernels.fp8_linear import (
     Fp8GemvVariant,
     fp8_gemv_variant,
@@ -35,6 +34,7 @@ from kernels.fp8_linear import (
 from kernels.fp8_linear_ref import fp8_grouped_linear_ref
 from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes
 from kernels.mxfp4_moe_ref import moe_experts_ref
+from lab.bench.kernel_quant_cases import _random_fp8, _random_mxfp4, _rel, graph_ms
 
 Timer = Callable[[Callable[[], object], int], float]
 

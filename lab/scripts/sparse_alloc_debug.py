@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from lab.bench.sparse_case import realistic_sparse_inputs
 from kernels.sparse_attention import sparse_attention
+from lab.bench.sparse_case import realistic_sparse_inputs
 
 
 def main() -> None:

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from lab.bench.deepseek_v4 import decode_kernel_configs as dkc
 from kernels._launch_configs import KNOBS, launch_config, overridden
+from lab.bench.deepseek_v4 import decode_kernel_configs as dkc
 
 
 def test_overrides_nest_and_unwind() -> None:

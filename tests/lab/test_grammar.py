@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab.bench import grammar
-from lab.bench.repo_bpe import write_bpe_llama
 from common.tokenizer import Tokenizer
 from engine.checkpoint import load_checkpoint
+from lab.bench import grammar
+from lab.bench.repo_bpe import write_bpe_llama
 
 pytest.importorskip("xgrammar")
 

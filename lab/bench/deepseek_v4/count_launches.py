@@ -25,13 +25,16 @@ from collections import Counter
 
 import torch
 
-from lab.bench.deepseek_v4.context import flash_config
-from lab.bench.deepseek_v4.kernel_sources import OpSources
-from lab.bench.deepseek_v4.quantized_weights import reblock_fp8_scales, synthetic_quantized_state_dict
 from engine.models.deepseek_v4 import DeepseekV4KVPool, DeepseekV4Model, V4Backend
 from engine.models.deepseek_v4.merged_linear import unmerge_projections
 from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes
 from engine.workspace import Workspace
+from lab.bench.deepseek_v4.context import flash_config
+from lab.bench.deepseek_v4.kernel_sources import OpSources
+from lab.bench.deepseek_v4.quantized_weights import (
+    reblock_fp8_scales,
+    synthetic_quantized_state_dict,
+)
 
 
 def mixed_step(num_decodes: int) -> tuple[tuple[int, ...], list[tuple[int, int]]]:

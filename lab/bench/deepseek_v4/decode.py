@@ -33,6 +33,16 @@ from typing import Any
 
 import torch
 
+from engine.config import EngineConfig, KernelChoices
+from engine.errors import EngineError
+from engine.llm_engine import LLMEngine, RequestOutput
+from engine.model_config import ModelConfig
+from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.config import CSA, HCA, DeepseekV4Config, RopeParams
+from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
+from engine.sampling_params import SamplingParams
+from kernels import pdl_launch, pdl_mode
 from lab.bench.deepseek_v4.context import (
     _sync,
     flash_config,
@@ -46,16 +56,6 @@ from lab.bench.deepseek_v4.quantized_weights import (
     quantized_hf_config,
     synthetic_quantized_state_dict,
 )
-from engine.config import EngineConfig, KernelChoices
-from engine.errors import EngineError
-from engine.llm_engine import LLMEngine, RequestOutput
-from engine.model_config import ModelConfig
-from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.config import CSA, HCA, DeepseekV4Config, RopeParams
-from engine.models.deepseek_v4.model import DeepseekV4Model
-from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
-from engine.sampling_params import SamplingParams
-from kernels import pdl_launch, pdl_mode
 
 _MARK_BEGIN = "<!-- bench_decode:begin -->"
 _MARK_END = "<!-- bench_decode:end -->"

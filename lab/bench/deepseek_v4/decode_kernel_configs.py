@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from lab.bench.deepseek_v4.hc_decode_warps import _graph_us
 from kernels._launch_configs import KNOBS, overridden
+from lab.bench.deepseek_v4.hc_decode_warps import _graph_us
 
 SWEEPS = {
     "moe_route": "default;1;2;8",

@@ -34,9 +34,6 @@ from typing import Any
 
 import torch
 
-from lab.bench.deepseek_v4.context import flash_config
-from lab.bench.deepseek_v4.decode import hf_dict
-from lab.bench.deepseek_v4.quantized_weights import quantized_hf_config, synthetic_quantized_state_dict
 from engine.config import EngineConfig
 from engine.memory_planner import MemoryPlan, make_plan
 from engine.model_config import ModelConfig
@@ -46,6 +43,12 @@ from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, block_multiple
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.quant_modules import set_prefill_fp8
 from engine.workspace import Workspace
+from lab.bench.deepseek_v4.context import flash_config
+from lab.bench.deepseek_v4.decode import hf_dict
+from lab.bench.deepseek_v4.quantized_weights import (
+    quantized_hf_config,
+    synthetic_quantized_state_dict,
+)
 
 FLASH_43 = "SS" + "CH" * 20 + "C"  # V4-Flash's 43 layers: two sliding, then CSA/HCA alternating
 GiB = 2**30

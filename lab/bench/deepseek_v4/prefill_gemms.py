@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from lab.bench.kernel_quant_cases import _random_fp8, _random_mxfp4, _rel
 from kernels.fp8_linear import fp8_grouped_linear, fp8_linear
 from kernels.fp8_w8a8 import fp8_grouped_linear_w8a8, fp8_linear_w8a8, fp8_w8a8_scratch_bytes
 from kernels.fp8_w8a8_ref import fp8_grouped_linear_w8a8_ref, fp8_linear_w8a8_ref
+from lab.bench.kernel_quant_cases import _random_fp8, _random_mxfp4, _rel
 
 # name, N (outputs a group), K (inputs a group), groups: one V4-Flash layer's FP8 projections
 V4_PROJECTIONS = [("q_a", 1024, 4096, 1), ("q_b", 32768, 1024, 1), ("kv", 512, 4096, 1),

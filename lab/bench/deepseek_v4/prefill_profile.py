@@ -23,8 +23,6 @@ from typing import Any
 
 import torch
 
-from lab.bench.deepseek_v4.context import flash_config
-from lab.bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool
 from engine.models.deepseek_v4.model import DeepseekV4Model
@@ -38,6 +36,8 @@ from engine.models.deepseek_v4.step_peak import (
     deepseek_v4_kernels_step_bytes,
 )
 from engine.workspace import Workspace
+from lab.bench.deepseek_v4.context import flash_config
+from lab.bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
 
 
 def _cuda() -> bool:

@@ -33,6 +33,14 @@ from typing import Any
 
 import torch
 
+from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.config import DeepseekV4Config
+from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, deepseek_v4_cache_bytes
+from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.models.deepseek_v4.sizing import (
+    deepseek_v4_step_scratch_bytes,
+    deepseek_v4_workspace_bytes,
+)
 from lab.bench.deepseek_v4.context import (
     _device_allocs,
     _planned,
@@ -41,14 +49,6 @@ from lab.bench.deepseek_v4.context import (
     random_init_,
     report_results,
     run_or_report,
-)
-from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, deepseek_v4_cache_bytes
-from engine.models.deepseek_v4.model import DeepseekV4Model
-from engine.models.deepseek_v4.sizing import (
-    deepseek_v4_step_scratch_bytes,
-    deepseek_v4_workspace_bytes,
 )
 
 INCIDENT_SHAPES = "149760+6459,212992+42557,208896+216"

@@ -38,6 +38,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from engine.config import EngineConfig  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
+from engine.model_config import ModelConfig  # noqa: E402
+from engine.models.deepseek_v4.backend import V4Backend  # noqa: E402
+from engine.models.deepseek_v4.config import DeepseekV4Config  # noqa: E402
+from engine.models.deepseek_v4.model import DeepseekV4Model  # noqa: E402
 from lab.bench.deepseek_v4.context import flash_config  # noqa: E402
 from lab.bench.deepseek_v4.decode import hf_dict  # noqa: E402
 from lab.bench.deepseek_v4.quantized_weights import (  # noqa: E402
@@ -45,12 +51,6 @@ from lab.bench.deepseek_v4.quantized_weights import (  # noqa: E402
     synthetic_quantized_state_dict,
 )
 from lab.bench.live_bytes import Allocation, LiveBytes  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.model_config import ModelConfig  # noqa: E402
-from engine.models.deepseek_v4.backend import V4Backend  # noqa: E402
-from engine.models.deepseek_v4.config import DeepseekV4Config  # noqa: E402
-from engine.models.deepseek_v4.model import DeepseekV4Model  # noqa: E402
 
 # What the CUDA engine resolves V4Backend() to (backend.py; resolving needs no device)
 CUDA_BACKEND = V4Backend().resolved(torch.device("cuda"))

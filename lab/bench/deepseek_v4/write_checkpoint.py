@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from lab.bench.deepseek_v4.quantized_weights import QUANTIZATION_CONFIG
 from engine.models.deepseek_v4.checkpoint_specs import TensorSpec, checkpoint_specs, make_tensor
 from engine.models.deepseek_v4.config import DeepseekV4Config
+from lab.bench.deepseek_v4.quantized_weights import QUANTIZATION_CONFIG
 
 FLASH_HIDDEN = 4096
 FLASH_VOCAB = 129280

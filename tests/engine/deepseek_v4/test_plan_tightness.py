@@ -16,11 +16,11 @@ import os
 import pytest
 import torch
 
-from lab.bench.deepseek_v4.context import flash_config
 from engine.models.deepseek_v4.step_peak import (
     deepseek_v4_kernels_peak_bytes,
     deepseek_v4_kernels_step_bytes,
 )
+from lab.bench.deepseek_v4.context import flash_config
 
 
 def test_entries_bounded_by_the_pool_and_flat_without_them() -> None:

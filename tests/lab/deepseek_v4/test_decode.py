@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from lab.bench.deepseek_v4.context import flash_config
-from lab.bench.deepseek_v4.decode import HEADING, hf_dict, main, max_tokens_for
 from engine.errors import EngineError
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.sampling_params import SamplingParams
+from lab.bench.deepseek_v4.context import flash_config
+from lab.bench.deepseek_v4.decode import HEADING, hf_dict, main, max_tokens_for
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "deepseek_v4.md"
 BEGIN, END = "<!-- bench_decode:begin -->", "<!-- bench_decode:end -->"
@@ -219,9 +219,9 @@ def test_report_writes_the_section_once(tiny_run: tuple[int, Path], tmp_path: Pa
 def test_quantized_weights_run(tmp_path: Path) -> None:
     """--weights fp8-mxfp4: the model holds FP8 projections and MXFP4 experts made on the device
     (through from_state_dict, as a checkpoint would be), and decodes."""
-    from lab.bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
     from engine.models.deepseek_v4.model import DeepseekV4Model
     from engine.models.deepseek_v4.quant_modules import Fp8Linear, Mxfp4Experts
+    from lab.bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
 
     rc, res = _run(tmp_path / "q.json", "--weights", "fp8-mxfp4", "--prompts", "20", "--batches", "1")
     assert rc == 0 and res["weights"] == "fp8-mxfp4" and res["rows"][0]["error"] is None
@@ -238,9 +238,9 @@ def test_quantized_weights_run(tmp_path: Path) -> None:
 def test_config_estimate_equals_the_quantized_weights() -> None:
     """bulkhead plan's weight estimate (config only) = the bytes of the quantized tensors the
     bench makes (fp32 model, so every float tensor is 4 B either way); dequantized is larger."""
-    from lab.bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
     from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
     from engine.models.deepseek_v4.sizing import deepseek_v4_weight_bytes
+    from lab.bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
 
     cfg = dataclasses.replace(flash_config("SCH", 8, 256, tiny=True), hidden_size=32, moe_intermediate_size=32)
     sd = synthetic_quantized_state_dict(cfg, "cpu", torch.float32)

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from lab.bench.deepseek_v4 import hc_decode_warps
 from kernels.errors import KernelArgumentError
 from kernels.hc_decode import hc_decode, hc_decode_partial_shape
+from lab.bench.deepseek_v4 import hc_decode_warps
 
 
 def test_hc_decode_warps_rows(interpret, tmp_path) -> None:

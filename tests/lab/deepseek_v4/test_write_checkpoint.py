@@ -17,9 +17,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from lab.bench.deepseek_v4.write_checkpoint import INDEX_FILE, flash_hf_config
 from engine.models.deepseek_v4.checkpoint_specs import checkpoint_specs
 from engine.models.deepseek_v4.config import CSA, HCA, SLIDING, DeepseekV4Config
+from lab.bench.deepseek_v4.write_checkpoint import INDEX_FILE, flash_hf_config
 
 LAYERS, EXPERTS, HIDDEN, VOCAB = 4, 8, 256, 49152
 SHARD_MB = 26  # the embedding (49152 x 256 bf16 = 24 MiB) fits; the model needs several shards
