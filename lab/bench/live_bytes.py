@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-_OURS = ("/engine/", "/kernels/", "/bench/")
+_OURS = ("/engine/", "/kernels/", "/bench/", "/lab/")
 
 
 @dataclass(frozen=True)
