@@ -12,8 +12,13 @@ import pytest
 
 from common.settings import WorkerSettings, load_worker_settings
 from engine import plan_cli
-from engine.config import (_CONVERTED, ENGINE_ONLY, EngineConfig, engine_config_from_settings,
-                           engine_settings_names)
+from engine.config import (
+    _CONVERTED,
+    ENGINE_ONLY,
+    EngineConfig,
+    engine_config_from_settings,
+    engine_settings_names,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MODEL = str(DATA / "qwen3-8b-config.json")
