@@ -2,7 +2,7 @@
 
 Loading dequantizes every weight through float32 temporaries of a few MiB each, below glibc's
 mmap threshold, so they come from the heap; freed, they stay in the process's resident set as
-free heap (45 MiB a worker for SmolLM2-135M on the CPU, measured with scripts/up_footprint.py).
+free heap (45 MiB a worker for SmolLM2-135M on the CPU, measured with lab/scripts/up_footprint.py).
 ``malloc_trim(0)`` once start-up is over returns those pages. Nothing else is changed; on a C
 library without ``malloc_trim`` (musl, macOS) it does nothing.
 """

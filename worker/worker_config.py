@@ -6,7 +6,7 @@ Built once at start-up from ``WorkerSettings`` (common/settings.py, torch-free s
 The KV staging's 0 ("by device") is fixed here (``staging_gb``), once the model's KV layout is
 known; the engine's by-device settings (``kv_tokens``, the import slice) are fixed by
 ``engine_config_from_settings``. On the CPU they are sized for a laptop, where the plan is the
-same RAM as everything else: ``bulkhead up`` with no arguments fits 2 GB there (README).
+same RAM as everything else: ``bulkhead up`` with no arguments fits 2 GB there (docs/serving.md).
 """
 
 from __future__ import annotations

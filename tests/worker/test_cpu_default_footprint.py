@@ -1,7 +1,7 @@
 """`bulkhead up` with no arguments on the CPU: what its two workers plan (the memory plans and
-LMCache's pools) stays within the share of 2 GB the README gives it, and the CUDA defaults are
+LMCache's pools) stays within the share of 2 GB docs/serving.md gives it, and the CUDA defaults are
 the ones they were. The plan is deterministic: nothing is loaded, timed or measured here (the
-measured RSS, with its command, is in the README and docs/benchmarks.md)."""
+measured RSS, with its command, is in docs/serving.md and docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from worker.worker_config import WorkerConfig, staging_gb
 MiB = 1 << 20
 # The workers' plans and pools of a default CPU `up`, SmolLM2-135M: 913 MiB when written; the
 # processes' own Python, torch and LMCache (about 1.1 GiB of RSS for all of them) make the rest
-# of the 2 GB (README "What it holds on a CPU").
+# of the 2 GB (docs/serving.md, "What it holds on a CPU").
 PLANNED_BUDGET_MIB = 960
 STORE = "redis://127.0.0.1:6379"  # `up` starts a redis-server: the decode worker only reads it
 
