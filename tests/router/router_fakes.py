@@ -31,6 +31,9 @@ SPECIALS = ["<|im_start|>", "<|im_end|>", "<eos>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 SCRIPT = " The answer is 42. END of the story, ça va?"
+# what a worker whose engine loop died answers the calls it was running (worker/codec.py maps
+# EngineLoopFailed to UNAVAILABLE with its message) before it exits: a crash under the call
+CRASHED = "engine loop failed: RuntimeError: boom"
 QUEUE_S, PREFILL_S = 0.25, 0.5   # the queue and prefill times the fakes report
 
 
@@ -87,6 +90,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
     token_delay_s: float = 0.0
     info_delay_s: float = 0.0         # GetInfo answers this late (a busy worker)
     prefill_error: grpc.StatusCode | None = None  # Prefill fails with this status
+    prefill_error_details: str = "the worker cannot take it now"  # ... and these details
     exhausted: bool = False           # answer RESOURCE_EXHAUSTED
     fail_after: int = -1              # Generate: fail UNAVAILABLE after this many tokens
     frozen: bool = False              # a stalled engine: no token, counters stop (GetInfo answers)
@@ -141,7 +145,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full (8 waiting)")
         if self.prefill_error is not None:
             self.prefills.append(request)
-            await context.abort(self.prefill_error, "engine thread died")
+            await context.abort(self.prefill_error, self.prefill_error_details)
         self.prefills.append(request)
         await asyncio.sleep(self.token_delay_s)
         out = self._output(request.sampling)
