@@ -250,10 +250,11 @@ class ChoiceRunner:
         return call.result()
 
     async def _prefill_with_retry(self, address: str) -> Prefilled | None:
-        """Prefill on ``address``; if that worker died, timed out or broke, once more on another
-        prefill worker; if none is left (or it fails too), None: the decode worker, whose plan
-        the policy checked holds this context, prefills the prompt itself. Errors the request
-        itself causes (bad input, over the plan) are raised as they are."""
+        """Prefill on ``address``; if that worker could not be reached, stalled or aborted it,
+        once more on another prefill worker; if none is left (or it fails too), None: the
+        decode worker, whose plan the policy checked holds this context, prefills the prompt
+        itself. Errors the request itself causes (bad input, over the plan, a step that raised)
+        are raised as they are, and a worker that died under it raises the verdict on it."""
         tried = address
         for attempt in (1, 2):
             try:

@@ -265,7 +265,7 @@ async def serve_generation(ctx: RouterContext, request: Request,
     except ClientGone:
         result = "cancelled"
         return Response(status_code=499)
-    except (ApiError, WorkerCallError) as exc:
+    except (ApiError, WorkerCallError, QuarantinedRequest, WorkerCrashed) as exc:
         err = named_for_request(as_api_error(exc, ctx), job)
         result = err.code or str(err.status)
         return error_response(err)
