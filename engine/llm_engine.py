@@ -362,7 +362,9 @@ class LLMEngine:
             matchers.pop(rid, None)
             if rid in complete:
                 complete.remove(rid)
-            outputs.append(self._end(rid, "error", StepFailed(why)))
+            outputs.append(self._end(rid, "error", StepFailed(
+                f"the engine step running this request raised {why}; this request was ended "
+                "alone, the worker and its other requests go on")))
         sched, sampled, logprobs = ran.sched, ran.sampled, ran.logprobs
         if not sched.chunks:
             return outputs

@@ -75,7 +75,7 @@ def test_a_prompt_whose_prefill_raises_ends_alone(engine: LLMEngine) -> None:
     assert raised[0] == 3 and raised[1:] == [1]  # the step of three, then "bad" run alone
     tokens, out = got["bad"]
     assert tokens == [] and out.finish_reason == "error"
-    assert isinstance(out.error, StepFailed) and "RuntimeError: shape mismatch" in str(out.error)
+    assert isinstance(out.error, StepFailed) and "raised RuntimeError: shape mismatch" in str(out.error)
     for rid in PLAIN:
         assert got[rid][0] == quiet[rid][0] and got[rid][1].finish_reason == "length"
     assert engine.stats().num_running == 0 and not engine.has_unfinished()
