@@ -63,7 +63,7 @@ def test_bystanders_of_one_crash_are_not_blamed_and_a_second_crash_blames() -> N
     # outside the window the first crash is forgotten
     now[0] = 200.0
     y2, v = blame.begin(B, "y"), blame.begin(B, "v")
-    assert not blame.crashed(y2).blamed
+    assert not blame.crashed(y2).blamed and not blame.crashed(v).blamed
 
 
 def test_ended_calls_are_forgotten() -> None:
