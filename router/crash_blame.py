@@ -36,10 +36,12 @@ _CRASH_SIGNS = ("socket closed", "connection reset", "broken pipe", "stream remo
 
 
 def is_crash(err: WorkerCallError) -> bool:
-    """Whether ``err`` says the worker died while it ran the call (not that it was never
-    reached, stalled, or refused the request)."""
+    """Whether ``err`` says the worker died while it ran the call: its handler had taken the
+    call (it sent proto's ACCEPTED) and the connection was lost after. Not a worker never
+    reached, nor a request sent on a connection whose worker had already died (the first
+    chat after a SIGKILL reads "Connection reset by peer" without ACCEPTED), nor a stall."""
     details = err.details.lower()
-    return (err.code == grpc.StatusCode.UNAVAILABLE
+    return (err.reached and err.code == grpc.StatusCode.UNAVAILABLE
             and any(sign in details for sign in _CRASH_SIGNS))
 
 

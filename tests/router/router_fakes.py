@@ -19,6 +19,7 @@ import grpc
 import jinja2
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from proto import ACCEPTED
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 
@@ -141,6 +142,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
                                                        len(request.prompt_token_ids)))
 
     async def Prefill(self, request: pb.PrefillRequest, context: Any) -> pb.PrefillResponse:
+        await context.send_initial_metadata((ACCEPTED,))  # as a worker does (proto/__init__.py)
         if self.exhausted:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full (8 waiting)")
         if self.prefill_error is not None:
@@ -158,6 +160,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
             finish_reason=reason, queue_time_s=QUEUE_S, prefill_time_s=PREFILL_S)
 
     async def Generate(self, request: pb.GenerateRequest, context: Any) -> Any:
+        await context.send_initial_metadata((ACCEPTED,))
         if self.exhausted:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full (8 waiting)")
         self.generates.append(request)

@@ -12,8 +12,9 @@ from router.errors import WorkerCallError
 A, B = "10.0.0.1:1", "10.0.0.2:1"
 
 
-def err(details: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> WorkerCallError:
-    return WorkerCallError(A, "prefill", code, details)
+def err(details: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+        reached: bool = True) -> WorkerCallError:
+    return WorkerCallError(A, "prefill", code, details, reached)
 
 
 def test_a_crash_is_a_call_cut_by_the_workers_death_not_an_unreachable_worker() -> None:
@@ -25,6 +26,8 @@ def test_a_crash_is_a_call_cut_by_the_workers_death_not_an_unreachable_worker() 
                             "refused"))
     assert not is_crash(err("the worker stopped advancing: no step for 10 s"))
     assert not is_crash(err("Socket closed", grpc.StatusCode.INTERNAL))
+    # sent on a connection whose worker had just died: its handler never took the call
+    assert not is_crash(err("recvmsg:Connection reset by peer", reached=False))
 
 
 def test_the_only_request_running_is_blamed_at_once() -> None:
