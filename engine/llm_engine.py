@@ -10,6 +10,7 @@ Single-threaded: one thread owns the engine and the device.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from engine.grammar import new_matcher
 from engine.kv_import_job import KVImporter
 from engine.memory_planner import MemoryPlan, device_memory, library_workspaces, make_plan
 from engine.model_config import ModelConfig
-from engine.model_runner import KVImport, ModelRunner
+from engine.model_runner import KVImport, ModelRunner, WarmupReport
 from engine.models import family_class
 from engine.models.family import KVLayout
 from engine.outputs import EngineStats, RequestOutput
@@ -45,6 +46,7 @@ from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
 from engine.staged_kv import StagedKV
 from engine.step_isolation import StepIsolator
+from engine.warmup_record import WarmupRecord
 from engine.weight_share import SharedWeights
 
 log = logging.getLogger(__name__)
@@ -121,8 +123,16 @@ class LLMEngine:
             SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos),
                             family.step_context_limit(ec)),
             self.block_manager)
-        self.warmup_report = self.runner.warmup(progress)
+        record = (WarmupRecord.for_engine(ec.warmup_record_dir, ec, model_fingerprint,
+                                          torch.__version__)
+                  if ec.warmup_record_dir and ec.torch_device.type == "cpu" and ranks is None
+                  else None)
+        passed = record.load() if record is not None else None
+        self.warmup_report = self.runner.warmup(
+            progress, WarmupReport(**passed) if passed is not None else None)
         rep = self.warmup_report
+        if record is not None and passed is None:
+            record.save(dataclasses.asdict(rep))
         if rep.activation_peak_bytes is not None and rep.activation_peak_bytes > rep.activation_planned_bytes:
             # The plan under-counted what the worst step really takes: refuse to serve on it.
             raise PlanError(

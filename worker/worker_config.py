@@ -40,6 +40,7 @@ class WorkerConfig:
             cuda_graphs=s.cuda_graphs,
             seed=s.seed, share_weights=s.share_weights,
             share_weights_timeout_s=s.share_weights_timeout_s,
+            warmup_record_dir=s.warmup_record_dir,
             tensor_parallel_size=s.tensor_parallel_size,
             kv_import_slice_bytes=max(1, int(s.kv_import_slice_mb * (1 << 20))),
             kv_dtype=s.kv_cache_dtype, load_format=s.load_format, memory_share=s.memory_share,
