@@ -85,7 +85,7 @@ class LineWatch(threading.Thread):
         super().__init__(daemon=True)
         self.paths, self.t0 = paths, t0
         self.offsets = {p: p.stat().st_size if p.exists() else 0 for p in paths}
-        self.lines: list[tuple[float, str]] = []
+        self.lines: list[tuple[Path, float, str]] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -100,7 +100,7 @@ class LineWatch(threading.Thread):
                 self.offsets[p] += end
                 now = time.monotonic() - self.t0
                 for line in data[:end].decode(errors="replace").splitlines():
-                    self.lines.append((now, line))
+                    self.lines.append((p, now, line))
             time.sleep(0.05)
 
 
@@ -129,12 +129,12 @@ def one_run(up_pid: int, url: str, model: str, log_dir: Path, up_out: Path,
     watch.stop.set()
     watch.join()
     events: list[tuple[str, float]] = []
-    for at, line in watch.lines:
+    for path, at, line in watch.lines:
         if re.search(r"decode \(pid \d+\) exited", line):
             events.append(("death noticed", at))
         elif "decode restarted" in line:
             events.append(("restarted", at))
-        elif line.startswith(PREFIX):
+        elif line.startswith(PREFIX) and path != up_out:  # up.out repeats the old log's tail
             if not any(name == "first progress" for name, _ in events):
                 events.append(("first progress", at))
             events.append((line[len(PREFIX):].strip(), at))

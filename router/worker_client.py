@@ -76,6 +76,12 @@ class WorkerAccess:
 
 
 EMPTY_ANSWER = "the answer held no readable message"
+# How soon a channel whose worker went away tries to connect again. gRPC's own back-off grows
+# to 120 s; after a decode worker was down 16 s it had reached ~10 s, so the router's polls
+# kept failing on the channel's remembered error for 12 s after the restarted worker served
+# (bench/restart.py). At most 1 s: the router's poll (poll_interval_s, 2 s) sees it next time.
+RECONNECT_BACKOFF = (("grpc.initial_reconnect_backoff_ms", 250),
+                     ("grpc.max_reconnect_backoff_ms", 1000))
 
 
 async def _reached(call: Any) -> bool:
@@ -160,7 +166,8 @@ class WorkerClient:
         self._metadata = access.metadata
         self._channel = access.channel(
             address, options=[("grpc.enable_retries", 0),
-                              ("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+                              ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                              *RECONNECT_BACKOFF])
         self._stub = pb_grpc.WorkerStub(self._channel)
 
     async def _unary(self, method: Any, request: Any, phase: str, timeout: float) -> Any:
