@@ -64,8 +64,8 @@ class EngineConfig:
     max_batch: int = 8  # most sequences running at once
     block_size: int = 0  # KV block size in tokens; 0 = the model family's default
     num_blocks: int | None = None  # KV extent; None -> every running sequence can reach max_context
-    # "auto": KV stored in the model dtype; "fp8": stored entries in FP8 e4m3 (DeepSeek-V4: an
-    # fp32 scale per row; dense families: vLLM's uncalibrated scale 1.0, kernels/kv_quant.py)
+    # "auto": KV stored in the model dtype; "fp8": stored entries in FP8 e4m3 (each family picks
+    # its scaling: a per-row fp32 scale, or vLLM's uncalibrated scale 1.0 in kernels/kv_quant.py)
     kv_dtype: str = "auto"
     attn_tile_tokens: int = 0  # keys per attention tile (PyTorch path); 0 = 256 in whole blocks
     attention_backend: str = "auto"  # "auto" (triton on CUDA, else torch) | "torch" | "triton"
@@ -186,3 +186,53 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
         return _DTYPES[self.dtype]
+
+
+# ------------------------------------------------------------ from the worker settings
+# How a worker's settings (common/settings.py, the one loader) become its EngineConfig. A field
+# of EngineConfig that has a worker setting of the same name takes it as it is; the few whose
+# name or unit differ are converted here; the rest are engine-only (never a setting) and keep
+# their defaults. tests/worker/test_engine_config_from_settings.py fails on a field that falls
+# through none of these.
+GiB_BYTES = 1 << 30
+_CONVERTED = {
+    "max_context": lambda s: s.max_context_tokens,  # "auto" -> 0 (engine/config_resolve.py)
+    "num_blocks": lambda s: s.num_blocks or None,  # 0 = every sequence can reach max_context
+    "kv_dtype": lambda s: s.kv_cache_dtype,  # vLLM's flag name
+    "device_memory_bytes": lambda s: int(s.device_memory_gb * GiB_BYTES) or None,
+    "kv_import_slice_bytes": lambda s: max(1, int(s.kv_import_slice_mb * (1 << 20))),
+    "kernels": lambda s: KernelChoices(
+        indexer=s.indexer_backend, attention=s.sparse_attention_backend,
+        gemm=s.quant_gemm_backend, mhc=s.mhc_backend, decode=s.decode_loop,
+        lanes=s.decode_lanes),
+}
+# Engine fields that no worker setting reaches (tests and benchmarks set them in code).
+ENGINE_ONLY = frozenset({"attention_backend"})
+# The worker settings the conversions above read (for `bulkhead plan`'s flags).
+CONVERTED_FROM = frozenset({"max_context", "num_blocks", "kv_cache_dtype", "device_memory_gb",
+                            "kv_import_slice_mb", "indexer_backend", "sparse_attention_backend",
+                            "quant_gemm_backend", "mhc_backend", "decode_loop", "decode_lanes"})
+
+
+def engine_settings_names(settings_cls: type) -> frozenset[str]:
+    """The worker settings that reach the EngineConfig."""
+    from dataclasses import fields
+
+    own = {f.name for f in fields(settings_cls)}
+    same = {f.name for f in fields(EngineConfig)} & own
+    return frozenset(same | (CONVERTED_FROM & own))
+
+
+def engine_config_from_settings(s) -> EngineConfig:  # noqa: ANN001 - common.settings.WorkerSettings
+    """The EngineConfig of a worker with settings ``s`` (its ``model`` already resolved)."""
+    from dataclasses import fields
+
+    values = {}
+    for f in fields(EngineConfig):
+        if f.name in _CONVERTED:
+            values[f.name] = _CONVERTED[f.name](s)
+        elif f.name in ENGINE_ONLY:
+            continue
+        else:
+            values[f.name] = getattr(s, f.name)  # AttributeError: a field no setting reaches
+    return EngineConfig(**values)

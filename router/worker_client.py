@@ -79,7 +79,7 @@ EMPTY_ANSWER = "the answer held no readable message"
 # How soon a channel whose worker went away tries to connect again. gRPC's own back-off grows
 # to 120 s; after a decode worker was down 16 s it had reached ~10 s, so the router's polls
 # kept failing on the channel's remembered error for 12 s after the restarted worker served
-# (bench/restart.py). At most 1 s: the router's poll (poll_interval_s, 2 s) sees it next time.
+# (lab/bench/restart.py). At most 1 s: the router's poll (poll_interval_s, 2 s) sees it next time.
 RECONNECT_BACKOFF = (("grpc.initial_reconnect_backoff_ms", 250),
                      ("grpc.max_reconnect_backoff_ms", 1000))
 
