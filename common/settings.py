@@ -263,6 +263,14 @@ class WorkerSettings:
         default=600.0,
         metadata=_doc("One-box mode: seconds a worker waits for another to export the weights."),
     )
+    warmup_record_dir: str = field(
+        default="",
+        metadata=_doc("CPU: a folder where a worker records that its warm-up passed (named by a "
+                      "hash of the model fingerprint, every engine setting, torch and the "
+                      "engine's source files); a worker started with the same skips the "
+                      "warm-up's steps. `bulkhead up` sets its log folder, so a restarted "
+                      "worker is back sooner. '' = always run them. Ignored on CUDA."),
+    )
     num_threads: int = field(
         default=0, metadata=_doc("CPU threads torch may use; 0 = torch's default.")
     )

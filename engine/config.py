@@ -91,6 +91,9 @@ class EngineConfig:
     # the weights and exports them (CUDA IPC); the others map that one copy (weight_share.py).
     share_weights: str = ""
     share_weights_timeout_s: float = 600.0  # how long a mapping engine waits for the export
+    # CPU: a folder where a warm-up that passed is recorded; an engine with the same model,
+    # config, torch and code skips the warm-up's steps (engine/warmup_record.py). '' = off.
+    warmup_record_dir: str = ""
     # Most bytes of imported KV copied into blocks per engine step, all imports together (whole
     # blocks, at least one): the stall an import adds to each running decode's step. 64 MiB is
     # ~1.3 ms over PCIe Gen5 from page-locked memory and ~11 ms from pageable (~6 GB/s

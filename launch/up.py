@@ -229,6 +229,10 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
     if not opts.log_dir:
         for old in log_dir.glob("*.log"):  # the previous start's; ours are written anew
             old.unlink(missing_ok=True)
+    # a start runs each worker's warm-up in full; only a restart within this `up` may skip it
+    # (engine/warmup_record.py: the workers record a warm-up that passed in this folder)
+    for old in log_dir.glob("warmup-passed-*.json"):
+        old.unlink(missing_ok=True)
     limits = _limit_flags(opts)
     group = ProcessGroup()
     ready: dict[str, Callable[[], bool]] = {}
@@ -263,7 +267,8 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
                         *config, *limits, *_role_flags(opts, role, log_dir),
                         *opts.extra_worker_args)
             workers.append(group.add(spawn(role, argv,
-                                           env={**WORKER_ENV, **_thread_env(opts), **url_env},
+                                           env={**WORKER_ENV, **_thread_env(opts), **url_env,
+                                                "BULKHEAD_WARMUP_RECORD_DIR": str(log_dir)},
                                            log_dir=log_dir)))
         names = [role for role, _ in roles]
         followers = {role: ProgressFollower(proc.log_path) for role, proc
