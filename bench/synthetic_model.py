@@ -34,7 +34,7 @@ SHAPES = {
                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                          rope_theta=100000.0, max_position_embeddings=8192),
     # little compute, Llama-3-8B-like KV per layer (8 KV heads of 128): a CPU-sized stand-in
-    # where copying KV, not the model, is what a step spends its time on (bench/import_slices.py)
+    # where copying KV, not the model, is what a step spends its time on (lab/bench/import_slices.py)
     "kv-heavy": dict(vocab_size=1024, hidden_size=1024, intermediate_size=256,
                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
                      rope_theta=500000.0, max_position_embeddings=131072),

@@ -1,7 +1,7 @@
 """A second stream for a step's independent work, planned like the first.
 
 A decode step at small batch is a chain of short kernels, each leaving most of the GPU idle
-(docs/benchmarks.md: ~50 a layer, a few microseconds each). Work that does not depend on the
+(lab/results/notebook.md: ~50 a layer, a few microseconds each). Work that does not depend on the
 main chain (a block's side projections, a shared expert beside the routed ones) can run beside
 it on a second stream; captured in a CUDA graph, the fork and join become graph edges and the
 two branches run at once.

@@ -145,7 +145,7 @@ def hc_decode_warps(n: int) -> tuple[int, int, int]:
     """num_warps of the mix, finish and norm launches for ``n`` tokens. The finish runs its
     Sinkhorn rounds on one warp: with more, each of its ~40 tiny reductions crosses warps
     through shared memory. H100, the three launches of a boundary from a CUDA graph
-    (``bench.deepseek_v4.hc_decode_warps``, docs/benchmarks.md "Fourteenth session"): one
+    (``lab.bench.deepseek_v4.hc_decode_warps``, lab/results/notebook.md "Fourteenth session"): one
     token 9.26 -> 8.03 us at (4, 1, 2); 8 and 32 tokens 13.54 -> 10.28 and 37.07 -> 19.31 us
     at (2, 1, 1), which is 1 us slower than (4, 1, 2) at one token."""
     return (4, 1, 2) if n <= 1 else (2, 1, 1)

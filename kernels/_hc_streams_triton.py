@@ -11,7 +11,7 @@ import triton.language as tl
 from kernels._triton_support import cdiv, interpreting, next_pow2
 
 # hidden channels per merge/collapse program: m x 1024 stream values in registers. H100, 4 x 4096
-# bf16 streams (bench.deepseek_v4.hc_sweep, 2026-12-06): collapse 0.064 against 0.165 ms at 512
+# bf16 streams (lab.bench.deepseek_v4.hc_sweep, 2026-12-06): collapse 0.064 against 0.165 ms at 512
 # (4096 tokens), 0.118 against 0.306 (8192); merge 0.113 against 0.121, 0.218 against 0.235
 HC_BLOCK_D = 1024
 HC_MIX_BLOCK_N = 16  # tokens per mixes program (tl.dot's least M): 256 programs at 4096 tokens
@@ -113,7 +113,7 @@ def _grid(n: int, d: int, m: int, block_d: int) -> tuple[tuple[int, int], int, i
 
 
 # (BLOCK_D, num_warps) of merge and collapse; (BLOCK_N, BLOCK_K, num_warps, num_stages) of the
-# mixes: benchmarks pass others (``bench.deepseek_v4.hc_sweep``)
+# mixes: benchmarks pass others (``lab.bench.deepseek_v4.hc_sweep``)
 HcTiles = tuple[int, ...]
 
 

@@ -1,7 +1,7 @@
 """Launch settings (``num_warps`` and tile sizes) of the small kernels of a decode step, by
 kernel and by the rows of the launch, in one place: the launchers ask :func:`launch_config`,
 and :func:`overridden` replaces a kernel's settings inside a ``with`` (what
-``bench.deepseek_v4.decode_kernel_configs`` sweeps), as ``BULKHEAD_LAUNCH`` in the environment
+``lab.bench.deepseek_v4.decode_kernel_configs`` sweeps), as ``BULKHEAD_LAUNCH`` in the environment
 does for a whole process (to time a setting in a full model). A CUDA graph keeps the settings
 it was captured with. Only settings that leave the results the same to rounding live here: the
 sums run in another order, nothing else changes.
@@ -33,7 +33,7 @@ ENV = "BULKHEAD_LAUNCH"  # e.g. "compress_window:BLOCK_C=16,num_warps=2;moe_rout
 
 
 def _defaults(kernel: str, rows: int, size: int) -> dict[str, int]:
-    """H100, one token to 32 (``bench.deepseek_v4.decode_kernel_configs``, docs/benchmarks.md
+    """H100, one token to 32 (``lab.bench.deepseek_v4.decode_kernel_configs``, lab/results/notebook.md
     "Fifteenth session"); ``size``: the compressor's window rows, a rope_norm row's width."""
     if kernel == "compress_window":  # a long window: wide channel slices over 4 warps
         return ({"BLOCK_C": 32, "BLOCK_W": 128, "num_warps": 4} if size > 16 else

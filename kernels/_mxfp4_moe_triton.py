@@ -573,14 +573,14 @@ WIDE_DOWN_TILES: MoeTiles = (128, 128, 128, 8, 3, 0, 0, 1, 1)
 def moe_tiles(num_pairs: int, hidden: int = 4096, num_experts: int = 0) -> MoeTiles:
     """Tiles of the gate-up GEMM, and of the down GEMM where :func:`moe_down_tiles` gives it
     no tiles of its own. Up to ``GEMV_MAX_PAIRS`` pairs (8 tokens at top-6) the per-pair
-    GEMV form: on the H200 (docs/quant_decode_sweep_moe_h200.json) 0.074 against 0.091 ms at
+    GEMV form: on the H200 (lab/results/quant_decode_sweep_moe_h200.json) 0.074 against 0.091 ms at
     one token and 0.446 against 0.502 at 8, 1.69 against 1.06 ms at 32 (the tiled form reads
     an expert once for all its rows). Decode beyond (a few rows per expert): 16-row tiles with
     swapped operands; prefill: 128 x 128 x 128 tiles, swapped too, so a decoded weight tile feeds 128
-    rows from registers. H200 sweep at 4096 tokens x top-6, 128 experts (docs/benchmarks.md,
+    rows from registers. H200 sweep at 4096 tokens x top-6, 128 experts (lab/results/notebook.md,
     2026-12-04): 7.09 ms swapped against 8.26 ms for the earlier 128 x 128 x 64 unswapped tiles;
     40 KiB of shared memory, so the same tiles fit an SM120's 99 KiB. Since the twelfth session
-    (docs/benchmarks.md, H100): the per-pair form at 2 warps with int32-word weights (0.061 ms
+    (lab/results/notebook.md, H100): the per-pair form at 2 warps with int32-word weights (0.061 ms
     at one token with the gate-up split of ``moe_splits``), and the prefill tiles decode words
     straight to bf16 (6.37 against 6.57 ms at 4096 tokens, 11.03 against 11.58 at 8192).
     Thirteenth session (H100, both GEMMs, 128 experts): the programs N-tiles first (10.23

@@ -1,7 +1,7 @@
 """``python -m kernels.compile_check``: compile every Triton kernel for an H100/H200 (sm_90) on a
 machine without a GPU, and report shared memory, registers and spills. ``--records FILE``:
 compile instead the launches a :class:`LaunchRecorder` saw under the interpreter (what the
-engine really passed; ``bench.deepseek_v4.count_launches --record FILE`` writes one).
+engine really passed; ``lab.bench.deepseek_v4.count_launches --record FILE`` writes one).
 Kernels that take a ``PDL`` constexpr (programmatic dependent launch, kernels/NOTES.md) are
 compiled with it on as well (every default spec of theirs twice, each record with it on unless
 ``--no-pdl``), and their PTX must wait on the grid dependency before any global memory access.
@@ -10,7 +10,7 @@ Catches what the CPU interpreter cannot (non-constexpr globals, shapes the GPU b
 register spills) before any GPU time is spent. Pointer arguments and strides are declared
 16-divisible, as Triton specialises them at a real launch; without that its software pipeliner
 stays off and the report would describe different code. Needs a triton with the NVIDIA backend
-(the PyPI wheel has it). Diagnostic only: the engine never imports it (bench.deepseek_v4.count_launches does, for
+(the PyPI wheel has it). Diagnostic only: the engine never imports it (lab.bench.deepseek_v4.count_launches does, for
 its LaunchRecorder), and it never runs a kernel.
 """
 

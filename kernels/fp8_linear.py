@@ -47,7 +47,7 @@ def fp8_gemv_tiles(m: int, n: int, block_k: int) -> tuple[int, int, int, int, in
     ``m`` <= 32 rows, or None (more rows, or a scale block no power-of-two K-tile divides).
     Decode streams the weight: 64-row N tiles when that still gives two waves of programs on
     an H200's 132 SMs, else 32-row tiles with two K-tiles a trip (H200 sweep,
-    ``bench.kernel_quant_cases.sweep_quant_tiles``: N = 32768 -> 64/1, N = 4096 -> 32/2)."""
+    ``lab.bench.kernel_quant_cases.sweep_quant_tiles``: N = 32768 -> 64/1, N = 4096 -> 32/2)."""
     bk = next((c for c in (128, 64, 32, 16) if block_k % c == 0), None)
     if m > 32 or bk is None:
         return None
@@ -84,7 +84,7 @@ def fp8_gemv_variant(m: int, n: int, k: int, block_k: int) -> Fp8GemvVariant | N
     (the tiled kernel). The one place the choice is made. Where 64-row N tiles leave fewer
     than ``_SPLIT_PROGRAMS`` programs and K is long, K is split (up to 8 slices of at least 4
     K-tiles each) so the weight streams through more SMs at once. H200 sweep
-    (``python -m bench.quant_decode_sweep``, docs/quant_decode_sweep_h200.json): at V4-Flash's
+    (``python -m lab.bench.quant_decode_sweep``, lab/results/quant_decode_sweep_h200.json): at V4-Flash's
     shapes this rule picks the best or within 15% of the best variant, 1.3-2.1x over the
     unsplit kernel, and leaves N = 32768 x K = 1024 (already 512 programs) unsplit."""
     tiles = fp8_gemv_tiles(m, n, block_k)

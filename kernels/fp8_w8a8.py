@@ -58,7 +58,7 @@ def _tiles(m: int, dev: torch.device, n: int, k: int) -> tuple[int, int, int, in
         return 32, 32, 4, 4, 1
     # 64 x 128 x 128 FP8 tiles, 4 warps: 24 KiB of operands a stage. The fastest of the tiles
     # measured on the H200 for every V4-Flash projection at 4096 rows (1.61-1.95x weight-only,
-    # against 1.38-1.67x for 128 x 128 with 8 warps; docs/benchmarks.md). Four stages fit
+    # against 1.38-1.67x for 128 x 128 with 8 warps; lab/results/notebook.md). Four stages fit
     # Hopper's 228 KiB of shared memory, three the ~100 KiB of SM120 / SM89 parts. Since the
     # kernel's K masks and scale promotion were cut (2026-12-06, H100, the old and new kernel
     # alike), 128 x 128 with 8 warps wins where the grid is small: 1,024 outputs or fewer (q_a

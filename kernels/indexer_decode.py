@@ -60,7 +60,7 @@ def merge_parts(tile: int) -> int:
     """Programs a row the top-k merge of a ``tile``-entry tile runs on by default: one a
     ``MERGE_PART_MIN`` entries, at most ``MERGE_PARTS_DEFAULT_MAX``; 1 for short tiles (no
     combine launch). At V4-Flash's decode tile (32768 entries, from a 131k-token context) that
-    is 4 (docs/benchmarks.md "Fifteenth session")."""
+    is 4 (lab/results/notebook.md "Fifteenth session")."""
     return max(1, min(MERGE_PARTS_DEFAULT_MAX, tile // MERGE_PART_MIN))
 
 

@@ -15,7 +15,7 @@ from kernels.moe_decode_ref import SCORINGS
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # rows up to which :func:`moe_router` beats the linear then :func:`moe_route` (H100, 4096 wide,
 # 128 experts: 5.85 / 6.39 us against 8.01 / 8.06 at 1 / 8 rows, 8.82 against 8.45 at 32;
-# docs/benchmarks.md "Fifteenth session")
+# lab/results/notebook.md "Fifteenth session")
 FUSED_ROUTER_MAX_ROWS = 16
 
 

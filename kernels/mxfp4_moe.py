@@ -41,7 +41,7 @@ def uses_fp8(num_tokens: int, hidden: int, intermediate: int) -> bool:
     """True when the FP8 x FP8 prefill form suits a step (callers opt in with ``fp8=True``;
     the default is the weight-only form): a prefill-sized step, and hidden and intermediate
     sizes made of whole 128-wide activation groups (every V4 shape; tiny test shapes may not
-    be). On the H200 the form was not yet faster (docs/benchmarks.md)."""
+    be). On the H200 the form was not yet faster (lab/results/notebook.md)."""
     return num_tokens >= FP8_MIN_TOKENS and hidden % 128 == 0 and intermediate % 128 == 0
 
 
@@ -54,7 +54,7 @@ def moe_splits(num_pairs: int, hidden: int, intermediate: int) -> tuple[int, int
     a decode step's few touched experts spread over more programs with shorter K loops. The
     one place the default is chosen; the workspace helpers below follow it. The per-pair form
     (up to ``GEMV_MAX_PAIRS``) cuts the gate-up GEMV in two: on the H200 (``python -m
-    bench.quant_decode_sweep --only moe``, V4-Flash's 4096 x 2048 experts, top-6, 2-warp
+    lab.bench.quant_decode_sweep --only moe``, V4-Flash's 4096 x 2048 experts, top-6, 2-warp
     int32-word tiles) 0.061 against 0.074 ms at one token and 0.358 against 0.367 at 8. The
     tiled form gained nothing from a split at 32 tokens."""
     if num_pairs <= GEMV_MAX_PAIRS:

@@ -12,7 +12,7 @@ mkdir -p "$DEST"
 DEST=$(cd "$DEST" && pwd)
 
 # The runtime closure of router + workers + LMCache's cache engine on the device image, found by
-# tracing sys.modules through a KVStore round trip and the service imports (docs/benchmarks.md).
+# tracing sys.modules through a KVStore round trip and the service imports (lab/results/notebook.md).
 WHEELS=(
   lmcache==0.5.6 redis==8.1.0
   fastapi==0.141.1 starlette==1.10.0 pydantic==2.13.4 pydantic-core==2.46.4
@@ -23,7 +23,7 @@ WHEELS=(
   opentelemetry-api==1.40.0 opentelemetry-sdk==1.40.0 opentelemetry-semantic-conventions==0.61b0
   importlib-metadata==8.7.1 cufile-python==0.2.0 blake3==1.0.11
   cryptography==48.0.0 cffi==2.0.0 pycparser==3.0
-  xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2  # constrained decoding (bench.grammar, workers)
+  xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2  # constrained decoding (lab.bench.grammar, workers)
 )
 PLATFORMS=()
 for p in manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \

@@ -33,7 +33,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 what=${1:?smoke, split or env}
 shift
 case "$what" in
-  smoke) exec python3 -m bench.gpu_smoke "$@" ;;
+  smoke) exec python3 -m lab.bench.gpu_smoke "$@" ;;
   split) exec python3 -m launch.cli bench split "$@" ;;
   env) [ "${1:-}" = "--" ] && shift; exec "$@" ;;
   *) echo "gpu_stack.sh: unknown step $what (smoke, split, env)" >&2; exit 2 ;;

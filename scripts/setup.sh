@@ -33,7 +33,7 @@ pip_install() {
   "$PY" -m pip install -q -c "$CONSTRAINTS" "$@" 2>&1 | { grep -v "^WARNING: Location '" || true; }
 }
 
-# The GPU tier's stack (docs/gpu_stack.md, docs/benchmarks.md: torch 2.11.0+cu130, triton 3.6.0).
+# The GPU tier's stack (docs/gpu_stack.md, lab/results/notebook.md: torch 2.11.0+cu130, triton 3.6.0).
 CUDA_TORCH="torch==2.11.0"
 CUDA_TRITON="triton==3.6.0"
 CPU_TORCH="torch==2.13.0+cpu"

@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # Our top-level packages; anything else imported is a third-party or standard module.
-OURS = ("bench", "common", "decode_worker", "engine", "kernels", "launch", "prefill_worker",
+OURS = ("bench", "common", "decode_worker", "engine", "kernels", "lab", "launch", "prefill_worker",
         "proto", "router", "worker")
 RUNTIME = ("common", "decode_worker", "engine", "kernels", "prefill_worker", "proto", "router",
            "worker")
@@ -48,6 +48,29 @@ FORBIDDEN: dict[str, dict[str, str]] = {
        "bench": "no runtime package imports bench/"},
     "common": {p: "common/ is torch-free and below every package that uses it"
                for p in ("torch", "triton", *SERVICES, "engine", "kernels", "launch", "bench")},
+    "launch": {p: "`bulkhead up` and the launcher never import torch: they start the rest as "
+                  "processes and import a subcommand's module by name when it runs"
+               for p in ("torch", "triton", "engine", "kernels", "bench")},
+    "bench": {p: "`bulkhead bench` drives the services as processes, over HTTP"
+              for p in ("router", "prefill_worker", "decode_worker")},
+}
+# The lab (benchmarks, probes, GPU scripts) may import the product; nothing of the product
+# imports the lab.
+for _package in OURS:
+    if _package != "lab":
+        FORBIDDEN.setdefault(_package, {})["lab"] = "the lab imports the product, never the reverse"
+
+# The floors of the house, bottom up: an import between two of our packages runs to a lower floor,
+# never across one (two packages of a floor are strangers) and never back up
+# (docs/architecture.md, "Import rules").
+FLOORS: dict[str, int] = {
+    "proto": 0, "common": 0, "kernels": 0,
+    "engine": 1,
+    "worker": 2,
+    "router": 3, "prefill_worker": 3, "decode_worker": 3,
+    "launch": 4,
+    "bench": 5,
+    "lab": 6,
 }
 
 
@@ -103,17 +126,50 @@ def test_package_keeps_its_import_rules(package: str) -> None:
 
 
 @pytest.mark.parametrize("package", RUNTIME)
-def test_no_runtime_package_imports_bench(package: str) -> None:
+def test_no_runtime_package_imports_bench_or_the_lab(package: str) -> None:
     bad = [f"{p.relative_to(REPO)}:{line} imports {mod}"
            for p in package_files(package) for line, mod in imported_modules(p)
-           if mod.split(".")[0] == "bench"]
+           if mod.split(".")[0] in ("bench", "lab")]
     assert bad == []
 
 
 def test_every_package_of_ours_is_known() -> None:
     # A new top-level package must be placed in the rules above, not slip past them.
     found = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}
-    assert found == set(OURS)
+    assert found == set(OURS) == set(FLOORS)
+
+
+def upward_imports(package: str) -> list[str]:
+    """Imports from ``package`` to another package of ours that is not on a lower floor."""
+    out = []
+    for path in package_files(package):
+        for line, mod in imported_modules(path):
+            top = mod.split(".")[0]
+            if top in FLOORS and top != package and FLOORS[top] >= FLOORS[package]:
+                out.append(f"{path.relative_to(REPO)}:{line} imports {mod}: floor "
+                           f"{FLOORS[top]} from floor {FLOORS[package]}")
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(FLOORS))
+def test_imports_run_down_the_floors(package: str) -> None:
+    assert upward_imports(package) == []
+
+
+def test_an_import_back_up_a_floor_is_reported(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # engine (floor 1) reaching for the worker runtime (2) lazily, and a router module for a
+    # prefill worker's (same floor): both reported; the worker taking the engine is not.
+    for pkg, body in (("engine", "def f():\n    from worker.codec import status_of\n"),
+                      ("router", "import prefill_worker.server\n"),
+                      ("worker", "from engine.llm_engine import LLMEngine\n")):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+        (tmp_path / pkg / "m.py").write_text(body)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert [v.split(" imports ")[1].split(":")[0] for v in upward_imports("engine")] == [
+        "worker.codec"]
+    assert len(upward_imports("router")) == 1 and upward_imports("worker") == []
 
 
 def test_the_parser_sees_imports_the_rules_rely_on() -> None:

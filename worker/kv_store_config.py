@@ -51,7 +51,7 @@ def auto_chunk_tokens(block_size: int, bytes_per_block: int, most: int = 256) ->
     Why: Redis keeps each chunk as one string in an allocation of jemalloc's next size class,
     and counts that against ``maxmemory``. A chunk of exactly 32 MiB (256 tokens of
     Llama-3-8B) is held in 40 MiB, so 25% of the store is padding and evicts handoffs before
-    they are read (H200, 2026-12-04); 240 tokens (30 MiB) are held in 32 MiB (docs/benchmarks.md)."""
+    they are read (H200, 2026-12-04); 240 tokens (30 MiB) are held in 32 MiB (lab/results/notebook.md)."""
     if block_size >= most:
         return block_size
     row = padded_block_bytes(block_size, bytes_per_block)

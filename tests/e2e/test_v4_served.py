@@ -19,11 +19,11 @@ import openai
 import pytest
 import torch
 
-from bench.deepseek_v4.write_checkpoint import flash_hf_config, write_tokenizer
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.models.deepseek_v4.weights import to_hf_names
 from engine.sampling_params import SamplingParams
+from lab.bench.deepseek_v4.write_checkpoint import flash_hf_config, write_tokenizer
 from launch.launcher import free_port
 from tests.engine.deepseek_v4._quantized_ckpt import dequantized, write_quantized
 from tests.engine.deepseek_v4.test_deepseek_v4_quantized import _build_hf

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.deepseek_v4.write_checkpoint import flash_hf_config
 from engine.checkpoint import expected_tensor_shapes, load_checkpoint
 from engine.errors import CheckpointError
 from engine.model_config import ModelConfig
 from engine.models import family_class
 from engine.weight_share import pack, pack_stream
+from lab.bench.deepseek_v4.write_checkpoint import flash_hf_config
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CPU = torch.device("cpu")

@@ -17,6 +17,7 @@ import torch
 
 from engine.attention import AttentionShape, attention_workspace_bytes
 from engine.config import EngineConfig
+from engine.config_resolve import resolve_engine_config
 from engine.llm_engine import LLMEngine
 from engine.memory_planner import make_plan
 from engine.model_config import ModelConfig
@@ -121,8 +122,10 @@ def test_an_fp8_prefix_imported_into_another_engine_decodes_as_computed() -> Non
 def _layout(kv_dtype: str, dtype: str = "bfloat16") -> tuple[ModelConfig, EngineConfig,
                                                               DenseKVLayout]:
     cfg = ModelConfig.from_json_file(DATA / "qwen3-8b-config.json")
-    ec = EngineConfig(model="unused", device="cpu", dtype=dtype, max_context=4096,
-                      chunk_tokens=512, max_batch=4, kv_dtype=kv_dtype, num_blocks=1030)
+    ec = resolve_engine_config(EngineConfig(model="unused", device="cpu", dtype=dtype,
+                                            max_context=4096, chunk_tokens=512, max_batch=4,
+                                            kv_dtype=kv_dtype, num_blocks=1030), cfg)
+    assert (ec.block_size, ec.attn_tile_tokens) == (16, 256)  # the dense defaults
     return cfg, ec, DenseKVLayout(cfg, ec)
 
 

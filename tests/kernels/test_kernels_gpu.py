@@ -7,7 +7,6 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from bench.sparse_case import realistic_sparse_inputs
 from kernels import (
     default_decode_splits,
     indexer_topk,
@@ -22,6 +21,7 @@ from kernels import (
     sparse_attention_workspace_bytes,
 )
 from kernels.kv_quant import KV_FP8_DTYPE, quantize_kv
+from lab.bench.sparse_case import realistic_sparse_inputs
 
 pytestmark = pytest.mark.gpu
 

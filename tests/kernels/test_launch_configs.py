@@ -1,5 +1,5 @@
 """kernels._launch_configs (the small decode kernels' warps and tiles) and the bench that sweeps
-them, bench.deepseek_v4.decode_kernel_configs, on the CPU (interpreter, tiny shapes): every
+them, lab.bench.deepseek_v4.decode_kernel_configs, on the CPU (interpreter, tiny shapes): every
 setting's outputs equal the default's (window tiles narrower than the window and than the
 channels included), overrides nest and unwind, bad settings are refused with the knob named."""
 
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from bench.deepseek_v4 import decode_kernel_configs as dkc
 from kernels._launch_configs import KNOBS, launch_config, overridden
+from lab.bench.deepseek_v4 import decode_kernel_configs as dkc
 
 
 def test_overrides_nest_and_unwind() -> None:

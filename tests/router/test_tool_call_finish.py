@@ -1,5 +1,5 @@
 """Stream = non-stream for tool calls in every finish state: the router in front of fake workers
-whose scripted output is two Hermes calls, cut by max_tokens at every token. The rule (README,
+whose scripted output is two Hermes calls, cut by max_tokens at every token. The rule (docs/serving.md,
 router/tool_calls.py): the calls are those whose beginning was written; a cut call keeps the
 arguments written so far and the finish_reason is ``length``; output with no call is content."""
 

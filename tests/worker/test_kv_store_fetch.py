@@ -15,7 +15,7 @@ import pytest
 import redis
 import torch
 
-from bench.deepseek_v4.handoff import TINY_CONFIG
+from lab.bench.deepseek_v4.handoff import TINY_CONFIG
 from tests.helpers.redis_server import running_redis
 from tests.worker.test_kv_store import LAYOUT, random_kv, run_peer
 from worker.kv_store_config import worker_environment
@@ -92,7 +92,7 @@ def test_padded_blocks_arrive_bit_exact(tmp_path: Path) -> None:
     out = tmp_path / "h.json"
     env = {**os.environ, **worker_environment(), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.deepseek_v4.handoff", "--config", str(config),
+        [sys.executable, "-m", "lab.bench.deepseek_v4.handoff", "--config", str(config),
          "--device", "cpu", "--dtype", "bfloat16", "--kv-dtype", "fp8", "--block-size", "256",
          "--prompts", "1100,2700", "--chunk", "512", "--staging-gb", "0.1", "--out", str(out),
          "--log-dir", str(tmp_path)],

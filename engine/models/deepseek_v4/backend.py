@@ -23,7 +23,7 @@ shares, one PyTorch op per step of the formula); ``auto`` is ``fused`` where the
 resolves to ``kernels`` (CUDA) and ``unfused`` elsewhere. On the H200 (2026-12-03, bf16,
 43 layers x 128 experts, CUDA graphs) the fused loop's GPU tests passed and it decoded 52.1 /
 216.4 / 468.5 tok/s at batch 1 / 8 / 32 against the unfused loop's 27.7 / 145.6 / 363.6, with
-no device allocation after warm-up (docs/benchmarks.md).
+no device allocation after warm-up (lab/results/notebook.md).
 
 Never decides anything from mutable global state: the choice is a frozen value handed down.
 """

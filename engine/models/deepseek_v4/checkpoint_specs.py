@@ -1,7 +1,7 @@
 """The tensors of a DeepSeek-V4 checkpoint as V4-Flash ships them: names in DeepSeek's own
 on-disk layout (``layers.N.attn.wq_a.weight``, one ``ffn.experts.E.w1.weight`` per expert),
 shapes, stored dtypes and how to fill each one. The one list both the on-disk writer
-(bench.deepseek_v4.write_checkpoint), the on-device builder (bench.deepseek_v4.quantized_weights)
+(lab.bench.deepseek_v4.write_checkpoint), the on-device builder (lab.bench.deepseek_v4.quantized_weights)
 and the engine's dummy weights walk, so they cannot drift apart.
 
 Shapes come from the engine's own model built on the meta device, its names mapped back through

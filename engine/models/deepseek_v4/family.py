@@ -156,6 +156,7 @@ class DeepseekV4Family(ModelFamily):
         "a verify step advances its sliding-window ring, the compressors' carry and the "
         "indexer state per token, and their rollback to the accepted length is not built yet")
     tensor_parallel_kv: ClassVar[str] = "replicated"  # one shared KV head: whole on every rank
+    rerun_safe: ClassVar[bool] = False  # a step advances per-slot window rings and counts
 
     @staticmethod
     def keeps_stored_dtype(name: str) -> bool:

@@ -41,7 +41,7 @@ class Fp8Linear(nn.Module):
     (:func:`bind_workspace`), the activations are quantized to e4m3 per 1 x 128 group and the
     product is FP8 x FP8 (``kernels.fp8_w8a8``) when ``w8a8`` is set: the default, as in
     DeepSeek's own inference code, which quantizes activations per 1 x 128 for its FP8 GEMMs. On
-    the H200 it made a full-depth 4096-token chunk 10% faster (docs/benchmarks.md, 2026-12-04);
+    the H200 it made a full-depth 4096-token chunk 10% faster (lab/results/notebook.md, 2026-12-04);
     :func:`set_prefill_fp8` turns it off (benchmarks compare both). A decode GEMV variant that
     splits K (``kernels.fp8_linear.fp8_gemv_variant``) takes its partials from the bound
     Workspace too, and sums them in its own launch through the model's split-K counters

@@ -6,7 +6,7 @@ code holds them (docs/memory.md gives the same formulas). ``sizing.py`` keeps th
 part-by-part bound of the PyTorch path (CPU). Pure arithmetic on the config; never allocates.
 Keep it in step with attention.py, decode_step.py, mhc.py, moe.py and model.py: a tensor added to the step
 there is a term here, or the plan-tightness tests fail (GPU: the allocator's reading; CPU: the
-same warm-up's tensors counted by bench/deepseek_v4/step_trace.py). Where a term counts more
+same warm-up's tensors counted by lab/bench/deepseek_v4/step_trace.py). Where a term counts more
 than the code holds (docs/memory.md lists it: ~3% at a 4096-token chunk) that is the margin for
 the CUDA allocator's rounding.
 """

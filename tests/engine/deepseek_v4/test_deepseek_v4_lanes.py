@@ -47,7 +47,7 @@ def test_v4_side_lane_tokens_equal_one_lane(quantized, monkeypatch, kv_dtype) ->
 
 
 def test_recaptured_graphs_switch_lanes_on_one_engine(quantized, monkeypatch) -> None:  # noqa: F811
-    """What ``bench.deepseek_v4.decode --lanes 2,1,2`` does between passes: the backend takes
+    """What ``lab.bench.deepseek_v4.decode --lanes 2,1,2`` does between passes: the backend takes
     the other lane count and ``LLMEngine.recapture_graphs`` captures the decode graphs again on
     the same weights. Tokens stay equal across the three captures, the graphs replay, and no
     device allocation follows any capture (strict allocations would raise)."""

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import torch
 
-from bench.deepseek_v4.context import flash_config, main
 from engine.errors import CheckpointError
 from engine.models.deepseek_v4 import DeepseekV4Config, DeepseekV4KVPool, DeepseekV4Model
 from engine.models.deepseek_v4.kv_pool import deepseek_v4_cache_bytes
@@ -20,6 +19,7 @@ from engine.models.deepseek_v4.sizing import (
     deepseek_v4_step_peak_bytes,
     deepseek_v4_step_scratch_bytes,
 )
+from lab.bench.deepseek_v4.context import flash_config, main
 
 
 def test_flash_cache_bytes_by_role() -> None:
@@ -100,7 +100,8 @@ def test_bench_context_script_runs_and_reports(tmp_path: Path) -> None:
     assert main(["report", str(out), "--docs", str(docs)]) == 0
     text = (docs / "deepseek_v4.md").read_text()
     assert text.startswith("# title") and "indexer `naive`" in text and "| 96 |" in text
-    assert (docs / "deepseek_v4_context.png").stat().st_size > 0
+    assert (tmp_path / "lab" / "results" / "deepseek_v4_context.png").stat().st_size > 0
+    assert "](../lab/results/deepseek_v4_context.png)" in text
 
 
 def test_size_functions_take_the_engine_model_config(v4_builder: Callable[..., Any], tmp_path: Path) -> None:
@@ -121,8 +122,8 @@ def test_size_functions_take_the_engine_model_config(v4_builder: Callable[..., A
 
 def test_warmup_at_longest_context() -> None:
     """pretend_filled lets a warm-up step run against the longest context the extent holds."""
-    from bench.deepseek_v4.context import random_init_
     from engine.errors import InvalidRequest
+    from lab.bench.deepseek_v4.context import random_init_
 
     cfg = flash_config("SCH", experts=4, context=256, tiny=True)
     model = DeepseekV4Model.empty(cfg, torch.float32, "cpu")

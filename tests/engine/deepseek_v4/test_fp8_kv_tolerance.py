@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from bench.deepseek_v4.write_checkpoint import flash_hf_config
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from lab.bench.deepseek_v4.write_checkpoint import flash_hf_config
 
 TOLERANCE = 0.05  # nats, per generated token's log-probability
 

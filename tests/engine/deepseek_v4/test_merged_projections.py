@@ -102,8 +102,8 @@ def test_linear_parts_and_the_broken_view_fallback() -> None:
 
 
 def _toy(layers: str):  # noqa: ANN202
-    from bench.deepseek_v4.context import flash_config
-    from bench.deepseek_v4.quantized_weights import (
+    from lab.bench.deepseek_v4.context import flash_config
+    from lab.bench.deepseek_v4.quantized_weights import (
         reblock_fp8_scales,
         synthetic_quantized_state_dict,
     )
@@ -194,9 +194,9 @@ def test_fused_decode_takes_the_merged_gemvs() -> None:
 
 
 def test_planner_counts_the_merged_gemv_scratch() -> None:
-    from bench.deepseek_v4.context import flash_config
     from engine.models.deepseek_v4.sizing import fp8_gemv_split_bytes
     from kernels.fp8_linear import fp8_linear_scratch_bytes
+    from lab.bench.deepseek_v4.context import flash_config
 
     cfg = flash_config("SCHC", 256, 4096)  # V4-Flash's widths: both merges happen
     hid, ql, d, inter = cfg.hidden_size, cfg.q_lora_rank, cfg.head_dim, cfg.moe_intermediate_size

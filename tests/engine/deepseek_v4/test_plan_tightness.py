@@ -4,7 +4,7 @@ GPU tier: LLMEngine's worst-case warm-up on an H200 at V4-Flash's layer dimensio
 the shipped FP8/MXFP4 formats, synthetic values) measures the transient peak; it must be inside
 the plan's ``activations`` term and within 10% of it, for prefill chunks, decode batches and
 long contexts. CPU tier: the formula's moments move the way the code's tensors do, and the same
-warm-up on the CUDA code path, its tensors counted on the CPU (bench.deepseek_v4.step_trace:
+warm-up on the CUDA code path, its tensors counted on the CPU (lab.bench.deepseek_v4.step_trace:
 Triton launches skipped, every allocation kept), peaks inside the formula and within 10% of it."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import os
 import pytest
 import torch
 
-from bench.deepseek_v4.context import flash_config
 from engine.models.deepseek_v4.step_peak import (
     deepseek_v4_kernels_peak_bytes,
     deepseek_v4_kernels_step_bytes,
 )
+from lab.bench.deepseek_v4.context import flash_config
 
 
 def test_entries_bounded_by_the_pool_and_flat_without_them() -> None:
@@ -48,7 +48,7 @@ def test_counted_warmup_peak_within_ten_percent_of_the_plan(chunk: int, batch: i
     # term, or a term left after its tensor is gone, moves the ratio out of the band.
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the CPU count runs the kernels' wrappers through the Triton interpreter")
-    from bench.deepseek_v4.step_trace import engine_config, trace_warmup
+    from lab.bench.deepseek_v4.step_trace import engine_config, trace_warmup
 
     cfg = dataclasses.replace(flash_config("SCH", 4, context), vocab_size=1000)
     t = trace_warmup(cfg, engine_config(chunk, batch, context), stacks=False)
@@ -72,7 +72,7 @@ def _engine_args(chunk: int, batch: int, context: int) -> argparse.Namespace:
 def test_warmup_peak_within_ten_percent_of_the_plan(chunk: int, batch: int, context: int) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from bench.deepseek_v4.decode import build_engine
+    from lab.bench.deepseek_v4.decode import build_engine
 
     engine, _ = build_engine(_engine_args(chunk, batch, context))
     rep = engine.warmup_report
@@ -92,7 +92,7 @@ def test_allocator_reading_matches_the_counted_tensors() -> None:
     # the plan looks looser than it is). The listing names the tensors alive at the peak.
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from bench.deepseek_v4.step_trace import engine_config, trace_warmup
+    from lab.bench.deepseek_v4.step_trace import engine_config, trace_warmup
 
     t = trace_warmup(flash_config("SCH", 16, 32768), engine_config(4096, 1, 32768, device="cuda"))
     msg = (f"counted {t.peak:,} B, allocator {t.allocator_peak:,} B, memory_allocated - base at "

@@ -30,7 +30,7 @@ GPU = ("cuda", 256, (64, 96, 144, 208), 128, 4096, "fp8-mxfp4")
 
 
 def _engine(device: str, bs: int, blocks: tuple[int, ...], chunk: int, weights: str):  # noqa: ANN202
-    from bench.deepseek_v4.decode import build_engine
+    from lab.bench.deepseek_v4.decode import build_engine
 
     tiny = device == "cpu"
     args = argparse.Namespace(
