@@ -1,15 +1,14 @@
-"""``python -m bench.spec_decode``: n-gram speculative decoding on an agent-like workload,
+"""``python -m lab.bench.spec_decode``: n-gram speculative decoding on an agent-like workload,
 against no speculation, in one run on the same weights.
 
 The workload is what agent loops send: a tool's JSON result the assistant is asked to quote
 back, and a function it is asked to restate with one change. Each engine is built from the
 worker settings a user would pass (``WorkerSettings`` -> ``WorkerConfig`` -> ``LLMEngine``),
 the default model unless ``--model``; both decode the same prompts greedily, one at a time
-(``--batch 1``, the single stream an agent waits on) or together, each group on both arms back
-to back. Prints, per arm, the output
-tokens per second of wall time, the steps, and with speculation the acceptance rate
-(accepted / verified draft tokens) and tokens per verify; checks that both arms gave the same
-tokens (greedy speculation is exact).
+(``--batch 1``, the single stream an agent waits on) or together, the two arms' engine steps
+interleaved one by one. Prints, per arm, the output tokens per second of the time its steps
+took, the steps, and with speculation the acceptance rate (accepted / verified
+draft tokens); checks that both arms gave the same tokens (greedy speculation is exact).
 """
 
 from __future__ import annotations
@@ -70,26 +69,36 @@ def _prompts(engine: object) -> list[list[int]]:
                        add_special_tokens=False) for chat in CHATS]
 
 
-def _run(engine: object, prompts: dict[str, list[int]], max_tokens: int
-         ) -> tuple[dict[str, list[int]], float, int]:
-    """Decode ``prompts`` together to the end; -> outputs, wall seconds, engine steps."""
+def _run_interleaved(arms: dict[str, object], prompts: dict[str, list[int]],
+                     max_tokens: int) -> dict[str, tuple[dict[str, list[int]], float, int]]:
+    """Decode ``prompts`` on every arm at once, one engine step of each arm in turn, timing each
+    step: the machine's other load falls on both arms alike (on a shared 2-core machine a run
+    of the same step sequence varies tenfold, a step's neighbour in time much less).
+    -> per arm: outputs, the summed seconds of its steps, its steps."""
     from engine.sampling_params import SamplingParams
 
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    out: dict[str, list[int]] = {rid: [] for rid in prompts}
-    steps0 = engine.stats().steps_completed  # type: ignore[attr-defined]
-    start = time.perf_counter()
-    for rid, prompt in prompts.items():
-        engine.add_request(rid, prompt, sp)  # type: ignore[attr-defined]
-    while engine.has_unfinished():  # type: ignore[attr-defined]
-        for o in engine.step():  # type: ignore[attr-defined]
-            out[o.request_id] += o.new_token_ids
-    wall = time.perf_counter() - start
-    return out, wall, engine.stats().steps_completed - steps0  # type: ignore[attr-defined]
+    outs = {name: {rid: [] for rid in prompts} for name in arms}
+    secs = dict.fromkeys(arms, 0.0)
+    steps = dict.fromkeys(arms, 0)
+    for eng in arms.values():
+        for rid, prompt in prompts.items():
+            eng.add_request(rid, prompt, sp)  # type: ignore[attr-defined]
+    while any(eng.has_unfinished() for eng in arms.values()):  # type: ignore[attr-defined]
+        for name, eng in arms.items():
+            if not eng.has_unfinished():  # type: ignore[attr-defined]
+                continue
+            start = time.perf_counter()
+            got = eng.step()  # type: ignore[attr-defined]
+            secs[name] += time.perf_counter() - start
+            steps[name] += 1
+            for o in got:
+                outs[name][o.request_id] += o.new_token_ids
+    return {name: (outs[name], secs[name], steps[name]) for name in arms}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.spec_decode", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m lab.bench.spec_decode", description=__doc__)
     ap.add_argument("--model", default="", help="'' = the default model (SmolLM2-135M)")
     ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
     ap.add_argument("--max-tokens", type=int, default=160)
@@ -110,31 +119,29 @@ def main(argv: list[str] | None = None) -> int:
                        accepted_per_pos=[0] * args.k)
             for name in arms}
     outputs: dict[str, dict[str, list[int]]] = {name: {} for name in arms}
-    # each group of prompts runs on both arms back to back, so a change in the machine's load
-    # hits both alike
     for first in range(0, len(prompts), args.batch):
         group = {f"p{i}": prompts[i] for i in range(first, min(first + args.batch,
                                                                 len(prompts)))}
-        for name, eng in arms.items():
-            before = eng.stats()  # type: ignore[attr-defined]
-            out, wall, steps = _run(eng, group, args.max_tokens)
-            after = eng.stats()  # type: ignore[attr-defined]
-            row = rows[name]
+        before = {name: eng.stats() for name, eng in arms.items()}  # type: ignore[attr-defined]
+        runs = _run_interleaved(arms, group, args.max_tokens)
+        for name, (out, wall, steps) in runs.items():
+            after = arms[name].stats()  # type: ignore[attr-defined]
+            row, was = rows[name], before[name]
             tokens = sum(len(v) for v in out.values())
             row["tokens"] += tokens
             row["wall_s"] = round(row["wall_s"] + wall, 3)
             row["steps"] += steps
-            row["draft_tokens"] += after.spec_num_draft_tokens - before.spec_num_draft_tokens
+            row["draft_tokens"] += after.spec_num_draft_tokens - was.spec_num_draft_tokens
             row["accepted_tokens"] += (after.spec_num_accepted_tokens
-                                       - before.spec_num_accepted_tokens)
-            row["verifies"] += after.spec_num_drafts - before.spec_num_drafts
-            for i, (a, b) in enumerate(zip(after.spec_accepted_per_pos,
-                                           before.spec_accepted_per_pos or
+                                       - was.spec_num_accepted_tokens)
+            row["verifies"] += after.spec_num_drafts - was.spec_num_drafts
+            for i, (x, y) in enumerate(zip(after.spec_accepted_per_pos,
+                                           was.spec_accepted_per_pos or
                                            (0,) * len(after.spec_accepted_per_pos),
                                            strict=True)):
-                row["accepted_per_pos"][i] += a - b
+                row["accepted_per_pos"][i] += x - y
             outputs[name].update(out)
-            print(f"{list(group)} {name}: {tokens} tokens in {wall:.2f} s "
+            print(f"{list(group)} {name}: {tokens} tokens in {wall:.2f} s of its steps "
                   f"({tokens / wall:.2f} tok/s), {steps} steps", flush=True)
     identical = outputs["none"] == outputs["ngram"]
     for row in rows.values():
