@@ -8,7 +8,10 @@ advanced over them, penalties counting them, min_tokens counting them. That proc
 distribution is the target ``p_j``.
 
 - Greedy: keep draft ``j + 1`` while it is row ``j``'s argmax; the first row that disagrees (or
-  row ``d``) gives its argmax. The output is token for token what plain greedy decoding gives.
+  row ``d``) gives its argmax. The output is token for token what plain greedy decoding gives
+  on the same logits; the verify forward computes ``d + 1`` positions in one matmul, whose
+  float sums may round differently from a one-position step's, so at a near-tie of the top two
+  logits the argmax can differ (as with any change of batch shape).
 - Sampling: the n-gram drafter proposes one token, a point mass ``q = 1[d]``. Rejection
   sampling accepts ``d`` with probability ``min(1, p(d) / q(d)) = p(d)``; on rejection the
   next token is drawn from the residual ``max(p - q, 0)`` normalised, which is ``p`` with ``d``
