@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 TOOL_RESULT = json.dumps({
@@ -52,12 +53,14 @@ CHATS = [
 ]
 
 
-def _engine(model: str, method: str, k: int, max_batch: int, max_context: int) -> object:
+def _engine(model: str, method: str, k: int, max_batch: int, max_context: int,
+            dtype: str) -> object:
     from common.settings import WorkerSettings
     from engine.llm_engine import LLMEngine
     from worker.worker_config import WorkerConfig
 
     settings = WorkerSettings(role="decode", model=model, device="cpu", max_context=max_context,
+                              dtype=dtype,
                               max_batch=max_batch, speculative_method=method,
                               num_speculative_tokens=k)
     return LLMEngine.from_config(WorkerConfig.from_settings(settings).engine)
@@ -72,17 +75,17 @@ def _prompts(engine: object) -> list[list[int]]:
 
 
 def _run_interleaved(arms: dict[str, object], prompts: dict[str, list[int]],
-                     max_tokens: int) -> dict[str, tuple[dict[str, list[int]], float, int]]:
+                     max_tokens: int) -> dict[str, tuple[dict[str, list[int]], float, list[float]]]:
     """Decode ``prompts`` on every arm at once, one engine step of each arm in turn, timing each
     step: the machine's other load falls on both arms alike (on a shared 2-core machine a run
     of the same step sequence varies tenfold, a step's neighbour in time much less).
-    -> per arm: outputs, the summed seconds of its steps, its steps."""
+    -> per arm: outputs, the summed seconds of its steps, each step's seconds."""
     from engine.sampling_params import SamplingParams
 
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     outs = {name: {rid: [] for rid in prompts} for name in arms}
     secs = dict.fromkeys(arms, 0.0)
-    steps = dict.fromkeys(arms, 0)
+    steps: dict[str, list[float]] = {name: [] for name in arms}
     for eng in arms.values():
         for rid, prompt in prompts.items():
             eng.add_request(rid, prompt, sp)  # type: ignore[attr-defined]
@@ -92,8 +95,9 @@ def _run_interleaved(arms: dict[str, object], prompts: dict[str, list[int]],
                 continue
             start = time.perf_counter()
             got = eng.step()  # type: ignore[attr-defined]
-            secs[name] += time.perf_counter() - start
-            steps[name] += 1
+            took = time.perf_counter() - start
+            secs[name] += took
+            steps[name].append(took)
             for o in got:
                 outs[name][o.request_id] += o.new_token_ids
     return {name: (outs[name], secs[name], steps[name]) for name in arms}
@@ -129,18 +133,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--batch", type=int, default=1, help="prompts decoded together")
     ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--dtype", default="auto", help="the worker's dtype setting (auto: bfloat16 "
+                    "on the CPU)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if not args.model:
         from common.default_model import default_model_path
 
         args.model = str(default_model_path())
-    arms = {"none": _engine(args.model, "none", args.k, args.batch, args.max_context),
-            "ngram": _engine(args.model, "ngram", args.k, args.batch, args.max_context)}
+    arms = {name: _engine(args.model, name, args.k, args.batch, args.max_context, args.dtype)
+            for name in ("none", "ngram")}
     prompts = _prompts(arms["none"])
     rows = {name: dict(arm=name, k=args.k if name == "ngram" else 0, batch=args.batch,
+                       dtype=args.dtype,
                        prompts=len(prompts), max_tokens=args.max_tokens, tokens=0, wall_s=0.0,
-                       steps=0, draft_tokens=0, accepted_tokens=0, verifies=0,
+                       steps=0, step_s=[], draft_tokens=0, accepted_tokens=0, verifies=0,
                        accepted_per_pos=[0] * args.k)
             for name in arms}
     outputs: dict[str, dict[str, list[int]]] = {name: {} for name in arms}
@@ -149,13 +156,15 @@ def main(argv: list[str] | None = None) -> int:
                                                                 len(prompts)))}
         before = {name: eng.stats() for name, eng in arms.items()}  # type: ignore[attr-defined]
         runs = _run_interleaved(arms, group, args.max_tokens)
-        for name, (out, wall, steps) in runs.items():
+        for name, (out, wall, step_s) in runs.items():
+            steps = len(step_s)
             after = arms[name].stats()  # type: ignore[attr-defined]
             row, was = rows[name], before[name]
             tokens = sum(len(v) for v in out.values())
             row["tokens"] += tokens
             row["wall_s"] = round(row["wall_s"] + wall, 3)
             row["steps"] += steps
+            row["step_s"].extend(step_s)
             row["draft_tokens"] += after.spec_num_draft_tokens - was.spec_num_draft_tokens
             row["accepted_tokens"] += (after.spec_num_accepted_tokens
                                        - was.spec_num_accepted_tokens)
@@ -174,17 +183,26 @@ def main(argv: list[str] | None = None) -> int:
         row["partings"] = partings
     for row in rows.values():
         row["tok_per_s"] = round(row["tokens"] / row["wall_s"], 3)
+        # a step stalled by the machine's other load (seconds, not milliseconds) weighs on the
+        # sum; the median step is what the arm costs undisturbed
+        row["median_step_ms"] = round(1e3 * statistics.median(row["step_s"]), 2)
+        row["tok_per_s_at_median_step"] = round(
+            row["tokens"] / (row["steps"] * statistics.median(row["step_s"])), 3)
+        row["step_s"] = [round(t, 4) for t in row["step_s"]]
         row["acceptance_rate"] = (round(row["accepted_tokens"] / row["draft_tokens"], 3)
                                   if row["draft_tokens"] else None)
         row["identical_to_none"] = identical
-    print(f"\n{'arm':<7}{'tokens':>7}{'steps':>7}{'tok/s':>8}{'drafts':>8}{'accepted':>9}"
-          f"{'rate':>7}")
+    print(f"\n{'arm':<7}{'tokens':>7}{'steps':>7}{'tok/s':>8}{'med ms':>8}{'tok/s@med':>10}"
+          f"{'drafts':>8}{'accepted':>9}{'rate':>7}")
     for r in rows.values():
         rate = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
         print(f"{r['arm']:<7}{r['tokens']:>7}{r['steps']:>7}{r['tok_per_s']:>8.2f}"
+              f"{r['median_step_ms']:>8.1f}{r['tok_per_s_at_median_step']:>10.2f}"
               f"{r['draft_tokens']:>8}{r['accepted_tokens']:>9}{rate:>7}")
     print(f"greedy outputs identical: {identical}; speed-up "
-          f"{rows['ngram']['tok_per_s'] / rows['none']['tok_per_s']:.2f}x")
+          f"{rows['ngram']['tok_per_s'] / rows['none']['tok_per_s']:.2f}x (summed steps), "
+          f"{rows['ngram']['tok_per_s_at_median_step'] / rows['none']['tok_per_s_at_median_step']:.2f}x"
+          " (median step)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(list(rows.values()), f, indent=2)
