@@ -122,3 +122,25 @@ def test_request_override_and_its_limit(e2e_spec: E2E) -> None:
     with pytest.raises(openai.BadRequestError, match="num_speculative_tokens=5 is above this "
                                                      "worker's limit of 3"):
         complete(e2e_spec, SHORT, 8, False, num_speculative_tokens=5)
+
+
+def test_n_choices_and_logprobs_with_drafts(e2e_spec: E2E) -> None:
+    """n = 2 greedy choices each draft on their own and both equal the plain answer; their
+    logprobs (several tokens a step) equal those of the same request with drafts off
+    (``num_speculative_tokens: 0``) on the same worker."""
+    want = plain_engine_greedy(e2e_spec, SHORT, 32)
+
+    def ask(**extra: object):
+        return e2e_spec.client().completions.create(
+            model=e2e_spec.model, prompt=SHORT, max_tokens=32, temperature=0, n=2, logprobs=2,
+            extra_body={"return_token_ids": True, "ignore_eos": True, **extra})
+
+    spec, plain = ask(), ask(num_speculative_tokens=0)
+    assert len(spec.choices) == 2
+    ref = plain.choices[0].logprobs
+    for choice in spec.choices:
+        assert list(choice.token_ids) == want
+        lp = choice.logprobs
+        assert lp.tokens == ref.tokens and len(lp.tokens) == len(want)
+        assert lp.token_logprobs == pytest.approx(ref.token_logprobs, abs=1e-4)
+        assert [sorted(t) for t in lp.top_logprobs] == [sorted(t) for t in ref.top_logprobs]
