@@ -100,7 +100,7 @@ def test_config_only_v4_folder_serves_dummy_weights_with_fp8_kv(tmp_path: Path) 
     (folder / "config.json").write_text(json.dumps(hf))
     engine = LLMEngine.from_config(EngineConfig(
         model=str(folder), device="cpu", load_format="dummy", kv_dtype="fp8", max_batch=8,
-        chunk_tokens=512))
+        chunk_tokens=512, dtype="bfloat16"))  # the workers' CPU default
     engine.add_request("r", PROMPT, SamplingParams(max_tokens=NEW, temperature=0,
                                                    ignore_eos=True))
     want: list[int] = []
@@ -127,7 +127,8 @@ def test_config_only_dense_folder_serves_dummy_weights(tmp_path: Path) -> None:
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "bos_token_id": bos, "eos_token_id": eos,
         "tie_word_embeddings": True, "torch_dtype": "bfloat16"}))
     engine = LLMEngine.from_config(EngineConfig(
-        model=str(folder), device="cpu", load_format="dummy", max_batch=8, chunk_tokens=512))
+        model=str(folder), device="cpu", load_format="dummy", max_batch=8, chunk_tokens=512,
+        dtype="bfloat16"))  # the workers' CPU default
     assert engine.config.block_size == 16 and engine.config.max_context == 2048
     engine.add_request("r", PROMPT, SamplingParams(max_tokens=NEW, temperature=0,
                                                    ignore_eos=True))
