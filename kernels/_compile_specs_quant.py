@@ -8,6 +8,8 @@ from __future__ import annotations
 from kernels import _fp8_linear_triton as fp8
 from kernels import _fp8_w8a8_triton as w8a8
 from kernels import _moe_sort_triton as msort
+from kernels import _moe_split_k_triton as splitk
+from kernels import _mxfp4_moe_gemv_triton as moe_gemv
 from kernels import _mxfp4_moe_triton as moe
 from kernels._kernel_spec import KernelSpec, ptr
 
@@ -98,13 +100,13 @@ def quantized_specs() -> list[KernelSpec]:
         # the per-pair GEMV form (BLOCK_M 1), the decode default up to 64 pairs
         # (int32 words: the default; bytes: the earlier decode, a sweep option)
         *(KernelSpec(f"mxfp4 moe gemv gate-up + swiglu (16x256, 4 warps, {wn})",
-                     moe._moe_gemv_gate_up_kernel,
+                     moe_gemv._moe_gemv_gate_up_kernel,
                      {"x_ptr": ptr("bf16"), "ids_ptr": ptr("i64"), "w_ptr": ptr(wt),
                       "s_ptr": ptr("u8"), "h_ptr": ptr("bf16"), "limit": "fp32"},
                      {"PARTIAL": False, "BLOCK_N": 16, "BLOCK_K": 256, "WORDS": words},
                      num_warps=4, num_stages=3)
           for wn, wt, words in (("words", "i32", True), ("bytes", "u8", False))),
-        *(KernelSpec(f"mxfp4 moe gemv down (16x256, 4 warps, {wn})", moe._moe_gemv_down_kernel,
+        *(KernelSpec(f"mxfp4 moe gemv down (16x256, 4 warps, {wn})", moe_gemv._moe_gemv_down_kernel,
                      {"h_ptr": ptr("bf16"), "ids_ptr": ptr("i64"), "tw_ptr": ptr("fp32"),
                       "w_ptr": ptr(wt), "s_ptr": ptr("u8"), "y_ptr": ptr("bf16")},
                      {"SPLIT": False, "BLOCK_N": 16, "BLOCK_K": 256, "WORDS": words},
@@ -137,13 +139,13 @@ def quantized_specs() -> list[KernelSpec]:
                    down | {"y_ptr": ptr("fp32")},
                    {"F32": False, "E_P2": 256, "SPLIT": True, "BLOCK_M": 16, "BLOCK_N": 64,
                     "BLOCK_K": 128, "SWAP": True}, num_stages=3),
-        KernelSpec("moe split-K swiglu epilogue (2048)", moe._moe_swiglu_split_kernel,
+        KernelSpec("moe split-K swiglu epilogue (2048)", splitk._moe_swiglu_split_kernel,
                    {"p_ptr": ptr("fp32"), "h_ptr": ptr("bf16"), "limit": "fp32"},
                    {"BLOCK": 1024}),
-        KernelSpec("moe combine split-K partials (4096)", moe._moe_combine_kernel,
+        KernelSpec("moe combine split-K partials (4096)", splitk._moe_combine_kernel,
                    {"y_ptr": ptr("fp32"), "out_ptr": ptr("bf16")},
                    {"ACCUMULATE": True, "BLOCK": 1024}),
-        KernelSpec("moe combine (4096)", moe._moe_combine_kernel,
+        KernelSpec("moe combine (4096)", splitk._moe_combine_kernel,
                    {"y_ptr": ptr("bf16"), "out_ptr": ptr("bf16")},
                    {"ACCUMULATE": True, "BLOCK": 1024}),
     ]

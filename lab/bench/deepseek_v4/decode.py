@@ -136,7 +136,7 @@ def previous_decode_kernels(on: bool) -> Iterator[None]:
         yield
         return
     # the modules themselves (the package re-exports functions of the same names)
-    fl, mt = importlib.import_module("kernels.fp8_linear"), importlib.import_module("kernels._mxfp4_moe_triton")
+    fl, mt = importlib.import_module("kernels.fp8_linear"), importlib.import_module("kernels._mxfp4_moe_tiles")
     att = importlib.import_module("engine.models.deepseek_v4.attention")
     sa = importlib.import_module("kernels.sparse_attention")
     mm = importlib.import_module("kernels.mxfp4_moe")
@@ -461,6 +461,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return report_results(args, _MARK_BEGIN, _MARK_END, report_table, HEADING)
 
 
+# the run's on/off switches, each against the engine's default path (to compare)
+_SWITCHES = (
+    ("--no-graphs", "decode eagerly (default: CUDA graphs where the family allows them)"),
+    ("--two-launch-reduce", "split-K FP8 GEMVs sum their partials in a second launch (as before) "
+                            "instead of in their last slice"),
+    ("--previous-kernels", "the fused decode's previous kernel choices (no split-K, tiled "
+                           "experts, torch.topk indexer merge), to compare"),
+    ("--no-pdl", "launch the Triton kernels without programmatic dependent launch "
+                 "(sets BULKHEAD_PDL=0; default: PDL on sm_90+), to compare"),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.decode")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -486,24 +498,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="bf16: every weight in --dtype, experts looped in Python (the eager path); "
                         "fp8-mxfp4: V4-Flash's shipped formats kept on the device, fused MoE")
     r.add_argument("--device", default="cuda")
-    r.add_argument("--no-graphs", action="store_true",
-                   help="decode eagerly (default: CUDA graphs where the family allows them)")
     r.add_argument("--decode", default="auto", choices=("auto", "fused", "unfused"),
                    help="the decode step's layer loop: fused row kernels or "
                         "the unfused loop prefill shares (the previous path and the engine's default: auto)")
-    r.add_argument("--two-launch-reduce", action="store_true",
-                   help="split-K FP8 GEMVs sum their partials in a second launch (as before) "
-                        "instead of in their last slice")
-    r.add_argument("--previous-kernels", action="store_true",
-                   help="the fused decode's previous kernel choices (no split-K, tiled experts, "
-                        "torch.topk indexer merge), to compare")
+    for flag, what in _SWITCHES:
+        r.add_argument(flag, action="store_true", help=what)
     r.add_argument("--lanes", default="1",
                    help="the fused decode step's streams (2: the side lane, decode_fused.py); a "
                         "list such as 2,1,2,1 runs every row once per entry on the same weights, "
                         "the decode graphs captured again between entries")
-    r.add_argument("--no-pdl", action="store_true",
-                   help="launch the Triton kernels without programmatic dependent launch "
-                        "(sets BULKHEAD_PDL=0; default: PDL on sm_90+), to compare")
     r.add_argument("--pdl", metavar="MODE",
                    help="BULKHEAD_PDL for the run: 1 (wait only), or 'trigger', 'prefetch', "
                         "'trigger+prefetch' (kernels/NOTES.md), to compare")
