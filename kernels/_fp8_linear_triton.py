@@ -130,36 +130,6 @@ def _prefetch_gemv_weights(w_ptr, N, K, SPLIT_TILES, stride_wn, M_TILES,
 
 
 @triton.jit
-def _split_program(TILES, SPLIT: tl.constexpr):
-    """(tile, K slice) of this program from grid axis 0: (K slice, tile) when split-K, else the
-    tile alone (slice 0)."""
-    tile = tl.program_id(0)
-    split = 0
-    if SPLIT:
-        tile = tl.program_id(0) % TILES
-        split = tl.program_id(0) // TILES
-    return tile, split
-
-
-@triton.jit
-def _gemv_rows(w_ptr, s_ptr, g, N, K, split, SPLIT_TILES, stride_wn, stride_sn, SCALE_BN,
-               SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """This program's weight rows of group ``g`` -> (offs_n [BN], n_ok, scale row pointers [BN],
-    weight row pointers [BN, 1], k_lo, k_hi): the K range of slice ``split`` (the whole K
-    when not split; static: the unsplit launch compiles to the plain K loop)."""
-    k_lo = 0
-    k_hi = K
-    if SPLIT:
-        k_lo = split * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: loads stay vectorised
-        k_hi = tl.minimum(K, k_lo + SPLIT_TILES * BLOCK_K)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
-    s_row = s_ptr + ((offs_n + g * N) // SCALE_BN) * stride_sn
-    w_rows = w_ptr + g * N * stride_wn + offs_n[:, None] * stride_wn
-    return offs_n, n_ok, s_row, w_rows, k_lo, k_hi
-
-
-@triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr,
     M, N, K, SPLIT_TILES,
@@ -186,18 +156,29 @@ def _fp8_gemv_kernel(
         _prefetch_gemv_weights(w_ptr, N, K, SPLIT_TILES, stride_wn, tl.cdiv(M, BLOCK_M),
                                SPLIT, BLOCK_N, BLOCK_K)
     pdl_wait(PDL)  # before any other memory access (kernels/NOTES.md)
-    pid_m, split = _split_program(tl.cdiv(M, BLOCK_M), SPLIT)
+    pid_m = tl.program_id(0)
+    split = 0
+    if SPLIT:
+        pid_m = tl.program_id(0) % tl.cdiv(M, BLOCK_M)
+        split = tl.program_id(0) // tl.cdiv(M, BLOCK_M)
     pid_n = tl.program_id(1)
     g = tl.program_id(2)
     x_ptr += g * stride_xg
     p_ptr = y_ptr + g * stride_yg  # slice 0's partials of this group
     y_ptr = p_ptr + split * stride_ys
-    offs_n, n_ok, s_row, w_rows, k_lo, k_hi = _gemv_rows(
-        w_ptr, s_ptr, g, N, K, split, SPLIT_TILES, stride_wn, stride_sn, SCALE_BN, SPLIT,
-        BLOCK_N, BLOCK_K)
+    w_ptr += g * N * stride_wn
+    k_lo = 0
+    k_hi = K
+    if SPLIT:  # (static: the unsplit launch compiles to the plain K loop)
+        k_lo = split * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: loads stay vectorised
+        k_hi = tl.minimum(K, k_lo + SPLIT_TILES * BLOCK_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
+    n_ok = offs_n < N
+    s_row = s_ptr + ((offs_n + g * N) // SCALE_BN) * stride_sn
+    w_rows = w_ptr + offs_n[:, None] * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K * UNROLL):
         for u in tl.static_range(UNROLL):
@@ -256,16 +237,27 @@ def _fp8_gemv_sum_kernel(
     if PDL & 4:  # weights only: never written during a step (kernels/NOTES.md)
         _prefetch_gemv_weights(w_ptr, N, K, SPLIT_TILES, stride_wn, M, SPLIT, BLOCK_N, BLOCK_K)
     pdl_wait(PDL)  # before any other memory access (kernels/NOTES.md)
-    row, split = _split_program(M, SPLIT)
+    row = tl.program_id(0)
+    split = 0
+    if SPLIT:
+        row = tl.program_id(0) % M
+        split = tl.program_id(0) // M
     pid_n = tl.program_id(1)
     g = tl.program_id(2)
     x_ptr += g * stride_xg + row * stride_xm
     p_ptr = y_ptr + g * stride_yg + row * stride_ym  # slice 0's partial row
     y_ptr = p_ptr + split * stride_ys
-    offs_n, n_ok, s_row, w_rows, k_lo, k_hi = _gemv_rows(
-        w_ptr, s_ptr, g, N, K, split, SPLIT_TILES, stride_wn, stride_sn, SCALE_BN, SPLIT,
-        BLOCK_N, BLOCK_K)
+    w_ptr += g * N * stride_wn
+    k_lo = 0
+    k_hi = K
+    if SPLIT:  # (static: the unsplit launch compiles to the plain K loop)
+        k_lo = split * SPLIT_TILES * BLOCK_K  # a product with BLOCK_K: loads stay vectorised
+        k_hi = tl.minimum(K, k_lo + SPLIT_TILES * BLOCK_K)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < N
+    s_row = s_ptr + ((offs_n + g * N) // SCALE_BN) * stride_sn
+    w_rows = w_ptr + offs_n[:, None] * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K * UNROLL):
         for u in tl.static_range(UNROLL):

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from kernels._fp8_linear_triton import e4m3_bits_to_f16
 from kernels._fp8_w8a8_triton import f32_to_e4m3_bits
-from kernels._mxfp4_moe_triton import _expert_tile, _k_tile
+from kernels._mxfp4_moe_triton import _expert_tile
 
 
 @triton.jit
@@ -60,16 +60,6 @@ def _dot_e4m3(a, b, HW: tl.constexpr):
 
 
 @triton.jit
-def _load_codes(q_ptr, qs_ptr, rows, r_ok, k, k0, WIDTH, NKB, GROUP: tl.constexpr):
-    """E4M3 codes [BM, BK] of ``rows`` (``WIDTH`` codes a row) at columns ``k``, and the rows'
-    scales [BM] of the ``GROUP``-wide block at ``k0`` (``NKB`` blocks a row)."""
-    a = tl.load(q_ptr + rows[:, None].to(tl.int64) * WIDTH + k[None, :],
-                mask=r_ok[:, None] & (k < WIDTH)[None, :], other=0)
-    sa = tl.load(qs_ptr + rows.to(tl.int64) * NKB + k0 // GROUP, mask=r_ok, other=0.0)
-    return a, sa
-
-
-@triton.jit
 def _moe_gate_up_fp8_kernel(
     xq_ptr, xs_ptr, order_ptr, row_end_ptr, w_ptr, s_ptr, hq_ptr, hs_ptr,
     E, H, INTER, TOP_K, NKB_H, NKB_I,
@@ -95,8 +85,12 @@ def _moe_gate_up_fp8_kernel(
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros_like(acc_g)
         for k0 in range(0, H, BLOCK_K):
-            k, kb, kg, _ = _k_tile(k0, BLOCK_K)
-            a, sa = _load_codes(xq_ptr, xs_ptr, tok, r_ok, k, k0, H, NKB_H, GROUP)
+            k = k0 + tl.arange(0, BLOCK_K)
+            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            a = tl.load(xq_ptr + tok[:, None].to(tl.int64) * H + k[None, :],
+                        mask=r_ok[:, None] & (k < H)[None, :], other=0)
+            sa = tl.load(xs_ptr + tok.to(tl.int64) * NKB_H + k0 // GROUP, mask=r_ok, other=0.0)
             cg, sbg = _mxfp4_tile_e4m3(wg, sg, kb, kg, n_ok, H // 2, BLOCK_N, BLOCK_K)
             acc_g += _dot_e4m3(a, cg, HW) * sa[:, None] * sbg[None, :]
             cu, sbu = _mxfp4_tile_e4m3(wu, su, kb, kg, n_ok, H // 2, BLOCK_N, BLOCK_K)
@@ -133,8 +127,12 @@ def _moe_down_fp8_kernel(
         sd = s_ptr + e.to(tl.int64) * stride_se + n[:, None] * stride_sn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, INTER, BLOCK_K):
-            k, kb, kg, _ = _k_tile(k0, BLOCK_K)
-            a, sa = _load_codes(hq_ptr, hs_ptr, rows, r_ok, k, k0, INTER, NKB_I, GROUP)
+            k = k0 + tl.arange(0, BLOCK_K)
+            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            a = tl.load(hq_ptr + rows[:, None].to(tl.int64) * INTER + k[None, :],
+                        mask=r_ok[:, None] & (k < INTER)[None, :], other=0)
+            sa = tl.load(hs_ptr + rows.to(tl.int64) * NKB_I + k0 // GROUP, mask=r_ok, other=0.0)
             cd, sb = _mxfp4_tile_e4m3(wd, sd, kb, kg, n_ok, INTER // 2, BLOCK_N, BLOCK_K)
             acc += _dot_e4m3(a, cd, HW) * sa[:, None] * sb[None, :]
         tw = tl.load(tw_ptr + pair, mask=r_ok, other=0.0).to(tl.float32)

@@ -50,14 +50,20 @@ def _launch(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, weights: tuple,
     return out
 
 
-def _cuda_codes(e: int, hid: int, inter: int, g: torch.Generator) -> list[torch.Tensor]:
-    """Random MXFP4 gate-up and down codes with scales near 1 on the GPU (at V4-Flash's widths
-    quantizing is slow): gate-up, its scales, down, its scales."""
+def _cuda_step(t: int, k: int, e: int, hid: int, inter: int, seed: int):
+    """A random step on the GPU: MXFP4 codes with scales near 1 (at V4-Flash's widths quantizing
+    is slow) as [gate-up, its scales, down, its scales], bf16 tokens [t, hid], expert ids and
+    routing weights [t, k], and a bf16 output buffer."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     u8 = dict(device="cuda", generator=g, dtype=torch.uint8)
-    return [torch.randint(0, 256, (e, 2 * inter, hid // 2), **u8),
-            torch.randint(118, 122, (e, 2 * inter, hid // 32), **u8),
-            torch.randint(0, 256, (e, hid, inter // 2), **u8),
-            torch.randint(118, 122, (e, hid, inter // 32), **u8)]
+    weights = [torch.randint(0, 256, (e, 2 * inter, hid // 2), **u8),
+               torch.randint(118, 122, (e, 2 * inter, hid // 32), **u8),
+               torch.randint(0, 256, (e, hid, inter // 2), **u8),
+               torch.randint(118, 122, (e, hid, inter // 32), **u8)]
+    x = torch.randn(t, hid, device="cuda", generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, e, (t, k), device="cuda", generator=g)
+    w = torch.rand(t, k, device="cuda", generator=g)
+    return weights, x, ids, w, torch.empty(t, hid, device="cuda", dtype=torch.bfloat16), g
 
 
 def test_quantize_round_trip_and_every_code() -> None:
@@ -130,12 +136,7 @@ def test_moe_experts_names_the_bad_argument(interpret) -> None:
 @pytest.mark.gpu
 def test_moe_experts_on_cuda_without_host_sync(cuda) -> None:
     t, k, e, hid, inter = 300, 6, 128, 4096, 2048
-    g = torch.Generator(device="cuda").manual_seed(0)
-    weights = _cuda_codes(e, hid, inter, g)
-    x = torch.randn(t, hid, device="cuda", generator=g).to(torch.bfloat16)
-    ids = torch.randint(0, e, (t, k), device="cuda", generator=g)
-    w = torch.rand(t, k, device="cuda", generator=g)
-    out = torch.empty(t, hid, device="cuda", dtype=torch.bfloat16)
+    weights, x, ids, w, out, g = _cuda_step(t, k, e, hid, inter, seed=0)
     ws = torch.empty(moe_experts_workspace_bytes(t, k, hid, inter, e), dtype=torch.uint8, device="cuda")
     moe_experts(x, w, ids, *weights, 7.0, out, workspace=ws)
     torch.cuda.set_sync_debug_mode("error")
@@ -312,12 +313,7 @@ def test_split_k_variants_replay_from_a_cuda_graph(cuda) -> None:
     from kernels.fp8_linear_ref import fp8_linear_ref
 
     t, k, e, hid, inter = 8, 6, 32, 4096, 2048
-    g = torch.Generator(device="cuda").manual_seed(1)
-    weights = _cuda_codes(e, hid, inter, g)
-    x = torch.randn(t, hid, device="cuda", generator=g).to(torch.bfloat16)
-    ids = torch.randint(0, e, (t, k), device="cuda", generator=g)
-    w = torch.rand(t, k, device="cuda", generator=g)
-    out = torch.empty(t, hid, device="cuda", dtype=torch.bfloat16)
+    weights, x, ids, w, out, g = _cuda_step(t, k, e, hid, inter, seed=1)
     ws = torch.empty(moe_experts_workspace_bytes(t, k, hid, inter, e, splits=(4, 4)),
                      dtype=torch.uint8, device="cuda")
     q = (torch.randn(4096, 4096, device="cuda", generator=g) * 50).to(torch.float8_e4m3fn)
