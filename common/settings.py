@@ -90,12 +90,14 @@ class WorkerSettings:
         ),
     )
     kv_staging_gb: float = field(
-        default=0.5,
+        default=0.0,
         metadata=_doc(
             "Host memory for KV in GB: LMCache's CPU pool for stores (prefill; allocated at "
             "start; must hold one prompt's KV, prompts wait for room) and the arena fetched KV "
             "waits in (a prompt larger than it loads its leading part). A decode worker on Redis "
-            "never writes: its LMCache pool is two chunks."
+            "never writes: its LMCache pool is two chunks. 0 = auto: 0.5 on CUDA; on the CPU "
+            "one max_context sequence's KV (at least two LMCache chunks), since there it is the "
+            "same RAM as everything else."
         ),
     )
     kv_fetch_connections: int = field(
@@ -116,12 +118,13 @@ class WorkerSettings:
         ),
     )
     kv_import_slice_mb: float = field(
-        default=64.0,
+        default=0.0,
         metadata=_doc(
             "Most MiB of fetched KV the engine copies into its blocks per step, all imports "
             "together (whole blocks, at least one): the stall an import adds to each running "
             "decode step; a planned device buffer of this size (capped at one sequence's "
-            "blocks). 64 MiB is ~1.3 ms over PCIe Gen5 from pinned memory, ~11 ms from pageable."
+            "blocks). 0 = auto: 64 on CUDA (~1.3 ms over PCIe Gen5 from pinned memory, ~11 ms "
+            "from pageable), 16 on the CPU (a memory copy; the buffer is host RAM there)."
         ),
     )
     kv_visible_timeout_s: float = field(
@@ -140,8 +143,9 @@ class WorkerSettings:
     )
     device: str = field(default="auto", metadata=_doc("auto | cpu | cuda | cuda:N."))
     dtype: str = field(
-        default="auto",
-        metadata=_doc("auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16."),
+        default="bfloat16",
+        metadata=_doc("Weights and activations: bfloat16 (on the CPU too: half the memory of "
+                      "float32) | float32 | float16 | auto (float32 on CPU, bfloat16 on CUDA)."),
     )
     weight_format: str = field(
         default="checkpoint",
@@ -166,7 +170,16 @@ class WorkerSettings:
                       "DeepSeek-V4 256, a multiple of its compression rates, as vLLM uses)."))
     num_blocks: int = field(
         default=0,
-        metadata=_doc("KV extent in blocks; 0 = every running sequence can reach max_context."),
+        metadata=_doc("KV extent in blocks; 0 = kv_tokens' worth, whole blocks, plus the null "
+                      "block."),
+    )
+    kv_tokens: int = field(
+        default=0,
+        metadata=_doc("Tokens the KV extent holds, all running sequences together, when "
+                      "num_blocks is 0 (at least one max_context sequence). 0 = auto: on CUDA "
+                      "max_batch x max_context (every running sequence can reach max_context); "
+                      "on the CPU 4096, one sequence of the CPU's auto max_context, which the "
+                      "running sequences share (those past it wait or are preempted)."),
     )
     attn_tile_tokens: int = field(
         default=0,
@@ -250,6 +263,14 @@ class WorkerSettings:
         default=600.0,
         metadata=_doc("One-box mode: seconds a worker waits for another to export the weights."),
     )
+    warmup_record_dir: str = field(
+        default="",
+        metadata=_doc("CPU: a folder where a worker records that its warm-up passed (named by a "
+                      "hash of the model fingerprint, every engine setting, torch and the "
+                      "engine's source files); a worker started with the same skips the "
+                      "warm-up's steps. `bulkhead up` sets its log folder, so a restarted "
+                      "worker is back sooner. '' = always run them. Ignored on CUDA."),
+    )
     num_threads: int = field(
         default=0, metadata=_doc("CPU threads torch may use; 0 = torch's default.")
     )
@@ -330,12 +351,12 @@ class WorkerSettings:
         ):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be >= 1")
-        for name in ("kv_staging_gb", "kv_import_slice_mb", "kv_visible_timeout_s",
-                     "memory_utilization",
+        for name in ("kv_visible_timeout_s", "memory_utilization",
                      "heartbeat_ttl_s", "share_weights_timeout_s", "grammar_compile_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: {getattr(self, name)} must be > 0")
-        for name in ("num_blocks", "device_memory_gb", "grace_s", "num_threads", "kv_ttl_s",
+        for name in ("num_blocks", "kv_tokens", "kv_staging_gb", "kv_import_slice_mb",
+                     "device_memory_gb", "grace_s", "num_threads", "kv_ttl_s",
                      "lmcache_chunk_size", "block_size", "attn_tile_tokens",
                      "max_waiting_grammar_compiles"):
             if getattr(self, name) < 0:

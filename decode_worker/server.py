@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from decode_worker.import_decision import decide_import
+from proto import ACCEPTED
 from proto import bulkhead_pb2 as pb
 from worker.codec import (
     logprobs_to_proto,
@@ -50,6 +51,7 @@ class DecodeServicer(WorkerServicerBase):
     async def Generate(self, request: pb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
         """Stream the tokens of one request; see the module docstring."""
+        await context.send_initial_metadata((ACCEPTED,))  # taken: a cut from now on is a crash
         rid = self.request_id(request.request_id)
         prompt = [int(t) for t in request.prompt_token_ids]
         sampling = sampling_from_proto(request.sampling)

@@ -6,6 +6,7 @@ the largest chunk, the batch, the block size and the KV extent.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -63,7 +64,11 @@ class EngineConfig:
     chunk_tokens: int = 512  # most tokens computed in one step (the prefill chunk)
     max_batch: int = 8  # most sequences running at once
     block_size: int = 0  # KV block size in tokens; 0 = the model family's default
-    num_blocks: int | None = None  # KV extent; None -> every running sequence can reach max_context
+    num_blocks: int | None = None  # KV extent; None -> kv_tokens' worth (+ the null block)
+    # tokens the extent holds when num_blocks is None, all sequences together, at least one
+    # whole max_context sequence; 0 -> max_batch x max_context (every running sequence can reach
+    # max_context). A worker's settings choose a smaller one on the CPU (CPU_AUTO_KV_TOKENS)
+    kv_tokens: int = 0
     # "auto": KV stored in the model dtype; "fp8": stored entries in FP8 e4m3 (each family picks
     # its scaling: a per-row fp32 scale, or vLLM's uncalibrated scale 1.0 in kernels/kv_quant.py)
     kv_dtype: str = "auto"
@@ -86,6 +91,9 @@ class EngineConfig:
     # the weights and exports them (CUDA IPC); the others map that one copy (weight_share.py).
     share_weights: str = ""
     share_weights_timeout_s: float = 600.0  # how long a mapping engine waits for the export
+    # CPU: a folder where a warm-up that passed is recorded; an engine with the same model,
+    # config, torch and code skips the warm-up's steps (engine/warmup_record.py). '' = off.
+    warmup_record_dir: str = ""
     # Most bytes of imported KV copied into blocks per engine step, all imports together (whole
     # blocks, at least one): the stall an import adds to each running decode's step. 64 MiB is
     # ~1.3 ms over PCIe Gen5 from page-locked memory and ~11 ms from pageable (~6 GB/s
@@ -108,6 +116,9 @@ class EngineConfig:
                      "kv_import_slice_bytes"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_tokens < 0:
+            raise PlanError(f"kv_tokens must be >= 0 (0 = max_batch x max_context), got "
+                            f"{self.kv_tokens}")
         for name in ("max_context", "block_size", "attn_tile_tokens"):  # 0: resolved later
             if getattr(self, name) < 0:
                 raise PlanError(f"{name} must be >= 0 (0 = from the model), got "
@@ -157,7 +168,12 @@ class EngineConfig:
 
     @property
     def resolved_num_blocks(self) -> int:
-        return self.num_blocks or self.max_batch * self.blocks_per_seq + 1
+        if self.num_blocks:
+            return self.num_blocks
+        every = self.max_batch * self.blocks_per_seq  # every running sequence at max_context
+        if not self.kv_tokens:
+            return every + 1
+        return min(every, max(self.blocks_per_seq, -(-self.kv_tokens // self.block_size))) + 1
 
     @property
     def torch_device(self) -> torch.device:
@@ -192,12 +208,17 @@ class EngineConfig:
 # their defaults. tests/worker/test_engine_config_from_settings.py fails on a field that falls
 # through none of these.
 GiB_BYTES = 1 << 30
+IMPORT_SLICE_MB = {"cuda": 64.0, "cpu": 16.0}  # kv_import_slice_mb 0
+# kv_tokens 0 on the CPU: one sequence of engine/config_resolve.py's CPU_AUTO_CONTEXT (4096),
+# not max_batch of them, since there the KV is the laptop's own RAM; the running sequences
+# share it (at least one max_context sequence whatever max_context is)
+CPU_AUTO_KV_TOKENS = 4096
 _CONVERTED = {
     "max_context": lambda s: s.max_context_tokens,  # "auto" -> 0 (engine/config_resolve.py)
-    "num_blocks": lambda s: s.num_blocks or None,  # 0 = every sequence can reach max_context
+    "num_blocks": lambda s: s.num_blocks or None,  # 0 = kv_tokens' worth
     "kv_dtype": lambda s: s.kv_cache_dtype,  # vLLM's flag name
     "device_memory_bytes": lambda s: int(s.device_memory_gb * GiB_BYTES) or None,
-    "kv_import_slice_bytes": lambda s: max(1, int(s.kv_import_slice_mb * (1 << 20))),
+    "kv_import_slice_bytes": lambda s: max(1, int(s.kv_import_slice_mb * (1 << 20))),  # 0: below
     "kernels": lambda s: KernelChoices(
         indexer=s.indexer_backend, attention=s.sparse_attention_backend,
         gemm=s.quant_gemm_backend, mhc=s.mhc_backend, decode=s.decode_loop,
@@ -232,4 +253,9 @@ def engine_config_from_settings(s) -> EngineConfig:  # noqa: ANN001 - common.set
             continue
         else:
             values[f.name] = getattr(s, f.name)  # AttributeError: a field no setting reaches
-    return EngineConfig(**values)
+    ec = EngineConfig(**values)
+    # the settings whose 0 means "by device": a server's sizes on CUDA, a laptop's on the CPU
+    cpu = ec.torch_device.type == "cpu"
+    slice_mb = s.kv_import_slice_mb or IMPORT_SLICE_MB["cpu" if cpu else "cuda"]
+    return dataclasses.replace(ec, kv_import_slice_bytes=max(1, int(slice_mb * (1 << 20))),
+                               kv_tokens=s.kv_tokens or (CPU_AUTO_KV_TOKENS if cpu else 0))

@@ -33,6 +33,12 @@ class SequenceFailed(InvalidRequest):
     error; the step, the rest of the batch and the worker go on."""
 
 
+class StepFailed(EngineError):
+    """The engine step running this sequence raised, and so did the sequence's chunk run on its
+    own (engine/step_isolation.py): it ends alone with this error, the others go on. A server
+    fault that this request reaches, not a bad request: retrying it elsewhere would fail too."""
+
+
 class ContextLengthExceeded(InvalidRequest):
     """Prompt + max_tokens exceeds the longest context the fixed KV extent was planned for."""
 

@@ -10,6 +10,7 @@ Single-threaded: one thread owns the engine and the device.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -29,12 +30,13 @@ from engine.errors import (
     PlanError,
     QueueFull,
     SequenceFailed,
+    StepFailed,
 )
 from engine.grammar import new_matcher
 from engine.kv_import_job import KVImporter
 from engine.memory_planner import MemoryPlan, device_memory, library_workspaces, make_plan
 from engine.model_config import ModelConfig
-from engine.model_runner import KVImport, ModelRunner
+from engine.model_runner import KVImport, ModelRunner, WarmupReport
 from engine.models import family_class
 from engine.models.family import KVLayout
 from engine.outputs import EngineStats, RequestOutput
@@ -43,6 +45,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
 from engine.staged_kv import StagedKV
+from engine.step_isolation import StepIsolator
+from engine.warmup_record import WarmupRecord
 from engine.weight_share import SharedWeights
 
 log = logging.getLogger(__name__)
@@ -100,6 +104,9 @@ class LLMEngine:
         self.runner = ModelRunner(rank_cfg, ec, weights, self.plan,
                                   tp=None if ranks is None else ranks.group)
         self._kv_view: KVLayout = self.plan.kv_layout
+        # a step that raises ends the sequences that raise alone (engine/step_isolation.py)
+        self._isolator = StepIsolator(self.runner, rerun_safe=family.rerun_safe,
+                                      tensor_parallel=ranks is not None)
         if ranks is not None:  # the KV store sees the one-rank layout, gathered from the ranks
             from engine.parallel.kv_gather import ShardedKVLayout
 
@@ -116,8 +123,16 @@ class LLMEngine:
             SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos),
                             family.step_context_limit(ec)),
             self.block_manager)
-        self.warmup_report = self.runner.warmup(progress)
+        record = (WarmupRecord.for_engine(ec.warmup_record_dir, ec, model_fingerprint,
+                                          torch.__version__)
+                  if ec.warmup_record_dir and ec.torch_device.type == "cpu" and ranks is None
+                  else None)
+        passed = record.load() if record is not None else None
+        self.warmup_report = self.runner.warmup(
+            progress, WarmupReport(**passed) if passed is not None else None)
         rep = self.warmup_report
+        if record is not None and passed is None:
+            record.save(dataclasses.asdict(rep))
         if rep.activation_peak_bytes is not None and rep.activation_peak_bytes > rep.activation_planned_bytes:
             # The plan under-counted what the worst step really takes: refuse to serve on it.
             raise PlanError(
@@ -351,15 +366,24 @@ class LLMEngine:
             del matchers[rid]
         prompts = {c.request_id: self._seqs[c.request_id].prompt_token_ids for c in sched.chunks
                    if self._seqs[c.request_id].prompt_logprobs is not None}
-        sampled = self.runner.execute(sched, params, self._generators, rows, matchers or None,
-                                      prompts or None)
-        logprobs = self.runner.last_logprobs
-        for rid, (first, items) in self.runner.last_prompt_logprobs.items():
+        ran = self._isolator.execute(sched, params, self._generators, rows, matchers, prompts)
+        for rid, why in ran.raised.items():  # its step raised: it ends alone, the others go on
+            log.error("%s ended alone: the step running it raised %s", rid, why)
+            matchers.pop(rid, None)
+            if rid in complete:
+                complete.remove(rid)
+            outputs.append(self._end(rid, "error", StepFailed(
+                f"the engine step running this request raised {why}; this request was ended "
+                "alone, the worker and its other requests go on")))
+        sched, sampled, logprobs = ran.sched, ran.sampled, ran.logprobs
+        if not sched.chunks:
+            return outputs
+        for rid, (first, items) in ran.prompt_logprobs.items():
             scores = self._seqs[rid].prompt_logprobs
             assert scores is not None
             scores[first : first + len(items)] = items
         # A sequence no token could be drawn for ends alone, with the reason; the others go on.
-        failed = dict(self.runner.last_errors)
+        failed = dict(ran.errors)
         done_now = set()  # their grammar took its last token in this step
         for rid, m in matchers.items():
             if rid in failed:
@@ -442,7 +466,7 @@ class LLMEngine:
             self._generators[seq.request_id] = gen
 
     def _end(self, request_id: str, reason: str,
-             error: SequenceFailed | None = None) -> RequestOutput:
+             error: EngineError | None = None) -> RequestOutput:
         """End a running sequence outside the scheduler's own rules, with no new token."""
         seq = self.scheduler.finish(request_id, reason)
         assert seq is not None, f"{request_id} is not running"

@@ -244,12 +244,23 @@ class ModelRunner:
                                      for s in spans}
 
     # -- warm-up --------------------------------------------------------------------------------
-    def warmup(self, progress: Callable[[str], None] | None = None) -> WarmupReport:
+    def warmup(self, progress: Callable[[str], None] | None = None,
+               passed: WarmupReport | None = None) -> WarmupReport:
         """Run the family's worst-case steps of the plan (the longest chunk against the longest
         context, a full batch of decodes at the longest context, ...); KV writes of the dense
         families go to the null block, others' to blocks no sequence holds yet. ``progress``
-        (optional) is told each step before it runs."""
+        (optional) is told each step before it runs. ``passed`` (CPU only): the report of
+        these very steps having passed before (engine/warmup_record.py); they are skipped."""
         cuda = self.device.type == "cuda"
+        if passed is not None:
+            assert not cuda and self.tp is None, "a warm-up is skipped on one CPU rank only"
+            if progress is not None:
+                progress("warm-up skipped: passed before with this model, config and code")
+            self.ws.lock()
+            self.model.reset(self.kv)
+            self.num_steps = 0
+            self.warmup_report = passed
+            return passed
         if cuda:
             # Garbage from loading (a reference cycle that still holds device tensors) must go
             # before the baseline: collected mid-warm-up, its bytes would be reused by the

@@ -27,7 +27,7 @@ class GaveUp(RuntimeError):
 @dataclass(frozen=True)
 class RestartPolicy:
     max_failed_starts: int = 5
-    backoff_initial_s: float = 1.0
+    backoff_initial_s: float = 0.25  # a first death costs little; a crash loop still backs off
     backoff_max_s: float = 30.0
     stable_after_s: float = 60.0
     startup_timeout_s: float = 600.0

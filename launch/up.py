@@ -38,6 +38,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from common.help_format import DefaultsHelpFormatter
+from common.planned_memory import PlannedMemory
 from common.ports import port_in_use
 from common.router_identity import INSTANCE_ENV, INSTANCE_HEADER
 from common.startup_progress import ProgressFollower
@@ -228,6 +229,10 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
     if not opts.log_dir:
         for old in log_dir.glob("*.log"):  # the previous start's; ours are written anew
             old.unlink(missing_ok=True)
+    # a start runs each worker's warm-up in full; only a restart within this `up` may skip it
+    # (engine/warmup_record.py: the workers record a warm-up that passed in this folder)
+    for old in log_dir.glob("warmup-passed-*.json"):
+        old.unlink(missing_ok=True)
     limits = _limit_flags(opts)
     group = ProcessGroup()
     ready: dict[str, Callable[[], bool]] = {}
@@ -262,17 +267,23 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
                         *config, *limits, *_role_flags(opts, role, log_dir),
                         *opts.extra_worker_args)
             workers.append(group.add(spawn(role, argv,
-                                           env={**WORKER_ENV, **_thread_env(opts), **url_env},
+                                           env={**WORKER_ENV, **_thread_env(opts), **url_env,
+                                                "BULKHEAD_WARMUP_RECORD_DIR": str(log_dir)},
                                            log_dir=log_dir)))
         names = [role for role, _ in roles]
         followers = {role: ProgressFollower(proc.log_path) for role, proc
                      in zip(names, workers, strict=True) if proc.log_path}
+        planned = PlannedMemory()
 
-        def serving_and_tell(address: str) -> bool:
+        def tell() -> None:
             # Both workers start at once: tell what either has done since the last poll.
             for role, follower in followers.items():
                 for step in follower.new_steps():
+                    planned.read(role, step)
                     log(f"[{time.monotonic() - t0:5.1f} s] {role:8s}  {step}")
+
+        def serving_and_tell(address: str) -> bool:
+            tell()
             return grpc_serving(address)
 
         for proc, role in zip(workers, names, strict=True):
@@ -281,6 +292,9 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
                        f"serving on {address}")
             ready[role] = lambda a=address: grpc_serving(a)
             log(f"{role:8s}  {address} (log {proc.log_path})")
+        tell()  # steps told after the last poll
+        if planned.plan_mib:
+            log(f"memory    {planned.summary()}")
         url = f"http://{opts.host}:{opts.port}"
         workers_of_router: tuple[str, ...] = ()
         if not registry_url:

@@ -23,6 +23,7 @@ import grpc
 from engine.llm_engine import RequestOutput
 from prefill_worker.export_gate import ExportGate
 from prefill_worker.kv_export import export_kept_kv, wait_visible
+from proto import ACCEPTED
 from proto import bulkhead_pb2 as pb
 from worker.codec import (
     logprobs_to_proto,
@@ -60,6 +61,7 @@ class PrefillServicer(WorkerServicerBase):
     async def Prefill(self, request: pb.PrefillRequest,
                       context: grpc.aio.ServicerContext) -> pb.PrefillResponse:
         """Compute the prompt, store its KV, return the first token once the KV is visible."""
+        await context.send_initial_metadata((ACCEPTED,))  # taken: a cut from now on is a crash
         rid = self.request_id(request.request_id)
         prompt = [int(t) for t in request.prompt_token_ids]
         sampling = sampling_from_proto(request.sampling)

@@ -46,6 +46,7 @@ from router.tokenize_api import (
     TokenizeRequest,
     check_model,
     detokenize,
+    json_body,
     model_card,
     tokenize,
     version,
@@ -201,17 +202,18 @@ def create_app(settings: RouterSettings, *, tokenizer: RouterTokenizer | None = 
         return JSONResponse(model_card(model_id, ctx.settings.model_name, max_model_len(ctx)))
 
     @app.post("/tokenize")
-    async def tokenize_endpoint(body: TokenizeRequest, request: Request) -> JSONResponse:
+    async def tokenize_endpoint(body: TokenizeRequest, request: Request) -> Response:
         ctx = ctx_of(request)
         check_model(body.model, ctx.settings.model_name)
-        return JSONResponse(await asyncio.to_thread(tokenize, body, ctx.tokenizer,
-                                                    max_model_len(ctx)))
+        return Response(await asyncio.to_thread(lambda: json_body(
+            tokenize(body, ctx.tokenizer, max_model_len(ctx)))), media_type="application/json")
 
     @app.post("/detokenize")
-    async def detokenize_endpoint(body: DetokenizeRequest, request: Request) -> JSONResponse:
+    async def detokenize_endpoint(body: DetokenizeRequest, request: Request) -> Response:
         ctx = ctx_of(request)
         check_model(body.model, ctx.settings.model_name)
-        return JSONResponse(await asyncio.to_thread(detokenize, body, ctx.tokenizer))
+        return Response(await asyncio.to_thread(lambda: json_body(
+            detokenize(body, ctx.tokenizer))), media_type="application/json")
 
     @app.get("/version")
     async def version_endpoint() -> JSONResponse:

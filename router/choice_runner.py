@@ -4,10 +4,13 @@ Split route: Prefill on the prefill worker, send its first token at once, then G
 decode worker with has_prefill, first_token_id and the KV handle.  Decode route: Generate alone.
 Tokens become text through `TextStream`; a stop string ends the choice early, which cancels the
 Generate call and sends Abort.  A decode worker that cannot be reached before it sent anything is
-replaced once by another (`reroute`); a prefill that failed on the worker's side (died, hung,
-broke) is retried once on another prefill worker (`reroute_prefill`), and if none is left the
-decode worker prefills the prompt itself.  Any way out other than a normal finish (error, stop string,
-client disconnect) cancels the RPC and Aborts the request on the worker.
+replaced once by another (`reroute`); a prefill that could not be done (worker unreachable,
+stalled, aborted) is retried once on another prefill worker (`reroute_prefill`), and if none is
+left the decode worker prefills the prompt itself.  A worker that died while running the call
+(router/crash_blame.py) is different: the request may be what killed it, so it is never tried on
+another worker; it is answered WorkerCrashed, or QuarantinedRequest when it is to blame.  Any
+way out other than a normal finish (error, stop string, client disconnect) cancels the RPC and
+Aborts the request on the worker.
 
 Convention with the decode worker: after a split, the Generate stream does NOT repeat
 first_token_id; it carries the tokens after it.  This module never formats HTTP answers.
@@ -24,15 +27,12 @@ from dataclasses import dataclass, field
 import grpc
 
 from router.background import BackgroundTasks
+from router.crash_blame import CrashBlame, Ticket, WorkerCrashed, is_crash
 from router.errors import WorkerCallError
 from router.logprobs_format import LogprobEntry, entries, token_text
 from router.metrics import RouterMetrics
 from router.policy import Route
-from router.quarantine import (
-    KILLS_TO_QUARANTINE,
-    QuarantinedRequest,
-    prompt_fingerprint,
-)
+from router.quarantine import QuarantinedRequest
 from router.shared_quarantine import SharedQuarantine
 from router.stall_watch import StallWatch
 from router.text_stream import Decoder, TextOptions, TextStream
@@ -84,6 +84,7 @@ class ChoiceSpec:
     deadline_unix_s: float
     echo: bool = False               # completions: the prompt's text opens the choice
     text: TextOptions = TextOptions()  # skip_special_tokens and the other detokenizing fields
+    fingerprint: str = ""            # the request's (router/quarantine.py request_fingerprint)
 
     @property
     def work(self) -> WorkItem:
@@ -92,10 +93,13 @@ class ChoiceSpec:
                         self.deadline_unix_s)
 
 
-# Prefill failures a retry elsewhere can fix: the worker died, hung, broke or was aborted.
+# Prefill failures a retry elsewhere can fix: the worker could not be reached, hung, answered
+# nothing readable or was aborted. Not INTERNAL: a worker that answers it is up and failed this
+# request (its step raised, engine/step_isolation.py), which the next worker would too. Not a
+# crash either (`is_crash`), which is judged before this is asked.
 RETRYABLE_PREFILL = frozenset({
-    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL,
-    grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED,
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.ABORTED,
 })
 
 
@@ -108,7 +112,8 @@ class ChoiceRunner:
                  reroute: Callable[[str], str | None] = lambda failed: None,
                  reroute_prefill: Callable[[str], str | None] = lambda failed: None,
                  quarantine: SharedQuarantine | None = None,
-                 stall_watch: StallWatch | None = None) -> None:
+                 stall_watch: StallWatch | None = None,
+                 blame: CrashBlame | None = None) -> None:
         self.spec = spec
         self.stats = ChoiceStats()
         self._clients = clients
@@ -119,6 +124,7 @@ class ChoiceRunner:
         self._reroute_prefill = reroute_prefill
         self._quarantine = quarantine
         self._stall_watch = stall_watch
+        self._blame = blame if blame is not None else CrashBlame()
         self._num_generated_chunks = 0
         self._text = TextStream(tokenizer, spec.prompt_token_ids, spec.stop, spec.text,
                                 getattr(tokenizer, "special_token_ids", ()))
@@ -177,21 +183,42 @@ class ChoiceRunner:
         self._background.spawn(client.abort(self.spec.request_id),
                                f"Abort of {self.spec.request_id} on {address}")
 
-    def _failed(self, err: WorkerCallError) -> WorkerCallError:
+    def _failed(self, err: WorkerCallError, ticket: Ticket) -> Exception:
+        """What to raise for ``err``: itself, or when its worker died under the call, the
+        verdict on this request (router/crash_blame.py) as WorkerCrashed or QuarantinedRequest
+        (recorded in the quarantine)."""
         if err.code == grpc.StatusCode.UNAVAILABLE:
             self._on_unavailable(err.address, f"{err.phase}: {err.details}")
-        return err
+        if not is_crash(err):
+            return err
+        verdict = self._blame.crashed(ticket)
+        self._metrics.worker_crashes.labels("blamed" if verdict.blamed else "bystander").inc()
+        if not verdict.blamed:
+            log.warning("%s on %s: the worker died under %s (one of %d requests there); not "
+                        "retried elsewhere", err.phase, err.address, self.spec.request_id,
+                        verdict.num_suspects)
+            return WorkerCrashed(err, verdict.num_suspects)
+        why = (f"the {err.phase} worker {err.address} died while running it, the only request "
+               "running there" if verdict.num_suspects == 1 else
+               f"workers died while running it {verdict.num_crashes} times")
+        log.error("request %s quarantined: %s", self.spec.request_id, why)
+        if self._quarantine is not None:
+            self._quarantine.add(ticket.fingerprint)
+            return QuarantinedRequest(ticket.fingerprint, why, self._quarantine.local.ttl_s)
+        return QuarantinedRequest(ticket.fingerprint, why, self._blame.window_s)
 
     async def _prefill(self, address: str) -> Prefilled:
         started = time.monotonic()
         done = False
+        ticket = self._blame.begin(address, self.spec.fingerprint)
         try:
             resp = await self._prefill_unless_stalled(address)
             done = True
         except WorkerCallError as err:
             done = err.code == grpc.StatusCode.UNAVAILABLE   # it never reached the worker
-            raise self._failed(err) from None
+            raise self._failed(err, ticket) from None
         finally:
+            self._blame.end(ticket)
             if not done:
                 self._abort_later(address)
         self._metrics.phase.labels("prefill").observe(time.monotonic() - started)
@@ -223,25 +250,18 @@ class ChoiceRunner:
         return call.result()
 
     async def _prefill_with_retry(self, address: str) -> Prefilled | None:
-        """Prefill on ``address``; if that worker died, timed out or broke, once more on another
-        prefill worker; if none is left (or it fails too), None: the decode worker, whose plan
-        the policy checked holds this context, prefills the prompt itself. Errors the request
-        itself causes (bad input, over the plan) are raised as they are."""
+        """Prefill on ``address``; if that worker could not be reached, stalled or aborted it,
+        once more on another prefill worker; if none is left (or it fails too), None: the
+        decode worker, whose plan the policy checked holds this context, prefills the prompt
+        itself. Errors the request itself causes (bad input, over the plan, a step that raised)
+        are raised as they are, and a worker that died under it raises the verdict on it."""
         tried = address
-        lost = 0  # prefill workers that dropped the connection while running this request
         for attempt in (1, 2):
             try:
                 return await self._prefill(tried)
-            except WorkerCallError as err:
+            except WorkerCallError as err:  # a crash is not one: WorkerCrashed / Quarantined
                 if err.code not in RETRYABLE_PREFILL:
                     raise
-                lost += err.code == grpc.StatusCode.UNAVAILABLE
-                if lost >= KILLS_TO_QUARANTINE and self._quarantine is not None:
-                    fp = prompt_fingerprint(self.spec.prompt_token_ids)
-                    self._quarantine.add(fp)
-                    log.error("request %s quarantined after %d prefill workers were lost",
-                              self.spec.request_id, lost)
-                    raise QuarantinedRequest(fp, lost) from None
                 other = self._reroute_prefill(tried) if attempt == 1 else None
                 log.warning("prefill of %s on %s failed (%s: %s); %s", self.spec.request_id,
                             tried, err.code.name, err.details,
@@ -292,6 +312,7 @@ class ChoiceRunner:
                         after: Prefilled | None) -> AsyncIterator[ChoiceDelta]:
         stream = self._clients(address).generate(self.spec.work, after)
         watch = self._watch(address, stream)
+        ticket = self._blame.begin(address, self.spec.fingerprint)
         started = time.monotonic()
         first = True
         finished = unreachable = False
@@ -322,8 +343,9 @@ class ChoiceRunner:
                                   "the Generate stream ended without a finish reason")
         except WorkerCallError as err:
             unreachable = err.code == grpc.StatusCode.UNAVAILABLE   # an Abort would not arrive
-            raise self._failed(err) from None
+            raise self._failed(err, ticket) from None
         finally:
+            self._blame.end(ticket)
             if watch is not None:
                 watch.cancel()
             self._metrics.phase.labels("decode").observe(time.monotonic() - started)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from router.background import BackgroundTasks
 from router.choice_runner import ChoiceDelta, ChoiceRunner, ChoiceSpec
+from router.crash_blame import CrashBlame
 from router.errors import (
     ApiError,
     WorkerCallError,
@@ -38,12 +39,7 @@ from router.policy import (
     needs_lookup,
     other_prefill,
 )
-from router.quarantine import (
-    KILLS_TO_QUARANTINE,
-    Quarantine,
-    QuarantinedRequest,
-    prompt_fingerprint,
-)
+from router.quarantine import Quarantine, QuarantinedRequest, request_fingerprint
 from router.registry import WorkerRegistry
 from router.settings import RouterSettings
 from router.shared_quarantine import SharedQuarantine
@@ -117,6 +113,8 @@ class Dispatcher:
         # shared with the other routers on the worker registry's Redis, when there is one
         self.quarantine = SharedQuarantine(Quarantine(ttl_s=settings.quarantine_ttl_s),
                                            settings.registry_url)
+        # which request a worker crash is blamed on (and so quarantined), within the same TTL
+        self.blame = CrashBlame(window_s=settings.quarantine_ttl_s)
         # a prefill on a worker that stops advancing is given up after stall_timeout_s
         self._stall_watch = StallWatch(self._worker_problem, registry.info,
                                        settings.stall_timeout_s,
@@ -225,17 +223,20 @@ class Dispatcher:
             # token); whether it fits a worker is checked once, by the policy (choose_route).
             max_tokens = (job.max_tokens if job.max_tokens is not None
                           else max(limit - len(prompt), 1))
-            fp = prompt_fingerprint(prompt)
+            fp = request_fingerprint(self._settings.model_name, prompt,
+                                     self._sampling(job, max_tokens, 0))
             if await self.quarantine.contains(fp):
-                raise QuarantinedRequest(fp, KILLS_TO_QUARANTINE)
+                raise QuarantinedRequest(fp, "a worker died while running an identical "
+                                         "request, which was blamed for it",
+                                         self._settings.quarantine_ttl_s)
             # a prompt to score is computed in full wherever it runs: nothing of it is cached
             cached = 0 if job.prompt_logprobs is not None else await self._num_cached(prompt)
-            plans.append((prompt, max_tokens, cached))
+            plans.append((prompt, max_tokens, cached, fp))
 
         leases = contextlib.ExitStack()
         runners = []
         try:
-            for p_index, (prompt, max_tokens, num_cached) in enumerate(plans):
+            for p_index, (prompt, max_tokens, num_cached, fp) in enumerate(plans):
                 req = RouteRequest(len(prompt), max_tokens, num_cached)
                 for i in range(job.n):
                     index = p_index * job.n + i
@@ -250,13 +251,13 @@ class Dispatcher:
                                       prompt_token_ids=list(prompt),
                                       sampling=self._sampling(job, max_tokens, i),
                                       stop=job.stop, route=route, deadline_unix_s=deadline,
-                                      echo=job.echo, text=job.text)
+                                      echo=job.echo, text=job.text, fingerprint=fp)
                     runners.append(ChoiceRunner(
                         spec, self._registry.client, self._tokenizer, self._metrics,
                         self._background, self._registry.mark_unavailable,
                         functools.partial(self._reroute, req, route, leases),
                         functools.partial(self._reroute_prefill, req, route, leases),
-                        self.quarantine, self._stall_watch))
+                        self.quarantine, self._stall_watch, self.blame))
         except BaseException:
             leases.close()
             raise

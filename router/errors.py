@@ -88,6 +88,7 @@ class WorkerCallError(Exception):
     phase: str
     code: grpc.StatusCode
     details: str
+    reached: bool = False   # the worker's handler had taken the call (proto ACCEPTED)
 
     def __str__(self) -> str:
         return f"worker {self.address} failed in phase {self.phase}: {self.code.name} {self.details}"

@@ -82,6 +82,11 @@ class RouterMetrics:
         self.prefill_retries = Counter("bulkhead_prefill_retries",
                                        "Prefills retried on another prefill worker after the "
                                        "first one failed.", registry=r)
+        self.worker_crashes = Counter(
+            "bulkhead_worker_crash_calls",
+            "Calls cut by their worker's death, by verdict on their request: blamed "
+            "(quarantined) or bystander (answered 503, not retried elsewhere).", ["verdict"],
+            registry=r)
         self.kv_tokens = Counter("bulkhead_prompt_tokens",
                                  "Prompt tokens by how they were served: loaded (KV from the "
                                  "store), cached (any reuse, loaded included), recomputed.",

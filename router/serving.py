@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from router.admission import Admission
 from router.background import BackgroundTasks
 from router.choice_runner import ChoiceDelta
+from router.crash_blame import WorkerCrashed
 from router.dispatch import Dispatch, Dispatcher
 from router.errors import ApiError, WorkerCallError, from_worker_error
 from router.job import GenerationJob
@@ -93,6 +94,9 @@ def as_api_error(exc: BaseException, ctx: RouterContext) -> ApiError:
         return from_worker_error(exc, ctx.settings.retry_after_s)
     if isinstance(exc, QuarantinedRequest):
         return ApiError(500, str(exc), "server_error", None, "request_quarantined")
+    if isinstance(exc, WorkerCrashed):
+        return ApiError(503, str(exc), "service_unavailable", None, "worker_crashed",
+                        ctx.settings.retry_after_s)
     log.error("internal error: %r", exc, exc_info=exc)
     return ApiError(500, f"Internal error: {type(exc).__name__}", "server_error", None,
                     "internal_error")
@@ -261,7 +265,7 @@ async def serve_generation(ctx: RouterContext, request: Request,
     except ClientGone:
         result = "cancelled"
         return Response(status_code=499)
-    except (ApiError, WorkerCallError) as exc:
+    except (ApiError, WorkerCallError, QuarantinedRequest, WorkerCrashed) as exc:
         err = named_for_request(as_api_error(exc, ctx), job)
         result = err.code or str(err.status)
         return error_response(err)

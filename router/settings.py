@@ -93,8 +93,9 @@ class RouterSettings:
         "required tool_choice work without one."))
     log_level: str = field(default="info", metadata=_doc("Python log level of the router."))
     quarantine_ttl_s: float = field(default=600.0, metadata=_doc(
-        "Seconds a request whose prefill took down two workers is refused (500) before it may "
-        "be tried again."))
+        "Seconds a request blamed for a worker's death (the only request running on it, or "
+        "running at two worker deaths within this window) is refused (500) before it may be "
+        "tried again."))
     api_keys: tuple[str, ...] = field(default=(), repr=False, metadata=_doc(
         "Keys accepted as `Authorization: Bearer <key>` on /v1 (env: comma-separated list); "
         "none = open, with a warning at start-up. Never logged."))

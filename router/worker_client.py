@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from proto import ACCEPTED
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from router.errors import WorkerCallError
@@ -75,6 +76,22 @@ class WorkerAccess:
 
 
 EMPTY_ANSWER = "the answer held no readable message"
+# How soon a channel whose worker went away tries to connect again. gRPC's own back-off grows
+# to 120 s; after a decode worker was down 16 s it had reached ~10 s, so the router's polls
+# kept failing on the channel's remembered error for 12 s after the restarted worker served
+# (lab/bench/restart.py). At most 1 s: the router's poll (poll_interval_s, 2 s) sees it next time.
+RECONNECT_BACKOFF = (("grpc.initial_reconnect_backoff_ms", 250),
+                     ("grpc.max_reconnect_backoff_ms", 1000))
+
+
+async def _reached(call: Any) -> bool:
+    """Whether the worker's handler took ``call`` (it sent ACCEPTED); asked of a call that has
+    ended, so it does not wait."""
+    try:
+        metadata = await call.initial_metadata()
+    except (grpc.RpcError, asyncio.CancelledError, AttributeError):
+        return False
+    return ACCEPTED in tuple(metadata or ())
 
 
 class GenerateStream:
@@ -116,7 +133,8 @@ class GenerateStream:
             self._done = True
             if self._given_up is not None:
                 raise self._given_up from None
-            raise WorkerCallError(self._address, phase, exc.code(), exc.details() or "") from None
+            raise WorkerCallError(self._address, phase, exc.code(), exc.details() or "",
+                                  await _reached(self._call)) from None
         if self._given_up is not None:
             raise self._given_up
         if msg is grpc.aio.EOF:
@@ -148,14 +166,17 @@ class WorkerClient:
         self._metadata = access.metadata
         self._channel = access.channel(
             address, options=[("grpc.enable_retries", 0),
-                              ("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+                              ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                              *RECONNECT_BACKOFF])
         self._stub = pb_grpc.WorkerStub(self._channel)
 
     async def _unary(self, method: Any, request: Any, phase: str, timeout: float) -> Any:
+        call = method(request, timeout=timeout, metadata=self._metadata)
         try:
-            answer = await method(request, timeout=timeout, metadata=self._metadata)
+            answer = await call
         except grpc.aio.AioRpcError as exc:
-            raise WorkerCallError(self.address, phase, exc.code(), exc.details() or "") from None
+            raise WorkerCallError(self.address, phase, exc.code(), exc.details() or "",
+                                  await _reached(call)) from None
         if answer is None:
             # grpc.aio hands back None, not an error, when it cannot deserialize an answer
             # (grpc/_common.py `_transform` logs and swallows the exception) or when a call ends

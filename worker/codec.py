@@ -22,6 +22,7 @@ from engine.errors import (
     InvalidRequest,
     PlanError,
     QueueFull,
+    StepFailed,
 )
 from engine.sampler import TokenLogprobs
 from engine.sampling_params import SamplingParams
@@ -101,6 +102,7 @@ _STATUS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], grpc
     (RequestAborted, grpc.StatusCode.ABORTED),
     (WrongRole, grpc.StatusCode.UNIMPLEMENTED),
     (NoTokenSampled, grpc.StatusCode.INTERNAL),
+    (StepFailed, grpc.StatusCode.INTERNAL),  # a fault this request reaches: not retried elsewhere
 )
 
 

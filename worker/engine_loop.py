@@ -6,8 +6,11 @@ two steps) and receives each request's outputs on that request's own asyncio que
 (``RequestStream``). After every step it publishes an ``EngineStats`` snapshot, so GetInfo and
 health never wait behind a long prefill chunk.
 
-If a step raises, the loop stops, every open stream and pending call fails with
-``EngineLoopFailed``, and ``failed`` is set: the worker then reports NOT_SERVING and exits.
+A step that raises for some of its sequences ends those alone (engine/step_isolation.py: their
+outputs carry ``StepFailed``). If ``engine.step()`` itself raises (a device error, a
+tensor-parallel step, a run of steps that failed for every sequence), the loop stops, every
+open stream and pending call fails with ``EngineLoopFailed``, and ``failed`` is set: the worker
+then reports NOT_SERVING and exits.
 This module never calls the engine from any thread but its own.
 """
 

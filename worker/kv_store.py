@@ -54,7 +54,7 @@ from engine.models.family import KVLayout
 from engine.staged_kv import StagedKV
 from worker.host_staging import ARENA_WAIT_S, HostStaging
 from worker.kv_store_config import KVStoreConfig, KVStoreError
-from worker.lmcache_engine import build_lmcache_engine
+from worker.lmcache_engine import build_lmcache_engine, lmcache_pool_gb
 from worker.lmcache_redis import (
     avoid_redis_close_deadlock,
     expire_on_write,
@@ -113,6 +113,8 @@ class KVStore:
             timeout_s=self.config.blocking_timeout_s)
         self._lock = threading.Lock()
         self._staging = HostStaging(int(self.config.staging_gb * 2**30), pin=pin_staging)
+        # LMCache's CPU pool, zero-filled at start (the fetch arena is touched only when used)
+        self.pool_bytes = int(lmcache_pool_gb(self.config, writes) * 2**30)
         self._instance_id = f"bulkhead-{uuid.uuid4().hex[:12]}"
         redact_lmcache_logs()
         try:

@@ -41,11 +41,12 @@ from worker.engine_loop import EngineLoop, RequestStream, build_on_a_passing_thr
 from worker.errors import DeadlinePassed, KVStoreUnavailable, WrongRole
 from worker.grammar_cache import GrammarCache
 from worker.grammar_pool import GrammarPool, GrammarPoolConfig
+from worker.heap_trim import trim_heap
 from worker.kv_import import fetch_import
 from worker.kv_store import KVStore
 from worker.kv_store_config import auto_chunk_tokens, layout_fingerprint
 from worker.registration import registration_publisher
-from worker.worker_config import WorkerConfig
+from worker.worker_config import WorkerConfig, staging_gb
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "bulkhead.v1.Worker"
@@ -110,13 +111,17 @@ def build_runtime(settings: WorkerSettings,
                                    if settings.kv_store_url else ""))
     if store is not None:
         kv_store = KVStore(store.url, store_model_name, layout, chunk_size=chunk_size,
-                           staging_gb=store.staging_gb, ttl_s=store.ttl_s,
+                           staging_gb=staging_gb(store, engine.config, layout.bytes_per_token,
+                                                 chunk_size),
+                           ttl_s=store.ttl_s,
                            writes=settings.role == "prefill",  # only prefill puts
                            pin_staging=store.staging_pinned,
                            fetch_connections=store.fetch_connections)
     assert kv_store is None or kv_store.layout_fingerprint == kv_layout
+    trim_heap()  # the load's freed temporaries (worker/heap_trim.py)
     if progress is not None and kv_store is not None:
-        progress(f"KV store connected: {kv_store.public_url}")
+        progress(f"KV store connected: {kv_store.public_url}, LMCache pool "
+                 f"{kv_store.pool_bytes / 2**20:,.0f} MiB")
     compat = pb.Compatibility(
         model_fingerprint=engine.model_fingerprint,
         tokenizer_fingerprint=_tokenizer_fingerprint(settings.model),

@@ -151,6 +151,10 @@ class ModelFamily(ABC):
     #: how the ranks hold the KV: "heads" (each its own KV heads; blocks are gathered on export)
     #: or "replicated" (each the whole KV, written identically; rank 0's blocks are exported)
     tensor_parallel_kv: ClassVar[str] = "heads"
+    #: whether a step that raised may run again chunk by chunk to find the sequence that raises
+    #: (engine/step_isolation.py): true where ``forward`` writes state only at the step's
+    #: positions, so a re-run overwrites what the failed step left
+    rerun_safe: ClassVar[bool] = True
 
     @classmethod
     @abstractmethod

@@ -25,7 +25,10 @@ from tests.helpers.tiny_model import write_tiny_llama
 CHUNK = 16  # LMCache chunk: long prompts span several
 SPLIT_THRESHOLD = 40  # uncached prompt tokens from which the router splits
 MAX_CONTEXT = 384
-WORKER_FLAGS = ("--device", "cpu", "--max-context", str(MAX_CONTEXT), "--chunk-tokens", "48",
+# float32: the tests compare greedy tokens and logprobs with transformers' float32 model (the
+# product's default is bfloat16)
+WORKER_FLAGS = ("--device", "cpu", "--dtype", "float32", "--max-context", str(MAX_CONTEXT),
+                "--chunk-tokens", "48",
                 "--max-batch", "8", "--block-size", "16", "--attn-tile-tokens", "64",
                 "--lmcache-chunk-size", str(CHUNK), "--kv-staging-gb", "0.05",
                 "--num-threads", "1")

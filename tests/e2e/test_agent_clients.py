@@ -2,9 +2,8 @@
 whose chat template has no tool syntax), and again on the same weights with a tool-call template
 given by ``--chat-template`` (deploy/chat_templates/chatml_tools.jinja): the official openai
 client (tools named / required / auto, ``parse`` with pydantic, ``pydantic_function_tool``),
-langchain-openai (``bind_tools``, the three ``with_structured_output`` methods) and litellm.
-The OpenAI Agents SDK is not run: its releases from 0.20 on need a urllib3 newer than the one
-pinned (constraints.txt).
+langchain-openai (``bind_tools``, the three ``with_structured_output`` methods), litellm and
+the OpenAI Agents SDK (a function tool's round trip).
 
 String fields carry a ``pattern``: xgrammar's JSON strings admit raw control characters, which a
 small model may pick and strict JSON parsers refuse."""
@@ -14,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Annotated
 
 import jsonschema
 import openai
@@ -189,6 +189,52 @@ def test_a_tool_round_trip(e2e: E2E) -> None:
     final = client.chat.completions.create(model=e2e.model, messages=messages, tools=TOOLS,
                                            tool_choice="none", max_tokens=40, temperature=0)
     assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+
+
+def test_agents_sdk_function_tool_round_trip(e2e: E2E) -> None:
+    """The Agents SDK's own loop over chat completions: the model must call the Python function
+    tool (forced on the first turn), the SDK runs it and sends its result back, and the model
+    answers from it. The SDK then drops the forced choice (``reset_tool_choice``), so the second
+    turn is ``auto``: on the model's own template, without a tool-call parser, the run ends in
+    the server's 400 naming ``tool_choice`` and the settings that enable it, as any other client
+    gets."""
+    agents = pytest.importorskip("agents")
+    calls: list[tuple[str, int]] = []
+
+    @agents.function_tool
+    def get_weather(city: Annotated[str, Field(pattern="^[A-Za-z ]{1,12}$")],
+                    days: Annotated[int, Field(ge=1, le=7)]) -> str:
+        """The weather forecast of a city.
+
+        Args:
+            city: The city.
+            days: How many days ahead.
+        """
+        calls.append((city, days))
+        return json.dumps({"city": city, "forecast": "sunny", "high_c": 21})
+
+    client = openai.AsyncOpenAI(base_url=e2e.deployment.url + "/v1", api_key="none",
+                                max_retries=0, timeout=120)
+    agent = agents.Agent(
+        name="forecaster", instructions="Answer with the forecast the tool gives.",
+        model=agents.OpenAIChatCompletionsModel(model=e2e.model, openai_client=client),
+        tools=[get_weather],
+        model_settings=agents.ModelSettings(tool_choice="get_weather", temperature=0,
+                                            max_tokens=60, parallel_tool_calls=False))
+    run = dict(max_turns=4, run_config=agents.RunConfig(tracing_disabled=True))
+    if not has_template(e2e):
+        with pytest.raises(openai.BadRequestError) as exc:
+            agents.Runner.run_sync(agent, ASK[0]["content"], **run)
+        assert exc.value.body["param"] == "tool_choice"
+        assert "--tool-call-parser" in exc.value.body["message"]
+        assert len(calls) == 1  # the forced call was made and run before the auto turn
+        return
+    result = agents.Runner.run_sync(agent, ASK[0]["content"], **run)
+    assert calls and all(1 <= days <= 7 for _, days in calls)
+    kinds = [item.type for item in result.new_items]
+    assert kinds[:2] == ["tool_call_item", "tool_call_output_item"], kinds
+    assert kinds[-1] == "message_output_item", kinds
+    assert isinstance(result.final_output, str) and result.final_output.strip()
 
 
 # vLLM's request fields (template-independent: run once, on the model's own template)

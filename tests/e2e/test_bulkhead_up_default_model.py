@@ -37,6 +37,9 @@ def test_up_answers_the_capital_of_france_and_stops_cleanly(tmp_path: Path) -> N
         addresses = re.findall(r"^(?:kv store\s+redis://|prefill\s+|decode\s+)(127\.0\.0\.1:\d+)", text,
                                re.MULTILINE)
         assert len(addresses) == 3, text
+        # the workers' plans and LMCache pools, summed on the console
+        assert re.search(r"^memory\s+planned [\d,]+ MiB in all \(prefill [\d,]+ MiB \+ "
+                         r"LMCache pool [\d,]+ MiB, decode", text, re.MULTILINE), text
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
                                max_retries=0, timeout=120)
         card = client.models.list().data[0]

@@ -1,8 +1,9 @@
 """Workers killed with SIGKILL (real processes, real redis-server). A prefill worker in the middle
-of a prefill: the router retries the prefill once on the other prefill worker and the request
-completes with the same tokens as without the failure. A decode worker in the middle of a
-stream: the client gets an error and the stream ends; new requests go to the other decode
-worker. Nothing hangs."""
+of a prefill: the request, the only one running there, is blamed for the death (router/
+crash_blame.py) and quarantined; it is not replayed on the other prefill worker nor prefilled by a
+decode worker, and is refused at once when sent again, while other prompts are served. A decode
+worker in the middle of a stream: the client gets an error and the stream ends; new requests go
+to the other decode worker. Nothing hangs."""
 
 from __future__ import annotations
 
@@ -122,11 +123,19 @@ def test_prefill_worker_sigkilled_mid_prefill(two_prefill: dict) -> None:
     procs[victim].popen.send_signal(signal.SIGKILL)
     t.join(timeout=180)
     assert not t.is_alive(), "the request hung after its prefill worker died"
-    assert "error" not in result, result.get("error")
+    err = result.get("error")
+    assert isinstance(err, openai.InternalServerError), result
+    assert err.body["code"] == "request_quarantined", err.body
     survivor = "p2" if victim == "p1" else "p1"
-    assert _info(addr[survivor]).tokens_advanced >= len(prompt)  # the retry computed it there
-    # the same prompt again, now on the surviving workers only: the same tokens
-    assert _complete(url, prompt) == result["ids"]
+    # not replayed: neither the other prefill worker nor a decode worker computed it
+    assert _info(addr[survivor]).tokens_advanced == 0
+    assert all(_info(addr[d]).tokens_advanced == 0 for d in ("d1", "d2"))
+    # the same request again: refused at once; another prompt is served by the survivors
+    with pytest.raises(openai.InternalServerError) as again:
+        _complete(url, prompt)
+    assert again.value.body["code"] == "request_quarantined"
+    assert _info(addr[survivor]).tokens_advanced == 0
+    assert len(_complete(url, prompt[:-1])) == 8
 
 
 def test_decode_worker_sigkilled_mid_stream(two_prefill: dict) -> None:

@@ -19,6 +19,7 @@ import grpc
 import jinja2
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from proto import ACCEPTED
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 
@@ -31,6 +32,9 @@ SPECIALS = ["<|im_start|>", "<|im_end|>", "<eos>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 SCRIPT = " The answer is 42. END of the story, ça va?"
+# what a worker whose engine loop died answers the calls it was running (worker/codec.py maps
+# EngineLoopFailed to UNAVAILABLE with its message) before it exits: a crash under the call
+CRASHED = "engine loop failed: RuntimeError: boom"
 QUEUE_S, PREFILL_S = 0.25, 0.5   # the queue and prefill times the fakes report
 
 
@@ -87,6 +91,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
     token_delay_s: float = 0.0
     info_delay_s: float = 0.0         # GetInfo answers this late (a busy worker)
     prefill_error: grpc.StatusCode | None = None  # Prefill fails with this status
+    prefill_error_details: str = "the worker cannot take it now"  # ... and these details
     exhausted: bool = False           # answer RESOURCE_EXHAUSTED
     fail_after: int = -1              # Generate: fail UNAVAILABLE after this many tokens
     frozen: bool = False              # a stalled engine: no token, counters stop (GetInfo answers)
@@ -137,11 +142,12 @@ class FakeWorker(pb_grpc.WorkerServicer):
                                                        len(request.prompt_token_ids)))
 
     async def Prefill(self, request: pb.PrefillRequest, context: Any) -> pb.PrefillResponse:
+        await context.send_initial_metadata((ACCEPTED,))  # as a worker does (proto/__init__.py)
         if self.exhausted:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full (8 waiting)")
         if self.prefill_error is not None:
             self.prefills.append(request)
-            await context.abort(self.prefill_error, "engine thread died")
+            await context.abort(self.prefill_error, self.prefill_error_details)
         self.prefills.append(request)
         await asyncio.sleep(self.token_delay_s)
         out = self._output(request.sampling)
@@ -154,6 +160,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
             finish_reason=reason, queue_time_s=QUEUE_S, prefill_time_s=PREFILL_S)
 
     async def Generate(self, request: pb.GenerateRequest, context: Any) -> Any:
+        await context.send_initial_metadata((ACCEPTED,))
         if self.exhausted:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full (8 waiting)")
         self.generates.append(request)

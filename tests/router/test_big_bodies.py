@@ -68,6 +68,11 @@ def health_during(router: EdgeRouter, path: str, body: dict) -> tuple[httpx.Resp
 
 CASES = {
     "detokenize 3.9M ids": ("/detokenize", {"model": MODEL, "tokens": [1] * 3_900_000}),
+    # large answers: 2.6M characters of text; 680k token ids (and as many token strings)
+    "detokenize 2.6M ids of text": ("/detokenize", {
+        "model": MODEL, "tokens": [10 + i % 90 for i in range(2_600_000)]}),
+    "tokenize a 4 MB prompt": ("/tokenize", {"model": MODEL, "prompt": "hello world " * 340_000,
+                                             "return_token_strs": True}),
     "completion of 2.6M token ids": ("/v1/completions", {"model": MODEL, "max_tokens": 1,
                                                          "prompt": [1] * 2_600_000}),
     "chat of 230k messages": ("/v1/chat/completions", {
@@ -84,8 +89,13 @@ def test_health_answers_fast_during_a_big_body(router: EdgeRouter, name: str) ->
     print(f"{router.mode}: {name}: {answer.status_code} in {took:.2f} s; slowest /health "
           f"{worst * 1000:.0f} ms")
     assert answer.status_code < 500, answer.text[:300]
-    if name.startswith("detokenize"):
+    if name.startswith(("detokenize", "tokenize")):
         assert answer.status_code == 200
+        if name == "detokenize 2.6M ids of text":
+            assert len(answer.json()["prompt"]) > 1_000_000
+        if name.startswith("tokenize"):
+            got = answer.json()
+            assert got["count"] == len(got["tokens"]) == len(got["token_strs"]) > 600_000
     else:
         assert answer.status_code == 400, answer.text[:300]
         err = answer.json()["error"]

@@ -15,17 +15,17 @@ import openai
 import pytest
 import redis
 
-from router.quarantine import Quarantine, prompt_fingerprint
+from router.quarantine import Quarantine, request_fingerprint
 from router.shared_quarantine import KEY_PREFIX, SharedQuarantine, quarantine_key
 from tests.helpers.redis_server import running_redis
 from tests.router.conftest import MODEL, start_cluster
-from tests.router.router_fakes import LoopThread, TinyTokenizer
+from tests.router.router_fakes import CRASHED, LoopThread, TinyTokenizer
 
 pytestmark = pytest.mark.timeout(60)
 
 LOGGER = "bulkhead.router.quarantine"
 PROMPT = [101, 2023, 2003, 1037, 3231]
-FP = prompt_fingerprint(PROMPT)
+FP = request_fingerprint(MODEL, PROMPT)
 LONG_PROMPT = "Hello world! The quick brown fox jumps over the lazy dog. " * 4  # split route
 
 
@@ -48,7 +48,7 @@ async def test_a_fingerprint_quarantined_on_one_router_is_refused_by_another(r, 
         # b keeps the hit in memory: it no longer needs Redis for it
         await r.flushdb()
         assert await b.contains(FP)
-        assert not await b.contains(prompt_fingerprint(PROMPT[:-1]))
+        assert not await b.contains(request_fingerprint(MODEL, PROMPT[:-1]))
     finally:
         await a.aclose()
         await b.aclose()
@@ -84,7 +84,7 @@ async def test_a_hit_from_redis_is_kept_only_for_the_ttl_left(r, redis_url):
 
 
 async def test_redis_stopped_means_local_answers_at_once(tmp_path: Path, caplog):
-    other = prompt_fingerprint(PROMPT[::-1])
+    other = request_fingerprint(MODEL, PROMPT[::-1])
     with running_redis(tmp_path, maxmemory_mb=64) as url:
         q = shared(url)
         q.add(FP)
@@ -138,15 +138,17 @@ async def test_without_a_url_it_is_the_local_quarantine():
 
 def test_two_routers_on_one_redis_refuse_what_killed_workers_behind_either(
         loop_thread: LoopThread, tok: TinyTokenizer, redis_url: str) -> None:
-    """Router A loses two prefill workers to a request and quarantines it; router B, whose
-    workers are fine, answers the same request 500 without sending it to any worker."""
+    """Router A's prefill worker dies under a request, the only one it ran, and A quarantines
+    it; router B, whose workers are fine, answers the same request 500 without sending it to
+    any worker."""
     sync = redis.Redis.from_url(redis_url)
     sync.flushdb()
     a = start_cluster(loop_thread, tok, num_prefill=2, registry_url=redis_url)
     b = start_cluster(loop_thread, tok, num_prefill=1, registry_url=redis_url)
     try:
-        for w in a.prefill:  # both drop the connection while running it, as a crash would
+        for w in a.prefill:  # whichever it goes to dies under it
             w.prefill_error = grpc.StatusCode.UNAVAILABLE
+            w.prefill_error_details = CRASHED
         with pytest.raises(openai.InternalServerError) as e:
             a.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=5)
         assert "quarantined" in str(e.value)

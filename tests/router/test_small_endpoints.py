@@ -62,3 +62,16 @@ def test_model_card_and_version(cluster: Cluster) -> None:
         client.models.retrieve("gpt-4")
     with cluster.http() as h:
         assert h.get("/version").json()["version"]
+
+
+def test_the_sliced_json_body_is_the_bytes_jsonresponse_writes() -> None:
+    from fastapi.responses import JSONResponse
+
+    from router.tokenize_api import JSON_SLICE, json_body
+
+    long_ids = list(range(JSON_SLICE * 2 + 7))
+    long_text = ("ça va? \"quoted\" \\ \n 🙂 " * (JSON_SLICE * 3))[: JSON_SLICE * 40 + 3]
+    for answer in ({"count": 2, "max_model_len": None, "tokens": [1, 2], "token_strs": None},
+                   {"count": len(long_ids), "tokens": long_ids, "token_strs": ["Ġa"] * 3},
+                   {"prompt": long_text}, {"prompt": ""}, {"tokens": []}):
+        assert json_body(answer) == JSONResponse(answer).body

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.router.conftest import MODEL, Cluster, start_cluster
-from tests.router.router_fakes import SCRIPT, LoopThread, TinyTokenizer
+from tests.router.router_fakes import CRASHED, SCRIPT, LoopThread, TinyTokenizer
 
 pytestmark = pytest.mark.timeout(120)   # a hang is a failure, never a stuck CI
 
@@ -291,7 +291,7 @@ def test_failed_prefill_is_retried_once_on_another_prefill_worker(loop_thread: L
         # equal loads: the policy picks the lowest address first; that one breaks
         first = min(c.prefill, key=lambda w: w.address)
         second = max(c.prefill, key=lambda w: w.address)
-        first.prefill_error = grpc.StatusCode.INTERNAL
+        first.prefill_error = grpc.StatusCode.DEADLINE_EXCEEDED  # hung
         r = c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=50)
         assert r.choices[0].text == SCRIPT
         assert len(first.prefills) == 1 and len(second.prefills) == 1
@@ -303,31 +303,45 @@ def test_failed_prefill_is_retried_once_on_another_prefill_worker(loop_thread: L
         assert r.choices[0].text == SCRIPT
         assert not c.decode[0].generates[-1].has_prefill
 
-        # an error the request itself causes is answered, not retried elsewhere
-        first.prefill_error = second.prefill_error = grpc.StatusCode.OUT_OF_RANGE
-        before = len(first.prefills) + len(second.prefills)
-        with pytest.raises(openai.BadRequestError):
-            c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=50)
-        assert len(first.prefills) + len(second.prefills) == before + 1
+        # an error the request itself causes is answered, not retried elsewhere; so is
+        # INTERNAL, a worker that is up and whose step raised for this request
+        for code, error in ((grpc.StatusCode.OUT_OF_RANGE, openai.BadRequestError),
+                            (grpc.StatusCode.INTERNAL, openai.APIStatusError)):
+            first.prefill_error = second.prefill_error = code
+            before = len(first.prefills) + len(second.prefills)
+            decodes = len(c.decode[0].generates)
+            with pytest.raises(error):
+                c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=50)
+            assert len(first.prefills) + len(second.prefills) == before + 1
+            assert len(c.decode[0].generates) == decodes
         assert c.healthy()
 
 
-def test_request_that_kills_two_prefill_workers_is_quarantined(loop_thread: LoopThread,
-                                                               tok: TinyTokenizer) -> None:
+def test_a_request_whose_worker_dies_under_it_is_not_retried_and_is_quarantined(
+        loop_thread: LoopThread, tok: TinyTokenizer) -> None:
     with start_cluster(loop_thread, tok, num_prefill=2) as c:
-        for w in c.prefill:  # both drop the connection while running it, as a crash would
-            w.prefill_error = grpc.StatusCode.UNAVAILABLE
+        first = min(c.prefill, key=lambda w: w.address)  # equal loads: the policy's pick
+        first.prefill_error = grpc.StatusCode.UNAVAILABLE
+        first.prefill_error_details = CRASHED
         with pytest.raises(openai.InternalServerError) as e:
             c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=50)
-        assert "quarantined" in str(e.value) and "2 workers" in str(e.value)
-        assert sum(len(w.prefills) for w in c.prefill) == 2
-        assert c.decode[0].generates == []  # not handed to the decode worker either
-        # the same prompt again: refused at once, no worker sees it
-        for w in c.prefill:
-            w.prefill_error = None
-        with pytest.raises(openai.InternalServerError):
+        body = e.value.body
+        assert e.value.status_code == 500 and body["code"] == "request_quarantined"
+        assert "died while running it, the only request running there" in body["message"]
+        # not replayed on the other prefill worker, nor prefilled by the decode worker
+        assert sum(len(w.prefills) for w in c.prefill) == 1
+        assert c.decode[0].generates == []
+        # the same request again: refused at once, no worker sees it
+        first.prefill_error = None
+        with pytest.raises(openai.InternalServerError) as e:
             c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=50)
-        assert sum(len(w.prefills) for w in c.prefill) == 2
-        # other requests are served
+        assert "quarantined" in e.value.body["message"] and "600 s" in e.value.body["message"]
+        assert sum(len(w.prefills) for w in c.prefill) == 1
+        # the same prompt with other sampling parameters, and other prompts, are served
+        r = c.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=49)
+        assert r.choices[0].text
         r = c.client().completions.create(model=MODEL, prompt=LONG_PROMPT + " more", max_tokens=5)
         assert r.choices[0].text
+        with c.http() as h:
+            metrics = h.get("/metrics").text
+        assert 'bulkhead_worker_crash_calls_total{verdict="blamed"} 1.0' in metrics

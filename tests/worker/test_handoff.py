@@ -18,7 +18,7 @@ from tests.helpers.tiny_model import hf_greedy
 from tests.helpers.worker_pair import handoff_flags, worker_pair
 
 CHUNK = 16
-WORKER_FLAGS = ["--device", "cpu", "--max-context", "256", "--chunk-tokens", "40",
+WORKER_FLAGS = ["--device", "cpu", "--dtype", "float32", "--max-context", "256", "--chunk-tokens", "40",
                 "--max-batch", "4", "--block-size", "8", "--attn-tile-tokens", "64",
                 # 2 blocks of 4 KiB a step: a handoff's import takes several steps
                 "--kv-import-slice-mb", "0.008", *handoff_flags(CHUNK)]

@@ -99,6 +99,7 @@ class DeepseekV4Family(ModelFamily):
     cast_weights_on_load: ClassVar[bool] = False  # FP8/FP4 payloads and scales kept as stored
     supports_tensor_parallel: ClassVar[bool] = True  # dequantized weights (tensor_parallel.py)
     tensor_parallel_kv: ClassVar[str] = "replicated"  # one shared KV head: whole on every rank
+    rerun_safe: ClassVar[bool] = False  # a step advances per-slot window rings and counts
 
     @staticmethod
     def keeps_stored_dtype(name: str) -> bool:
