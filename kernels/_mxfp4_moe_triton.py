@@ -114,6 +114,29 @@ def _tile_ids(N_FIRST: tl.constexpr):
 
 
 @triton.jit
+def _k_tile(k0, BLOCK_K: tl.constexpr):
+    """Column offsets of the K-tile at ``k0``: values [BK], packed bytes [BK/2], scale groups
+    [BK/32], int32 words [BK/8]."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    return k, kb, kg, kw
+
+
+@triton.jit
+def _load_rows(base, rows, stride, k, r_ok, k_hi, SWAP: tl.constexpr):
+    """Activations of ``rows`` (row stride ``stride``) at columns ``k`` below ``k_hi``: [BM, BK],
+    or [BK, BM] with SWAP (the dot's second operand)."""
+    a_ok = r_ok[:, None] & (k < k_hi)[None, :]
+    if SWAP:
+        a = tl.load(base + rows[None, :] * stride + k[:, None], mask=tl.trans(a_ok), other=0.0)
+    else:
+        a = tl.load(base + rows[:, None] * stride + k[None, :], mask=a_ok, other=0.0)
+    return a
+
+
+@triton.jit
 def _moe_gate_up_kernel(
     x_ptr, order_ptr, row_end_ptr, w_ptr, s_ptr, h_ptr,
     E, H, INTER, TOP_K,
@@ -148,16 +171,8 @@ def _moe_gate_up_kernel(
         acc_u = tl.zeros_like(acc_g)
         k_lo, k_hi = _k_slice(H, SPLIT_TILES, BLOCK_K, PARTIAL)
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-            a_ok = r_ok[:, None] & (k < k_hi)[None, :]
-            if SWAP:
-                a = tl.load(x_ptr + tok[None, :] * stride_xm + k[:, None], mask=tl.trans(a_ok),
-                            other=0.0)
-            else:
-                a = tl.load(x_ptr + tok[:, None] * stride_xm + k[None, :], mask=a_ok, other=0.0)
+            k, kb, kg, kw = _k_tile(k0, BLOCK_K)
+            a = _load_rows(x_ptr, tok, stride_xm, k, r_ok, k_hi, SWAP)
             acc_g = _mx_acc(acc_g, a, wg, sg, kb, kg, kw, n_ok, k_hi // 2, BLOCK_N, BLOCK_K,
                             SWAP, F32, SCALED, WORDS)
             acc_u = _mx_acc(acc_u, a, wu, su, kb, kg, kw, n_ok, k_hi // 2, BLOCK_N, BLOCK_K,
@@ -216,16 +231,8 @@ def _moe_down_kernel(
         if SPLIT:
             y_ptr += tl.program_id(2) * stride_ys
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-            a_ok = r_ok[:, None] & (k < k_hi)[None, :]
-            if SWAP:
-                a = tl.load(h_ptr + rows[None, :] * stride_hm + k[:, None], mask=tl.trans(a_ok),
-                            other=0.0)
-            else:
-                a = tl.load(h_ptr + rows[:, None] * stride_hm + k[None, :], mask=a_ok, other=0.0)
+            k, kb, kg, kw = _k_tile(k0, BLOCK_K)
+            a = _load_rows(h_ptr, rows, stride_hm, k, r_ok, k_hi, SWAP)
             acc = _mx_acc(acc, a, wd, sd, kb, kg, kw, n_ok, k_hi // 2, BLOCK_N, BLOCK_K, SWAP,
                           F32, SCALED, WORDS)
         tw = tl.load(tw_ptr + pair, mask=r_ok, other=0.0).to(tl.float32)
