@@ -189,6 +189,17 @@ class WorkerSettings:
         default="auto",
         metadata=_doc("auto (KV in the model dtype) | fp8 (e4m3: half the KV bytes of bf16; "
                       "prefill and decode workers must agree)."))
+    speculative_method: str = field(
+        default="none",
+        metadata=_doc("Speculative decoding (vLLM's --speculative-method): none | ngram "
+                      "(prompt lookup: drafts copied from the sequence's own earlier tokens, "
+                      "verified in one forward; dense families). mtp is refused: DeepSeek-V4's "
+                      "MTP drafter is not built yet."))
+    num_speculative_tokens: int = field(
+        default=3,
+        metadata=_doc("With a speculative_method: most draft tokens a sequence verifies per "
+                      "step, 1..16 (the plan sizes max_batch x (k + 1) logits rows for them); "
+                      "a request may ask for fewer (its num_speculative_tokens field)."))
     max_queue: int = field(
         default=256,
         metadata=_doc("Waiting requests beyond which new ones are refused (RESOURCE_EXHAUSTED)."),
@@ -325,7 +336,14 @@ class WorkerSettings:
                                                and int(self.max_context) >= 2):
             raise SettingsError(f"max_context: {self.max_context!r} is neither auto nor a "
                                 "whole number of tokens >= 2")
+        if self.speculative_method == "mtp":
+            raise SettingsError("speculative_method: mtp (DeepSeek-V4's MTP layers) is not "
+                                "built yet; use ngram or none")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise SettingsError(f"num_speculative_tokens: {self.num_speculative_tokens} is not "
+                                "in 1..16")
         for name, allowed in (("kv_cache_dtype", ("auto", "fp8")),
+                              ("speculative_method", ("none", "ngram")),
                               ("load_format", ("auto", "dummy")),
                               ("indexer_backend", ("auto", "torch", "kernels", "kernels_ref",
                                                    "naive")),

@@ -22,6 +22,8 @@ GEMMS = ("auto", "torch", "kernels")
 MHCS = ("auto", "torch", "kernels")
 DECODE_LOOPS = ("auto", "fused", "unfused")
 LOAD_FORMATS = ("auto", "dummy")
+SPECULATIVE_METHODS = ("none", "ngram")
+MAX_SPECULATIVE_TOKENS = 16  # draft tokens per sequence and step, the most a plan may size for
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,23 @@ class EngineConfig:
     # Share of (budget - the weights) this engine's own terms may take: the roles of one card
     # (one-box mode) split what the one copy of the weights leaves. 1 = the whole budget.
     memory_share: float = 1.0
+    # Speculative decoding (engine/spec_decode.py): "none" | "ngram" (prompt lookup); with a
+    # method, every decode step may verify up to ``num_speculative_tokens`` draft tokens per
+    # sequence (a request may ask for fewer), and the plan sizes the verify rows for them
+    speculative_method: str = "none"
+    num_speculative_tokens: int = 3
 
     def __post_init__(self) -> None:
+        if self.speculative_method == "mtp":
+            raise PlanError("speculative_method=mtp: drafts from a checkpoint's own MTP "
+                            "(multi-token prediction) layers are not built in this engine yet; "
+                            "use ngram (dense families) or none")
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise PlanError(f"speculative_method must be one of "
+                            f"{', '.join(SPECULATIVE_METHODS)}; got {self.speculative_method!r}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise PlanError(f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], "
+                            f"got {self.num_speculative_tokens}")
         if self.dtype not in ("auto", *_DTYPES):
             raise PlanError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
         if self.weight_format not in ("checkpoint", "dequantize"):
@@ -174,6 +191,19 @@ class EngineConfig:
         if not self.kv_tokens:
             return every + 1
         return min(every, max(self.blocks_per_seq, -(-self.kv_tokens // self.block_size))) + 1
+
+    @property
+    def spec_tokens(self) -> int:
+        """Draft tokens a sequence may verify per step (0: speculation off)."""
+        return 0 if self.speculative_method == "none" else self.num_speculative_tokens
+
+    @property
+    def verify_rows(self) -> int:
+        """The most logits rows one step samples: every running sequence's last token and its
+        drafts (max_batch x (k + 1)), never more than the step's tokens."""
+        k = self.spec_tokens
+        return self.max_batch if k == 0 else min(self.max_batch * (k + 1),
+                                                 max(self.chunk_tokens, self.max_batch))
 
     @property
     def torch_device(self) -> torch.device:

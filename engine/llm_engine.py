@@ -39,6 +39,7 @@ from engine.model_config import ModelConfig
 from engine.model_runner import KVImport, ModelRunner, WarmupReport
 from engine.models import family_class
 from engine.models.family import KVLayout
+from engine.ngram_drafter import NgramDrafter
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampler import RowState
 from engine.sampling_params import SamplingParams
@@ -91,6 +92,11 @@ class LLMEngine:
             ec = resolve_engine_config(ec, model_config, lambda c: plan_for(c).fits)
         self.config = ec
         self.model_config = model_config
+        if ec.spec_tokens and family.speculation_problem is not None:
+            raise PlanError(f"speculative_method={ec.speculative_method}: family "
+                            f"{model_config.family} cannot verify drafts: "
+                            f"{family.speculation_problem}; serve it with speculative_method "
+                            "none")
         self.plan: MemoryPlan = plan_for(ec)
         self.plan.check()
         if progress is not None:
@@ -151,6 +157,11 @@ class LLMEngine:
         self._tokens = 0
         self._preemptions = 0
         self._rng = torch.Generator().manual_seed(ec.seed)
+        self._drafter = NgramDrafter(ec.max_batch, ec.max_context) if ec.spec_tokens else None
+        self._spec_drafts = 0
+        self._spec_draft_tokens = 0
+        self._spec_accepted = 0
+        self._spec_accepted_per_pos = [0] * ec.spec_tokens
 
     @classmethod
     def from_config(cls, ec: EngineConfig,
@@ -251,6 +262,13 @@ class LLMEngine:
                                  f"[0, {vocab})", "logit_bias")
         if len(prompt) + sampling.max_tokens > ec.max_context:
             raise ContextLengthExceeded(len(prompt), sampling.max_tokens, ec.max_context)
+        wanted = sampling.num_speculative_tokens
+        if wanted is not None and wanted > ec.spec_tokens:
+            raise InvalidRequest(
+                f"num_speculative_tokens={wanted} is above this worker's limit of "
+                f"{ec.spec_tokens} (speculative_method={ec.speculative_method}"
+                + (f", num_speculative_tokens={ec.num_speculative_tokens}"
+                   if ec.spec_tokens else "") + ")", "num_speculative_tokens")
         if request_id in self._seqs or request_id in self._kept:
             raise DuplicateRequest(f"request id {request_id!r} is already in this engine")
         if len(self.scheduler.waiting) >= ec.max_queue:
@@ -323,6 +341,8 @@ class LLMEngine:
     # -- stepping -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        if self._drafter is not None:
+            self._propose_drafts()
         sched = self.scheduler.schedule()
         self._preemptions += len(sched.preempted)
         for rid in sched.preempted:
@@ -388,11 +408,16 @@ class LLMEngine:
         for rid, m in matchers.items():
             if rid in failed:
                 continue
-            if not _accepts(m, sampled[rid]):  # the mask allowed it: should never happen
-                failed[rid] = (f"the sequence cannot continue: its grammar refused token "
-                               f"{sampled[rid]}, which it had allowed")
-            elif m.is_terminated():
-                done_now.add(rid)
+            for i, token in enumerate(sampled[rid]):
+                if not _accepts(m, token):  # the mask allowed it: should never happen
+                    failed[rid] = (f"the sequence cannot continue: its grammar refused token "
+                                   f"{token}, which it had allowed")
+                    break
+                if m.is_terminated():
+                    done_now.add(rid)
+                    sampled[rid] = sampled[rid][: i + 1]
+                    break
+        self._count_drafts(sched, sampled, failed)
         for rid in complete:  # the token drawn for it (unconstrained) is dropped
             failed.pop(rid, None)
             outputs.append(self._end(rid, "stop"))
@@ -412,7 +437,7 @@ class LLMEngine:
                 finished, reason = True, "stop"
             out = self._output(seq, list(u.new_token_ids), finished, reason)
             if seq.sampling.logprobs is not None and u.request_id in logprobs and u.new_token_ids:
-                out.logprobs = [logprobs[u.request_id]]
+                out.logprobs = logprobs[u.request_id][: len(u.new_token_ids)]
             if seq.prompt_logprobs is not None:  # the prompt is all computed: hand them out once
                 out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
             outputs.append(out)
@@ -442,9 +467,47 @@ class LLMEngine:
             free_kv_tokens=self.block_manager.num_free_blocks * self.config.block_size,
             steps_completed=self._steps, tokens_advanced=self._tokens,
             num_preemptions=self._preemptions,
-            device_allocs_since_warmup=self.runner.device_allocs_since_warmup)
+            device_allocs_since_warmup=self.runner.device_allocs_since_warmup,
+            spec_num_drafts=self._spec_drafts, spec_num_draft_tokens=self._spec_draft_tokens,
+            spec_num_accepted_tokens=self._spec_accepted,
+            spec_accepted_per_pos=tuple(self._spec_accepted_per_pos))
 
     # -- internals ------------------------------------------------------------------------------
+    def _propose_drafts(self) -> None:
+        """Each running decode's n-gram drafts for this step (engine/ngram_drafter.py), at most
+        its request's number, cut so that its output stays within max_tokens and
+        max_context, and to what its grammar accepts (a draft that would complete the grammar
+        is cut too: the token that completes it is always a row's own draw)."""
+        assert self._drafter is not None
+        ec = self.config
+        for seq in self.scheduler.running:
+            seq.draft_token_ids = []
+            if seq.is_importing or seq.num_uncomputed != 1:
+                continue
+            sp = seq.sampling
+            k = ec.spec_tokens if sp.num_speculative_tokens is None else sp.num_speculative_tokens
+            k = min(k, sp.max_tokens - len(seq.output_token_ids) - 1,
+                    ec.max_context - seq.num_tokens)
+            if k <= 0:
+                continue
+            self._drafter.sync(seq.cache_slot, seq)
+            drafts = self._drafter.propose(seq.cache_slot, k)
+            if drafts and seq.matcher is not None:
+                drafts = _grammar_prefix(seq.matcher, drafts)
+            seq.draft_token_ids = drafts
+
+    def _count_drafts(self, sched: Any, sampled: dict[str, list[int]],
+                      failed: dict[str, str]) -> None:
+        for c in sched.chunks:
+            if not c.num_draft_tokens or c.request_id in failed:
+                continue
+            accepted = len(sampled.get(c.request_id, ())) - 1
+            self._spec_drafts += 1
+            self._spec_draft_tokens += c.num_draft_tokens
+            self._spec_accepted += accepted
+            for i in range(accepted):
+                self._spec_accepted_per_pos[i] += 1
+
     def _on_admit(self, seq: Sequence) -> None:
         """A sequence was given a cache slot in this step: its sampling state and generator."""
         if seq.admitted_s is None:  # a preempted one re-admitted keeps its first admission
@@ -457,6 +520,8 @@ class LLMEngine:
                                         seq.output_token_ids, stops, self.runner.ws)
         if seq.grammar is not None:
             seq.matcher = new_matcher(seq.grammar, seq.output_token_ids)
+        if self._drafter is not None:
+            self._drafter.reset(seq.cache_slot)
         if not seq.sampling.is_greedy:
             gen = self.runner.generators[seq.cache_slot]
             if seq.rng_state is not None:  # resumed after preemption: continue the same stream
@@ -494,6 +559,23 @@ class LLMEngine:
         self._imports.pop(seq.request_id, None)
         self._importer.cancel(seq.request_id)  # mid-import: its host memory goes too
         self._generators.pop(seq.request_id, None)
+
+
+def _grammar_prefix(matcher: Any, drafts: list[int]) -> list[int]:
+    """The leading drafts ``matcher`` accepts without completing; the matcher is left as it
+    was."""
+    taken = 0
+    for token in drafts:
+        if matcher.is_terminated() or not _accepts(matcher, token):
+            break
+        taken += 1
+        if matcher.is_terminated():  # the completing token is a row's own draw, not a draft
+            matcher.rollback(1)
+            taken -= 1
+            break
+    if taken:
+        matcher.rollback(taken)
+    return drafts[:taken]
 
 
 def _accepts(matcher: Any, token: int) -> bool:

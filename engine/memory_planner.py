@@ -18,6 +18,7 @@ from engine.models.family import KVLayout
 from engine.prompt_logprobs import prompt_logprob_rows, prompt_logprobs_workspace_bytes
 from engine.sampler import sampler_workspace_bytes
 from engine.slot_sampling import slot_sampling_bytes
+from engine.spec_decode import spec_decode_workspace_bytes
 from engine.workspace import _align
 
 GiB = 1 << 30
@@ -168,19 +169,32 @@ def step_inputs_term(ec: EngineConfig) -> PlanTerm:
     context lengths (int32)."""
     tokens = ec.chunk_tokens
     seqs = min(ec.max_batch, ec.chunk_tokens)
-    nbytes = (3 * _align(tokens * 8) + _align(seqs * 8) + _align(seqs * ec.blocks_per_seq * 4)
+    rows = min(ec.verify_rows, tokens)  # logits rows: one a sequence, or a verify step's
+    nbytes = (3 * _align(tokens * 8) + _align(rows * 8) + _align(seqs * ec.blocks_per_seq * 4)
               + _align((seqs + 1) * 4) + _align(seqs * 4))
     return PlanTerm("ws.step_inputs", nbytes,
-                    f"3 x chunk {tokens} x 8 B + min(batch, chunk) {seqs} x (8 + blocks_per_seq "
-                    f"{ec.blocks_per_seq} x 4 + 8) B", True)
+                    f"3 x chunk {tokens} x 8 B + logits rows {rows} x 8 B + min(batch, chunk) "
+                    f"{seqs} x (blocks_per_seq {ec.blocks_per_seq} x 4 + 8) B", True)
 
 
 def sampler_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
     """The sampler's scratch for a full batch: processors (penalty counts and masks, bias and
     stop lists), logprobs with the top alternatives, and one row's sort buffers at a time."""
-    return PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size, ec.max_batch)),
-                    f"max_batch {ec.max_batch} x vocab {model.vocab_size} x (4 + 4 + 1 + 1 + 4) B"
+    rows = ec.verify_rows
+    return PlanTerm("ws.sampler", _align(sampler_workspace_bytes(model.vocab_size, rows)),
+                    f"rows {rows} (max_batch {ec.max_batch} x (spec tokens {ec.spec_tokens} + 1))"
+                    f" x vocab {model.vocab_size} x (4 + 4 + 1 + 1 + 4) B"
                     " + vocab x (4 + 8 + 4 + 1) B + bias/stop/top-logprob lists", True)
+
+
+def spec_decode_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
+    """A verify step's own scratch (engine/spec_decode.py): the penalties' draft count pairs,
+    the target distribution in token order and the kept tokens; 0 without speculation."""
+    k = ec.spec_tokens
+    return PlanTerm("ws.spec_decode",
+                    _align(spec_decode_workspace_bytes(model.vocab_size, ec.max_batch, k)),
+                    f"max_batch {ec.max_batch} x k(k+1)/2 (k = {k}) draft pairs x 20 B + vocab "
+                    f"{model.vocab_size} x 4 B + max_batch x (k + 1) x 28 B (0 when k = 0)", True)
 
 
 def prompt_logprobs_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
@@ -205,10 +219,13 @@ def slot_sampling_term(model: ModelConfig, ec: EngineConfig) -> PlanTerm:
 def common_step_terms(model: ModelConfig, ec: EngineConfig) -> list[PlanTerm]:
     """What every family takes for a step: the logits rows, the sampler's scratch, the per-slot
     sampling state and the staged step inputs."""
+    rows = ec.verify_rows
     return [
-        PlanTerm("ws.logits", _align(ec.max_batch * model.vocab_size * 4),
-                 f"max_batch {ec.max_batch} x vocab {model.vocab_size} x 4 B", True),
+        PlanTerm("ws.logits", _align(rows * model.vocab_size * 4),
+                 f"rows {rows} (max_batch {ec.max_batch} x (spec tokens {ec.spec_tokens} + 1), "
+                 f"at most the chunk) x vocab {model.vocab_size} x 4 B", True),
         sampler_term(model, ec),
+        spec_decode_term(model, ec),
         prompt_logprobs_term(model, ec),
         slot_sampling_term(model, ec),
         step_inputs_term(ec),

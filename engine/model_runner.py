@@ -39,6 +39,7 @@ from engine.sampling_params import (
 )
 from engine.scheduler import ScheduledChunk, SchedulerOutput
 from engine.slot_sampling import SlotSampling
+from engine.spec_decode import verify
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace
 
@@ -62,6 +63,21 @@ class WarmupReport:
     activation_peak_bytes: int | None  # CUDA only: measured transient peak of the worst step
     activation_planned_bytes: int
     device_allocs_after_warmup: int | None  # CUDA only
+
+
+def verify_warmup_step(ec: EngineConfig, table: tuple[int, ...]) -> list[ScheduledChunk]:
+    """The largest verify step of the plan: ``verify_rows`` logits rows spread over a full
+    batch (each sequence its last token and up to ``spec_tokens`` drafts) at the longest
+    context."""
+    total, k = ec.verify_rows, ec.spec_tokens
+    seqs = min(ec.max_batch, total)
+    end = ec.max_context - 1
+    chunks = []
+    for i in range(seqs):
+        n = min(k + 1, total // seqs + (i < total % seqs), end)
+        chunks.append(ScheduledChunk(f"warmup-verify-{i}", end - n + 1, n, (0,) * n, table, i,
+                                     True, num_draft_tokens=n - 1))
+    return chunks
 
 
 class ModelRunner:
@@ -101,12 +117,14 @@ class ModelRunner:
         # Penalty counts, logit bias and min_tokens stop ids, one row per slot (a plan term).
         self.slot_sampling = SlotSampling(ec.max_batch, model_cfg.vocab_size, self.device,
                                           stage_tokens=ec.chunk_tokens)
-        self.last_logprobs: dict[str, TokenLogprobs] = {}  # the last step's, by request id
+        # the last step's, by request id: one per token it gave (several in a verify step)
+        self.last_logprobs: dict[str, list[TokenLogprobs]] = {}
         # the last step's prompt scores: request id -> (prompt position of the first, items)
         self.last_prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = {}
         # the last step's sequences no token could be drawn for: request id -> why
         self.last_errors: dict[str, str] = {}
-        self.bitmask = TokenBitmask(ec.max_batch, model_cfg.vocab_size, self.device)
+        # one row per sampled logits row: a verify step masks each draft's row too
+        self.bitmask = TokenBitmask(ec.verify_rows, model_cfg.vocab_size, self.device)
         self.graphs: DecodeGraphs | None = None
         self.num_graph_steps = 0
         self.capture_logits: set[str] = set()  # request ids whose next logits row is kept
@@ -128,8 +146,7 @@ class ModelRunner:
                 pos.append(p)
                 slots.append(c.block_ids[p // bs] * bs + p % bs)
             qsl.append(qsl[-1] + c.num_tokens)
-            if c.do_sample:
-                logits_rows.append(qsl[-1] - 1)
+            logits_rows.extend(range(qsl[-1] - c.num_logits_rows, qsl[-1]))
         kernel_meta = {}
         if self.ec.use_triton_attention:
             width = max(len(c.block_ids) for c in chunks)
@@ -175,18 +192,23 @@ class ModelRunner:
                 generators: dict[str, torch.Generator | None],
                 rows: dict[str, RowState] | None = None,
                 matchers: dict[str, Any] | None = None,
-                prompts: Mapping[str, Sequence[int]] | None = None) -> dict[str, int]:
-        """Run one step; -> the sampled token of each sampling request. ``rows`` gives each
-        sampled request's slot state (penalties, min_tokens); logprobs asked for land in
-        ``last_logprobs``. ``prompts``: the prompt of each request with ``prompt_logprobs``;
-        its chunk's scores land in ``last_prompt_logprobs`` as (first position, items)."""
-        sampled_ids = [c.request_id for c in out.chunks if c.do_sample]
+                prompts: Mapping[str, Sequence[int]] | None = None) -> dict[str, list[int]]:
+        """Run one step; -> the tokens each sampling request gets: one, or in a verify step
+        (chunks with drafts, engine/spec_decode.py) its accepted drafts and one more. ``rows``
+        gives each sampled request's slot state (penalties, min_tokens); logprobs asked for
+        land in ``last_logprobs``. ``prompts``: the prompt of each request with
+        ``prompt_logprobs``; its chunk's scores land in ``last_prompt_logprobs`` as (first
+        position, items)."""
+        sampled = [c for c in out.chunks if c.do_sample]
+        sampled_ids = [c.request_id for c in sampled]
+        num_rows = sum(c.num_logits_rows for c in sampled)
+        is_verify = num_rows > len(sampled)
         self.last_logprobs = {}
         self.last_prompt_logprobs = {}
         self.last_errors = {}
         spans = self._prompt_spans(out.chunks, params, prompts or {})
         with self.ws.scope():
-            tokens: list[int] = []
+            tokens: list[list[int]] = []
             if not spans and self.graphs is not None and self.graphs.can_run(out.chunks):
                 self._tell("graph_step", out.chunks)  # every rank replays the same graph
                 self.model.before_graph_step(self.kv, out.chunks)
@@ -199,28 +221,51 @@ class ModelRunner:
                 hidden = self.model.forward(batch, self.kv, self.ws)
                 logits = None
                 if sampled_ids:
-                    logits = self.ws.take((len(sampled_ids), self.model_cfg.vocab_size),
+                    logits = self.ws.take((num_rows, self.model_cfg.vocab_size),
                                           torch.float32, caller="model_runner.logits")
                     self.model.compute_logits(hidden.index_select(0, batch.logits_indices),
                                               logits)
                 if spans:
                     self._score_prompts(hidden, spans)
             if sampled_ids:
-                for row, rid in enumerate(sampled_ids):
-                    if rid in self.capture_logits:  # off the hot path: tests and scoring only
-                        self.captured_logits[rid] = logits[row].clone().cpu()
-                result = sample(logits, [params[r] for r in sampled_ids],
-                                [generators.get(r) for r in sampled_ids], self.ws,
-                                None if rows is None else [rows[r] for r in sampled_ids],
-                                self.slot_sampling, self.bitmask,
-                                [matchers.get(r) for r in sampled_ids] if matchers else None)
-                tokens = result.tokens
-                self.last_errors = {sampled_ids[i]: why for i, why in result.errors.items()}
-                self.last_logprobs = {r: lp for r, lp in zip(sampled_ids, result.logprobs,
-                                                             strict=True) if lp is not None}
+                row = 0
+                for c in sampled:  # off the hot path: tests and scoring only
+                    if c.request_id in self.capture_logits:
+                        self.captured_logits[c.request_id] = logits[row].clone().cpu()
+                    row += c.num_logits_rows
+                if is_verify:
+                    tokens = self._verify(logits, sampled, params, generators, rows, matchers)
+                else:
+                    result = sample(logits, [params[r] for r in sampled_ids],
+                                    [generators.get(r) for r in sampled_ids], self.ws,
+                                    None if rows is None else [rows[r] for r in sampled_ids],
+                                    self.slot_sampling, self.bitmask,
+                                    [matchers.get(r) for r in sampled_ids] if matchers else None)
+                    tokens = [[t] for t in result.tokens]
+                    self.last_errors = {sampled_ids[i]: why for i, why in result.errors.items()}
+                    self.last_logprobs = {r: [lp] for r, lp in zip(sampled_ids, result.logprobs,
+                                                                    strict=True)
+                                          if lp is not None}
         self.num_steps += 1
         self._check_device_allocations()
         return dict(zip(sampled_ids, tokens, strict=True))
+
+    def _verify(self, logits: torch.Tensor, sampled: list[ScheduledChunk],
+                params: Mapping[str, SamplingParams],
+                generators: Mapping[str, torch.Generator | None],
+                rows: Mapping[str, RowState] | None,
+                matchers: Mapping[str, Any] | None) -> list[list[int]]:
+        """A step with drafts: every sampled chunk's rows through engine/spec_decode.py."""
+        ids = [c.request_id for c in sampled]
+        assert rows is not None, "a verify step needs each row's slot state"
+        result = verify(logits, [params[r] for r in ids], [c.draft_token_ids for c in sampled],
+                        [generators.get(r) for r in ids], self.ws, [rows[r] for r in ids],
+                        self.slot_sampling, self.bitmask,
+                        [matchers.get(r) for r in ids] if matchers else None)
+        self.last_errors = {ids[i]: why for i, why in result.errors.items()}
+        self.last_logprobs = {r: lp for r, lp in zip(ids, result.logprobs, strict=True)
+                              if lp is not None}
+        return result.tokens
 
     def _prompt_spans(self, chunks: list[ScheduledChunk], params: Mapping[str, SamplingParams],
                       prompts: Mapping[str, Sequence[int]]) -> list[PromptSpan]:
@@ -298,6 +343,11 @@ class ModelRunner:
         steps = self.model.warmup_steps(self.ec, table)
         names = [f"{len(c)} sequence(s), {sum(x.num_tokens for x in c)} tokens up to context "
                  f"{max(x.context_len for x in c)}" for c in steps]
+        if self.ec.spec_tokens:
+            steps.append(verify_warmup_step(self.ec, table))
+            names.append(f"verify {len(steps[-1])} sequence(s), "
+                         f"{sum(c.num_logits_rows for c in steps[-1])} logits rows "
+                         f"(up to {self.ec.spec_tokens} drafts each)")
         return steps, names
 
     def _settle(self, steps: list, names: list[str],
@@ -407,9 +457,16 @@ class ModelRunner:
             batch = self.build_batch(chunks)
             batch.slot_mapping.fill_(NULL_BLOCK)  # warm-up writes land in the null block only
             hidden = self.model.forward(batch, self.kv, self.ws)
-            logits = self.ws.take((len(sampled_ids), self.model_cfg.vocab_size), torch.float32,
+            num_rows = sum(c.num_logits_rows for c in chunks)
+            logits = self.ws.take((num_rows, self.model_cfg.vocab_size), torch.float32,
                                   caller="model_runner.logits")
             self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
+            if num_rows > len(chunks):  # the verify step: drafts of token 0 after token 0
+                verify(logits, [params[r] for r in sampled_ids],
+                       [c.draft_token_ids for c in chunks], [gens[r] for r in sampled_ids],
+                       self.ws, [rows[r] for r in sampled_ids], self.slot_sampling,
+                       self.bitmask, [None] * len(sampled_ids))
+                return
             # every row of a chunk scored as a prompt row (targets: token 0, valid for any vocab)
             spans = self._prompt_spans(chunks, params, {
                 c.request_id: (0,) * (c.start + c.num_tokens + 1) for c in chunks})

@@ -38,3 +38,9 @@ class EngineStats:
     tokens_advanced: int
     num_preemptions: int
     device_allocs_since_warmup: int | None
+    # speculative decoding (vLLM's spec_decode counters): verify steps' drafts per sequence,
+    # draft tokens, accepted ones, and accepted ones by position (index i: the (i+1)-th draft)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()

@@ -101,7 +101,7 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
             use_counts = any(p.uses_counts for p in params)
             state.apply(logits, slots, hold_t, ws, counts=use_counts,
                         bias=any(p.logit_bias for p in params), stops=any(hold))
-        _check_rows(logits, ws, matchers, errors)
+        check_rows(logits, ws, matchers, errors)
         want = [p.logprobs for p in params]
         lp = top_v = top_i = None
         if any(w is not None for w in want):
@@ -134,7 +134,7 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
         return SampleResult(tokens, out, errors)
 
 
-def _check_rows(logits: torch.Tensor, ws: Workspace, matchers: Sequence[Any | None] | None,
+def check_rows(logits: torch.Tensor, ws: Workspace, matchers: Sequence[Any | None] | None,
                 errors: dict[int, str]) -> None:
     """Find the rows no token can be drawn from (see the module docstring), record why in
     ``errors`` and make them harmless (all zeros) for the batched steps that follow."""
@@ -179,26 +179,35 @@ def _draw(logits: torch.Tensor, params: Sequence[SamplingParams],
     for i, p in enumerate(params):
         if p.is_greedy or i in skip:
             continue
-        row = logits[i]
-        row.div_(p.temperature)
-        torch.sort(row, descending=True, out=(vals, order))
-        keep = vocab
-        if p.top_k > 0:
-            keep = min(keep, p.top_k)
-        # softmax over the sorted row (stable: subtract the max)
-        torch.sub(vals, vals[0], out=probs)
-        probs.exp_()
-        probs[keep:] = 0
-        if p.min_p > 0.0:
-            # probs[0] is the top token's (unnormalised) mass: drop what is below min_p of it
-            torch.lt(probs, probs[0] * p.min_p, out=small)
-            probs.masked_fill_(small, 0.0)
-        probs.div_(probs.sum())
-        if p.top_p < 1.0:
-            # keep the smallest prefix whose mass reaches top_p (always at least one token)
-            torch.cumsum(probs, dim=0, out=vals)
-            cut = int(torch.searchsorted(vals, torch.tensor(p.top_p, device=vals.device)))
-            probs[cut + 1 :] = 0
-            probs.div_(probs.sum())
+        row_probs(logits[i], p, vals, order, probs, small)
         choice = torch.multinomial(probs, 1, generator=generators[i])
         tok[i : i + 1].copy_(order.index_select(0, choice))
+
+
+def row_probs(row: torch.Tensor, p: SamplingParams, vals: torch.Tensor, order: torch.Tensor,
+              probs: torch.Tensor, small: torch.Tensor) -> None:
+    """The distribution a non-greedy row draws from (temperature, top-k, min-p, top-p over the
+    processed logits ``row`` [vocab], divided by the temperature in place): ``probs`` [vocab]
+    over the tokens ``order`` [vocab] (sorted, most likely first), normalised. ``vals`` and
+    ``small`` are scratch; every buffer is the caller's."""
+    vocab = row.shape[0]
+    row.div_(p.temperature)
+    torch.sort(row, descending=True, out=(vals, order))
+    keep = vocab
+    if p.top_k > 0:
+        keep = min(keep, p.top_k)
+    # softmax over the sorted row (stable: subtract the max)
+    torch.sub(vals, vals[0], out=probs)
+    probs.exp_()
+    probs[keep:] = 0
+    if p.min_p > 0.0:
+        # probs[0] is the top token's (unnormalised) mass: drop what is below min_p of it
+        torch.lt(probs, probs[0] * p.min_p, out=small)
+        probs.masked_fill_(small, 0.0)
+    probs.div_(probs.sum())
+    if p.top_p < 1.0:
+        # keep the smallest prefix whose mass reaches top_p (always at least one token)
+        torch.cumsum(probs, dim=0, out=vals)
+        cut = int(torch.searchsorted(vals, torch.tensor(p.top_p, device=vals.device)))
+        probs[cut + 1 :] = 0
+        probs.div_(probs.sum())

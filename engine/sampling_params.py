@@ -42,8 +42,14 @@ class SamplingParams:
     # None: none; k >= 0: every prompt token's logprob (the first has none) and the top k
     # (engine/prompt_logprobs.py); with it, max_tokens may be 0 (score the prompt, generate nothing)
     prompt_logprobs: int | None = None
+    # speculative decoding: most draft tokens verified per step for this request; None: the
+    # worker's num_speculative_tokens, 0: none (at most the worker's, checked by the engine)
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if self.num_speculative_tokens is not None and self.num_speculative_tokens < 0:
+            raise InvalidRequest(f"num_speculative_tokens must be >= 0, got "
+                                 f"{self.num_speculative_tokens}", "num_speculative_tokens")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_PROMPT_LOGPROBS:
             raise InvalidRequest(f"prompt_logprobs must be in [0, {MAX_PROMPT_LOGPROBS}], got "
                                  f"{self.prompt_logprobs}", "prompt_logprobs")

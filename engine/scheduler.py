@@ -8,6 +8,8 @@ pool is dry it preempts the latest arrival (its KV is recomputed later), a plann
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
@@ -44,6 +46,17 @@ class ScheduledChunk:
     # the sequence's first chunk since it was admitted to its slot (it may start past 0: its
     # leading tokens came from the prefix cache or an import and are in its blocks already)
     is_first: bool = False
+    # a verify step (engine/spec_decode.py): the last ``num_draft_tokens`` of ``token_ids``
+    # are drafts after the sequence's last token; every one of its rows is sampled
+    num_draft_tokens: int = 0
+
+    @property
+    def draft_token_ids(self) -> tuple[int, ...]:
+        return self.token_ids[len(self.token_ids) - self.num_draft_tokens:]
+
+    @property
+    def num_logits_rows(self) -> int:
+        return self.num_draft_tokens + 1 if self.do_sample else 0
 
     @property
     def context_len(self) -> int:
@@ -126,6 +139,10 @@ class Scheduler:
             n = min(seq.num_uncomputed, budget)
             if not self._context_fits(planned, seq, n):
                 continue  # its chunk waits for a step with less history to gather
+            # a decode may verify its drafts too, as far as the step's budget goes (the engine
+            # keeps them within max_tokens and max_context)
+            d = min(len(seq.draft_token_ids), budget - 1) if seq.num_uncomputed == 1 else 0
+            n += d
             while not self.blocks.append_slots(seq.block_ids, seq.num_computed_tokens + n):
                 victim = max(self.running, key=lambda s: s.arrival)
                 self._preempt(victim)
@@ -137,6 +154,7 @@ class Scheduler:
             if n:
                 planned.append((seq, n))
                 budget -= n
+                seq.num_scheduled_drafts = d
         while (self.waiting and budget > 0 and len(self.running) < self.config.max_batch
                and self._free_slots):
             seq = self.waiting[0]
@@ -157,11 +175,13 @@ class Scheduler:
             budget -= n
         for seq, n in planned:
             start = seq.num_computed_tokens
-            tokens = seq.token_slice(start, start + n)
+            d, seq.num_scheduled_drafts = seq.num_scheduled_drafts, 0
+            tokens = seq.token_slice(start, start + n - d) + seq.draft_token_ids[:d]
             out.chunks.append(ScheduledChunk(
                 request_id=seq.request_id, start=start, num_tokens=n, token_ids=tuple(tokens),
                 block_ids=tuple(seq.block_ids), cache_slot=seq.cache_slot,
-                do_sample=start + n == seq.num_tokens, is_first=seq.is_fresh,
+                do_sample=start + n - d == seq.num_tokens, is_first=seq.is_fresh,
+                num_draft_tokens=d,
             ))
             seq.is_fresh = False
         return out
@@ -180,15 +200,26 @@ class Scheduler:
         seq.num_computed_tokens = num_loaded
         seq.num_cached_tokens = min(num_loaded, seq.num_prompt_tokens)
 
-    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[SeqUpdate]:
-        """Advance counters by what ran, append sampled tokens, finish what is done."""
+    def update_from_output(self, out: SchedulerOutput,
+                           sampled: Mapping[str, int | Seq[int]]) -> list[SeqUpdate]:
+        """Advance counters by what ran, append sampled tokens, finish what is done.
+        ``sampled``: each sampling request's token, or (a verify step) its accepted drafts and
+        one more token. Only the accepted drafts' KV counts as computed: the positions of
+        rejected drafts are overwritten later and never registered in the prefix cache."""
         by_id = {s.request_id: s for s in self.running}
         updates = []
         for chunk in out.chunks:
             seq = by_id.get(chunk.request_id)
             if seq is None:  # aborted while the step ran
                 continue
-            seq.num_computed_tokens += chunk.num_tokens
+            got = sampled.get(chunk.request_id, ()) if chunk.do_sample else ()
+            new = (got,) if isinstance(got, int) else tuple(got)
+            if chunk.num_draft_tokens:
+                accepted = max(len(new) - 1, 0)
+                assert new[:accepted] == chunk.draft_token_ids[:accepted], "kept a non-draft"
+                seq.num_computed_tokens += chunk.num_tokens - chunk.num_draft_tokens + accepted
+            else:
+                seq.num_computed_tokens += chunk.num_tokens
             self.blocks.register_full_blocks(seq.block_ids, seq.block_hashes, seq.token_slice,
                                              seq.num_computed_tokens)
             if not chunk.do_sample:
@@ -197,12 +228,17 @@ class Scheduler:
                 self._finish(seq, "length")
                 updates.append(SeqUpdate(seq.request_id, (), True, "length"))
                 continue
-            token = sampled[chunk.request_id]
-            seq.output_token_ids.append(token)
-            reason = self.finish_reason(seq, token)
+            reason = None
+            taken = 0
+            for token in new:  # a token past a stop, max_tokens or max_context is dropped
+                seq.output_token_ids.append(token)
+                taken += 1
+                reason = self.finish_reason(seq, token)
+                if reason is not None:
+                    break
             if reason is not None:
                 self._finish(seq, reason)
-            updates.append(SeqUpdate(seq.request_id, (token,), reason is not None, reason))
+            updates.append(SeqUpdate(seq.request_id, new[:taken], reason is not None, reason))
         return updates
 
     def abort(self, request_id: str) -> Sequence | None:
@@ -255,6 +291,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq, keep_kv=False)
+        seq.num_scheduled_drafts = 0
         seq.status = SequenceStatus.WAITING
         seq.is_importing = False  # the engine cancels the import: it is recomputed
         seq.num_computed_tokens = 0

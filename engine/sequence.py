@@ -49,6 +49,10 @@ class Sequence:
     # sampling.prompt_logprobs set: prompt token i's TokenLogprobs at index i (0 stays None),
     # filled chunk by chunk (a recomputed chunk overwrites) and handed out with the first output
     prompt_logprobs: list[Any] | None = None
+    # speculative decoding: the drafts proposed for this step (set by the engine before each
+    # schedule) and how many of them the scheduler put into this step's chunk
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_scheduled_drafts: int = 0
 
     @property
     def wants_prompt_logprobs(self) -> bool:

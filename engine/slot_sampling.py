@@ -102,16 +102,20 @@ class SlotSampling:
 
     # -- per step -------------------------------------------------------------------------------
     def apply(self, logits: torch.Tensor, slots: torch.Tensor, hold_stops: torch.Tensor,
-              ws: Workspace, *, counts: bool, bias: bool, stops: bool) -> None:
+              ws: Workspace, *, counts: bool, bias: bool, stops: bool,
+              draft_counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Penalties, logit bias and the min_tokens mask, in place, for every row at once.
 
         logits: [n, vocab] fp32; slots: [n] int64 (each row's slot); hold_stops: [n] bool (the
         row is below its min_tokens). Rows whose slot has neutral values come out unchanged;
-        the flags skip a stage no row of the step uses."""
+        the flags skip a stage no row of the step uses. ``draft_counts`` (a verify step,
+        engine/spec_decode.py): (row, token) pairs [p] int64 each, counted on top of the slot's
+        counts for that row only, so a row after draft tokens is penalised as if they were
+        accepted."""
         n, vocab = logits.shape
         with ws.scope():
             if counts:
-                self._penalties(logits, slots, ws)
+                self._penalties(logits, slots, ws, draft_counts)
             if bias:
                 ids = ws.take((n, MAX_LOGIT_BIAS), torch.int64, caller="slot_sampling.bias_ids")
                 vals = ws.take((n, MAX_LOGIT_BIAS), torch.float32,
@@ -134,7 +138,8 @@ class SlotSampling:
                 vals.masked_fill_(hold.unsqueeze(1), float("-inf"))
                 logits.scatter_(1, ids, vals)
 
-    def _penalties(self, logits: torch.Tensor, slots: torch.Tensor, ws: Workspace) -> None:
+    def _penalties(self, logits: torch.Tensor, slots: torch.Tensor, ws: Workspace,
+                   draft_counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """vLLM's order: repetition (prompt and output tokens), then frequency and presence
         (output tokens only, as OpenAI defines them)."""
         n, vocab = logits.shape
@@ -142,6 +147,11 @@ class SlotSampling:
         torch.index_select(self.scalars, 0, slots, out=scal)
         cnt = ws.take((n, vocab), torch.int32, caller="slot_sampling.counts")
         torch.index_select(self.counts, 0, slots, out=cnt)
+        if draft_counts is not None and draft_counts[0].numel():
+            pair_rows, pair_tokens = draft_counts
+            ones = ws.take((pair_rows.shape[0],), torch.int32, caller="slot_sampling.draft_ones")
+            ones.fill_(1)
+            cnt.index_put_((pair_rows, pair_tokens), ones, accumulate=True)
         factor = ws.take((n, vocab), torch.float32, caller="slot_sampling.factor")
         seen = ws.take((n, vocab), torch.bool, caller="slot_sampling.seen")
         mask = ws.take((n, vocab), torch.bool, caller="slot_sampling.mask")
@@ -166,5 +176,6 @@ class SlotSampling:
 
     def record(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
         """Count each row's sampled token in its slot (one scatter for the step).
-        slots, tokens: [n] int64 on the device; a slot appears at most once per step."""
+        slots, tokens: [n] int64 on the device; a slot may repeat (a verify step's accepted
+        tokens), each pair counting once. At most ``max_batch`` pairs per call."""
         self.counts.index_put_((slots, tokens), self.ones[: slots.shape[0]], accumulate=True)

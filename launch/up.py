@@ -73,6 +73,10 @@ class UpOptions:
     max_context: str = ""  # auto or a number of tokens
     kv_cache_dtype: str = ""
     load_format: str = ""
+    # speculative decoding on the decode worker ("" / 0 = the workers' setting): the prefill
+    # worker samples one token and verifies nothing
+    speculative_method: str = ""
+    num_speculative_tokens: int = 0
     # one copy of the weights on one GPU for both workers (CUDA IPC, engine/weight_share.py),
     # the budget the weights leave split prefill_memory_share : 1 - prefill_memory_share
     share_weights: bool = False
@@ -193,6 +197,24 @@ def _limit_flags(opts: UpOptions) -> tuple[str, ...]:
     return tuple(flags)
 
 
+def _spec_flags(opts: UpOptions, role: str) -> tuple[str, ...]:
+    """The decode worker's speculative decoding flags (vLLM's spellings)."""
+    if opts.speculative_method == "mtp":
+        raise LaunchError("--speculative-method mtp: DeepSeek-V4's MTP drafter is not built "
+                          "yet; use ngram or none")
+    if opts.num_speculative_tokens < 0:
+        raise LaunchError(f"--num-speculative-tokens: {opts.num_speculative_tokens} must be "
+                          ">= 1 (0 = the workers' setting, 3)")
+    if role != "decode":
+        return ()
+    flags: list[str] = []
+    if opts.speculative_method:
+        flags += ["--speculative-method", opts.speculative_method]
+    if opts.num_speculative_tokens:
+        flags += ["--num-speculative-tokens", str(opts.num_speculative_tokens)]
+    return tuple(flags)
+
+
 def _role_flags(opts: UpOptions, role: str, log_dir: Path) -> tuple[str, ...]:
     """One-box mode: both workers map one copy of the weights and split what it leaves."""
     if not opts.share_weights:
@@ -265,6 +287,7 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
             addresses[role] = f"{opts.host}:{port}"
             argv = _cli(role, "--model", opts.model, "--host", opts.host, "--port", str(port),
                         *config, *limits, *_role_flags(opts, role, log_dir),
+                        *_spec_flags(opts, role),
                         *opts.extra_worker_args)
             workers.append(group.add(spawn(role, argv,
                                            env={**WORKER_ENV, **_thread_env(opts), **url_env,
@@ -370,6 +393,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-format", default="", choices=["", "auto", "dummy"],
                    help="dummy: random weights of the checkpoint's shapes and formats from "
                    "config.json alone, both workers ('' = the workers' setting, auto).")
+    p.add_argument("--speculative-method", default="", choices=["", "none", "ngram", "mtp"],
+                   help="Speculative decoding on the decode worker: ngram (prompt lookup, "
+                   "dense families) or none ('' = the workers' setting, none); mtp is refused: "
+                   "not built yet.")
+    p.add_argument("--num-speculative-tokens", type=int, default=0,
+                   help="Most draft tokens a sequence verifies per step, 1..16 (0 = the "
+                   "workers' setting, 3).")
     p.add_argument("--share-weights", action="store_true",
                    help="One GPU, one copy of the weights: the workers map one arena (CUDA "
                    "IPC) and split the budget it leaves (--prefill-memory-share).")
@@ -417,6 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      config=args.config, log_dir=args.log_dir,
                      startup_timeout_s=args.startup_timeout, max_context=args.max_context,
                      kv_cache_dtype=args.kv_cache_dtype, load_format=args.load_format,
+                     speculative_method=args.speculative_method,
+                     num_speculative_tokens=args.num_speculative_tokens,
                      share_weights=args.share_weights,
                      prefill_memory_share=args.prefill_memory_share, colocated=args.colocated,
                      max_batch=args.max_batch, chunk_tokens=args.chunk_tokens,

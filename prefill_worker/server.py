@@ -69,8 +69,10 @@ class PrefillServicer(WorkerServicerBase):
         timeout = time_left(request.deadline_unix_s, "the prefill")
         # The engine samples one token and keeps the blocks; the decode worker does the rest.
         # max_tokens 0 (only scoring the prompt) stays 0: no token, nothing to hand over.
+        # Drafts are the decode worker's business (it checks the request's number).
         engine_sampling = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, 1),
-                                              min_tokens=min(sampling.min_tokens, 1))
+                                              min_tokens=min(sampling.min_tokens, 1),
+                                              num_speculative_tokens=None)
         started = time.monotonic()
         # A prompt seen before loads, not computes; one to score is computed (KV has no logits).
         kv_import = (await self.prepare_import(prompt) if sampling.prompt_logprobs is None

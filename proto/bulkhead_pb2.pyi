@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p", "min_tokens", "logprobs", "grammar_kind", "grammar_spec", "prompt_logprobs")
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p", "min_tokens", "logprobs", "grammar_kind", "grammar_spec", "prompt_logprobs", "num_speculative_tokens")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class SamplingParams(_message.Message):
     GRAMMAR_KIND_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_SPEC_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
@@ -49,7 +50,8 @@ class SamplingParams(_message.Message):
     grammar_kind: str
     grammar_spec: str
     prompt_logprobs: int
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: bool = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., grammar_kind: _Optional[str] = ..., grammar_spec: _Optional[str] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
+    num_speculative_tokens: int
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: bool = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., grammar_kind: _Optional[str] = ..., grammar_spec: _Optional[str] = ..., prompt_logprobs: _Optional[int] = ..., num_speculative_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenLogprobs(_message.Message):
     __slots__ = ("token_id", "logprob", "top_ids", "top_logprobs")
@@ -84,7 +86,7 @@ class WorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "model_name", "compat", "max_context", "chunk_tokens", "max_batch", "num_running", "num_waiting", "max_queue", "free_kv_tokens", "memory_planned_bytes", "memory_headroom_bytes", "steps_completed", "tokens_advanced", "address", "total_kv_tokens", "tensor_parallel_size", "num_preemptions")
+    __slots__ = ("worker_id", "role", "model_name", "compat", "max_context", "chunk_tokens", "max_batch", "num_running", "num_waiting", "max_queue", "free_kv_tokens", "memory_planned_bytes", "memory_headroom_bytes", "steps_completed", "tokens_advanced", "address", "total_kv_tokens", "tensor_parallel_size", "num_preemptions", "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens", "spec_accepted_per_pos")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +106,10 @@ class WorkerInfo(_message.Message):
     TOTAL_KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_ACCEPTED_PER_POS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     model_name: str
@@ -123,7 +129,11 @@ class WorkerInfo(_message.Message):
     total_kv_tokens: int
     tensor_parallel_size: int
     num_preemptions: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., model_name: _Optional[str] = ..., compat: _Optional[_Union[Compatibility, _Mapping]] = ..., max_context: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., free_kv_tokens: _Optional[int] = ..., memory_planned_bytes: _Optional[int] = ..., memory_headroom_bytes: _Optional[int] = ..., steps_completed: _Optional[int] = ..., tokens_advanced: _Optional[int] = ..., address: _Optional[str] = ..., total_kv_tokens: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., num_preemptions: _Optional[int] = ...) -> None: ...
+    spec_num_drafts: int
+    spec_num_draft_tokens: int
+    spec_num_accepted_tokens: int
+    spec_accepted_per_pos: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., model_name: _Optional[str] = ..., compat: _Optional[_Union[Compatibility, _Mapping]] = ..., max_context: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., max_queue: _Optional[int] = ..., free_kv_tokens: _Optional[int] = ..., memory_planned_bytes: _Optional[int] = ..., memory_headroom_bytes: _Optional[int] = ..., steps_completed: _Optional[int] = ..., tokens_advanced: _Optional[int] = ..., address: _Optional[str] = ..., total_kv_tokens: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., spec_num_drafts: _Optional[int] = ..., spec_num_draft_tokens: _Optional[int] = ..., spec_num_accepted_tokens: _Optional[int] = ..., spec_accepted_per_pos: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "deadline_unix_s")

@@ -138,6 +138,22 @@ class ChoiceRunner:
     def _delta(self, token_ids: list[int], finish_reason: str | None = None,
                logprobs: Sequence[TokenLogprobs] = ()) -> ChoiceDelta:
         now = time.monotonic()
+        shown = token_ids
+        if (finish_reason == "stop" and token_ids and not self.spec.text.include_stop_str_in_output
+                and token_ids[-1] in self.spec.sampling.stop_token_ids):
+            shown = token_ids[:-1]  # as vLLM: the stop token's text is not output (EOS, ...)
+        if len(shown) > 1 and self.spec.stop:
+            # several tokens at once (a verify step's accepted drafts): fed one by one, so the
+            # tokens after the one that completes a stop string are dropped with their
+            # logprobs, as they would never have come one token a step
+            text = ""
+            for i, token in enumerate(shown):
+                text += self._text.add([token])
+                if self._text.stopped:
+                    token_ids, logprobs = token_ids[: i + 1], logprobs[: i + 1]
+                    break
+        else:
+            text = self._text.add(shown)
         if token_ids:
             if self._last_token_at is not None:
                 self._metrics.itl.observe(now - self._last_token_at)
@@ -145,11 +161,6 @@ class ChoiceRunner:
             if self._first_token_at is None:
                 self._first_token_at = now
             self._metrics.generated_tokens.inc(len(token_ids))
-        shown = token_ids
-        if (finish_reason == "stop" and token_ids and not self.spec.text.include_stop_str_in_output
-                and token_ids[-1] in self.spec.sampling.stop_token_ids):
-            shown = token_ids[:-1]  # as vLLM: the stop token's text is not output (EOS, ...)
-        text = self._text.add(shown)
         if self._text.stopped:
             finish_reason = "stop"
         elif finish_reason is not None:

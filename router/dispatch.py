@@ -145,7 +145,8 @@ class Dispatcher:
                                         min_tokens=min(job.shaping.min_tokens, max_tokens)),
                         logprobs=job.logprobs,
                         grammar_kind=job.grammar_kind, grammar_spec=job.grammar_spec,
-                        prompt_logprobs=job.prompt_logprobs)
+                        prompt_logprobs=job.prompt_logprobs,
+                        num_speculative_tokens=job.num_speculative_tokens)
 
     def context_limit(self) -> int:
         """The largest context a healthy decode worker plans for; 503 when there is none."""

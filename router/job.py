@@ -56,6 +56,7 @@ class GenerationJob:
     grammar_param: str = ""       # the request field the grammar came from, for its errors
     tool_format: str | None = None  # chat: parse the output as this tool-call syntax
     text: TextOptions = TextOptions()  # how tokens become text (skip_special_tokens, ...)
+    num_speculative_tokens: int | None = None  # None: the decode worker's setting
 
     @property
     def num_choices(self) -> int:
@@ -95,6 +96,7 @@ def _common(req: _SamplingFields, settings: RouterSettings,
         stream=req.stream,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         return_token_ids=req.return_token_ids,
+        num_speculative_tokens=req.num_speculative_tokens,
         text=TextOptions(skip_special_tokens=req.skip_special_tokens,
                          spaces_between_special_tokens=req.spaces_between_special_tokens,
                          include_stop_str_in_output=req.include_stop_str_in_output),

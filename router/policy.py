@@ -36,6 +36,11 @@ class WorkerLoad:
     num_preemptions: int = 0     # sequences its engine preempted so far
     block_size: int = 0          # its KV block size and dtype (vllm:cache_config_info)
     dtype: str = ""
+    # its speculative decoding counters (vllm:spec_decode_*), from its last GetInfo
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
     @property
     def is_queue_full(self) -> bool:

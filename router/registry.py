@@ -228,7 +228,11 @@ class StaticRegistry:
                 num_inflight=w.num_inflight, free_kv_tokens=info.free_kv_tokens,
                 compat_key=info.compat.key(), healthy=w.healthy,
                 total_kv_tokens=info.total_kv_tokens, num_preemptions=info.num_preemptions,
-                block_size=info.compat.block_size, dtype=info.compat.dtype))
+                block_size=info.compat.block_size, dtype=info.compat.dtype,
+                spec_num_drafts=info.spec_num_drafts,
+                spec_num_draft_tokens=info.spec_num_draft_tokens,
+                spec_num_accepted_tokens=info.spec_num_accepted_tokens,
+                spec_accepted_per_pos=info.spec_accepted_per_pos))
         return out
 
     def info(self, address: str) -> WorkerStatus | None:

@@ -178,6 +178,9 @@ class _SamplingFields(RequestBody):
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0                 # vLLM extension
     min_tokens: Annotated[int, Field(ge=0, le=_MAX_INT32)] = 0           # vLLM extension
+    # speculative decoding: most draft tokens per step for this request (0: none; None: the
+    # decode worker's num_speculative_tokens; above it: a 400 from the worker)
+    num_speculative_tokens: Annotated[int, Field(ge=0, le=16)] | None = None  # extension
     user: str | None = None
     # vLLM's detokenization fields (router/text_stream.py TextOptions)
     skip_special_tokens: bool = True

@@ -161,6 +161,27 @@ class VllmNamesCollector(Collector):
                 cache.add_metric([*values, str(w.block_size), w.dtype,
                                   str(w.total_kv_tokens // w.block_size)], 1.0)
         yield from (running, waiting, usage, preemptions, cache)
+        yield from self._spec_decode(labels)
+
+    def _spec_decode(self, labels: list[str]) -> Iterator[CounterMetricFamily]:
+        """vLLM's speculative decoding counters, per worker (its last GetInfo): a worker with
+        speculation off reports zeros and no positions."""
+        spec = [CounterMetricFamily(f"vllm:spec_decode_{name}", doc, labels=labels)
+                for name, doc in (
+                    ("num_drafts", "Verify rows with drafts (one per sequence and step)."),
+                    ("num_draft_tokens", "Draft tokens verified."),
+                    ("num_accepted_tokens", "Draft tokens accepted."))]
+        per_pos = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by their "
+            "position among a step's drafts (0 = the first).", labels=[*labels, "position"])
+        for w in self._loads():
+            values = [self._model, w.address, w.role]
+            for fam, value in zip(spec, (w.spec_num_drafts, w.spec_num_draft_tokens,
+                                         w.spec_num_accepted_tokens), strict=True):
+                fam.add_metric(values, value)
+            for pos, value in enumerate(w.spec_accepted_per_pos):
+                per_pos.add_metric([*values, str(pos)], value)
+        yield from (*spec, per_pos)
 
     def describe(self) -> list[Metric]:
         return []

@@ -44,6 +44,8 @@ class Sampling:
     # None: none; k: each prompt token's logprob and top k (completions echo with logprobs);
     # with it max_tokens may be 0
     prompt_logprobs: int | None = None
+    # speculative decoding: most draft tokens per step (None: the worker's setting, 0: none)
+    num_speculative_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,8 @@ def sampling_to_proto(s: Sampling) -> pb.SamplingParams:
         msg.grammar_kind, msg.grammar_spec = s.grammar_kind, s.grammar_spec
     if s.prompt_logprobs is not None:
         msg.prompt_logprobs = s.prompt_logprobs
+    if s.num_speculative_tokens is not None:
+        msg.num_speculative_tokens = s.num_speculative_tokens
     return msg
 
 

@@ -59,10 +59,18 @@ class WorkerStatus:
     tokens_advanced: int = 0
     tensor_parallel_size: int = 0  # ranks its engine spans; 0 from a worker older than the field
     num_preemptions: int = 0       # sequences its engine preempted so far
+    # speculative decoding counters (vLLM's spec_decode_*; proto WorkerInfo says what each is)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 def _copy(cls: type, msg: object) -> dict[str, object]:
-    return {f.name: getattr(msg, f.name) for f in fields(cls) if f.name != "compat"}
+    out = {f.name: getattr(msg, f.name) for f in fields(cls) if f.name != "compat"}
+    if "spec_accepted_per_pos" in out:  # a repeated field: a plain tuple here
+        out["spec_accepted_per_pos"] = tuple(int(v) for v in msg.spec_accepted_per_pos)  # type: ignore[attr-defined]
+    return out
 
 
 def status_from_proto(msg: pb.WorkerInfo) -> WorkerStatus:

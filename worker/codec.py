@@ -65,6 +65,8 @@ def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
         logprobs=int(msg.logprobs) if msg.HasField("logprobs") else None,
         prompt_logprobs=(int(msg.prompt_logprobs) if msg.HasField("prompt_logprobs")
                          else None),
+        num_speculative_tokens=(int(msg.num_speculative_tokens)
+                                if msg.HasField("num_speculative_tokens") else None),
     )
 
 

@@ -229,7 +229,10 @@ class WorkerServicerBase(pb_grpc.WorkerServicer):
             steps_completed=s.steps_completed, tokens_advanced=s.tokens_advanced,
             address=self.rt.settings.address,
             total_kv_tokens=self.rt.engine.block_manager.num_usable_blocks * ec.block_size,
-            tensor_parallel_size=ec.tensor_parallel_size, num_preemptions=s.num_preemptions)
+            tensor_parallel_size=ec.tensor_parallel_size, num_preemptions=s.num_preemptions,
+            spec_num_drafts=s.spec_num_drafts, spec_num_draft_tokens=s.spec_num_draft_tokens,
+            spec_num_accepted_tokens=s.spec_num_accepted_tokens,
+            spec_accepted_per_pos=list(s.spec_accepted_per_pos))
 
     async def Abort(self, request: pb.AbortRequest,
                     context: grpc.aio.ServicerContext) -> pb.AbortResponse:

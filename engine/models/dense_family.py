@@ -86,6 +86,8 @@ def dense_activation_bytes(cfg: ModelConfig, chunk: int, max_batch: int, elem: i
 
 class DenseFamily(ModelFamily):
     uses_cuda_graphs: ClassVar[bool] = True
+    # K/V of every token in its own slot: a rejected draft's slot is simply written again
+    speculation_problem: ClassVar[str | None] = None
     supports_tensor_parallel: ClassVar[bool] = True
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineConfig,
@@ -170,10 +172,10 @@ class DenseFamily(ModelFamily):
             *common_step_terms(cfg, ec),
             PlanTerm("rope_tables", 2 * ec.max_context * cfg.head_dim * elem,
                      f"2 x max_context {ec.max_context} x head_dim x {elem} B"),
-            PlanTerm("activations", dense_activation_bytes(cfg, ec.chunk_tokens, ec.max_batch,
-                                                           elem),
+            PlanTerm("activations", dense_activation_bytes(cfg, ec.chunk_tokens,
+                                                           ec.verify_rows, elem),
                      f"chunk {ec.chunk_tokens} x (6h + 5q + 4kv + 4i) x {elem} B + fp32 norms"
-                     " + max_batch x vocab logits"),
+                     f" + logits rows {ec.verify_rows} x vocab"),
         ]
         if ec.use_cuda_graphs:
             terms.append(PlanTerm(

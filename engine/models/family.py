@@ -143,6 +143,10 @@ class ModelFamily(ABC):
     """
 
     uses_cuda_graphs: ClassVar[bool] = False
+    #: why this family cannot verify draft tokens (engine/spec_decode.py), or None when it can:
+    #: a verify step writes the KV of drafts that may be rejected, so every per-sequence state
+    #: the step advances must roll back to the accepted length
+    speculation_problem: ClassVar[str | None] = "it has no rollback of rejected draft tokens"
     #: pad rows of a graph step copy row 0 instead of writing to the null block (per-slot state)
     graph_pads_copy_first: ClassVar[bool] = False
     #: whether the family runs split over ranks (engine/parallel/): its constructor then takes

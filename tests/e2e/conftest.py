@@ -106,9 +106,11 @@ class E2E:
 
 
 def deploy(tmp_path_factory: pytest.TempPathFactory, *extra_worker_args: str,
-           write_model: Callable[[Path], Path] = write_tiny_llama) -> Iterator[E2E]:
+           write_model: Callable[[Path], Path] = write_tiny_llama,
+           **up_options: object) -> Iterator[E2E]:
     """Start router + prefill + decode (+ redis) on a tiny Llama (or what ``write_model``
-    writes); yields, then tears down."""
+    writes); yields, then tears down. ``up_options``: more ``UpOptions`` fields (the flags
+    of ``bulkhead up`` itself)."""
     if redis_server_path() is None:
         pytest.skip("redis-server is not installed")
     folder = write_model(tmp_path_factory.mktemp("tiny-llama"))
@@ -119,7 +121,8 @@ def deploy(tmp_path_factory: pytest.TempPathFactory, *extra_worker_args: str,
                      startup_timeout_s=startup_budget_s(),
                      extra_worker_args=(*WORKER_FLAGS, *extra_worker_args),
                      extra_router_args=("--split-threshold-tokens", str(SPLIT_THRESHOLD),
-                                        "--poll-interval-s", "0.5"))
+                                        "--poll-interval-s", "0.5"),
+                     **up_options)  # type: ignore[arg-type]
     deployment = start(opts, log=lambda line: None)
     try:
         yield E2E(deployment, folder)

@@ -56,6 +56,7 @@ BOTH: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "repetition_penalty": ({}, {"repetition_penalty": 1.2}),
     "logit_bias": ({}, {"logit_bias": {"5": 1.0}}),
     "min_tokens": ({}, {"min_tokens": 2}),
+    "num_speculative_tokens": ({}, {"num_speculative_tokens": 2}),
     "skip_special_tokens": ({}, {"skip_special_tokens": False}),
     "spaces_between_special_tokens": ({"skip_special_tokens": False},
                                       {"spaces_between_special_tokens": False}),

@@ -34,7 +34,8 @@ OTHER = {"model": "elsewhere", "device": "cpu", "dtype": "float16",
          "sparse_attention_backend": "torch", "quant_gemm_backend": "torch",
          "mhc_backend": "torch", "decode_loop": "unfused", "decode_lanes": 2,
          "share_weights": "", "share_weights_timeout_s": 5.0, "kv_import_slice_mb": 8.0,
-         "kv_tokens": 10000, "warmup_record_dir": "/tmp/warmup-records"}
+         "kv_tokens": 10000, "warmup_record_dir": "/tmp/warmup-records",
+         "speculative_method": "ngram", "num_speculative_tokens": 5}
 
 
 def test_every_engine_field_is_a_setting_a_conversion_or_engine_only() -> None:

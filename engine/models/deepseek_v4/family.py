@@ -98,6 +98,9 @@ class DeepseekV4Family(ModelFamily):
     graph_pads_copy_first: ClassVar[bool] = True  # pad rows must not touch slot 0's window ring
     cast_weights_on_load: ClassVar[bool] = False  # FP8/FP4 payloads and scales kept as stored
     supports_tensor_parallel: ClassVar[bool] = True  # dequantized weights (tensor_parallel.py)
+    speculation_problem: ClassVar[str | None] = (
+        "a verify step advances its sliding-window ring, the compressors' carry and the "
+        "indexer state per token, and their rollback to the accepted length is not built yet")
     tensor_parallel_kv: ClassVar[str] = "replicated"  # one shared KV head: whole on every rank
     rerun_safe: ClassVar[bool] = False  # a step advances per-slot window rings and counts
 
