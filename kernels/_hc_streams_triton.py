@@ -23,17 +23,27 @@ HC_MIX_BLOCK_K = 64  # stream channels per step of the mixes' loop
 
 
 @triton.jit
-def _hc_merge_kernel(post_ptr, comb_ptr, bo_ptr, s_ptr, out_ptr, m, d,
-                     stride_pn, stride_cn, stride_cr, stride_bn, stride_sn, stride_sr,
-                     stride_on, stride_or,
-                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, F32: tl.constexpr):
+def _stream_tile(s_ptr, m, d, stride_sn, stride_sr, BLOCK_M: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    """This program's token and ``BLOCK_D`` columns -> (token, columns, stream ids, stream
+    mask, column mask, the token's ``m`` streams at those columns in fp32 [BLOCK_M, BLOCK_D])."""
     tok = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     j = tl.arange(0, BLOCK_M)
     ok_m = j < m
     ok_d = cols < d
     s = tl.load(s_ptr + tok * stride_sn + j[:, None] * stride_sr + cols[None, :],
-                mask=ok_m[:, None] & ok_d[None, :], other=0.0).to(tl.float32)  # [M(j), D]
+                mask=ok_m[:, None] & ok_d[None, :], other=0.0).to(tl.float32)
+    return tok, cols, j, ok_m, ok_d, s
+
+
+@triton.jit
+def _hc_merge_kernel(post_ptr, comb_ptr, bo_ptr, s_ptr, out_ptr, m, d,
+                     stride_pn, stride_cn, stride_cr, stride_bn, stride_sn, stride_sr,
+                     stride_on, stride_or,
+                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, F32: tl.constexpr):
+    tok, cols, j, ok_m, ok_d, s = _stream_tile(s_ptr, m, d, stride_sn, stride_sr, BLOCK_M,
+                                               BLOCK_D)  # s: [M(j), D]
     bo = tl.load(bo_ptr + tok * stride_bn + cols, mask=ok_d, other=0.0).to(tl.float32)
     post = tl.load(post_ptr + tok * stride_pn + j, mask=ok_m, other=0.0)
     # comb[j, i] -> rows j, columns i; the reference rounds post and comb to the streams' dtype
@@ -52,13 +62,8 @@ def _hc_merge_kernel(post_ptr, comb_ptr, bo_ptr, s_ptr, out_ptr, m, d,
 @triton.jit
 def _hc_collapse_kernel(pre_ptr, s_ptr, out_ptr, m, d, stride_pn, stride_sn, stride_sr,
                         stride_on, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    tok = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    j = tl.arange(0, BLOCK_M)
-    ok_m = j < m
-    ok_d = cols < d
-    s = tl.load(s_ptr + tok * stride_sn + j[:, None] * stride_sr + cols[None, :],
-                mask=ok_m[:, None] & ok_d[None, :], other=0.0).to(tl.float32)
+    tok, cols, j, ok_m, ok_d, s = _stream_tile(s_ptr, m, d, stride_sn, stride_sr, BLOCK_M,
+                                               BLOCK_D)
     pre = tl.load(pre_ptr + tok * stride_pn + j, mask=ok_m, other=0.0)
     out = tl.sum(pre[:, None] * s, axis=0)
     tl.store(out_ptr + tok * stride_on + cols, out.to(out_ptr.dtype.element_ty), mask=ok_d)

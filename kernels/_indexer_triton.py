@@ -14,6 +14,8 @@ S*TILE_W*4 + S*KP*8*3 bytes whatever the context length. Nothing here allocates.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -230,14 +232,23 @@ def _topk_finalize_kernel(
     tl.store(out_idx_ptr + row * stride_oi + offs, tl.where(valid, idx, -1), mask=keep)
 
 
+@dataclass(frozen=True)
+class IndexerOperands:
+    """What the scores are computed from (shapes as ``kernels.indexer_topk``, already checked):
+    q [R, H, D], k [N, D], weights [R, H], kv_end [R], and the FP8 scales of q and k (None for
+    bf16 operands)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    weights: torch.Tensor
+    kv_end: torch.Tensor
+    q_scale: torch.Tensor | None = None
+    k_scale: torch.Tensor | None = None
+
+
 def launch_indexer_scores(
+    ops: IndexerOperands,
     *,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    weights: torch.Tensor,
-    kv_end: torch.Tensor,
-    q_scale: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
     scores: torch.Tensor,
     col0: int,
     n_cols: int,
@@ -247,6 +258,8 @@ def launch_indexer_scores(
     num_stages: int,
 ) -> None:
     """Masked scores of keys [col0, col0 + n_cols) into scores[:, :n_cols] (one tile)."""
+    q, k, weights, kv_end, q_scale, k_scale = (ops.q, ops.k, ops.weights, ops.kv_end,
+                                               ops.q_scale, ops.k_scale)
     num_rows, num_heads, head_dim = q.shape
     block_d = max(16, 1 << max(head_dim - 1, 0).bit_length())
     qs_strides = q_scale.stride() if q_scale is not None else (0, 0)
@@ -264,13 +277,8 @@ def launch_indexer_scores(
 
 
 def launch_indexer_topk(
+    ops: IndexerOperands,
     *,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    weights: torch.Tensor,
-    kv_end: torch.Tensor,
-    q_scale: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
     topk: int,
     kp: int,
     scores: torch.Tensor,
@@ -284,20 +292,19 @@ def launch_indexer_topk(
     num_stages: int,
 ) -> None:
     """Run the tile loop; every buffer was checked and carved by ``kernels.indexer_topk``."""
-    num_rows = q.shape[0]
-    num_keys = k.shape[0]
+    num_rows = ops.q.shape[0]
+    num_keys = ops.k.shape[0]
     tile_w = scores.shape[1]
-    pdl = pdl_kwargs(q.device)
+    pdl = pdl_kwargs(ops.q.device)
     _topk_init_kernel[(num_rows,)](best, KP=kp, **pdl)
     for col0 in range(0, num_keys, tile_w):
         n_cols = min(tile_w, num_keys - col0)
         launch_indexer_scores(
-            q=q, k=k, weights=weights, kv_end=kv_end, q_scale=q_scale, k_scale=k_scale,
-            scores=scores, col0=col0, n_cols=n_cols, block_m=block_m, block_n=block_n,
+            ops, scores=scores, col0=col0, n_cols=n_cols, block_m=block_m, block_n=block_n,
             num_warps=num_warps, num_stages=num_stages,
         )
         _topk_merge_kernel[(num_rows,)](
-            scores, kv_end, best, cand, col0, n_cols, topk, scores.stride(0),
+            scores, ops.kv_end, best, cand, col0, n_cols, topk, scores.stride(0),
             KP=kp, LOG_KP=kp.bit_length() - 1, num_warps=4, **pdl,
         )
     _topk_finalize_kernel[(num_rows,)](

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._online_softmax_triton import merge_splits, softmax_fold, softmax_start, store_partials
 from kernels._triton_support import interpreting
 
 LOG2E = 1.0 / math.log(2.0)
@@ -51,13 +52,7 @@ def _prefill_tile(
     if MASKED:
         visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
         s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
+    return softmax_fold(s, v, m_i, l_i, acc)
 
 
 # Ints that change from step to step are not specialised (==1, %16): a prompt length or
@@ -100,9 +95,7 @@ def _paged_attention_kernel(
                     mask=m_mask[:, None] & d_mask[None, :], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        m_i, l_i, acc = softmax_start(BLOCK_M, BLOCK_D)
         kv_stop = tl.minimum(ctx, ctx - q_len + local + BLOCK_M)
         # Keys below the block's first query position are visible to every row of the block:
         # those tiles need no causal mask. Only the tiles on the diagonal are masked.
@@ -155,9 +148,7 @@ def _paged_decode_kernel(
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    m_i, l_i, acc = softmax_start(BLOCK_G, BLOCK_D)
     for n0 in range(kv_lo, kv_hi, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < kv_hi
@@ -173,20 +164,11 @@ def _paged_decode_kernel(
         v = v.to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = softmax_fold(s, v, m_i, l_i, acc)
     if SPLIT:
         # partials: acc [B, Hq, splits, D] fp32, (m, l) [B, Hq, splits, 2] fp32
-        row = (seq * num_q_heads + heads) * num_splits + split
-        tl.store(part_acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc,
-                 mask=g_mask[:, None])
-        tl.store(part_ml_ptr + row * 2, m_i, mask=g_mask)
-        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_mask)
+        store_partials(part_acc_ptr, part_ml_ptr, (seq * num_q_heads + heads) * num_splits + split,
+                       acc, m_i, l_i, g_mask, BLOCK_D)
     else:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         o = acc / l_safe[:, None]
@@ -202,20 +184,9 @@ def _paged_decode_combine_kernel(
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < num_splits
-    row = (seq * num_q_heads + head) * num_splits + offs_s
-    m = tl.load(part_ml_ptr + row * 2, mask=s_mask, other=float("-inf"))
-    l_part = tl.load(part_ml_ptr + row * 2 + 1, mask=s_mask, other=0.0)
-    m_max = tl.max(m, 0)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_max)
-    l_tot = tl.sum(l_part * w, 0)
-    acc = tl.load(part_acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :],
-                  mask=s_mask[:, None], other=0.0)
-    o = tl.sum(acc * w[:, None], 0)
-    o = o / tl.where(l_tot == 0.0, 1.0, l_tot)
+    o = merge_splits(part_acc_ptr, part_ml_ptr, (seq * num_q_heads + head) * num_splits,
+                     num_splits, 0.0, False, BLOCK_S, BLOCK_D)
     tl.store(out_ptr + seq * stride_ob + head * stride_oh + offs_d,
              o.to(out_ptr.dtype.element_ty), mask=offs_d < head_dim)
 

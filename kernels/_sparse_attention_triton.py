@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._online_softmax_triton import merge_splits, softmax_fold, softmax_start, store_partials
 from kernels._pdl_triton import pdl_wait
 from kernels._triton_support import interpreting, pdl_kwargs
 
@@ -30,13 +31,7 @@ def _online_tile(q, kv, valid, qk_scale, m_i, l_i, acc, UPCAST: tl.constexpr):
         kv = kv.to(tl.float32)
     s = tl.dot(q, tl.trans(kv)) * qk_scale  # [BLOCK_H, BLOCK_N], log2 domain
     s = tl.where(valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
-    return m_new, l_i, acc
+    return softmax_fold(s, kv, m_i, l_i, acc)
 
 
 @triton.jit
@@ -62,9 +57,7 @@ def _sparse_attention_kernel(
                 mask=h_mask[:, None] & d_mask[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    m_i, l_i, acc = softmax_start(BLOCK_H, BLOCK_D)
 
     w_start = tl.load(wstart_ptr + row)
     w_end = tl.load(wend_ptr + row)
@@ -111,11 +104,8 @@ def _sparse_attention_kernel(
 
     if SPLIT:
         # partials: acc [S, H, splits, BLOCK_D] fp32 and (max, sum) [S, H, splits, 2] fp32
-        part = (row * num_heads + offs_h) * num_splits + split
-        tl.store(part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], acc,
-                 mask=h_mask[:, None])
-        tl.store(part_ml_ptr + part * 2, m_i, mask=h_mask)
-        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=h_mask)
+        store_partials(part_acc_ptr, part_ml_ptr, (row * num_heads + offs_h) * num_splits + split,
+                       acc, m_i, l_i, h_mask, BLOCK_D)
     else:
         o = _finish(acc, m_i, l_i, sink_ptr, offs_h, h_mask, HAS_SINK)
         tl.store(out_ptr + row * stride_os + offs_h[:, None] * stride_oh + offs_d[None, :],
@@ -155,24 +145,12 @@ def _sparse_combine_kernel(
     pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < num_splits
-    part = (row * num_heads + head) * num_splits + offs_s
-    m = tl.load(part_ml_ptr + part * 2, mask=s_mask, other=float("-inf"))
-    l_part = tl.load(part_ml_ptr + part * 2 + 1, mask=s_mask, other=0.0)
-    m_max = tl.max(m, 0)
+    sink = 0.0
     if HAS_SINK:
         sink = tl.load(sink_ptr + head).to(tl.float32) * 1.4426950408889634
-        m_max = tl.maximum(m_max, sink)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_max)
-    l_tot = tl.sum(l_part * w, 0)
-    if HAS_SINK:
-        l_tot += tl.exp2(sink - m_max)
-    acc = tl.load(part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
-                  mask=s_mask[:, None], other=0.0)
-    o = tl.sum(acc * w[:, None], 0) / tl.where(l_tot == 0.0, 1.0, l_tot)
+    o = merge_splits(part_acc_ptr, part_ml_ptr, (row * num_heads + head) * num_splits,
+                     num_splits, sink, HAS_SINK, BLOCK_S, BLOCK_D)
     tl.store(out_ptr + row * stride_os + head * stride_oh + offs_d,
              o.to(out_ptr.dtype.element_ty), mask=offs_d < head_dim)
 

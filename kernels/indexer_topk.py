@@ -151,7 +151,7 @@ def indexer_topk(
     if workspace.data_ptr() % 16:
         raise KernelArgumentError(_NAME, "workspace", "must be 16-byte aligned")
     require_triton(_NAME, dev)
-    from kernels._indexer_triton import launch_indexer_topk
+    from kernels._indexer_triton import IndexerOperands, launch_indexer_topk
 
     kp = next_pow2(max(topk, 16))
     width = _scratch_width(num_keys, tiles)
@@ -160,7 +160,7 @@ def indexer_topk(
     best = workspace[n_scores : n_scores + num_rows * kp * 8].view(torch.int64)
     cand = workspace[n_scores + num_rows * kp * 8 : need].view(torch.int64)
     launch_indexer_topk(
-        q=q, k=k, weights=weights, kv_end=kv_end, q_scale=q_scale, k_scale=k_scale,
+        IndexerOperands(q, k, weights, kv_end, q_scale, k_scale),
         topk=topk, kp=kp,
         scores=scores, best=best, cand=cand, out_scores=out_scores, out_indices=out_indices,
         block_m=tiles.block_m, block_n=tiles.block_n,

@@ -8,7 +8,7 @@ SORT_TILE = 128  # pairs a tile
 BLOCKED_SORT_MIN_PAIRS = 1024  # below this the all-pairs sort is as fast and needs no scratch
 GEMV_MAX_PAIRS = 64  # the per-pair GEMV form's limit (pairs = tokens x top-k)
 # above this many (token, expert) pairs a step runs the prefill tiles of the tiled expert GEMMs
-# (``_mxfp4_moe_triton.moe_tiles``); from GEMV_MAX_PAIRS + 1 up to it, the decode tiles
+# (``_mxfp4_moe_tiles.moe_tiles``); from GEMV_MAX_PAIRS + 1 up to it, the decode tiles
 PREFILL_MIN_PAIRS = 256
 
 

@@ -158,7 +158,7 @@ def moe_experts(
     128 (None: ``_mxfp4_moe_fp8_triton.fp8_moe_tiles``). ``splits``: (gate-up, down) split-K
     of the weight-only form at decode sizes (None: :func:`moe_splits`). ``tiles``: (BLOCK_M,
     BLOCK_N, BLOCK_K, warps, stages[, swap, scaled, words, n-first]) of that form (None:
-    ``_mxfp4_moe_triton.moe_tiles``). ``before_combine``: called on the host right before the
+    ``_mxfp4_moe_tiles.moe_tiles``). ``before_combine``: called on the host right before the
     launch that reads ``out`` (never, with no tokens), e.g. for the stream to wait for the one
     that wrote it."""
     name = "moe_experts"

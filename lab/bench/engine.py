@@ -8,7 +8,6 @@ warm-up over the whole run (must be 0) and whether decode steps ran as CUDA grap
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
@@ -18,6 +17,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.sampling_params import SamplingParams
+from lab.bench.results_file import write_json
 
 # the engine benches build weights in memory; SmolLM2 ties its head to the embedding
 SHAPES = {"llama3-8b": _SYNTHETIC["llama3-8b"],
@@ -230,9 +230,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{(f'{hf:.1f}' if hf else '-'):>10}{r.get('ttft_s', float('nan')):>8.3f}"
               f"{r['allocs_after_warmup']!s:>7}"
               f"{pct:>11}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+    write_json(args.json, rows, indent=2)
     return 0
 
 

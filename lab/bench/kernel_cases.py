@@ -239,7 +239,7 @@ def bench_indexer_split(sh: BenchShapes, tiles: K.IndexerTiles, timer: Timer) ->
     def scores_only() -> None:
         for col0 in range(0, num_keys, width):
             it.launch_indexer_scores(
-                q=q, k=k, weights=w, kv_end=kv_end, q_scale=None, k_scale=None, scores=scores,
+                it.IndexerOperands(q, k, w, kv_end), scores=scores,
                 col0=col0, n_cols=min(width, num_keys - col0), block_m=tiles.block_m,
                 block_n=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
             )

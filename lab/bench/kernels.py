@@ -31,6 +31,7 @@ from lab.bench.kernel_cases import (
     bench_sparse,
     sweep_indexer_tiles,
 )
+from lab.bench.results_file import write_json
 
 GIB = 1024**3
 
@@ -140,9 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"copy {ceil.copy_tb_s:.2f} TB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s")
     for key in ("sweep", "indexer", "sparse", "paged", "quant"):
         print_table(key, report.get(key, []))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    write_json(args.json, report)
     return report
 
 

@@ -10,11 +10,11 @@ the next is built. Prints one row per kv dtype and, with --json, writes them.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
 from lab.bench.engine import _decode_tps, _engine, _hf_model
+from lab.bench.results_file import write_json
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,9 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['kv_dtype']:<9}{r['kv_bytes_per_token']:>10,.0f}{r['kv_tokens_per_gib']:>12,.0f}"
               f"{r['step_ms']:>9.2f}{r['decode_tokens_per_s']:>9.0f}{r['allocs_after_warmup']!s:>7}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+    write_json(args.json, rows, indent=2)
     return 0
 
 

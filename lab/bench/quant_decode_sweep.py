@@ -35,6 +35,7 @@ from kernels.fp8_linear_ref import fp8_grouped_linear_ref
 from kernels.mxfp4_moe import moe_experts, moe_experts_workspace_bytes
 from kernels.mxfp4_moe_ref import moe_experts_ref
 from lab.bench.kernel_quant_cases import _random_fp8, _random_mxfp4, _rel, graph_ms
+from lab.bench.results_file import write_json
 
 Timer = Callable[[Callable[[], object], int], float]
 
@@ -221,9 +222,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(json.dumps({"case": "best", **r}), flush=True)
     print(json.dumps({"case": "done", "rows": len(rows), "wall_s": time.perf_counter() - start}),
           flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "best": best}, f, indent=1)
+    write_json(args.json, {"rows": rows, "best": best})
     return rows
 
 

@@ -15,11 +15,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from launch.launcher import free_port, redis_server_path
-from launch.up import Deployment, UpOptions, start
-from tests.e2e.conftest import SPLIT_THRESHOLD, WORKER_FLAGS
+from launch.up import Deployment
+from tests.e2e.conftest import SPLIT_THRESHOLD
 from tests.helpers.startup_budget import startup_budget_s
-from tests.helpers.tiny_model import write_tiny_llama
+from tests.helpers.stoppable_deployment import stoppable_deployment
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -30,25 +29,11 @@ RETRY_BOUND_S = 20.0   # the decode worker prefilling the prompt itself, on 2 sh
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    if redis_server_path() is None:
-        pytest.skip("redis-server is not installed")
-    folder = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-    opts = UpOptions(model=str(folder), port=free_port(),
-                     log_dir=str(tmp_path_factory.mktemp("logs")), startup_timeout_s=startup_budget_s(),
-                     extra_worker_args=WORKER_FLAGS,
-                     extra_router_args=("--split-threshold-tokens", str(SPLIT_THRESHOLD),
-                                        "--poll-interval-s", "0.5",
-                                        "--stall-timeout-s", str(STALL_TIMEOUT_S),
-                                        "--sse-keepalive-s", str(KEEPALIVE_S),
-                                        "--prefill-timeout-s", "300"))
-    d = start(opts, log=lambda line: None)
-    try:
+    router_args = ("--split-threshold-tokens", str(SPLIT_THRESHOLD), "--poll-interval-s", "0.5",
+                   "--stall-timeout-s", str(STALL_TIMEOUT_S), "--sse-keepalive-s", str(KEEPALIVE_S),
+                   "--prefill-timeout-s", "300")
+    with stoppable_deployment(tmp_path_factory, router_args, startup_budget_s()) as d:
         yield d
-    finally:
-        for p in d.group.processes:   # let a frozen worker hear its SIGTERM
-            if p.alive():
-                os.kill(p.pid, signal.SIGCONT)
-        d.stop()
 
 
 class Stream(threading.Thread):

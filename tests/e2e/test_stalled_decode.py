@@ -15,10 +15,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from launch.launcher import free_port, redis_server_path
-from launch.up import Deployment, UpOptions, start
-from tests.e2e.conftest import WORKER_FLAGS
-from tests.helpers.tiny_model import write_tiny_llama
+from launch.up import Deployment
+from tests.helpers.stoppable_deployment import stoppable_deployment
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -27,24 +25,11 @@ STALL_TIMEOUT_S = 3.0
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    if redis_server_path() is None:
-        pytest.skip("redis-server is not installed")
-    folder = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-    opts = UpOptions(model=str(folder), port=free_port(),
-                     log_dir=str(tmp_path_factory.mktemp("logs")), startup_timeout_s=180,
-                     extra_worker_args=WORKER_FLAGS,
-                     extra_router_args=("--split-threshold-tokens", "100000",  # decode route
-                                        "--poll-interval-s", "0.5",
-                                        "--stall-timeout-s", str(STALL_TIMEOUT_S),
-                                        "--stream-idle-timeout-s", "120"))
-    d = start(opts, log=lambda line: None)
-    try:
+    router_args = ("--split-threshold-tokens", "100000",  # decode route
+                   "--poll-interval-s", "0.5", "--stall-timeout-s", str(STALL_TIMEOUT_S),
+                   "--stream-idle-timeout-s", "120")
+    with stoppable_deployment(tmp_path_factory, router_args, 180) as d:
         yield d
-    finally:
-        for p in d.group.processes:   # let a stopped worker hear its SIGTERM
-            if p.alive():
-                os.kill(p.pid, signal.SIGCONT)
-        d.stop()
 
 
 def _decode_pid(d: Deployment) -> int:

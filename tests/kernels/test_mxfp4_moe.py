@@ -31,6 +31,41 @@ def _experts(e: int, hid: int, inter: int, seed: int):
     return (*gu, *dn)
 
 
+def _routing(t: int, k: int, e: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """k distinct experts a token [t, k] and their routing weights [t, k]."""
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    return ids, torch.rand(t, k, generator=g)
+
+
+def _launch(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, weights: tuple, tiles,
+            **kw) -> torch.Tensor:
+    """``launch_moe`` at ``tiles`` with fresh scratch in x's dtype -> the output [T, H]."""
+    from kernels._mxfp4_moe_triton import launch_moe
+
+    (t, hid), k, e, inter = x.shape, ids.shape[1], weights[0].shape[0], weights[2].shape[-1] * 2
+    m, out = t * k, torch.empty(t, hid, dtype=x.dtype)
+    launch_moe(x, ids.view(-1), torch.empty(m, dtype=torch.int64), torch.empty(e, dtype=torch.int32),
+               w.view(-1), *weights, 7.0, torch.empty(m, inter, dtype=x.dtype),
+               torch.empty(m, hid, dtype=x.dtype), out, k, False, tiles, **kw)
+    return out
+
+
+def _cuda_step(t: int, k: int, e: int, hid: int, inter: int, seed: int):
+    """A random step on the GPU: MXFP4 codes with scales near 1 (at V4-Flash's widths quantizing
+    is slow) as [gate-up, its scales, down, its scales], bf16 tokens [t, hid], expert ids and
+    routing weights [t, k], and a bf16 output buffer."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    u8 = dict(device="cuda", generator=g, dtype=torch.uint8)
+    weights = [torch.randint(0, 256, (e, 2 * inter, hid // 2), **u8),
+               torch.randint(118, 122, (e, 2 * inter, hid // 32), **u8),
+               torch.randint(0, 256, (e, hid, inter // 2), **u8),
+               torch.randint(118, 122, (e, hid, inter // 32), **u8)]
+    x = torch.randn(t, hid, device="cuda", generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, e, (t, k), device="cuda", generator=g)
+    w = torch.rand(t, k, device="cuda", generator=g)
+    return weights, x, ids, w, torch.empty(t, hid, device="cuda", dtype=torch.bfloat16), g
+
+
 def test_quantize_round_trip_and_every_code() -> None:
     codes = torch.arange(16, dtype=torch.uint8)
     packed = (codes[0::2] | (codes[1::2] << 4)).view(1, 8).repeat(1, 2)  # 32 values, one group
@@ -101,16 +136,7 @@ def test_moe_experts_names_the_bad_argument(interpret) -> None:
 @pytest.mark.gpu
 def test_moe_experts_on_cuda_without_host_sync(cuda) -> None:
     t, k, e, hid, inter = 300, 6, 128, 4096, 2048
-    g = torch.Generator(device="cuda").manual_seed(0)
-    u8 = dict(device="cuda", generator=g, dtype=torch.uint8)  # random codes: quantizing is slow
-    weights = [torch.randint(0, 256, (e, 2 * inter, hid // 2), **u8),
-               torch.randint(118, 122, (e, 2 * inter, hid // 32), **u8),
-               torch.randint(0, 256, (e, hid, inter // 2), **u8),
-               torch.randint(118, 122, (e, hid, inter // 32), **u8)]
-    x = torch.randn(t, hid, device="cuda", generator=g).to(torch.bfloat16)
-    ids = torch.randint(0, e, (t, k), device="cuda", generator=g)
-    w = torch.rand(t, k, device="cuda", generator=g)
-    out = torch.empty(t, hid, device="cuda", dtype=torch.bfloat16)
+    weights, x, ids, w, out, g = _cuda_step(t, k, e, hid, inter, seed=0)
     ws = torch.empty(moe_experts_workspace_bytes(t, k, hid, inter, e), dtype=torch.uint8, device="cuda")
     moe_experts(x, w, ids, *weights, 7.0, out, workspace=ws)
     torch.cuda.set_sync_debug_mode("error")
@@ -120,57 +146,6 @@ def test_moe_experts_on_cuda_without_host_sync(cuda) -> None:
         torch.cuda.set_sync_debug_mode("default")
     ref = moe_experts_ref(x.float(), w, ids, *weights, 7.0)
     assert float((out.float() - ref).norm() / ref.norm()) < 2e-2
-
-
-def test_device_sort_is_torch_stable_sort(interpret) -> None:
-    """The counting sort the GEMMs read: several i-blocks, repeats, empty experts."""
-    from kernels._mxfp4_moe_triton import launch_moe_sort
-
-    e = 9
-    ids = torch.randint(0, e - 2, (301,), generator=torch.Generator().manual_seed(3))
-    order, row_end = torch.full((301,), -1, dtype=torch.int64), torch.zeros(e, dtype=torch.int32)
-    launch_moe_sort(ids, order, row_end, e)
-    assert torch.equal(order, torch.sort(ids, stable=True).indices)
-    assert torch.equal(row_end, torch.searchsorted(ids.sort().values, torch.arange(e), right=True).int())
-
-
-@pytest.mark.parametrize("pairs,e", [(1024, 9), (1537, 130), (3000, 256)])
-def test_tiled_sort_is_torch_stable_sort(interpret, pairs, e) -> None:
-    """The prefill-sized counting sort (tiles of 128 pairs, a scan over tiles, ranks within a
-    tile): a partial last tile, expert counts not a power of two or above one compare tile,
-    experts with no pairs, heavy repeats; the all-pairs sort gives the same answer."""
-    from kernels._mxfp4_moe_triton import launch_moe_sort
-    from kernels.moe_sort_sizes import sort_scratch_numel
-
-    g = torch.Generator().manual_seed(pairs)
-    ids = torch.randint(0, max(1, e - 3), (pairs,), generator=g)
-    ids[: pairs // 3] = 2  # one expert takes a third of the pairs, across several tiles
-    want_order = torch.sort(ids, stable=True).indices
-    want_end = torch.searchsorted(ids.sort().values, torch.arange(e), right=True).int()
-    counts = torch.full((sort_scratch_numel(pairs, e),), -7, dtype=torch.int32)
-    order, row_end = torch.full((pairs,), -1, dtype=torch.int64), torch.zeros(e, dtype=torch.int32)
-    launch_moe_sort(ids, order, row_end, e, counts)
-    assert torch.equal(order, want_order) and torch.equal(row_end, want_end)
-    order2, row_end2 = torch.full_like(order, -1), torch.zeros_like(row_end)
-    launch_moe_sort(ids, order2, row_end2, e)  # the all-pairs sort
-    assert torch.equal(order2, want_order) and torch.equal(row_end2, want_end)
-
-
-def test_tiled_sort_drops_ids_out_of_range(interpret) -> None:
-    """An id outside [0, E) is neither counted nor written, as in the all-pairs sort."""
-    from kernels._mxfp4_moe_triton import launch_moe_sort
-    from kernels.moe_sort_sizes import sort_scratch_numel
-
-    e, pairs = 5, 1100
-    ids = torch.randint(0, e, (pairs,), generator=torch.Generator().manual_seed(0))
-    ids[10], ids[700] = e, -1
-    counts = torch.zeros(sort_scratch_numel(pairs, e), dtype=torch.int32)
-    order, row_end = torch.full((pairs,), -1, dtype=torch.int64), torch.zeros(e, dtype=torch.int32)
-    launch_moe_sort(ids, order, row_end, e, counts)
-    ok = (ids >= 0) & (ids < e)
-    want = torch.nonzero(ok).flatten()[torch.sort(ids[ok], stable=True).indices]
-    assert int(row_end[-1]) == pairs - 2
-    assert torch.equal(order[: pairs - 2], want) and torch.equal(order[pairs - 2:], torch.tensor([-1, -1]))
 
 
 @pytest.mark.parametrize("tiles", [(16, 64, 128, 4, 3), (128, 128, 64, 8, 3),
@@ -185,19 +160,12 @@ def test_gpu_tiles_on_awkward_shapes(interpret, tiles) -> None:
     intermediate 96 leave partial K- and N-tiles everywhere. ``BLOCK_M`` 1 is the per-pair GEMV,
     its 6th element the int32-word decode (1) or the per-byte one (0); a tiled form's 8th element
     decodes int32 words straight to bf16, its 9th runs the programs N-tiles first."""
-    from kernels._mxfp4_moe_triton import launch_moe
-
     t, k, e, hid, inter = 7, 3, 5, 160, 96
     g = torch.Generator().manual_seed(11)
     weights = _experts(e, hid, inter, 5)
     x = torch.randn(t, hid, generator=g)
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
-    w = torch.rand(t, k, generator=g)
-    m = t * k
-    out = torch.empty(t, hid)
-    launch_moe(x, ids.view(-1), torch.empty(m, dtype=torch.int64), torch.empty(e, dtype=torch.int32),
-               w.view(-1), *weights, 7.0, torch.empty(m, inter), torch.empty(m, hid), out, k, False,
-               tiles)
+    ids, w = _routing(t, k, e, g)
+    out = _launch(x, ids, w, weights, tiles)
     torch.testing.assert_close(out, moe_experts_ref(x, w, ids, *weights, 7.0), rtol=1e-4, atol=1e-4)
 
 
@@ -206,18 +174,12 @@ def test_gpu_tiles_on_awkward_shapes(interpret, tiles) -> None:
 def test_scaled_dot_tiles(interpret, tiles) -> None:
     """The ``tl.dot_scaled`` form (7th tile element) on bf16 activations, swapped and not, with
     partial K- and N-tiles (hidden 160, intermediate 96): same answer as the reference."""
-    from kernels._mxfp4_moe_triton import launch_moe
-
     t, k, e, hid, inter = 9, 3, 5, 160, 96
     g = torch.Generator().manual_seed(13)
     weights = _experts(e, hid, inter, 6)
     x = torch.randn(t, hid, generator=g).bfloat16()
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
-    w = torch.rand(t, k, generator=g)
-    m, out = t * k, torch.empty(t, hid, dtype=torch.bfloat16)
-    launch_moe(x, ids.view(-1), torch.empty(m, dtype=torch.int64), torch.empty(e, dtype=torch.int32),
-               w.view(-1), *weights, 7.0, torch.empty(m, inter, dtype=torch.bfloat16),
-               torch.empty(m, hid, dtype=torch.bfloat16), out, k, False, tiles)
+    ids, w = _routing(t, k, e, g)
+    out = _launch(x, ids, w, weights, tiles)
     ref = moe_experts_ref(x.float(), w, ids, *weights, 7.0)
     assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
 
@@ -262,43 +224,26 @@ def test_tiled_word_decode_is_the_byte_decode(interpret, tiles) -> None:
     """The tiled forms' word decode (straight to bf16, scaled in bf16) gives the byte decode's
     answer bit for bit on bf16 activations, with scales across e8m0's range: 2**-120 to 2**8
     (the bf16 product 2**(s - 1) alone would overflow from s = 129), partial K- and N-tiles."""
-    from kernels._mxfp4_moe_triton import launch_moe
-
     t, k, e, hid, inter = 9, 3, 5, 160, 96
     g = torch.Generator().manual_seed(17)
     gu, gus, dn, dns = _experts(e, hid, inter, 21)
     gus = torch.randint(7, 136, gus.shape, generator=g).to(torch.uint8)
     dns = torch.randint(7, 136, dns.shape, generator=g).to(torch.uint8)
     x = (torch.randn(t, hid, generator=g) * 1e-3).bfloat16()
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
-    w = torch.rand(t, k, generator=g)
-    outs = []
-    for words in (0, 1):
-        m, out = t * k, torch.empty(t, hid, dtype=torch.bfloat16)
-        launch_moe(x, ids.view(-1), torch.empty(m, dtype=torch.int64),
-                   torch.empty(e, dtype=torch.int32), w.view(-1), gu, gus, dn, dns, 7.0,
-                   torch.empty(m, inter, dtype=torch.bfloat16),
-                   torch.empty(m, hid, dtype=torch.bfloat16), out, k, False,
-                   (*tiles[:-1], words))
-        outs.append(out)
+    ids, w = _routing(t, k, e, g)
+    outs = [_launch(x, ids, w, (gu, gus, dn, dns), (*tiles[:-1], words)) for words in (0, 1)]
     assert outs[0].isfinite().all() and outs[0].abs().max() > 0
     assert torch.equal(outs[0], outs[1])
 
 
 def test_down_gemm_takes_its_own_tiles(interpret) -> None:
     """Gate-up and down at different tiles (one swapped, one not; different row tiles)."""
-    from kernels._mxfp4_moe_triton import launch_moe
-
     t, k, e, hid, inter = 11, 2, 4, 96, 64
     g = torch.Generator().manual_seed(5)
     weights = _experts(e, hid, inter, 9)
     x = torch.randn(t, hid, generator=g)
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
-    w = torch.rand(t, k, generator=g)
-    m, out = t * k, torch.empty(t, hid)
-    launch_moe(x, ids.view(-1), torch.empty(m, dtype=torch.int64), torch.empty(e, dtype=torch.int32),
-               w.view(-1), *weights, 7.0, torch.empty(m, inter), torch.empty(m, hid), out, k, False,
-               (16, 32, 64, 4, 1, 1), down_tiles=(64, 64, 32, 4, 1, 0))
+    ids, w = _routing(t, k, e, g)
+    out = _launch(x, ids, w, weights, (16, 32, 64, 4, 1, 1), down_tiles=(64, 64, 32, 4, 1, 0))
     torch.testing.assert_close(out, moe_experts_ref(x, w, ids, *weights, 7.0), rtol=1e-4, atol=1e-4)
 
 
@@ -338,7 +283,7 @@ def test_moe_split_k_matches_reference(interpret, tiles, splits, t, k, e, hid, i
 def test_moe_split_k_at_gpu_decode_tiles(interpret, splits) -> None:
     """The GPU's decode tiles (BLOCK_K 128) with split-K: hidden 160 leaves a 32-wide last
     slice, intermediate 96 one slice only (a split asked for but not possible)."""
-    from kernels._mxfp4_moe_triton import launch_moe, split_k_slices
+    from kernels._mxfp4_moe_triton import split_k_slices
 
     t, k, e, hid, inter = 5, 3, 5, 160, 96
     assert split_k_slices(hid, 128, splits[0]) == (2, 1)
@@ -346,14 +291,9 @@ def test_moe_split_k_at_gpu_decode_tiles(interpret, splits) -> None:
     g = torch.Generator().manual_seed(17)
     weights = _experts(e, hid, inter, 5)
     x = torch.randn(t, hid, generator=g)
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
-    w = torch.rand(t, k, generator=g)
-    m = t * k
-    out = torch.empty(t, hid)
-    launch_moe(x, ids.view(-1), torch.empty(m, dtype=torch.int64), torch.empty(e, dtype=torch.int32),
-               w.view(-1), *weights, 7.0, torch.empty(m, inter), torch.empty(m, hid), out, k, False,
-               (16, 64, 128, 4, 3), splits=splits,
-               gu_part=torch.full((splits[0], m, 2 * inter), float("nan")))
+    ids, w = _routing(t, k, e, g)
+    out = _launch(x, ids, w, weights, (16, 64, 128, 4, 3), splits=splits,
+                  gu_part=torch.full((splits[0], t * k, 2 * inter), float("nan")))
     torch.testing.assert_close(out, moe_experts_ref(x, w, ids, *weights, 7.0), rtol=1e-4, atol=1e-4)
 
 
@@ -373,16 +313,7 @@ def test_split_k_variants_replay_from_a_cuda_graph(cuda) -> None:
     from kernels.fp8_linear_ref import fp8_linear_ref
 
     t, k, e, hid, inter = 8, 6, 32, 4096, 2048
-    g = torch.Generator(device="cuda").manual_seed(1)
-    u8 = dict(device="cuda", generator=g, dtype=torch.uint8)
-    weights = [torch.randint(0, 256, (e, 2 * inter, hid // 2), **u8),
-               torch.randint(118, 122, (e, 2 * inter, hid // 32), **u8),
-               torch.randint(0, 256, (e, hid, inter // 2), **u8),
-               torch.randint(118, 122, (e, hid, inter // 32), **u8)]
-    x = torch.randn(t, hid, device="cuda", generator=g).to(torch.bfloat16)
-    ids = torch.randint(0, e, (t, k), device="cuda", generator=g)
-    w = torch.rand(t, k, device="cuda", generator=g)
-    out = torch.empty(t, hid, device="cuda", dtype=torch.bfloat16)
+    weights, x, ids, w, out, g = _cuda_step(t, k, e, hid, inter, seed=1)
     ws = torch.empty(moe_experts_workspace_bytes(t, k, hid, inter, e, splits=(4, 4)),
                      dtype=torch.uint8, device="cuda")
     q = (torch.randn(4096, 4096, device="cuda", generator=g) * 50).to(torch.float8_e4m3fn)
@@ -417,37 +348,6 @@ def test_split_k_variants_replay_from_a_cuda_graph(cuda) -> None:
             assert float((y.float() - ref_l).norm() / ref_l.norm()) < 1e-2
 
 
-def test_default_moe_form_by_pairs() -> None:
-    """Decode steps of up to 64 pairs take the per-pair GEMV form with the gate-up GEMV cut in
-    two (the H200 sweep), more pairs the tiled form, unsplit; the workspace holds the gate-up
-    partials only where the split is taken."""
-    from kernels._mxfp4_moe_triton import GEMV_MAX_PAIRS, moe_tiles
-    from kernels.mxfp4_moe import moe_splits
-
-    assert moe_tiles(6)[0] == 1 and moe_tiles(GEMV_MAX_PAIRS)[0] == 1
-    assert moe_tiles(GEMV_MAX_PAIRS + 1)[0] > 1 and moe_tiles(24576)[0] > 1
-    assert moe_splits(6, 4096, 2048) == (2, 1) and moe_splits(GEMV_MAX_PAIRS, 4096, 2048) == (2, 1)
-    assert moe_splits(GEMV_MAX_PAIRS + 1, 4096, 2048) == (1, 1)
-    assert (moe_experts_workspace_bytes(1, 6, 4096, 2048, 128)
-            == moe_experts_workspace_bytes(1, 6, 4096, 2048, 128, splits=(1, 1))
-            + 2 * 6 * 2 * 2048 * 4)  # fp32 gate and up partials of two slices
-    assert (moe_experts_workspace_bytes(32, 6, 4096, 2048, 128)
-            == moe_experts_workspace_bytes(32, 6, 4096, 2048, 128, splits=(1, 1)))
-
-
-def test_gemv_reads_words_only_where_the_layout_allows() -> None:
-    """The per-pair GEMV reads packed weights as int32 words when rows are whole, aligned words
-    (the same memory, no copy), and falls back to bytes otherwise."""
-    from kernels._mxfp4_moe_triton import _as_words
-
-    w = torch.randint(0, 256, (3, 8, 16), dtype=torch.uint8)
-    words = _as_words(w)
-    assert words is not None and words.shape == (3, 8, 4) and words.data_ptr() == w.data_ptr()
-    assert _as_words(w[:, :, 2:14]) is None  # not word-aligned
-    assert _as_words(torch.zeros(3, 8, 6, dtype=torch.uint8)) is None  # rows not whole words
-    assert _as_words(w[:, :, :8]) is None or _as_words(w[:, :, :8]).shape == (3, 8, 2)
-
-
 def test_experts_module_takes_prefill_tiles_only_at_prefill_sizes(interpret, monkeypatch) -> None:
     """``Mxfp4Experts.prefill_tiles`` (benchmarks sweep it in the full model) reaches the kernels
     only for a step of more than ``PREFILL_MIN_PAIRS`` pairs; a decode step keeps the kernel's
@@ -478,20 +378,3 @@ def test_experts_module_takes_prefill_tiles_only_at_prefill_sizes(interpret, mon
         torch.testing.assert_close(out, moe_experts_ref(x, w, ids, gu, gus, dn, dns, 7.0),
                                    rtol=1e-4, atol=1e-4)
     assert seen == [None, mod.prefill_tiles]
-
-
-def test_prefill_tiles_by_rows_an_expert(monkeypatch) -> None:
-    """The GPU's prefill tiles (the interpreter has its own): 256-row tiles once the experts'
-    mean rows reach ``WIDE_ROWS_PER_EXPERT`` (4096 tokens x top-6 over 128 experts: 192), with the
-    down GEMM at its own 128 x 128 tiles; 128-row tiles below (2048 tokens: 96 rows an expert),
-    where the down GEMM takes the gate-up's tiles. Every prefill tile runs N-tiles first."""
-    import kernels._mxfp4_moe_triton as moe
-
-    monkeypatch.setattr(moe, "interpreting", lambda: False)
-    wide = moe.moe_tiles(4096 * 6, 4096, 128)
-    narrow = moe.moe_tiles(2048 * 6, 4096, 128)
-    assert wide[0] == 256 and narrow[0] == 128
-    assert moe.moe_tiles(4096 * 6, 4096, 256)[0] == 128  # 96 rows an expert over 256 experts
-    assert moe.moe_down_tiles(wide)[:2] == (128, 128) and moe.moe_down_tiles(narrow) == narrow
-    assert wide[8] == narrow[8] == moe.moe_down_tiles(wide)[8] == 1
-    assert moe.moe_tiles(200, 4096, 128)[0] == 16  # a decode step stays on the decode tiles

@@ -8,7 +8,6 @@ blocks, window snapshots and slot carry in :class:`DeepseekV4KVPool`; never allo
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -43,37 +42,7 @@ from engine.models.deepseek_v4.merged_linear import MergedLinear
 from engine.models.deepseek_v4.norms import RMSNorm, unweighted_rms_norm
 from engine.models.deepseek_v4.rope import V4Rotary, apply_rope_
 from engine.models.deepseek_v4.sparse_attention import v4_attention_torch
-
-
-@dataclass(frozen=True)
-class SeqSpan:
-    """One sequence of the step: tokens ``[begin, end)`` of the flat batch, its cache slot, and
-    how many tokens the slot had absorbed before this step (= position of its first token)."""
-
-    begin: int
-    end: int
-    slot: int
-    start_pos: int
-    table: torch.Tensor  # [blocks] int64: the sequence's block ids in the pool
-
-
-@dataclass
-class _StepRows:
-    """Per-token tensors of one layer's step (rows picked by :meth:`select`)."""
-
-    q: torch.Tensor  # [N, H, D] rotated queries
-    kv: torch.Tensor | None  # [N, D] rotated shared K=V (None: already in the window ring)
-    kv_c: torch.Tensor | None = None  # compressor projections [N, width]
-    gate_c: torch.Tensor | None = None
-    kv_i: torch.Tensor | None = None  # indexer compressor projections [N, 2 * index_head_dim]
-    gate_i: torch.Tensor | None = None
-    idx_q: torch.Tensor | None = None  # [N, Hi, Di]
-    idx_w: torch.Tensor | None = None  # [N, Hi] fp32
-    picks: torch.Tensor | None = None  # [N, topk] int32 pool rows of the indexer's picks (side lane)
-
-    def select(self, index: slice | torch.Tensor) -> _StepRows:
-        """These rows of every tensor (views for a slice, copies for an index tensor)."""
-        return _StepRows(**{k: None if v is None else v[index] for k, v in vars(self).items()})
+from engine.models.deepseek_v4.step_rows import SeqSpan, StepRows
 
 
 class V4CSACompressor(V4Compressor):
@@ -158,7 +127,7 @@ class V4Attention(nn.Module):
                 out.index_copy_(0, index, dst)
         return self._output(out, cos, sin, backend.attention == "kernels")
 
-    def _attend_chunks(self, t: _StepRows, out: torch.Tensor, compress_rotary: V4Rotary,
+    def _attend_chunks(self, t: StepRows, out: torch.Tensor, compress_rotary: V4Rotary,
                        spans: list[SeqSpan], chunks: ChunkRows, cache: LayerPool,
                        backend: V4Backend, ws: object | None) -> None:
         """The chunks' state updates and attention into their rows of ``out`` [N, H, D]. Window
@@ -253,7 +222,7 @@ class V4Attention(nn.Module):
             return self.o_b_proj(grouped)
         return self._output(out, *rope)
 
-    def _compress(self, t: _StepRows, rows: DecodeRows, cache: LayerPool,
+    def _compress(self, t: StepRows, rows: DecodeRows, cache: LayerPool,
                   compress_rotary: V4Rotary, fused: bool) -> None:
         """The token joins its compressor's (and, CSA, its indexer's) open window; closing
         rows write their entries."""
@@ -266,7 +235,7 @@ class V4Attention(nn.Module):
             compress(self.compressor.indexer, t.kv_i, t.gate_i, cache.indexer, rows,
                      compress_rotary)
 
-    def _attend_rows(self, t: _StepRows, rows: DecodeRows, cache: LayerPool, backend: V4Backend,
+    def _attend_rows(self, t: StepRows, rows: DecodeRows, cache: LayerPool, backend: V4Backend,
                      compress_rotary: V4Rotary, out: torch.Tensor, fused: bool,
                      compressed: bool = False) -> None:
         """One token of each sequence of ``rows`` (t: their projections, row i of ``rows`` row
@@ -304,7 +273,7 @@ class V4Attention(nn.Module):
 
     def _project_fused(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                        rows: DecodeRows, cache: LayerPool, compress_rotary: V4Rotary,
-                       side: DecodeSide | None = None) -> tuple[_StepRows, bool]:
+                       side: DecodeSide | None = None) -> tuple[StepRows, bool]:
         """:meth:`_project` of a decode step through the fused row kernels; the shared KV goes
         straight into the window ring (``kv`` None) unless the ring's dtype differs. With a
         ``side`` lane, the compressors' projections and window updates are issued to the side,
@@ -312,7 +281,7 @@ class V4Attention(nn.Module):
         joins the side before reading the projections or the entries)."""
         cfg = self.cfg
         n, h, d = x.shape[0], cfg.num_heads, cfg.head_dim
-        t = _StepRows(q=x, kv=None)  # q (and kv) are set below
+        t = StepRows(q=x, kv=None)  # q (and kv) are set below
         forked = side is not None and self.compressor is not None
         if forked:
             assert side is not None
@@ -356,7 +325,7 @@ class V4Attention(nn.Module):
             return q_a, kv
         return self.q_a_proj(x), self.kv_proj(x)
 
-    def _project_compressors(self, x: torch.Tensor, t: _StepRows) -> None:
+    def _project_compressors(self, x: torch.Tensor, t: StepRows) -> None:
         """The compressor's kv / gate projections of x into ``t`` and, in CSA layers, the
         indexer's kv / gate and score weights: one GEMM when merged (views of its output)."""
         comp = self.compressor
@@ -376,7 +345,7 @@ class V4Attention(nn.Module):
             t.idx_w = comp.indexer.scale_scores(outs[4])
 
     def _project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                 backend: V4Backend) -> _StepRows:
+                 backend: V4Backend) -> StepRows:
         """Every per-token projection of the step (queries, shared KV, compressor and indexer
         inputs); x: [N, hidden] (already input-normed)."""
         cfg = self.cfg
@@ -397,7 +366,7 @@ class V4Attention(nn.Module):
             q = unweighted_rms_norm(self.q_b_proj(q_res).view(n, h, d), cfg.rms_norm_eps)
             q = apply_rope_(q, cos, sin)  # [N, H, D] (fresh tensors: rotated in place)
             kv = apply_rope_(self.kv_norm(kv_raw), cos, sin)  # [N, D]
-        t = _StepRows(q=q, kv=kv)
+        t = StepRows(q=q, kv=kv)
         self._project_compressors(x, t)
         if isinstance(self.compressor, V4CSACompressor):
             t.idx_q = self.compressor.indexer.index_queries(q_res, cos, sin, kernels)

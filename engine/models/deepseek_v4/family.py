@@ -22,16 +22,13 @@ from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.decode_step import DecodeRows
+from engine.models.deepseek_v4.kv_layout import V4KVLayout
 from engine.models.deepseek_v4.kv_pool import (
     DeepseekV4KVPool,
-    block_bytes_by_kind,
     block_size_problem,
-    check_block_size,
     default_block_size,
     resume_window_bytes,
     slot_carry_bytes,
-    v4_fingerprint,
-    window_section_bytes,
 )
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
@@ -58,64 +55,13 @@ from engine.models.deepseek_v4.tensor_parallel import (
     wire_model,
 )
 from engine.models.deepseek_v4.tensor_slices import renumber_experts, v4_tensor_slicer
-from engine.models.family import CacheKind, KVLayout, ModelFamily
+from engine.models.family import ModelFamily
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace, _align
 
 # one 2 MiB small-pool and two 20 MiB large-pool segments, and the side lane's own 2 MiB
 # small-pool segment (the allocator gives a stream's blocks to no other stream)
 GRAPH_POOL_SLACK = 44 << 20
-
-
-class V4KVLayout(KVLayout):
-    """Blocks of ``block_size`` tokens holding the compressed entries, indexer keys and CSA
-    carry of every layer (see kv_pool.py); resumable at block ends that have a window snapshot
-    (resume_windows.py). Exported blocks carry no window: a snapshot is the resume state of the
-    block end it belongs to and leaves once (``export_resume_state``)."""
-
-    def __init__(self, cfg: DeepseekV4Config, ec: EngineConfig) -> None:
-        check_block_size(cfg, ec.block_size)
-        self.cfg, self.block_size = cfg, ec.block_size
-        self.dtype, self.fp8, self.max_batch = ec.torch_dtype, ec.kv_dtype == "fp8", ec.max_batch
-
-    @property
-    def kinds(self) -> tuple[CacheKind, ...]:
-        return tuple(CacheKind(name, n, rows, rb) for name, (n, rows, rb)
-                     in block_bytes_by_kind(self.cfg, self.block_size, self.dtype, self.fp8).items())
-
-    @property
-    def resume_granularity(self) -> int:
-        return self.block_size
-
-    @property
-    def fingerprint(self) -> str:
-        return v4_fingerprint(self.cfg, self.block_size, self.dtype, self.fp8)
-
-    @property
-    def resume_state_bytes(self) -> int:
-        return window_section_bytes(self.cfg, self.dtype, self.fp8)
-
-    def export_resume_state(self, kv: DeepseekV4KVPool, block_id: int) -> torch.Tensor | None:
-        return kv.export_window(block_id)
-
-    def import_resume_state(self, kv: DeepseekV4KVPool, block_id: int, data: torch.Tensor) -> None:
-        kv.import_window(block_id, data)
-
-    def can_resume_after(self, kv: DeepseekV4KVPool, block_id: int) -> bool:
-        return kv.can_resume_after(block_id)
-
-    def resumable_tokens(self, kv: DeepseekV4KVPool, block_ids: list[int], num_tokens: int) -> int:
-        return kv.resumable_tokens(block_ids, num_tokens)
-
-    def allocate(self, num_blocks: int, device: torch.device) -> DeepseekV4KVPool:
-        return DeepseekV4KVPool(self.cfg, num_blocks, self.block_size, self.max_batch, self.dtype,
-                                device, self.fp8)
-
-    def export_blocks(self, kv: DeepseekV4KVPool, block_ids: list[int]) -> torch.Tensor:
-        return kv.export_blocks(block_ids)
-
-    def import_blocks(self, kv: DeepseekV4KVPool, block_ids: list[int], data: torch.Tensor) -> None:
-        kv.import_blocks(block_ids, data)
 
 
 def _activations_term(v4: DeepseekV4Config, ec: EngineConfig, scratch: dict[str, int],

@@ -21,13 +21,9 @@ import argparse
 import dataclasses
 import importlib
 import json
-import math
 import os
-import statistics
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +31,11 @@ import torch
 
 from engine.config import EngineConfig, KernelChoices
 from engine.errors import EngineError
-from engine.llm_engine import LLMEngine, RequestOutput
+from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.config import CSA, HCA, DeepseekV4Config, RopeParams
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
-from engine.sampling_params import SamplingParams
 from kernels import pdl_launch, pdl_mode
 from lab.bench.deepseek_v4.context import (
     _sync,
@@ -51,11 +45,18 @@ from lab.bench.deepseek_v4.context import (
     run_or_report,
 )
 from lab.bench.deepseek_v4.decode_report import report_table
+from lab.bench.deepseek_v4.decode_row import max_tokens_for, run_row
+from lab.bench.deepseek_v4.hf_config import hf_dict
+from lab.bench.deepseek_v4.previous_kernels import previous_decode_kernels
 from lab.bench.deepseek_v4.quantized_weights import (
     active_weight_bytes,
     quantized_hf_config,
     synthetic_quantized_state_dict,
 )
+
+# the report heading and the helpers other benchmarks and the tests take from here
+__all__ = ["HEADING", "build_engine", "hf_dict", "main", "max_tokens_for", "previous_decode_kernels",
+           "run_decode"]
 
 _MARK_BEGIN = "<!-- bench_decode:begin -->"
 _MARK_END = "<!-- bench_decode:end -->"
@@ -64,97 +65,6 @@ HEADING = "## Decode through the engine"
 TINY = {"context": 256, "prompts": "20", "steps": 3, "batches": "1,2", "chunk": 16}
 FULL = {"context": 16384, "prompts": "1024", "steps": 32, "batches": "1,8,32", "chunk": 4096}
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
-
-
-class _DeadlinePassed(Exception):
-    pass
-
-
-def _rope_dict(p: RopeParams) -> dict[str, Any]:
-    d = {k: v for k, v in dataclasses.asdict(p).items() if v is not None}
-    d["rope_theta"] = d.pop("theta")
-    return d
-
-
-def hf_dict(cfg: DeepseekV4Config) -> dict[str, Any]:
-    """A config.json dict that parses back to ``cfg`` (what the engine's ModelConfig carries)."""
-    d: dict[str, Any] = {
-        "model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"],
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-        "moe_intermediate_size": cfg.moe_intermediate_size, "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads, "head_dim": cfg.head_dim,
-        "q_lora_rank": cfg.q_lora_rank, "qk_rope_head_dim": cfg.rope_head_dim,
-        "num_experts_per_tok": cfg.num_experts_per_tok, "n_routed_experts": cfg.n_routed_experts,
-        "scoring_func": cfg.scoring_func, "routed_scaling_factor": cfg.routed_scaling_factor,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "layer_types": list(cfg.layer_types), "mlp_layer_types": list(cfg.mlp_layer_types),
-        "compress_rates": {CSA: cfg.csa_rate, HCA: cfg.hca_rate},
-        "hc_mult": cfg.hc_mult, "hc_sinkhorn_iters": cfg.hc_sinkhorn_iters, "hc_eps": cfg.hc_eps,
-        "swiglu_limit": cfg.swiglu_limit, "sliding_window": cfg.sliding_window,
-        "o_groups": cfg.o_groups, "o_lora_rank": cfg.o_lora_rank,
-        "index_n_heads": cfg.index_n_heads, "index_head_dim": cfg.index_head_dim,
-        "index_topk": cfg.index_topk, "rms_norm_eps": cfg.rms_norm_eps,
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "rope_parameters": {"main": _rope_dict(cfg.main_rope), "compress": _rope_dict(cfg.compress_rope)},
-        "eos_token_id": list(cfg.eos_token_ids),
-    }
-    assert DeepseekV4Config.from_hf_dict(d) == cfg, "hf_dict does not round-trip"
-    return d
-
-
-def _tiled_topk_indexer(q: torch.Tensor, weights: torch.Tensor, keys: Any, rows: Any, rate: int,
-                        block_size: int, topk: int) -> torch.Tensor:
-    """The fused loop's CSA indexer as it was before ``kernels.indexer_decode_topk``: each
-    2,048-entry tile scored by the kernel, the running top-k kept with ``torch.topk``; the
-    picks made pool rows (int32, -1 none: what the fused loop's attention takes) by PyTorch
-    ops, as they were then."""
-    from engine.models.deepseek_v4.decode_step import indexer_topk_decode
-    from kernels.indexer_decode import indexer_decode_scores
-
-    per, flat = block_size // rate, keys.data.view(-1, keys.dim)
-    score = None
-    if keys.scale is None and keys.data.dtype == q.dtype:
-        kv_end = rows.memo(("kv_end", rate), lambda: (rows.positions + 1) // rate)
-
-        def score(first: int, num: int) -> torch.Tensor:
-            out = torch.empty(q.shape[0], num, dtype=torch.float32, device=q.device)
-            return indexer_decode_scores(q, weights, flat, rows.tables, kv_end, first, num, per,
-                                         out)
-
-    idx = indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk, score=score)
-    return torch.where(idx >= 0, rows.entry_rows(idx.clamp(min=0), per), -1).to(torch.int32)
-
-
-@contextmanager
-def previous_decode_kernels(on: bool) -> Iterator[None]:
-    """``--previous-kernels``: the fused decode loop's kernels as they were before this
-    session's choices (the FP8 GEMV's unsplit tiled kernel, the MXFP4 experts' tiled form at
-    every size, unsplit, the CSA indexer's ``torch.topk`` merge, the sparse attention unsplit), for the
-    plan and every step while
-    held, so one device call can time both. Patches the choosing points, nothing else."""
-    if not on:
-        yield
-        return
-    # the modules themselves (the package re-exports functions of the same names)
-    fl, mt = importlib.import_module("kernels.fp8_linear"), importlib.import_module("kernels._mxfp4_moe_triton")
-    att = importlib.import_module("engine.models.deepseek_v4.attention")
-    sa = importlib.import_module("kernels.sparse_attention")
-    mm = importlib.import_module("kernels.mxfp4_moe")
-    saved = (fl.fp8_gemv_variant, mt.GEMV_MAX_PAIRS, att.indexer_topk_fused,
-             sa.decode_attention_splits, mm.moe_splits)
-
-    def tiled(m: int, n: int, k: int, block_k: int) -> fl.Fp8GemvVariant | None:
-        tiles = fl.fp8_gemv_tiles(m, n, block_k)
-        return None if tiles is None else fl.Fp8GemvVariant(tiles)
-
-    fl.fp8_gemv_variant, mt.GEMV_MAX_PAIRS, att.indexer_topk_fused = tiled, 0, _tiled_topk_indexer
-    sa.decode_attention_splits = lambda *a, **k: 1
-    mm.moe_splits = lambda *a, **k: (1, 1)
-    try:
-        yield
-    finally:
-        (fl.fp8_gemv_variant, mt.GEMV_MAX_PAIRS, att.indexer_topk_fused,
-         sa.decode_attention_splits, mm.moe_splits) = saved
 
 
 def build_engine(args: argparse.Namespace) -> tuple[LLMEngine, dict[str, Any]]:
@@ -235,98 +145,6 @@ def _copy_tb_s(dev: torch.device) -> float:
     del src, dst
     torch.cuda.empty_cache()  # give the 2 GiB back before the engine plans its memory
     return rate
-
-
-def _count(outs: list[RequestOutput], new: dict[str, int]) -> tuple[int, int]:
-    """Add each output's new tokens to ``new``; (tokens, finished requests) of this step."""
-    tokens = finished = 0
-    for o in outs:
-        if o.request_id in new:
-            new[o.request_id] += len(o.new_token_ids)
-            tokens += len(o.new_token_ids)
-            finished += o.finished
-    return tokens, finished
-
-
-def max_tokens_for(batch: int, prompt: int, chunk: int, steps: int, warm_steps: int) -> int:
-    """Enough output that no request finishes before the timed steps end: the timed and warm
-    steps, 8 spare, and a bound on the prefill steps (in which early requests already decode)."""
-    prefill_steps = math.ceil(batch * prompt / max(1, chunk - batch)) + 1
-    return steps + warm_steps + 8 + prefill_steps
-
-
-def run_row(engine: LLMEngine, batch: int, prompt: int, args: argparse.Namespace,
-            stop_at: float) -> dict[str, Any]:
-    """B requests of ``prompt`` random tokens: untimed prefill, then ``args.steps`` timed decode
-    steps; every request is aborted before returning."""
-    ec = engine.config
-    cuda = ec.torch_device.type == "cuda"
-    row: dict[str, Any] = {"batch": batch, "prompt": prompt, "steps": args.steps, "error": None}
-    max_tokens = max_tokens_for(batch, prompt, ec.chunk_tokens, args.steps, args.warm_steps)
-    if prompt + max_tokens > ec.max_context:
-        row["error"] = f"prompt {prompt} + {max_tokens} output tokens > context {ec.max_context}"
-        return row
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    gen = torch.Generator().manual_seed(1000 * batch + prompt)
-    rids = [f"b{batch}-p{prompt}-{i}" for i in range(batch)]
-    new = dict.fromkeys(rids, 0)
-    allocs0 = engine.stats().device_allocs_since_warmup
-    try:
-        for rid in rids:
-            engine.add_request(rid, torch.randint(0, engine.model_config.vocab_size, (prompt,),
-                                                  generator=gen).tolist(), sp)
-        t0 = time.perf_counter()
-        prefill_steps = 0
-        while min(new.values()) == 0:
-            if time.time() > stop_at:
-                raise _DeadlinePassed
-            _count(engine.step(), new)
-            prefill_steps += 1
-        _sync(cuda)
-        prefill_s = time.perf_counter() - t0
-        row.update(prefill_s=prefill_s, prefill_steps=prefill_steps,
-                   prefill_tokens_per_s=batch * prompt / prefill_s)
-        for _ in range(args.warm_steps):
-            _count(engine.step(), new)
-        row["context_at_start"] = [prompt + min(new.values()), prompt + max(new.values())]
-        _sync(cuda)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(ec.torch_device)
-        per_step: list[float] = []
-        tokens = finished = 0
-        t_start = time.perf_counter()
-        for _ in range(args.steps):
-            t = time.perf_counter()
-            n, f = _count(engine.step(), new)
-            per_step.append(time.perf_counter() - t)
-            tokens, finished = tokens + n, finished + f
-        _sync(cuda)
-        seconds = time.perf_counter() - t_start
-        if tokens != batch * args.steps or finished:
-            row["error"] = (f"timed steps made {tokens} tokens (expected {batch * args.steps}), "
-                            f"{finished} request(s) finished")
-        row.update(
-            seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
-            ms_per_step=seconds / args.steps * 1e3,
-            ms_per_step_median=statistics.median(per_step) * 1e3,
-            ms_per_step_max=max(per_step) * 1e3,
-            decode_peak_bytes=torch.cuda.max_memory_allocated(ec.torch_device) if cuda else None,
-        )
-    except torch.OutOfMemoryError as e:
-        row["error"] = f"out of memory: {str(e).splitlines()[0]}"
-    except EngineError as e:
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-    except _DeadlinePassed:
-        row["error"] = "deadline passed during the prefill"
-    finally:
-        for rid in rids:
-            engine.abort(rid)
-        while engine.has_unfinished():
-            engine.step()
-    allocs = engine.stats().device_allocs_since_warmup
-    row["device_allocs_since_warmup"] = allocs
-    row["device_allocs_row"] = None if allocs is None else allocs - (allocs0 or 0)
-    return row
 
 
 def _switch_lanes(engine: LLMEngine, lanes: int) -> None:
@@ -461,6 +279,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return report_results(args, _MARK_BEGIN, _MARK_END, report_table, HEADING)
 
 
+# the run's on/off switches, each against the engine's default path (to compare)
+_SWITCHES = (
+    ("--no-graphs", "decode eagerly (default: CUDA graphs where the family allows them)"),
+    ("--two-launch-reduce", "split-K FP8 GEMVs sum their partials in a second launch (as before) "
+                            "instead of in their last slice"),
+    ("--previous-kernels", "the fused decode's previous kernel choices (no split-K, tiled "
+                           "experts, torch.topk indexer merge), to compare"),
+    ("--no-pdl", "launch the Triton kernels without programmatic dependent launch "
+                 "(sets BULKHEAD_PDL=0; default: PDL on sm_90+), to compare"),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.bench.deepseek_v4.decode")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -486,24 +316,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="bf16: every weight in --dtype, experts looped in Python (the eager path); "
                         "fp8-mxfp4: V4-Flash's shipped formats kept on the device, fused MoE")
     r.add_argument("--device", default="cuda")
-    r.add_argument("--no-graphs", action="store_true",
-                   help="decode eagerly (default: CUDA graphs where the family allows them)")
     r.add_argument("--decode", default="auto", choices=("auto", "fused", "unfused"),
                    help="the decode step's layer loop: fused row kernels or "
                         "the unfused loop prefill shares (the previous path and the engine's default: auto)")
-    r.add_argument("--two-launch-reduce", action="store_true",
-                   help="split-K FP8 GEMVs sum their partials in a second launch (as before) "
-                        "instead of in their last slice")
-    r.add_argument("--previous-kernels", action="store_true",
-                   help="the fused decode's previous kernel choices (no split-K, tiled experts, "
-                        "torch.topk indexer merge), to compare")
+    for flag, what in _SWITCHES:
+        r.add_argument(flag, action="store_true", help=what)
     r.add_argument("--lanes", default="1",
                    help="the fused decode step's streams (2: the side lane, decode_fused.py); a "
                         "list such as 2,1,2,1 runs every row once per entry on the same weights, "
                         "the decode graphs captured again between entries")
-    r.add_argument("--no-pdl", action="store_true",
-                   help="launch the Triton kernels without programmatic dependent launch "
-                        "(sets BULKHEAD_PDL=0; default: PDL on sm_90+), to compare")
     r.add_argument("--pdl", metavar="MODE",
                    help="BULKHEAD_PDL for the run: 1 (wait only), or 'trigger', 'prefetch', "
                         "'trigger+prefetch' (kernels/NOTES.md), to compare")

@@ -33,6 +33,7 @@ import torch
 
 from kernels._launch_configs import KNOBS, overridden
 from lab.bench.deepseek_v4.hc_decode_warps import _graph_us
+from lab.bench.results_file import write_json
 
 SWEEPS = {
     "moe_route": "default;1;2;8",
@@ -306,9 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     batches = [int(b) for b in a.batches.split(",")] if dev == "cuda" else [1, 3]
     rows = sweep(chosen, batches, dev, a.experts, a.context)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(a.out, rows)
     bad = [r for r in rows if r["max_diff"] > (0.0 if r["sweep"] in ("moe_route", "topk_merge")
                                                else 0.05)]
     # (moe_router: its logits' sums run in another order for each setting; a one-ulp change

@@ -12,10 +12,11 @@ on a tiny shape (a smoke test).
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 import torch
+
+from lab.bench.results_file import write_json
 
 
 def _warps(spec: str) -> tuple[int, int, int]:
@@ -105,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     kw: dict[str, Any] = {} if dev == "cuda" else dict(hidden=128, iters=3)
     batches = [int(b) for b in a.batches.split(",")] if dev == "cuda" else [1]
     rows = sweep(batches, choices, dev, **kw)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(a.out, rows)
     return 0
 
 

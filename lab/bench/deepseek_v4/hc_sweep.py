@@ -16,12 +16,12 @@ smoke test, tiny widths).
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 import torch
 
 from lab.bench.deepseek_v4.prefill_gemms import _ms
+from lab.bench.results_file import write_json
 
 
 def _tiles(spec: str) -> tuple[int, ...] | None:
@@ -103,10 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = args.tokens if dev == "cuda" else min(args.tokens, 40)
     rows = sweep(tokens, dev, args.mixes.split(";"), args.collapse.split(";"),
                  args.merge.split(";"), [c for c in args.act_quant.split(";") if c], **shape)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
-                       "torch": torch.__version__, "rows": rows}, f, indent=1)
+    write_json(args.out, {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+                          "torch": torch.__version__, "rows": rows})
     return 0
 
 

@@ -44,7 +44,7 @@ from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.quant_modules import set_prefill_fp8
 from engine.workspace import Workspace
 from lab.bench.deepseek_v4.context import flash_config
-from lab.bench.deepseek_v4.decode import hf_dict
+from lab.bench.deepseek_v4.hf_config import hf_dict
 from lab.bench.deepseek_v4.quantized_weights import (
     quantized_hf_config,
     synthetic_quantized_state_dict,

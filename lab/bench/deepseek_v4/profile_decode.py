@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 
 from engine.sampling_params import SamplingParams
-from lab.bench.deepseek_v4.decode import _DTYPES, build_engine, previous_decode_kernels
+from lab.bench.deepseek_v4.decode import _DTYPES, build_engine
 from lab.bench.deepseek_v4.kernel_sources import OpSources, family_table
+from lab.bench.deepseek_v4.previous_kernels import previous_decode_kernels
 
 # runtime API calls counted per step; the synchronising ones are what stalls the host
 _COUNTED = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",

@@ -45,7 +45,7 @@ from engine.models.deepseek_v4.backend import V4Backend  # noqa: E402
 from engine.models.deepseek_v4.config import DeepseekV4Config  # noqa: E402
 from engine.models.deepseek_v4.model import DeepseekV4Model  # noqa: E402
 from lab.bench.deepseek_v4.context import flash_config  # noqa: E402
-from lab.bench.deepseek_v4.decode import hf_dict  # noqa: E402
+from lab.bench.deepseek_v4.hf_config import hf_dict  # noqa: E402
 from lab.bench.deepseek_v4.quantized_weights import (  # noqa: E402
     quantized_hf_config,
     synthetic_quantized_state_dict,

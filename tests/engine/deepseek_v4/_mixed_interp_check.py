@@ -7,37 +7,21 @@ difference of the step's hidden states and of the decode step after it."""
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
-sys.path.insert(0, os.path.dirname(__file__))
 
-from conftest import build_hf_v4  # noqa: E402
+from tests.helpers.v4_interp import backend_runs  # noqa: E402
 
-from engine.models.deepseek_v4 import (  # noqa: E402
-    DeepseekV4Config,
-    DeepseekV4KVPool,
-    DeepseekV4Model,
-    V4Backend,
-)
-from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes  # noqa: E402
-from engine.workspace import Workspace  # noqa: E402
-
-model, raw = build_hf_v4("s-csa-hca_yarn_hc2")  # CSA rate 4, HCA rate 8, window 6, blocks of 8
-cfg = DeepseekV4Config.from_hf_dict(raw)
+# CSA rate 4, HCA rate 8, window 6, blocks of 8
+runs = backend_runs("s-csa-hca_yarn_hc2", num_slots=5, ws_tokens=24)
 g = torch.Generator().manual_seed(0)
 ids = torch.randint(2, 97, (5, 40), generator=g)
 before = [11, 0, 7, 15, 20]  # slots 2-4 decode: position 7 closes a CSA and an HCA window
 step = [(2, 1), (0, 13), (3, 1), (1, 9), (4, 1)]  # (slot, tokens) in row order
 outs = []
-for backend in (V4Backend("kernels", "kernels", decode="fused"),
-                V4Backend("kernels", "kernels", decode="unfused"), V4Backend("torch", "torch")):
-    ours = DeepseekV4Model.from_state_dict(cfg, model.state_dict(), dtype=torch.float32, backend=backend)
-    cache = DeepseekV4KVPool.for_slots(cfg, 5, 32, torch.float32, "cpu")
-    ws = Workspace(deepseek_v4_workspace_bytes(cfg, 24, 32), "cpu")
-    ws.lock()
+for ours, cache, ws in runs:
     for slot, n in enumerate(before):
         if n:
             ours(ids[slot, :n], torch.arange(n), [0, n], [slot], cache, ws=ws)

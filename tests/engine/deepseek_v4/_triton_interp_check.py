@@ -7,37 +7,20 @@ differences and the workspace peak."""
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
-sys.path.insert(0, os.path.dirname(__file__))
 
-from conftest import build_hf_v4  # noqa: E402
+from tests.helpers.v4_interp import backend_runs  # noqa: E402
 
-from engine.models.deepseek_v4 import (  # noqa: E402
-    DeepseekV4Config,
-    DeepseekV4KVPool,
-    DeepseekV4Model,
-    V4Backend,
-)
-from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes  # noqa: E402
-from engine.workspace import Workspace  # noqa: E402
-
-model, raw = build_hf_v4("s-csa-hca_yarn_hc2")
-cfg = DeepseekV4Config.from_hf_dict(raw)
+runs = backend_runs("s-csa-hca_yarn_hc2", num_slots=2, ws_tokens=13)
 g = torch.Generator().manual_seed(0)
 a, b = torch.randint(2, 97, (19,), generator=g), torch.randint(2, 97, (13,), generator=g)
 outs = []
 peak = 0
 # decode "fused" (decode_fused.py) and "unfused" kernels paths, then the torch reference
-for backend in (V4Backend("kernels", "kernels", decode="fused"),
-                V4Backend("kernels", "kernels", decode="unfused"), V4Backend("torch", "torch")):
-    ours = DeepseekV4Model.from_state_dict(cfg, model.state_dict(), dtype=torch.float32, backend=backend)
-    cache = DeepseekV4KVPool.for_slots(cfg, 2, 32, torch.float32, "cpu")
-    ws = Workspace(deepseek_v4_workspace_bytes(cfg, 13, 32), "cpu")
-    ws.lock()
+for ours, cache, ws in runs:
     h1 = ours(a[:6], torch.arange(6), [0, 6], [1], cache, ws=ws)
     ids = torch.cat([a[6:], b])
     pos = torch.cat([torch.arange(6, 19), torch.arange(13)])
