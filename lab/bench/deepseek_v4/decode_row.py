@@ -22,14 +22,27 @@ class _DeadlinePassed(Exception):
 
 
 def _count(outs: list[RequestOutput], new: dict[str, int]) -> tuple[int, int]:
-    """Add each output's new tokens to ``new``; (tokens, finished requests) of this step."""
+    """Add each output's new tokens to ``new``; (tokens, finished requests) of this step. A
+    request the engine ended alone because its step raised (engine/step_isolation.py) raises
+    that error here, so the row records why (an out-of-memory step is recorded as one)."""
     tokens = finished = 0
     for o in outs:
+        if o.finish_reason == "error" and o.request_id in new:
+            cause = getattr(o.error, "__cause__", None) or o.error
+            if isinstance(cause, torch.OutOfMemoryError) or "out of memory" in str(o.error):
+                raise torch.OutOfMemoryError(_oom_text(str(o.error)))
+            raise EngineError(f"{o.request_id} ended: {o.error}")
         if o.request_id in new:
             new[o.request_id] += len(o.new_token_ids)
             tokens += len(o.new_token_ids)
             finished += o.finished
     return tokens, finished
+
+
+def _oom_text(text: str) -> str:
+    """The device's own out-of-memory message from an engine error that quotes it."""
+    at = text.find("CUDA out of memory")
+    return (text[at:] if at >= 0 else text).split("; this request")[0]
 
 
 def max_tokens_for(batch: int, prompt: int, chunk: int, steps: int, warm_steps: int) -> int:
