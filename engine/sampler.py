@@ -103,16 +103,7 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
                         bias=any(p.logit_bias for p in params), stops=any(hold))
         check_rows(logits, ws, matchers, errors)
         want = [p.logprobs for p in params]
-        lp = top_v = top_i = None
-        if any(w is not None for w in want):
-            lp = ws.take((n, vocab), torch.float32, caller="sampler.logprobs")
-            lp.copy_(logits)
-            lp.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))
-            k = max(w for w in want if w is not None)
-            if k > 0:
-                top_v = ws.take((n, k), torch.float32, caller="sampler.top_logprobs")
-                top_i = ws.take((n, k), torch.int64, caller="sampler.top_ids")
-                torch.topk(lp, k, dim=-1, out=(top_v, top_i))
+        lp, top_v, top_i = row_logprobs(logits, want, ws)
         tok = ws.take((n,), torch.int64, caller="sampler.tokens")
         torch.argmax(logits, dim=-1, out=tok)  # right for greedy rows; the others overwrite
         if not all(p.is_greedy or i in errors for i, p in enumerate(params)):
@@ -211,3 +202,23 @@ def row_probs(row: torch.Tensor, p: SamplingParams, vals: torch.Tensor, order: t
         cut = int(torch.searchsorted(vals, torch.tensor(p.top_p, device=vals.device)))
         probs[cut + 1 :] = 0
         probs.div_(probs.sum())
+
+
+def row_logprobs(logits: torch.Tensor, want: list[int | None], ws: Workspace
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Log-probabilities of every row of ``logits`` (rows x vocab) and the top ``max(want)`` of
+    each, in the workspace; (None, None, None) when no row asked for logprobs (``want`` holds
+    each row's top_logprobs count, None for no logprobs)."""
+    if all(w is None for w in want):
+        return None, None, None
+    n, vocab = logits.shape
+    lp = ws.take((n, vocab), torch.float32, caller="sampler.logprobs")
+    lp.copy_(logits)
+    lp.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))
+    k = max(w for w in want if w is not None)
+    if k == 0:
+        return lp, None, None
+    top_v = ws.take((n, k), torch.float32, caller="sampler.top_logprobs")
+    top_i = ws.take((n, k), torch.int64, caller="sampler.top_ids")
+    torch.topk(lp, k, dim=-1, out=(top_v, top_i))
+    return lp, top_v, top_i

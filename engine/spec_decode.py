@@ -36,6 +36,7 @@ from engine.sampler import (
     RowState,
     TokenLogprobs,
     check_rows,
+    row_logprobs,
     row_probs,
 )
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -103,16 +104,7 @@ def verify(logits: torch.Tensor, params: Sequence[SamplingParams],
                         draft_counts=draft_counts)
         check_rows(logits, ws, row_matchers, row_errors)
         want = [p.logprobs for p in params]
-        lp = top_v = top_i = None
-        if any(w is not None for w in want):
-            lp = ws.take((n, vocab), torch.float32, caller="sampler.logprobs")
-            lp.copy_(logits)
-            lp.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))
-            k = max(w for w in want if w is not None)
-            if k > 0:
-                top_v = ws.take((n, k), torch.float32, caller="sampler.top_logprobs")
-                top_i = ws.take((n, k), torch.int64, caller="sampler.top_ids")
-                torch.topk(lp, k, dim=-1, out=(top_v, top_i))
+        lp, top_v, top_i = row_logprobs(logits, want, ws)
         best = ws.take((n,), torch.int64, caller="sampler.tokens")
         torch.argmax(logits, dim=-1, out=best)
         argmax = best.tolist()
