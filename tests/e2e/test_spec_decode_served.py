@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.e2e.conftest import E2E, MAX_CONTEXT, SPLIT_THRESHOLD, deploy
+from tests.helpers.engine_greedy import engine_greedy
 
 # repeats itself: the tiny random model's greedy continuation loops on it, where drafts hit
 SHORT = [11, 40, 41, 42, 43, 12] * 3
@@ -31,20 +32,13 @@ def plain_engine_greedy(e2e: E2E, prompt: list[int], n: int) -> list[int]:
     from engine.checkpoint import load_checkpoint
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
-    from engine.sampling_params import SamplingParams
 
     ckpt = load_checkpoint(e2e.folder, dtype=torch.float32, progress=False)
     ec = EngineConfig(model=str(e2e.folder), device="cpu", dtype="float32",
                       max_context=MAX_CONTEXT, chunk_tokens=48, max_batch=8, block_size=16,
                       attn_tile_tokens=64)
     engine = LLMEngine(ec, ckpt.config, ckpt.state_dict, ckpt.model_fingerprint)
-    engine.add_request("ref", prompt, SamplingParams(max_tokens=n, temperature=0,
-                                                     ignore_eos=True))
-    out: list[int] = []
-    while engine.has_unfinished():
-        for o in engine.step():
-            out += o.new_token_ids
-    return out
+    return engine_greedy(engine, prompt, n)
 
 
 def complete(e2e: E2E, prompt: list[int], n: int, stream: bool, **extra: object) -> list[int]:

@@ -9,9 +9,9 @@ import torch
 from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 from engine.warmup_record import WarmupRecord
 from tests.engine.conftest import build_tiny_model
+from tests.helpers.engine_greedy import engine_greedy
 
 PROMPT = [5, 9, 17, 33, 60]
 
@@ -27,13 +27,7 @@ def build(folder, record_dir, **kw) -> tuple[LLMEngine, list[str]]:
 
 
 def greedy(engine: LLMEngine) -> list[int]:
-    engine.add_request("r", PROMPT, SamplingParams(max_tokens=8, temperature=0.0,
-                                                   ignore_eos=True))
-    out: list[int] = []
-    while engine.has_unfinished():
-        for o in engine.step():
-            out += o.new_token_ids
-    return out
+    return engine_greedy(engine, PROMPT, 8, "r")
 
 
 def test_a_restart_with_the_same_everything_skips_the_warmup(tmp_path) -> None:
