@@ -6,7 +6,6 @@ the largest chunk, the batch, the block size and the KV extent.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -244,12 +243,15 @@ IMPORT_SLICE_MB = {"cuda": 64.0, "cpu": 16.0}  # kv_import_slice_mb 0
 # share it (at least one max_context sequence whatever max_context is)
 CPU_AUTO_KV_TOKENS = 4096
 _CONVERTED = {
-    "max_context": lambda s: s.max_context_tokens,  # "auto" -> 0 (engine/config_resolve.py)
-    "num_blocks": lambda s: s.num_blocks or None,  # 0 = kv_tokens' worth
-    "kv_dtype": lambda s: s.kv_cache_dtype,  # vLLM's flag name
-    "device_memory_bytes": lambda s: int(s.device_memory_gb * GiB_BYTES) or None,
-    "kv_import_slice_bytes": lambda s: max(1, int(s.kv_import_slice_mb * (1 << 20))),  # 0: below
-    "kernels": lambda s: KernelChoices(
+    "max_context": lambda s, cpu: s.max_context_tokens,  # "auto" -> 0 (engine/config_resolve.py)
+    "num_blocks": lambda s, cpu: s.num_blocks or None,  # 0 = kv_tokens' worth
+    "kv_dtype": lambda s, cpu: s.kv_cache_dtype,  # vLLM's flag name
+    "device_memory_bytes": lambda s, cpu: int(s.device_memory_gb * GiB_BYTES) or None,
+    # the settings whose 0 means "by device": a server's sizes on CUDA, a laptop's on the CPU
+    "kv_import_slice_bytes": lambda s, cpu: max(1, int(
+        (s.kv_import_slice_mb or IMPORT_SLICE_MB["cpu" if cpu else "cuda"]) * (1 << 20))),
+    "kv_tokens": lambda s, cpu: s.kv_tokens or (CPU_AUTO_KV_TOKENS if cpu else 0),
+    "kernels": lambda s, cpu: KernelChoices(
         indexer=s.indexer_backend, attention=s.sparse_attention_backend,
         gemm=s.quant_gemm_backend, mhc=s.mhc_backend, decode=s.decode_loop,
         lanes=s.decode_lanes),
@@ -275,17 +277,13 @@ def engine_config_from_settings(s) -> EngineConfig:  # noqa: ANN001 - common.set
     """The EngineConfig of a worker with settings ``s`` (its ``model`` already resolved)."""
     from dataclasses import fields
 
+    cpu = EngineConfig(model=s.model, device=s.device).torch_device.type == "cpu"
     values = {}
     for f in fields(EngineConfig):
         if f.name in _CONVERTED:
-            values[f.name] = _CONVERTED[f.name](s)
+            values[f.name] = _CONVERTED[f.name](s, cpu)
         elif f.name in ENGINE_ONLY:
             continue
         else:
             values[f.name] = getattr(s, f.name)  # AttributeError: a field no setting reaches
-    ec = EngineConfig(**values)
-    # the settings whose 0 means "by device": a server's sizes on CUDA, a laptop's on the CPU
-    cpu = ec.torch_device.type == "cpu"
-    slice_mb = s.kv_import_slice_mb or IMPORT_SLICE_MB["cpu" if cpu else "cuda"]
-    return dataclasses.replace(ec, kv_import_slice_bytes=max(1, int(slice_mb * (1 << 20))),
-                               kv_tokens=s.kv_tokens or (CPU_AUTO_KV_TOKENS if cpu else 0))
+    return EngineConfig(**values)
