@@ -23,7 +23,10 @@ parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(split serve)
 mkdir -p "$out"
 run() { if [ -n "${BULKHEAD_WHEELS:-}" ]; then scripts/gpu_stack.sh env -- "$@"; else "$@"; fi; }
-layers=${V4_LAYERS:-43}  # 21 fits an 80 GB card (the H100) beside both roles' plans
+# Full depth (43 layers) on a card of 96 GB or more; 21 fits an 80 GB card (the H100) beside
+# both roles' plans. V4_LAYERS overrides.
+mem_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+if [ "${mem_mib:-0}" -ge 90000 ]; then layers=${V4_LAYERS:-43}; else layers=${V4_LAYERS:-21}; fi
 model=${V4_MODEL_DIR:-/tmp/bulkhead-v4-flash-config-${layers}l}
 rc=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
