@@ -24,7 +24,7 @@ from typing import Any
 
 from common.worker_env import WORKER_ENV
 from launch.launcher import ProcessGroup, free_port, spawn, wait_until
-from launch.up import grpc_serving, router_ready
+from launch.health import grpc_serving, router_ready
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from typing import Any
 
 from common.startup_progress import PREFIX
 from launch.launcher import free_port
-from launch.up import grpc_serving
+from launch.health import grpc_serving
 
 READY_LINE = "Ctrl-C stops everything"
 

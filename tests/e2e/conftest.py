@@ -18,7 +18,9 @@ import openai
 import pytest
 
 from launch.launcher import ManagedProcess, redis_server_path, spawn, wait_until
-from launch.up import Deployment, UpOptions, grpc_serving, start
+from launch.health import grpc_serving
+from launch.up import Deployment, start
+from launch.up_options import UpOptions
 from tests.helpers.startup_budget import startup_budget_s
 from tests.helpers.tiny_model import write_tiny_llama
 

@@ -28,7 +28,7 @@ from launch.launcher import (
     start_kv_server,
     wait_until,
 )
-from launch.up import grpc_serving, router_ready
+from launch.health import grpc_serving, router_ready
 from tests.e2e.conftest import SPLIT_THRESHOLD, WORKER_FLAGS
 from tests.helpers.startup_budget import startup_budget_s
 from tests.helpers.tiny_model import write_tiny_llama

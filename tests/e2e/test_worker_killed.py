@@ -28,7 +28,7 @@ from launch.launcher import (
     start_kv_server,
     wait_until,
 )
-from launch.up import grpc_serving, router_ready
+from launch.health import grpc_serving, router_ready
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from tests.helpers.startup_budget import startup_budget_s

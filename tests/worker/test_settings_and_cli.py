@@ -142,7 +142,7 @@ def test_worker_process_stops_gracefully_on_sigterm(tiny_llama: Path, tmp_path: 
 
     from common.worker_env import WORKER_ENV
     from launch.launcher import free_port, wait_until
-    from launch.up import grpc_serving
+    from launch.health import grpc_serving
 
     port = free_port()
     argv = [sys.executable, "-m", "launch.cli", "decode", "--model", str(tiny_llama),
