@@ -17,7 +17,7 @@ from launch.cli import SUBCOMMANDS
 from launch.cli import main as cli_main
 from launch.launcher import ProcessGroup, spawn, tcp_open
 from tests.helpers.startup_budget import startup_budget_s
-from worker.worker_config import WorkerConfig
+from worker.worker_config import StoreSettings, WorkerConfig
 
 
 def test_sources_override_in_order(tmp_path: Path) -> None:
@@ -33,13 +33,13 @@ def test_sources_override_in_order(tmp_path: Path) -> None:
     assert s.address == "127.0.0.1:7000"
     default = load_worker_settings("decode", [], env={})
     assert default.bind_port == 50052 and default.max_context == "auto"
-    assert default.store is None
+    assert StoreSettings.from_settings(default) is None
     engine = WorkerConfig.from_settings(dataclasses.replace(default, model="/m")).engine
     assert engine.num_blocks is None and engine.device_memory_bytes is None  # 0 = derived
     # 0: from the model when it is loaded (engine/config_resolve.py)
     assert (engine.model, engine.max_context, engine.block_size) == ("/m", 0, 0)
-    store = load_worker_settings("decode", ["--kv-store-url", "redis://h:1",
-                                            "--kv-ttl-s", "5"], env={}).store
+    store = StoreSettings.from_settings(load_worker_settings(
+        "decode", ["--kv-store-url", "redis://h:1", "--kv-ttl-s", "5"], env={}))
     # chunk 0: chosen from the model's KV layout at start-up (worker/kv_store_config.py)
     assert store is not None and (store.url, store.ttl_s, store.chunk_size) == ("redis://h:1",
                                                                                 5, 0)
