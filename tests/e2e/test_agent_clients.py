@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from launch.launcher import free_port, redis_server_path
 from launch.up import start
 from launch.up_options import UpOptions, tool_args
-from tests.e2e.conftest import E2E
+from tests.e2e.conftest import E2E, check_tool_calls
 from tests.helpers.default_model import default_model_or_skip
 
 pytestmark = pytest.mark.slow  # two deployments of SmolLM2 on the CPU
@@ -84,11 +84,7 @@ def has_template(e2e: E2E) -> bool:
 
 
 def check_calls(calls, names=None) -> None:
-    assert calls
-    for c in calls:
-        assert c.type == "function" and c.id.startswith("call_")
-        assert c.function.name in (names or SCHEMAS)
-        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+    check_tool_calls(calls, SCHEMAS, names)
 
 
 def test_openai_required_and_named(e2e: E2E) -> None:
