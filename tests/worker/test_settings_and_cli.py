@@ -141,8 +141,8 @@ def test_worker_process_stops_gracefully_on_sigterm(tiny_llama: Path, tmp_path: 
     import signal
 
     from common.worker_env import WORKER_ENV
-    from launch.launcher import free_port, wait_until
     from launch.health import grpc_serving
+    from launch.launcher import free_port, wait_until
 
     port = free_port()
     argv = [sys.executable, "-m", "launch.cli", "decode", "--model", str(tiny_llama),
