@@ -59,6 +59,25 @@ def test_bad_settings_name_the_field(argv: list[str], env: dict[str, str], needl
         load_worker_settings("prefill", argv, env=env)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("max_batch", 0, "max_batch: 0 must be >= 1"),
+    ("tensor_parallel_size", -1, "tensor_parallel_size: -1 must be >= 1"),
+    ("memory_utilization", 0.0, "memory_utilization: 0.0 must be > 0"),
+    ("heartbeat_ttl_s", -2.0, "heartbeat_ttl_s: -2.0 must be > 0"),
+    ("num_blocks", -1, "num_blocks: -1 must be >= 0"),
+    ("kv_ttl_s", -5, "kv_ttl_s: -5 must be >= 0"),
+    ("role", "router", "role: 'router' is not one of prefill, decode"),
+    ("decode_loop", "fast", "decode_loop: 'fast' is not one of auto, fused, unfused"),
+    ("decode_lanes", 3, "decode_lanes: 3 is not one of 1, 2"),
+])
+def test_each_field_keeps_the_limit_its_metadata_names(field: str, value: object,
+                                                        message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        WorkerSettings(**{field: value})
+    assert str(info.value) == message
+    WorkerSettings(**{field: WorkerSettings.__dataclass_fields__[field].default})  # default: fine
+
+
 def test_yaml_unknown_key_is_refused(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("worker:\n  max_contxt: 5\n")
