@@ -99,6 +99,14 @@ def _served_model(url: str) -> str:
     return served_model_name(url)
 
 
+def _flush(url: str) -> None:
+    """Empty the run's Redis after an arm: the arms send the same prompts, and a worker that
+    finds the previous arm's KV in the store would skip its prefill (a prefix hit)."""
+    import redis
+
+    redis.Redis.from_url(url, socket_timeout=30).flushall()
+
+
 def _redis_figures(url: str) -> dict[str, Any]:
     """The store's memory and evictions so far (counted from the run's start): a handoff
     evicted before its decode worker read it is recomputed there, which the ITL shows."""
@@ -290,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the run, top
                 arm.stop()
             arms[name]["wall_s"] = round(time.monotonic() - t, 1)
             arms[name]["redis"] = _redis_figures(redis_url)
+            _flush(redis_url)
             if name == "split":
                 arms[name]["resident_check"] = resident_check(arms[name])
             _print_arm(name, arms[name])

@@ -38,7 +38,9 @@ fi
 # 20 sequences (16 chats + 2 long prompts in flight + room) within a KV extent of
 # 2,200 blocks x 256 tokens (563k tokens: the chats' few thousand and two long prompts);
 # the prefill worker two long prompts at a time. Chats carry tools: the router renders them
-# with a tool template and parses hermes-style calls.
+# with a tool template and parses hermes-style calls. Prompts from 4,096 uncached tokens go to
+# the prefill worker (the chats' ~550 stay on the decode worker; with the default of 256 they
+# queue behind a long prompt in the prefill worker).
 cat > "$out/settings.yaml" <<YAML
 worker:
   load_format: dummy
@@ -59,6 +61,7 @@ if [ "${TOOLS:-1}" = 1 ]; then  # TOOLS=0: plain chats (a router without a tool 
   agent=(--agent-tools)
   cat >> "$out/settings.yaml" <<YAML
 router:
+  split_threshold_tokens: 4096
   chat_template: $PWD/deploy/chat_templates/chatml_tools.jinja
   tool_call_parser: hermes
 YAML
