@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from engine.models.family import KVLayout
+from engine.kv_layout import KVLayout
 from engine.scheduler import KVLoad
 from engine.staged_kv import StagedKV
 

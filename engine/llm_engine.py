@@ -21,7 +21,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.config_resolve import resolve_config_before_load, resolve_engine_config
+from engine.config_resolve import resolve_engine_config
 from engine.errors import (
     ContextLengthExceeded,
     DuplicateRequest,
@@ -34,11 +34,17 @@ from engine.errors import (
 )
 from engine.grammar import new_matcher
 from engine.kv_import_job import KVImporter
-from engine.memory_planner import MemoryPlan, device_memory, library_workspaces, make_plan
+from engine.kv_layout import KVLayout
+from engine.memory_plan import MemoryPlan
+from engine.memory_planner import (
+    device_memory,
+    library_workspaces,
+    make_plan,
+    resolve_config_before_load,
+)
 from engine.model_config import ModelConfig
 from engine.model_runner import KVImport, ModelRunner, WarmupReport
-from engine.models import family_class
-from engine.models.family import KVLayout
+from engine.models.family import family_class
 from engine.ngram_drafter import NgramDrafter
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampler import RowState

@@ -20,9 +20,10 @@ from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.errors import DeviceAllocationAfterLock, PlanError
 from engine.grammar import TokenBitmask
-from engine.memory_planner import MemoryPlan, reserve_allocator_slack
+from engine.memory_plan import MemoryPlan
+from engine.memory_planner import reserve_allocator_slack
 from engine.model_config import ModelConfig
-from engine.models import family_class
+from engine.models.family import family_class
 from engine.prompt_logprobs import (
     PromptSpan,
     prompt_logprob_rows,

@@ -352,7 +352,7 @@ def _dummy_arena(ec: object, device: torch.device, path: Path, seen_bytes: int,
     """``load_format=dummy`` in one-box mode: the family's random weights made on the device
     straight into the arena, a layer at a time (laid out from a meta-device pass first)."""
     from engine.checkpoint import dummy_fingerprint, load_model_config
-    from engine.models import family_class
+    from engine.models.family import family_class
 
     config = load_model_config(ec.model)
     family = family_class(config)

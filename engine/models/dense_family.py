@@ -11,10 +11,12 @@ import torch
 from engine.attention import AttentionShape, attention_workspace_bytes
 from engine.config import EngineConfig
 from engine.kv_cache import KVCache, KVCacheSpec, kv_storage_dtype
-from engine.memory_planner import GRAPH_POOL_SLACK, PlanTerm, common_step_terms
+from engine.kv_layout import CacheKind, KVLayout
+from engine.memory_plan import PlanTerm
+from engine.memory_planner import GRAPH_POOL_SLACK, common_step_terms
 from engine.model_config import ModelConfig
 from engine.models.dense import DenseDecoder
-from engine.models.family import CacheKind, KVLayout, ModelFamily
+from engine.models.family import ModelFamily
 from engine.rope import RotaryTable
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace

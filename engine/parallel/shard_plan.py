@@ -118,7 +118,7 @@ def check_tensor_parallel(ec: EngineConfig) -> None:
     """Before any rank starts: the model's family splits, and by this size (reads config.json
     only)."""
     from engine.checkpoint import load_model_config
-    from engine.models import family_class
+    from engine.models.family import family_class
 
     cfg = load_model_config(ec.model)
     family = family_class(cfg)

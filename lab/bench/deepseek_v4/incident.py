@@ -35,7 +35,8 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
-from engine.memory_planner import MemoryPlan, make_plan
+from engine.memory_plan import MemoryPlan
+from engine.memory_planner import make_plan
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
