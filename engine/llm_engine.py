@@ -43,7 +43,7 @@ from engine.memory_planner import (
     resolve_config_before_load,
 )
 from engine.model_config import ModelConfig
-from engine.model_runner import KVImport, ModelRunner, WarmupReport
+from engine.model_runner import KVImport, ModelRunner
 from engine.models.family import family_class
 from engine.ngram_drafter import NgramDrafter
 from engine.outputs import EngineStats, RequestOutput
@@ -53,6 +53,7 @@ from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
 from engine.staged_kv import StagedKV
 from engine.step_isolation import StepIsolator
+from engine.warmup import Warmup, WarmupReport
 from engine.warmup_record import WarmupRecord
 from engine.weight_share import SharedWeights
 
@@ -140,7 +141,7 @@ class LLMEngine:
                   if ec.warmup_record_dir and ec.torch_device.type == "cpu" and ranks is None
                   else None)
         passed = record.load() if record is not None else None
-        self.warmup_report = self.runner.warmup(
+        self.warmup_report = Warmup(self.runner).run(
             progress, WarmupReport(**passed) if passed is not None else None)
         rep = self.warmup_report
         if record is not None and passed is None:
@@ -318,7 +319,7 @@ class LLMEngine:
 
     def recapture_graphs(self, progress: Callable[[str], None] | None = None) -> None:
         """Capture the decode graphs again (after a change to a model option that a step reads,
-        for a benchmark's A/B on the same weights; ``ModelRunner.recapture_graphs``). Only while
+        for a benchmark's A/B on the same weights; ``Warmup.recapture_graphs``). Only while
         no block is in use; the cached prefixes are forgotten, since the warm-up's re-run
         writes over free blocks."""
         if self.has_unfinished() or self._imports:
@@ -327,7 +328,9 @@ class LLMEngine:
             self.block_manager.forget_cached_prefixes()
         except RuntimeError as e:
             raise EngineError(f"recapture_graphs: {e}") from None
-        self.runner.recapture_graphs(progress)
+        Warmup(self.runner).recapture_graphs(progress)
+        self.warmup_report = dataclasses.replace(
+            self.warmup_report, device_allocs_after_warmup=self.runner.allocs_after_warmup)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)
