@@ -133,6 +133,13 @@ class MemoryPlan:
                       for t in self.terms],
         }
 
+    def summary(self) -> str:
+        """One line for the start-up log: the total against the budget and the KV extent."""
+        return (f"{self.total_bytes / 2**20:,.0f} MiB of a {self.budget_bytes / 2**20:,.0f} MiB "
+                f"budget, max_context {self.max_context:,}, max_batch {self.max_batch}, KV "
+                f"extent {self.num_blocks} blocks of {self.kv_layout.block_size} tokens "
+                f"({self.kv_tokens:,} tokens, {self.kv_layout.bytes_per_token:,.0f} B a token)")
+
     def table(self) -> str:
         rows = [f"{'term':<22}{'bytes':>16}{'GiB':>10}  formula"]
         for t in self.terms:

@@ -218,3 +218,20 @@ def resolve_config_before_load(ec: EngineConfig, model: ModelConfig) -> EngineCo
         rank = family_class(model).rank_model_config(model, ec.tensor_parallel_size)
     memory = device_memory(ec)
     return resolve_engine_config(ec, model, lambda c: make_plan(rank, c, memory).fits)
+
+
+def plan_engine(model: ModelConfig, rank_model: ModelConfig, ec: EngineConfig, weight_bytes: int,
+                non_torch_bytes: int = 0,
+                mapped_weight_bytes: int = 0) -> tuple[EngineConfig, MemoryPlan]:
+    """The plan a serving engine starts on (not yet checked), with ``ec``'s sizes left to the
+    model resolved against this device's budget first (the longest context that fits).
+    ``rank_model``: the model as this rank holds it (``model`` with one rank)."""
+    memory, library = device_memory(ec), library_workspaces(ec)
+
+    def plan_for(c: EngineConfig) -> MemoryPlan:
+        return make_plan(rank_model, c, memory, weight_bytes, non_torch_bytes, library,
+                         mapped_weight_bytes=mapped_weight_bytes)
+
+    if not ec.is_resolved:  # sizes left to the model (engine/config_resolve.py)
+        ec = resolve_engine_config(ec, model, lambda c: plan_for(c).fits)
+    return ec, plan_for(ec)

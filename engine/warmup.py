@@ -9,6 +9,7 @@ never runs after start-up except ``recapture_graphs`` (a benchmark's A/B on the 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ from engine.sampling_params import (
 )
 from engine.scheduler import ScheduledChunk
 from engine.spec_decode import verify
+from engine.warmup_record import WarmupRecord
 
 log = logging.getLogger(__name__)
 
@@ -260,3 +262,24 @@ class Warmup:
             sample(logits, [params[r] for r in sampled_ids], [gens[r] for r in sampled_ids],
                    runner.ws, [rows[r] for r in sampled_ids], runner.slot_sampling, runner.bitmask,
                    [None] * len(sampled_ids))  # an all-ones mask: the copy and the kernel run
+
+
+def warm_up(runner: ModelRunner, ec: EngineConfig, model_fingerprint: str, one_rank: bool,
+            progress: Callable[[str], None] | None = None) -> WarmupReport:
+    """The engine's start-up warm-up: skipped on one CPU rank when ``ec.warmup_record_dir``
+    records that these very steps passed before (engine/warmup_record.py), else run (and
+    recorded there). A measured activation peak above the plan's is a PlanError: the plan is
+    wrong for this model and device, so serving on it would not be safe."""
+    record = (WarmupRecord.for_engine(ec.warmup_record_dir, ec, model_fingerprint,
+                                      torch.__version__)
+              if ec.warmup_record_dir and ec.torch_device.type == "cpu" and one_rank else None)
+    passed = record.load() if record is not None else None
+    rep = Warmup(runner).run(progress, WarmupReport(**passed) if passed is not None else None)
+    if record is not None and passed is None:
+        record.save(dataclasses.asdict(rep))
+    if rep.activation_peak_bytes is not None and rep.activation_peak_bytes > rep.activation_planned_bytes:
+        raise PlanError(
+            f"warm-up measured {rep.activation_peak_bytes:,} B of transient activations, the "
+            f"plan counted {rep.activation_planned_bytes:,} B; the plan is wrong for this "
+            "model/device, so the server would not be safe to run")
+    return rep
