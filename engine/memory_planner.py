@@ -169,8 +169,7 @@ def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_layout: KVLayout, n
         terms.append(PlanTerm("non_torch", non_torch_bytes,
                               "CUDA context and libraries, measured before loading"))
     return MemoryPlan(tuple(terms), device_label or str(ec.torch_device), device_memory_bytes,
-                      ec.memory_utilization, kv_layout, num_blocks, ec.max_context, ec.chunk_tokens,
-                      ec.max_batch, ec.memory_share)
+                      kv_layout, num_blocks, ec)
 
 
 def reserve_allocator_slack(device: torch.device, nbytes: int) -> None:
