@@ -31,7 +31,7 @@ def measure(model: str, redis_url: str, num_tokens: int, device: str,
             fetch_connections: int = 4) -> dict[str, Any]:
     from engine.checkpoint import load_model_config
     from engine.config import EngineConfig
-    from engine.models import family_class
+    from engine.models.family import family_class
     from worker.kv_store import KVStore
 
     cfg = load_model_config(model)

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from engine.errors import CheckpointError
 from engine.model_config import ModelConfig
-from engine.models import family_class
+from engine.models.family import family_class
 from engine.safetensors_loader import SafetensorsCheckpoint
 
 if TYPE_CHECKING:  # the gguf package is imported only when a .gguf model is loaded

@@ -10,7 +10,8 @@ operator may leave the block size, the attention tile and the longest context to
   the CPU min(``CPU_AUTO_CONTEXT``, the model's limit), since there "fits" would mean the host's
   RAM, which a laptop shares with everything else.
 
-Runs once, at the entry point (``LLMEngine.from_config``, ``bulkhead plan``); an engine built
+Runs once, at the entry point (``LLMEngine.from_config``, ``bulkhead plan``; before any
+weight is read: ``memory_planner.resolve_config_before_load``); an engine built
 directly resolves what it is handed. Never allocates device memory.
 """
 
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from engine.config import EngineConfig
 from engine.errors import PlanError
 from engine.model_config import ModelConfig
+from engine.models.family import family_class
 
 CPU_AUTO_CONTEXT = 4096
 ATTN_TILE_TOKENS = 256
@@ -34,8 +36,6 @@ def resolve_engine_config(ec: EngineConfig, model: ModelConfig,
     """``ec`` with its 0 (= from the model) sizes fixed and checked against ``model``.
     ``plan_fits(candidate)`` says whether a candidate's plan fits the device (CUDA auto
     context); without it, auto resolves as on the CPU."""
-    from engine.models import family_class
-
     family = family_class(model)
     block = ec.block_size or family.default_block_size(model)
     problem = family.block_size_problem(model, block)
@@ -75,17 +75,3 @@ def longest_fitting_context(ec: EngineConfig, limit: int, plan_fits: PlanFits) -
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return min(limit, lo * block)
-
-
-def resolve_config_before_load(ec: EngineConfig, model: ModelConfig) -> EngineConfig:
-    """``resolve_engine_config`` before any weight is read, for the processes that must agree
-    on the sizes before they load (tensor-parallel ranks): the weights' bytes are the family's
-    estimate from the config (as ``bulkhead plan`` has them)."""
-    from engine.memory_planner import device_memory, make_plan
-    from engine.models import family_class
-
-    rank = model
-    if ec.tensor_parallel_size > 1:
-        rank = family_class(model).rank_model_config(model, ec.tensor_parallel_size)
-    memory = device_memory(ec)
-    return resolve_engine_config(ec, model, lambda c: make_plan(rank, c, memory).fits)

@@ -89,3 +89,33 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, shifts: torch.Ten
     banned = ws.take((n, vocab), torch.bool, caller="grammar.banned")
     torch.eq(bits.view(n, words * 32)[:, :vocab], 0, out=banned)
     logits.masked_fill_(banned, float("-inf"))
+
+
+def accepts(matcher: Any, token: int) -> bool:
+    """Whether ``matcher`` took ``token``; a matcher that raises has not."""
+    try:
+        return bool(matcher.accept_token(int(token)))
+    except Exception:  # noqa: BLE001 - xgrammar's errors end that sequence, not the step
+        return False
+
+
+def advance_matchers(matchers: dict[str, Any], sampled: dict[str, list[int]],
+                     failed: dict[str, str]) -> set[str]:
+    """Feed each constrained sequence's new tokens to its matcher. A token the matcher refuses
+    (the mask allowed it: should never happen) ends that sequence, recorded in ``failed``; a
+    grammar that completes cuts the sequence's tokens there. -> the sequences whose grammar
+    took its last token in this step."""
+    done = set()
+    for rid, m in matchers.items():
+        if rid in failed:
+            continue
+        for i, token in enumerate(sampled[rid]):
+            if not accepts(m, token):
+                failed[rid] = (f"the sequence cannot continue: its grammar refused token "
+                               f"{token}, which it had allowed")
+                break
+            if m.is_terminated():
+                done.add(rid)
+                sampled[rid] = sampled[rid][: i + 1]
+                break
+    return done

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from engine.models.family import KVLayout
+from engine.kv_layout import KVLayout
 from engine.scheduler import KVLoad
 from engine.staged_kv import StagedKV
 
@@ -133,8 +133,9 @@ class SlicedImport(ImportJob):
 
 
 class KVImporter:
-    """The engine's imports in progress: started at admission, advanced once per step within
-    the step's byte bound, finished or cancelled; host memory parked until the device is done."""
+    """The engine's imports: waiting for their sequence's admission, then in progress (started
+    with the scheduler's KVLoad, advanced once per step within the step's byte bound, finished
+    or cancelled); host memory parked until the device is done."""
 
     def __init__(self, layout: KVLayout, kv: Any, slice_bytes: int,
                  buffer: torch.Tensor | None, granularity: int = 1) -> None:
@@ -147,6 +148,7 @@ class KVImporter:
         if buffer is not None:
             self.slice_blocks = min(self.slice_blocks, buffer.shape[0])
         self.cuda = isinstance(buffer, torch.Tensor) and buffer.is_cuda
+        self._waiting: dict[str, StagedKV | Hook] = {}  # their sequence not yet admitted
         self._jobs: dict[str, ImportJob] = {}  # in arrival order
         self._parked: list[tuple[Any, Any]] = []  # (event after the last copy, host holder)
         self.blocks_copied = 0  # over the engine's life: progress, for the liveness counters
@@ -158,6 +160,28 @@ class KVImporter:
     def num_parked(self) -> int:
         """Host holders still waiting for their copies to complete (tests, diagnostics)."""
         return len(self._parked)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def add(self, request_id: str, source: StagedKV | Hook) -> None:
+        """What ``request_id`` imports once the scheduler admits it (``start_loads``)."""
+        self._waiting[request_id] = source
+
+    def start_loads(self, loads: list[KVLoad]) -> list[str]:
+        """Start the imports of a step's admitted sequences; -> those that have none any more
+        (preempted mid-import and re-admitted in this very step: they load 0 tokens). The
+        import runs once: its source, and the host memory holding what it fetched, go when its
+        last slice is in rather than when the request ends."""
+        gone = []
+        for load in loads:
+            source = self._waiting.pop(load.request_id, None)
+            if source is None:
+                gone.append(load.request_id)
+            else:
+                self.start(load, source)
+        return gone
 
     def start(self, load: KVLoad, source: StagedKV | Hook) -> None:
         assert load.request_id not in self._jobs, load.request_id
@@ -193,8 +217,10 @@ class KVImporter:
         return finished
 
     def cancel(self, request_id: str) -> bool:
-        """The request ended or was preempted mid-import: stop copying; its host memory goes
-        once the copies already issued have completed. False if it had no import running."""
+        """The request ended or was preempted (it recomputes): its import goes, waiting or
+        running; a running one stops copying and its host memory goes once the copies already
+        issued have completed. False if it had no import running."""
+        self._waiting.pop(request_id, None)
         job = self._jobs.pop(request_id, None)
         if job is None:
             return False

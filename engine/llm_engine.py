@@ -21,39 +21,41 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.config_resolve import resolve_config_before_load, resolve_engine_config
+from engine.engine_loading import export_if_owned, load_rank0, non_torch_bytes, start_other_ranks
 from engine.errors import (
-    ContextLengthExceeded,
     DuplicateRequest,
     EngineError,
-    InvalidRequest,
     PlanError,
     QueueFull,
     SequenceFailed,
     StepFailed,
 )
-from engine.grammar import new_matcher
+from engine.grammar import advance_matchers, new_matcher
 from engine.kv_import_job import KVImporter
-from engine.memory_planner import MemoryPlan, device_memory, library_workspaces, make_plan
+from engine.kv_layout import KVLayout
+from engine.memory_planner import plan_engine
 from engine.model_config import ModelConfig
-from engine.model_runner import KVImport, ModelRunner, WarmupReport
-from engine.models import family_class
-from engine.models.family import KVLayout
-from engine.ngram_drafter import NgramDrafter
-from engine.outputs import EngineStats, RequestOutput
+from engine.model_runner import KVImport, ModelRunner
+from engine.models.family import family_class
+from engine.outputs import EngineStats, RequestOutput, request_output
+from engine.request_checks import check_request
 from engine.sampler import RowState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
+from engine.spec_drafts import SpecDrafts
 from engine.staged_kv import StagedKV
 from engine.step_isolation import StepIsolator
-from engine.warmup_record import WarmupRecord
-from engine.weight_share import SharedWeights
+from engine.warmup import Warmup, warm_up
+from engine.weight_share import SharedWeights, load_or_map
 
 log = logging.getLogger(__name__)
 
 
 class LLMEngine:
+    """Requests in (``add_request``), one scheduler step of outputs out (``step``); the model
+    runs in ``runner`` (engine/model_runner.py), the step's plan comes from ``scheduler``."""
+
     def __init__(self, ec: EngineConfig, model_config: ModelConfig,
                  weights: dict[str, torch.Tensor], model_fingerprint: str = "",
                  non_torch_bytes: int = 0,
@@ -75,38 +77,22 @@ class LLMEngine:
             rank_cfg = family.rank_model_config(model_config, ranks.size)
             if family.tensor_parallel_kv == "heads":
                 shard = ShardPlan(model_config, 0, ranks.size)
-        mapped = 0
-        if shared is None:
-            # quantized payloads count as the model will hold them (stored, or dequantized)
-            weight_bytes = family.resident_weight_bytes(weights, ec)
-        else:
-            weight_bytes = shared.nbytes if shared.owned else 0
-            mapped = 0 if shared.owned else shared.nbytes
-        memory, library = device_memory(ec), library_workspaces(ec)
-
-        def plan_for(c: EngineConfig) -> MemoryPlan:
-            return make_plan(rank_cfg, c, memory, weight_bytes, non_torch_bytes, library,
-                             mapped_weight_bytes=mapped)
-
-        if not ec.is_resolved:  # sizes left to the model (engine/config_resolve.py)
-            ec = resolve_engine_config(ec, model_config, lambda c: plan_for(c).fits)
-        self.config = ec
-        self.model_config = model_config
         if ec.spec_tokens and family.speculation_problem is not None:
             raise PlanError(f"speculative_method={ec.speculative_method}: family "
                             f"{model_config.family} cannot verify drafts: "
                             f"{family.speculation_problem}; serve it with speculative_method "
                             "none")
-        self.plan: MemoryPlan = plan_for(ec)
+        # quantized payloads count as the model will hold them (stored, or dequantized); one-box
+        # mode: the arena, owned here or mapped from another process
+        weight_bytes, mapped = ((family.resident_weight_bytes(weights, ec), 0) if shared is None
+                                else (shared.nbytes, 0) if shared.owned else (0, shared.nbytes))
+        ec, self.plan = plan_engine(model_config, rank_cfg, ec, weight_bytes, non_torch_bytes,
+                                    mapped)
         self.plan.check()
+        self.config = ec
+        self.model_config = model_config
         if progress is not None:
-            progress(f"memory plan: {self.plan.total_bytes / 2**20:,.0f} MiB of a "
-                     f"{self.plan.budget_bytes / 2**20:,.0f} MiB budget, max_context "
-                     f"{ec.max_context:,}, max_batch {ec.max_batch}, KV extent "
-                     f"{self.plan.num_blocks} blocks of {ec.block_size} tokens "
-                     f"({self.plan.kv_tokens:,} tokens, "
-                     f"{self.plan.kv_layout.bytes_per_token:,.0f} B a token, kv_dtype "
-                     f"{ec.kv_dtype})")
+            progress(f"memory plan: {self.plan.summary()}, kv_dtype {ec.kv_dtype}")
         self.runner = ModelRunner(rank_cfg, ec, weights, self.plan,
                                   tp=None if ranks is None else ranks.group)
         self._kv_view: KVLayout = self.plan.kv_layout
@@ -129,24 +115,8 @@ class LLMEngine:
             SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos),
                             family.step_context_limit(ec)),
             self.block_manager)
-        record = (WarmupRecord.for_engine(ec.warmup_record_dir, ec, model_fingerprint,
-                                          torch.__version__)
-                  if ec.warmup_record_dir and ec.torch_device.type == "cpu" and ranks is None
-                  else None)
-        passed = record.load() if record is not None else None
-        self.warmup_report = self.runner.warmup(
-            progress, WarmupReport(**passed) if passed is not None else None)
-        rep = self.warmup_report
-        if record is not None and passed is None:
-            record.save(dataclasses.asdict(rep))
-        if rep.activation_peak_bytes is not None and rep.activation_peak_bytes > rep.activation_planned_bytes:
-            # The plan under-counted what the worst step really takes: refuse to serve on it.
-            raise PlanError(
-                f"warm-up measured {rep.activation_peak_bytes:,} B of transient activations, the "
-                f"plan counted {rep.activation_planned_bytes:,} B; the plan is wrong for this "
-                "model/device, so the server would not be safe to run")
+        self.warmup_report = warm_up(self.runner, ec, model_fingerprint, ranks is None, progress)
         self._seqs: dict[str, Sequence] = {}
-        self._imports: dict[str, KVImport | StagedKV] = {}  # not yet admitted
         self._importer = KVImporter(self._kv_view, self.runner.kv, ec.kv_import_slice_bytes,
                                     self.runner.import_buffer, layout.resume_granularity)
         self._generators: dict[str, torch.Generator | None] = {}
@@ -157,73 +127,30 @@ class LLMEngine:
         self._tokens = 0
         self._preemptions = 0
         self._rng = torch.Generator().manual_seed(ec.seed)
-        self._drafter = NgramDrafter(ec.max_batch, ec.max_context) if ec.spec_tokens else None
-        self._spec_drafts = 0
-        self._spec_draft_tokens = 0
-        self._spec_accepted = 0
-        self._spec_accepted_per_pos = [0] * ec.spec_tokens
+        self._spec = SpecDrafts(ec) if ec.spec_tokens else None
 
     @classmethod
     def from_config(cls, ec: EngineConfig,
                     progress: Callable[[str], None] | None = None) -> LLMEngine:
-        from engine.checkpoint import load_checkpoint
-
-        if ec.share_weights:
-            return cls._shared_from_config(ec, progress)
+        """Load (or, in one-box mode, map), plan, allocate, warm up and lock
+        (engine/engine_loading.py)."""
+        if ec.share_weights:  # one-box mode: load and export the weights, or map an export
+            got = load_or_map(ec, progress)
+            engine = cls(ec, got.config, got.weights, got.model_fingerprint, got.non_torch_bytes,
+                         progress, shared=got.shared)
+            export_if_owned(got, ec, progress)
+            return engine
         ranks = None
         try:
-            if ec.tensor_parallel_size > 1:
-                from engine.checkpoint import load_model_config
-                from engine.parallel.ranks import Ranks
-                from engine.parallel.shard_plan import check_tensor_parallel
-
-                # every rank must plan the same sizes: fixed here from the config, before any
-                # rank starts (weights as the config says; rank 0's real plan is checked later)
-                ec = resolve_config_before_load(ec, load_model_config(ec.model))
-
-                check_tensor_parallel(ec)  # before any process starts
-                if progress is not None:
-                    progress(f"starting {ec.tensor_parallel_size - 1} more tensor-parallel "
-                             "rank(s)")
-                ranks = Ranks(ec)  # they load their own slices meanwhile
-            non_torch = 0
-            if ec.torch_device.type == "cuda":
-                free, total = torch.cuda.mem_get_info(ec.torch_device)
-                non_torch = total - free - torch.cuda.memory_reserved(ec.torch_device)
-            if progress is not None:
-                progress(f"making dummy weights for {ec.model} (seed {ec.seed})"
-                         if ec.load_format == "dummy" else f"loading weights from {ec.model}")
-            ckpt = load_checkpoint(ec.model, dtype=ec.torch_dtype, device=ec.torch_device,
-                                   tensor_parallel=(0, ec.tensor_parallel_size),
-                                   load_format=ec.load_format, seed=ec.seed)
-            if progress is not None:
-                num_bytes = sum(t.numel() * t.element_size() for t in ckpt.state_dict.values())
-                progress(f"loaded {len(ckpt.state_dict)} tensors ({num_bytes / 2**20:,.0f} MiB, "
-                         f"{ckpt.config.name})")
+            ec, ranks = start_other_ranks(ec, progress)  # they load their own slices meanwhile
+            non_torch = non_torch_bytes(ec)
+            ckpt = load_rank0(ec, progress)
             return cls(ec, ckpt.config, ckpt.state_dict, ckpt.model_fingerprint, non_torch,
                        progress, ranks=ranks)
         except BaseException:
             if ranks is not None:
                 ranks.abort()
             raise
-
-    @classmethod
-    def _shared_from_config(cls, ec: EngineConfig,
-                            progress: Callable[[str], None] | None) -> LLMEngine:
-        """One-box mode: load and export the weights, or map another process's export."""
-        from pathlib import Path
-
-        from engine.weight_share import export, load_or_map
-
-        got = load_or_map(ec, progress)
-        engine = cls(ec, got.config, got.weights, got.model_fingerprint, got.non_torch_bytes,
-                     progress, shared=got.shared)
-        if got.shared.owned:  # after the warm-up: importers then measure a settled device
-            export(got.shared, Path(ec.share_weights),
-                   {"model": str(ec.model), "model_fingerprint": got.model_fingerprint})
-            if progress is not None:
-                progress(f"exported the weights for other processes at {ec.share_weights}")
-        return engine
 
     @property
     def kv_cache(self) -> Any:
@@ -250,25 +177,7 @@ class LLMEngine:
         KV (copied a bounded slice per step) or a hook that fills its blocks at once."""
         ec = self.config
         prompt = [int(t) for t in prompt_token_ids]
-        if not prompt:
-            raise InvalidRequest("the prompt is empty: at least one token is needed", "prompt")
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequest(f"token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
-        bad_bias = next((t for t, _ in sampling.logit_bias if t >= vocab), None)
-        if bad_bias is not None:
-            raise InvalidRequest(f"logit_bias: token id {bad_bias} is outside the vocabulary "
-                                 f"[0, {vocab})", "logit_bias")
-        if len(prompt) + sampling.max_tokens > ec.max_context:
-            raise ContextLengthExceeded(len(prompt), sampling.max_tokens, ec.max_context)
-        wanted = sampling.num_speculative_tokens
-        if wanted is not None and wanted > ec.spec_tokens:
-            raise InvalidRequest(
-                f"num_speculative_tokens={wanted} is above this worker's limit of "
-                f"{ec.spec_tokens} (speculative_method={ec.speculative_method}"
-                + (f", num_speculative_tokens={ec.num_speculative_tokens}"
-                   if ec.spec_tokens else "") + ")", "num_speculative_tokens")
+        check_request(ec, self.model_config.vocab_size, prompt, sampling)
         if request_id in self._seqs or request_id in self._kept:
             raise DuplicateRequest(f"request id {request_id!r} is already in this engine")
         if len(self.scheduler.waiting) >= ec.max_queue:
@@ -289,7 +198,7 @@ class LLMEngine:
         seq.seed = sampling.seed if sampling.seed is not None else int(
             torch.randint(0, 2**62, (1,), generator=self._rng))
         if kv_import is not None:
-            self._imports[request_id] = kv_import
+            self._importer.add(request_id, kv_import)
         if first_token_id is not None:
             seq.external_first_token = True
             seq.output_token_ids.append(int(first_token_id))
@@ -297,7 +206,7 @@ class LLMEngine:
             if reason is not None:
                 seq.status = SequenceStatus.FINISHED
                 seq.finish_reason = reason
-                self._pending.append(self._output(seq, [], True, reason))
+                self._pending.append(request_output(seq, [], True, reason))
                 self._forget(seq)
                 return
         self.scheduler.add(seq)
@@ -306,22 +215,24 @@ class LLMEngine:
         seq = self.scheduler.abort(request_id)
         if seq is None:
             return self.release(request_id)
-        self._pending.append(self._output(seq, [], True, "abort"))
+        self._pending.append(request_output(seq, [], True, "abort"))
         self._forget(seq)
         return True
 
     def recapture_graphs(self, progress: Callable[[str], None] | None = None) -> None:
         """Capture the decode graphs again (after a change to a model option that a step reads,
-        for a benchmark's A/B on the same weights; ``ModelRunner.recapture_graphs``). Only while
+        for a benchmark's A/B on the same weights; ``Warmup.recapture_graphs``). Only while
         no block is in use; the cached prefixes are forgotten, since the warm-up's re-run
         writes over free blocks."""
-        if self.has_unfinished() or self._imports:
+        if self.has_unfinished() or self._importer.num_waiting:
             raise EngineError("recapture_graphs: requests are still running or importing")
         try:
             self.block_manager.forget_cached_prefixes()
         except RuntimeError as e:
             raise EngineError(f"recapture_graphs: {e}") from None
-        self.runner.recapture_graphs(progress)
+        Warmup(self.runner).recapture_graphs(progress)
+        self.warmup_report = dataclasses.replace(
+            self.warmup_report, device_allocs_after_warmup=self.runner.allocs_after_warmup)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)
@@ -341,8 +252,8 @@ class LLMEngine:
     # -- stepping -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
-        if self._drafter is not None:
-            self._propose_drafts()
+        if self._spec is not None:
+            self._spec.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         self._preemptions += len(sched.preempted)
         for rid in sched.preempted:
@@ -352,18 +263,11 @@ class LLMEngine:
                 seq.rng_state = gen.get_state()
             if seq is not None and seq.has_kv_import:  # it recomputes: its import goes
                 seq.has_kv_import = False
-                self._imports.pop(rid, None)
                 self._importer.cancel(rid)
         for rid in sched.admitted:
             self._on_admit(self._seqs[rid])
-        for load in sched.kv_loads:
-            # the import runs once: its source, and the host memory holding what it fetched,
-            # go when its last slice is in rather than when the request ends
-            source = self._imports.pop(load.request_id, None)
-            if source is None:  # preempted mid-import and re-admitted in this very step
-                self.scheduler.apply_kv_load(load.request_id, 0)
-            else:
-                self._importer.start(load, source)
+        for rid in self._importer.start_loads(sched.kv_loads):
+            self.scheduler.apply_kv_load(rid, 0)
         copied = self._importer.blocks_copied
         with torch.inference_mode():  # a slice of each import, before this step's forward
             for rid, n in self._importer.step().items():
@@ -404,20 +308,9 @@ class LLMEngine:
             scores[first : first + len(items)] = items
         # A sequence no token could be drawn for ends alone, with the reason; the others go on.
         failed = dict(ran.errors)
-        done_now = set()  # their grammar took its last token in this step
-        for rid, m in matchers.items():
-            if rid in failed:
-                continue
-            for i, token in enumerate(sampled[rid]):
-                if not _accepts(m, token):  # the mask allowed it: should never happen
-                    failed[rid] = (f"the sequence cannot continue: its grammar refused token "
-                                   f"{token}, which it had allowed")
-                    break
-                if m.is_terminated():
-                    done_now.add(rid)
-                    sampled[rid] = sampled[rid][: i + 1]
-                    break
-        self._count_drafts(sched, sampled, failed)
+        done_now = advance_matchers(matchers, sampled, failed)  # their grammar completed
+        if self._spec is not None:
+            self._spec.count(sched.chunks, sampled, failed)
         for rid in complete:  # the token drawn for it (unconstrained) is dropped
             failed.pop(rid, None)
             outputs.append(self._end(rid, "stop"))
@@ -435,7 +328,7 @@ class LLMEngine:
             if not finished and u.request_id in done_now:
                 self.scheduler.finish(u.request_id, "stop")
                 finished, reason = True, "stop"
-            out = self._output(seq, list(u.new_token_ids), finished, reason)
+            out = request_output(seq, list(u.new_token_ids), finished, reason)
             if seq.sampling.logprobs is not None and u.request_id in logprobs and u.new_token_ids:
                 out.logprobs = logprobs[u.request_id][: len(u.new_token_ids)]
             if seq.prompt_logprobs is not None:  # the prompt is all computed: hand them out once
@@ -447,20 +340,6 @@ class LLMEngine:
                 self._forget(seq)
         return outputs
 
-    def final_logits(self, prompt_token_ids: Seq[int], request_id: str = "score") -> torch.Tensor:
-        """Logits [vocab] fp32 at the prompt's last position, computed through the same chunked
-        path as serving (for tests and scoring). Runs the engine until the request is done."""
-        self.runner.capture_logits.add(request_id)
-        try:
-            self.add_request(request_id, prompt_token_ids, SamplingParams(max_tokens=1,
-                                                                          temperature=0.0))
-            while request_id not in self.runner.captured_logits:
-                if not self.step() and not self.has_unfinished():
-                    raise RuntimeError(f"{request_id} finished without logits")
-            return self.runner.captured_logits.pop(request_id)
-        finally:
-            self.runner.capture_logits.discard(request_id)
-
     def stats(self) -> EngineStats:
         return EngineStats(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
@@ -468,46 +347,13 @@ class LLMEngine:
             steps_completed=self._steps, tokens_advanced=self._tokens,
             num_preemptions=self._preemptions,
             device_allocs_since_warmup=self.runner.device_allocs_since_warmup,
-            spec_num_drafts=self._spec_drafts, spec_num_draft_tokens=self._spec_draft_tokens,
-            spec_num_accepted_tokens=self._spec_accepted,
-            spec_accepted_per_pos=tuple(self._spec_accepted_per_pos))
+            **({} if self._spec is None else dict(
+                spec_num_drafts=self._spec.num_drafts,
+                spec_num_draft_tokens=self._spec.num_draft_tokens,
+                spec_num_accepted_tokens=self._spec.num_accepted,
+                spec_accepted_per_pos=tuple(self._spec.accepted_per_pos))))
 
     # -- internals ------------------------------------------------------------------------------
-    def _propose_drafts(self) -> None:
-        """Each running decode's n-gram drafts for this step (engine/ngram_drafter.py), at most
-        its request's number, cut so that its output stays within max_tokens and
-        max_context, and to what its grammar accepts (a draft that would complete the grammar
-        is cut too: the token that completes it is always a row's own draw)."""
-        assert self._drafter is not None
-        ec = self.config
-        for seq in self.scheduler.running:
-            seq.draft_token_ids = []
-            if seq.is_importing or seq.num_uncomputed != 1:
-                continue
-            sp = seq.sampling
-            k = ec.spec_tokens if sp.num_speculative_tokens is None else sp.num_speculative_tokens
-            k = min(k, sp.max_tokens - len(seq.output_token_ids) - 1,
-                    ec.max_context - seq.num_tokens)
-            if k <= 0:
-                continue
-            self._drafter.sync(seq.cache_slot, seq)
-            drafts = self._drafter.propose(seq.cache_slot, k)
-            if drafts and seq.matcher is not None:
-                drafts = _grammar_prefix(seq.matcher, drafts)
-            seq.draft_token_ids = drafts
-
-    def _count_drafts(self, sched: Any, sampled: dict[str, list[int]],
-                      failed: dict[str, str]) -> None:
-        for c in sched.chunks:
-            if not c.num_draft_tokens or c.request_id in failed:
-                continue
-            accepted = len(sampled.get(c.request_id, ())) - 1
-            self._spec_drafts += 1
-            self._spec_draft_tokens += c.num_draft_tokens
-            self._spec_accepted += accepted
-            for i in range(accepted):
-                self._spec_accepted_per_pos[i] += 1
-
     def _on_admit(self, seq: Sequence) -> None:
         """A sequence was given a cache slot in this step: its sampling state and generator."""
         if seq.admitted_s is None:  # a preempted one re-admitted keeps its first admission
@@ -520,8 +366,8 @@ class LLMEngine:
                                         seq.output_token_ids, stops, self.runner.ws)
         if seq.grammar is not None:
             seq.matcher = new_matcher(seq.grammar, seq.output_token_ids)
-        if self._drafter is not None:
-            self._drafter.reset(seq.cache_slot)
+        if self._spec is not None:
+            self._spec.reset(seq.cache_slot)
         if not seq.sampling.is_greedy:
             gen = self.runner.generators[seq.cache_slot]
             if seq.rng_state is not None:  # resumed after preemption: continue the same stream
@@ -535,52 +381,14 @@ class LLMEngine:
         """End a running sequence outside the scheduler's own rules, with no new token."""
         seq = self.scheduler.finish(request_id, reason)
         assert seq is not None, f"{request_id} is not running"
-        out = self._output(seq, [], True, reason)
+        out = request_output(seq, [], True, reason)
         out.error = error
         if seq.keep_kv and error is None:
             self._kept[seq.request_id] = seq
         self._forget(seq)
         return out
 
-    def _output(self, seq: Sequence, new: list[int], finished: bool,
-                reason: str | None) -> RequestOutput:
-        out = RequestOutput(seq.request_id, new, finished, reason, seq.num_prompt_tokens,
-                            seq.num_cached_tokens, seq.num_imported_tokens,
-                            len(seq.output_token_ids))
-        if finished:
-            admitted = seq.admitted_s if seq.admitted_s is not None else time.monotonic()
-            out.queue_time_s = max(admitted - seq.added_s, 0.0)
-            if seq.first_token_s is not None:
-                out.prefill_time_s = max(seq.first_token_s - admitted, 0.0)
-        return out
-
     def _forget(self, seq: Sequence) -> None:
         self._seqs.pop(seq.request_id, None)
-        self._imports.pop(seq.request_id, None)
         self._importer.cancel(seq.request_id)  # mid-import: its host memory goes too
         self._generators.pop(seq.request_id, None)
-
-
-def _grammar_prefix(matcher: Any, drafts: list[int]) -> list[int]:
-    """The leading drafts ``matcher`` accepts without completing; the matcher is left as it
-    was."""
-    taken = 0
-    for token in drafts:
-        if matcher.is_terminated() or not _accepts(matcher, token):
-            break
-        taken += 1
-        if matcher.is_terminated():  # the completing token is a row's own draw, not a draft
-            matcher.rollback(1)
-            taken -= 1
-            break
-    if taken:
-        matcher.rollback(taken)
-    return drafts[:taken]
-
-
-def _accepts(matcher: Any, token: int) -> bool:
-    """Whether ``matcher`` took ``token``; a matcher that raises has not."""
-    try:
-        return bool(matcher.accept_token(int(token)))
-    except Exception:  # noqa: BLE001 - xgrammar's errors end that sequence, not the step
-        return False

@@ -2,164 +2,35 @@
 
 ``make_plan`` computes each term from (model config, dtype, longest chunk, longest context,
 largest batch); start-up refuses a plan that does not fit, naming the numbers and what to change.
-docs/memory.md gives the formula of each term; keep the two in step.
+docs/memory.md gives the formula of each term; keep the two in step. The plan's vocabulary
+(``PlanTerm``, ``MemoryPlan``) is the leaf engine/memory_plan.py, which the families use too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import os
+from dataclasses import replace
 
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import PlanError
+from engine.config_resolve import resolve_engine_config
+from engine.kv_layout import KVLayout
+from engine.memory_plan import MemoryPlan, MiB, PlanTerm
 from engine.model_config import ModelConfig
-from engine.models.family import KVLayout
+from engine.models.family import family_class
+from engine.parallel.comm_terms import comm_terms
 from engine.prompt_logprobs import prompt_logprob_rows, prompt_logprobs_workspace_bytes
 from engine.sampler import sampler_workspace_bytes
 from engine.slot_sampling import slot_sampling_bytes
 from engine.spec_decode import spec_decode_workspace_bytes
 from engine.workspace import _align
 
-GiB = 1 << 30
-MiB = 1 << 20
 GRAPH_POOL_SLACK = 42 * MiB
 # a family's term for the library workspaces of a second stream it runs library GEMMs on
 # (engine/side_lane.py): listed with 0 bytes by the family, sized here as the serving stream's
 SIDE_LANE_LIBRARY_TERM = "side_lane_library_workspaces"
 ALLOCATOR_SLACK = 8 * MiB  # small-pool headroom reserved after warm-up (4 segments)
-
-
-@dataclass(frozen=True)
-class PlanTerm:
-    name: str
-    bytes: int
-    formula: str
-    in_workspace: bool = False  # a slice of the workspace arena, not a separate allocation
-    # memory another process owns and this one maps (shared weights): listed, not in the total
-    mapped: bool = False
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    terms: tuple[PlanTerm, ...]
-    device: str
-    device_memory_bytes: int
-    kv_layout: KVLayout
-    num_blocks: int
-    # the resolved configuration planned: its limits (max_context, max_batch, chunk_tokens) and
-    # budget (memory_utilization, memory_share) are read from it, not copied into the plan
-    config: EngineConfig
-
-    @property
-    def kv_tokens(self) -> int:
-        """Tokens the KV extent holds, all sequences together (the null block excluded)."""
-        return (self.num_blocks - 1) * self.kv_layout.block_size
-
-    @property
-    def kv_tokens_per_gib(self) -> float:
-        return GiB / self.kv_layout.bytes_per_token
-
-    def term(self, name: str) -> int:
-        return sum(t.bytes for t in self.terms if t.name == name)
-
-    @property
-    def workspace_bytes(self) -> int:
-        return sum(t.bytes for t in self.terms if t.in_workspace)
-
-    @property
-    def total_bytes(self) -> int:
-        """What this process owns on the device (mapped terms excluded)."""
-        return sum(t.bytes for t in self.terms if not t.mapped)
-
-    @property
-    def mapped_bytes(self) -> int:
-        return sum(t.bytes for t in self.terms if t.mapped)
-
-    @property
-    def budget_bytes(self) -> int:
-        """``memory_utilization`` of the device; with a ``memory_share`` below 1 (the roles of
-        one card), that share of what the one copy of the weights leaves, plus the weights
-        when this process owns them."""
-        whole = int(self.device_memory_bytes * self.config.memory_utilization)
-        if self.config.memory_share >= 1:
-            return whole
-        owned = self.term("weights")
-        return int(self.config.memory_share * max(0, whole - owned - self.mapped_bytes)) + owned
-
-    @property
-    def headroom_bytes(self) -> int:
-        return self.budget_bytes - self.total_bytes
-
-    @property
-    def fits(self) -> bool:
-        return self.headroom_bytes >= 0
-
-    def check(self) -> None:
-        if self.fits:
-            return
-        c = self.config
-        weights = self.term("weights")
-        if weights >= self.budget_bytes:
-            raise PlanError(
-                f"memory plan does not fit: the weights alone are {weights / GiB:.2f} GiB, the "
-                f"budget {self.budget_bytes / GiB:.2f} GiB ({c.memory_utilization:.0%} of "
-                f"{self.device_memory_bytes / GiB:.2f} GiB on {self.device}): split the model "
-                "over more devices (tensor_parallel_size) or use a quantized checkpoint")
-        kv = self.term("kv_cache")
-        raise PlanError(
-            f"memory plan does not fit: needs {self.total_bytes / GiB:.2f} GiB, budget is "
-            f"{self.budget_bytes / GiB:.2f} GiB ({c.memory_utilization:.0%} of "
-            f"{self.device_memory_bytes / GiB:.2f} GiB on {self.device}"
-            + (f", {c.memory_share:g} of what the weights leave" if c.memory_share < 1 else "")
-            + "). Largest terms: "
-            + ", ".join(f"{t.name}={t.bytes / GiB:.2f} GiB"
-                        for t in sorted(self.terms, key=lambda t: -t.bytes)[:3])
-            + f". Lower max_context ({c.max_context}), max_batch ({c.max_batch}) or "
-            f"num_blocks (KV is {kv / GiB:.2f} GiB), lower chunk_tokens ({c.chunk_tokens}), "
-            "or use a smaller dtype.")
-
-    def to_json(self) -> dict:
-        return {
-            "device": self.device,
-            "device_memory_bytes": self.device_memory_bytes,
-            "memory_utilization": self.config.memory_utilization,
-            "memory_share": self.config.memory_share,
-            "budget_bytes": self.budget_bytes,
-            "total_bytes": self.total_bytes,
-            "headroom_bytes": self.headroom_bytes,
-            "mapped_bytes": self.mapped_bytes,
-            "max_context": self.config.max_context,
-            "chunk_tokens": self.config.chunk_tokens,
-            "max_batch": self.config.max_batch,
-            "num_blocks": self.num_blocks,
-            "block_size": self.kv_layout.block_size,
-            "kv_bytes_per_block": self.kv_layout.bytes_per_block,
-            "kv_bytes_per_token": self.kv_layout.bytes_per_token,
-            "kv_tokens": self.kv_tokens,
-            "kv_tokens_per_gib": self.kv_tokens_per_gib,
-            "kv_layout_fingerprint": self.kv_layout.fingerprint,
-            "terms": [{"name": t.name, "bytes": t.bytes, "formula": t.formula,
-                       "in_workspace": t.in_workspace, "mapped": t.mapped}
-                      for t in self.terms],
-        }
-
-    def table(self) -> str:
-        rows = [f"{'term':<22}{'bytes':>16}{'GiB':>10}  formula"]
-        for t in self.terms:
-            note = "  [mapped: another process owns it; not in the total]" if t.mapped else ""
-            rows.append(f"{t.name:<22}{t.bytes:>16,}{t.bytes / GiB:>10.3f}  {t.formula}{note}")
-        rows.append(f"{'total':<22}{self.total_bytes:>16,}{self.total_bytes / GiB:>10.3f}")
-        c = self.config
-        share = f", {c.memory_share:g} of what the weights leave" if c.memory_share < 1 else ""
-        rows.append(f"{'budget':<22}{self.budget_bytes:>16,}{self.budget_bytes / GiB:>10.3f}  "
-                    f"{c.memory_utilization} x {self.device_memory_bytes:,} ({self.device})"
-                    + share)
-        rows.append(f"{'kv tokens':<22}{self.kv_tokens:>16,}  in {self.num_blocks - 1:,} blocks of "
-                    f"{self.kv_layout.block_size} ({self.kv_layout.bytes_per_token:,.1f} B a token, "
-                    f"{self.kv_tokens_per_gib:,.0f} tokens per GiB)")
-        rows.append(f"{'headroom':<22}{self.headroom_bytes:>16,}{self.headroom_bytes / GiB:>10.3f}")
-        return "\n".join(rows)
 
 
 def step_inputs_term(ec: EngineConfig) -> PlanTerm:
@@ -239,9 +110,6 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
     number of blocks times the layout's bytes per block. ``mapped_weight_bytes``: the weights
     live in another process's memory (one-box mode): this plan's ``weights`` term is 0 and a
     ``weights_mapped`` term lists them outside the total."""
-    from engine.config_resolve import resolve_engine_config
-    from engine.models import family_class
-
     if not ec.is_resolved:  # sizes left to the model: its defaults (auto context as on a CPU)
         ec = resolve_engine_config(ec, model)
     family = family_class(model)
@@ -250,8 +118,6 @@ def make_plan(model: ModelConfig, ec: EngineConfig, device_memory_bytes: int,
     kinds = " + ".join(f"{k.name} {k.layers} x {k.rows} x {k.row_bytes} B" for k in layout.kinds)
     terms = family.plan_terms(model, ec, weight_bytes)
     if ec.tensor_parallel_size > 1:  # ``model`` is then one rank's share (engine/parallel/)
-        from engine.parallel.rank_runner import comm_terms
-
         terms.extend(comm_terms(model, ec, nccl_measured=non_torch_bytes > 0))
     if mapped_weight_bytes:
         terms.insert(1, PlanTerm("weights_mapped", mapped_weight_bytes,
@@ -339,5 +205,32 @@ def device_memory(ec: EngineConfig) -> int:
     dev = ec.torch_device
     if dev.type == "cuda":
         return torch.cuda.get_device_properties(dev).total_memory
-    import os
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resolve_config_before_load(ec: EngineConfig, model: ModelConfig) -> EngineConfig:
+    """``resolve_engine_config`` before any weight is read, for the processes that must agree
+    on the sizes before they load (tensor-parallel ranks): the weights' bytes are the family's
+    estimate from the config (as ``bulkhead plan`` has them)."""
+    rank = model
+    if ec.tensor_parallel_size > 1:
+        rank = family_class(model).rank_model_config(model, ec.tensor_parallel_size)
+    memory = device_memory(ec)
+    return resolve_engine_config(ec, model, lambda c: make_plan(rank, c, memory).fits)
+
+
+def plan_engine(model: ModelConfig, rank_model: ModelConfig, ec: EngineConfig, weight_bytes: int,
+                non_torch_bytes: int = 0,
+                mapped_weight_bytes: int = 0) -> tuple[EngineConfig, MemoryPlan]:
+    """The plan a serving engine starts on (not yet checked), with ``ec``'s sizes left to the
+    model resolved against this device's budget first (the longest context that fits).
+    ``rank_model``: the model as this rank holds it (``model`` with one rank)."""
+    memory, library = device_memory(ec), library_workspaces(ec)
+
+    def plan_for(c: EngineConfig) -> MemoryPlan:
+        return make_plan(rank_model, c, memory, weight_bytes, non_torch_bytes, library,
+                         mapped_weight_bytes=mapped_weight_bytes)
+
+    if not ec.is_resolved:  # sizes left to the model (engine/config_resolve.py)
+        ec = resolve_engine_config(ec, model, lambda c: plan_for(c).fits)
+    return ec, plan_for(ec)

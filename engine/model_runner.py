@@ -1,28 +1,25 @@
 """Runs one scheduled step on the device: builds the StepBatch, calls the model, samples.
 
-Owns the tensors of the plan (KV cache, workspace, rope tables) and the worst-case warm-up that
-turns the plan's arithmetic into a measured peak. Never sizes anything by what a request asks for.
+Owns the tensors of the plan (KV cache, workspace, rope tables); the worst-case warm-up that
+turns the plan's arithmetic into a measured peak drives it from engine/warmup.py. Never sizes
+anything by what a request asks for.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import gc
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
 
-from engine.block_manager import NULL_BLOCK
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
-from engine.errors import DeviceAllocationAfterLock, PlanError
+from engine.errors import DeviceAllocationAfterLock
 from engine.grammar import TokenBitmask
-from engine.memory_planner import MemoryPlan, reserve_allocator_slack
+from engine.memory_plan import MemoryPlan
 from engine.model_config import ModelConfig
-from engine.models import family_class
+from engine.models.family import family_class
 from engine.prompt_logprobs import (
     PromptSpan,
     prompt_logprob_rows,
@@ -31,10 +28,6 @@ from engine.prompt_logprobs import (
 )
 from engine.sampler import RowState, TokenLogprobs, sample
 from engine.sampling_params import (
-    MAX_LOGIT_BIAS,
-    MAX_LOGPROBS,
-    MAX_PROMPT_LOGPROBS,
-    MAX_STOP_TOKEN_IDS,
     SamplingParams,
 )
 from engine.scheduler import ScheduledChunk, SchedulerOutput
@@ -54,30 +47,6 @@ class KVImport(Protocol):
         cache, maybe shared) and must not be written. Return how many leading tokens are filled.
         """
         ...
-
-
-@dataclass
-class WarmupReport:
-    workspace_peak_bytes: int
-    workspace_capacity_bytes: int
-    activation_peak_bytes: int | None  # CUDA only: measured transient peak of the worst step
-    activation_planned_bytes: int
-    device_allocs_after_warmup: int | None  # CUDA only
-
-
-def verify_warmup_step(ec: EngineConfig, table: tuple[int, ...]) -> list[ScheduledChunk]:
-    """The largest verify step of the plan: ``verify_rows`` logits rows spread over a full
-    batch (each sequence its last token and up to ``spec_tokens`` drafts) at the longest
-    context."""
-    total, k = ec.verify_rows, ec.spec_tokens
-    seqs = min(ec.max_batch, total)
-    end = ec.max_context - 1
-    chunks = []
-    for i in range(seqs):
-        n = min(k + 1, total // seqs + (i < total % seqs), end)
-        chunks.append(ScheduledChunk(f"warmup-verify-{i}", end - n + 1, n, (0,) * n, table, i,
-                                     True, num_draft_tokens=n - 1))
-    return chunks
 
 
 class ModelRunner:
@@ -129,8 +98,10 @@ class ModelRunner:
         self.num_graph_steps = 0
         self.capture_logits: set[str] = set()  # request ids whose next logits row is kept
         self.captured_logits: dict[str, torch.Tensor] = {}
-        self.warmup_report: WarmupReport | None = None
-        self._device_allocs: int | None = None
+        # the CUDA allocator's device allocations: at the end of the warm-up (engine/warmup.py)
+        # and as last checked (each step compares with it)
+        self.allocs_after_warmup: int | None = None
+        self.device_alloc_baseline: int | None = None
 
     # -- one step -------------------------------------------------------------------------------
     def build_batch(self, chunks: list[ScheduledChunk]) -> StepBatch:
@@ -183,7 +154,7 @@ class ModelRunner:
         out.copy_(host)
         return out
 
-    def _forward_logits(self, batch: StepBatch, ws: Workspace, logits: torch.Tensor) -> None:
+    def forward_logits(self, batch: StepBatch, ws: Workspace, logits: torch.Tensor) -> None:
         hidden = self.model.forward(batch, self.kv, ws)
         self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
 
@@ -206,17 +177,17 @@ class ModelRunner:
         self.last_logprobs = {}
         self.last_prompt_logprobs = {}
         self.last_errors = {}
-        spans = self._prompt_spans(out.chunks, params, prompts or {})
+        spans = self.prompt_spans(out.chunks, params, prompts or {})
         with self.ws.scope():
             tokens: list[list[int]] = []
             if not spans and self.graphs is not None and self.graphs.can_run(out.chunks):
-                self._tell("graph_step", out.chunks)  # every rank replays the same graph
+                self.tell("graph_step", out.chunks)  # every rank replays the same graph
                 self.model.before_graph_step(self.kv, out.chunks)
                 logits = self.graphs.run(out.chunks)
                 self.model.after_graph_step(self.kv, out.chunks)
                 self.num_graph_steps += 1
             else:
-                self._tell("forward", out.chunks, False)
+                self.tell("forward", out.chunks, False)
                 batch = self.build_batch(out.chunks)
                 hidden = self.model.forward(batch, self.kv, self.ws)
                 logits = None
@@ -247,7 +218,7 @@ class ModelRunner:
                                                                     strict=True)
                                           if lp is not None}
         self.num_steps += 1
-        self._check_device_allocations()
+        self.check_device_allocations()
         return dict(zip(sampled_ids, tokens, strict=True))
 
     def _verify(self, logits: torch.Tensor, sampled: list[ScheduledChunk],
@@ -267,7 +238,7 @@ class ModelRunner:
                               if lp is not None}
         return result.tokens
 
-    def _prompt_spans(self, chunks: list[ScheduledChunk], params: Mapping[str, SamplingParams],
+    def prompt_spans(self, chunks: list[ScheduledChunk], params: Mapping[str, SamplingParams],
                       prompts: Mapping[str, Sequence[int]]) -> list[PromptSpan]:
         spans = []
         row = 0
@@ -288,218 +259,28 @@ class ModelRunner:
         self.last_prompt_logprobs = {s.request_id: (s.start + 1, scored[s.request_id])
                                      for s in spans}
 
-    # -- warm-up --------------------------------------------------------------------------------
-    def warmup(self, progress: Callable[[str], None] | None = None,
-               passed: WarmupReport | None = None) -> WarmupReport:
-        """Run the family's worst-case steps of the plan (the longest chunk against the longest
-        context, a full batch of decodes at the longest context, ...); KV writes of the dense
-        families go to the null block, others' to blocks no sequence holds yet. ``progress``
-        (optional) is told each step before it runs. ``passed`` (CPU only): the report of
-        these very steps having passed before (engine/warmup_record.py); they are skipped."""
-        cuda = self.device.type == "cuda"
-        if passed is not None:
-            assert not cuda and self.tp is None, "a warm-up is skipped on one CPU rank only"
-            if progress is not None:
-                progress("warm-up skipped: passed before with this model, config and code")
-            self.ws.lock()
-            self.model.reset(self.kv)
-            self.num_steps = 0
-            self.warmup_report = passed
-            return passed
-        if cuda:
-            # Garbage from loading (a reference cycle that still holds device tensors) must go
-            # before the baseline: collected mid-warm-up, its bytes would be reused by the
-            # steps' transients and the peak above the baseline would read low.
-            gc.collect()
-            torch.cuda.synchronize(self.device)
-            base = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        steps, names = self._warmup_steps()
-        self._run_warmup_steps(steps, progress, names)
-        self._warm_import()
-        act_peak = None
-        if cuda:
-            torch.cuda.synchronize(self.device)
-            act_peak = torch.cuda.max_memory_allocated(self.device) - base
-        self.ws.lock()
-        self._tell("lock")
-        if self.use_graphs:
-            if progress is not None:
-                progress("capturing CUDA graphs")
-            self._capture_graphs()
-        if cuda:
-            self._settle(steps, names, progress)
-        self.model.reset(self.kv)
-        self._tell("reset")
-        self.num_steps = 0
-        self.warmup_report = WarmupReport(self.ws.peak_bytes, self.ws.capacity, act_peak,
-                                          self.plan.term("activations"), self._device_allocs)
-        return self.warmup_report
-
-    def _warmup_steps(self) -> tuple[list, list[str]]:
-        """The family's worst-case steps of the plan, and a name for each."""
-        usable = self.plan.num_blocks - 1
-        table = tuple(1 + (i % usable) for i in range(self.ec.blocks_per_seq))
-        steps = self.model.warmup_steps(self.ec, table)
-        names = [f"{len(c)} sequence(s), {sum(x.num_tokens for x in c)} tokens up to context "
-                 f"{max(x.context_len for x in c)}" for c in steps]
-        if self.ec.spec_tokens:
-            steps.append(verify_warmup_step(self.ec, table))
-            names.append(f"verify {len(steps[-1])} sequence(s), "
-                         f"{sum(c.num_logits_rows for c in steps[-1])} logits rows "
-                         f"(up to {self.ec.spec_tokens} drafts each)")
-        return steps, names
-
-    def _settle(self, steps: list, names: list[str],
-                progress: Callable[[str], None] | None) -> None:
-        """After a capture (CUDA): torch.cuda.graph() empties the allocator's cache before it
-        captures, so run the worst steps again for the cache to hold what serving needs, leave
-        the planned slack, then take the allocation baseline."""
-        self._run_warmup_steps(steps, progress, names)
-        self._warm_import()
-        reserve_allocator_slack(self.device, self.plan.term("allocator_slack"))
-        torch.cuda.synchronize(self.device)
-        self._device_allocs = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
-
-    def recapture_graphs(self, progress: Callable[[str], None] | None = None) -> None:
-        """Capture the decode graphs again after a change to how the model runs its step (a
-        benchmark comparing one model option on the same weights, without building them
-        twice): the old graphs and their pool go first, then the warm-up's capture, re-run and
-        allocation baseline (``device_allocs_since_warmup`` counts from here on). The caller
-        (``LLMEngine.recapture_graphs``) makes sure that no block is in use: the re-run writes
-        into blocks as the warm-up does. One rank only."""
-        if self.graphs is None:
-            return
-        if self.tp is not None:
-            raise PlanError("recapture_graphs: not with several ranks (they capture in step)")
-        self.graphs = None
-        gc.collect()
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()  # the old graphs' pool back to the device before the new one
-        self._capture_graphs()
-        steps, names = self._warmup_steps()
-        self._settle(steps, names, progress)
-        self.model.reset(self.kv)
-        assert self.warmup_report is not None
-        self.warmup_report = dataclasses.replace(self.warmup_report,
-                                                 device_allocs_after_warmup=self._device_allocs)
-
-    @torch.inference_mode()
-    def _warm_import(self) -> None:
-        """A full slice of the KV import path (engine/kv_import_job.py) into the null block with
-        its own bytes, so nothing changes: the kernels load and the allocator caches what a
-        serving slice takes, before the allocation baseline."""
-        buf, layout = self.import_buffer, self.plan.kv_layout
-        if buf is None:
-            return
-        row = layout.export_blocks(self.kv, [NULL_BLOCK]).cpu()
-        buf.copy_(row.expand(buf.shape[0], -1), non_blocking=True)
-        layout.import_blocks(self.kv, [NULL_BLOCK] * buf.shape[0], buf)
-
-    def _run_warmup_steps(self, steps: list[list[ScheduledChunk]],
-                          progress: Callable[[str], None] | None = None,
-                          names: Sequence[str] = ()) -> None:
-        vocab = self.model_cfg.vocab_size
-        # Every sampler stage at its largest: full logit bias and stop lists, penalties, min_p,
-        # min_tokens holding, the most logprobs; greedy rows with processors too.
-        extra = dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.2,
-                     logit_bias=tuple((t % vocab, 1.0) for t in range(MAX_LOGIT_BIAS)),
-                     stop_token_ids=tuple(t % vocab for t in range(MAX_STOP_TOKEN_IDS)),
-                     min_tokens=1, logprobs=MAX_LOGPROBS, max_tokens=2)
-        # greedy rows also score their prompt rows (the largest chunk scores all of its rows)
-        greedy = SamplingParams(temperature=0.0, prompt_logprobs=MAX_PROMPT_LOGPROBS, **extra)
-        random = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.05, seed=0, **extra)
-        prompt = (0,) * min(self.ec.chunk_tokens, self.ec.max_context - 1)
-        for k, chunks in enumerate(steps):
-            if progress is not None:
-                progress(f"warm-up {k + 1}/{len(steps)}: {names[k] if k < len(names) else ''}")
-            self.model.prepare_warmup(self.kv, chunks)
-            self._tell("prepare_warmup", chunks)
-            params = {c.request_id: (random if i % 2 else greedy) for i, c in enumerate(chunks)}
-            rows = {}
-            with torch.inference_mode():
-                for c in chunks:
-                    sp = params[c.request_id]
-                    self.slot_sampling.admit(c.cache_slot, sp, prompt, (1,), sp.stop_token_ids,
-                                             self.ws)
-                    rows[c.request_id] = RowState(c.cache_slot, 0)
-            gens = {c.request_id: self.generators[c.cache_slot].manual_seed(0) for c in chunks}
-            self._execute_warmup(chunks, params, gens, rows)
-
-    def _capture_graphs(self) -> None:
-        """Capture the decode graphs; on rank 0 of several, the other ranks capture the same
-        sizes in the same order at the same time (their all-reduces pair up)."""
-        ec = self.ec
-        self._tell("capture")
-        self.graphs = DecodeGraphs(self._forward_logits, self.ws, self.model_cfg.vocab_size,
-                                   ec.max_batch, ec.blocks_per_seq, ec.block_size, self.device,
-                                   pad_with_first=self.model.graph_pads_copy_first,
-                                   capture_error_mode="global" if self.tp is None
-                                   else "thread_local")
-        with torch.inference_mode():
-            self.graphs.capture()
-        planned = self.plan.term("cuda_graph_pool")
-        if self.graphs.pool_bytes > planned:
-            raise PlanError(f"CUDA graph capture took {self.graphs.pool_bytes:,} B, the plan "
-                            f"counted {planned:,} B for its pool; refusing to serve on a wrong plan")
-        if self.tp is not None:
-            outside = self.plan.term("tp.graph_collectives")
-            if self.graphs.outside_bytes > outside:
-                log.warning("CUDA graph capture took %d B of device memory outside PyTorch "
-                            "(NCCL's captured collectives, module loads); the plan counted %d B",
-                            self.graphs.outside_bytes, outside)
-
-    def _execute_warmup(self, chunks: list[ScheduledChunk], params: dict[str, SamplingParams],
-                        gens: dict[str, torch.Generator], rows: dict[str, RowState]) -> None:
-        sampled_ids = [c.request_id for c in chunks]
-        self._tell("forward", chunks, True)
-        with torch.inference_mode(), self.ws.scope():
-            batch = self.build_batch(chunks)
-            batch.slot_mapping.fill_(NULL_BLOCK)  # warm-up writes land in the null block only
-            hidden = self.model.forward(batch, self.kv, self.ws)
-            num_rows = sum(c.num_logits_rows for c in chunks)
-            logits = self.ws.take((num_rows, self.model_cfg.vocab_size), torch.float32,
-                                  caller="model_runner.logits")
-            self.model.compute_logits(hidden.index_select(0, batch.logits_indices), logits)
-            if num_rows > len(chunks):  # the verify step: drafts of token 0 after token 0
-                verify(logits, [params[r] for r in sampled_ids],
-                       [c.draft_token_ids for c in chunks], [gens[r] for r in sampled_ids],
-                       self.ws, [rows[r] for r in sampled_ids], self.slot_sampling,
-                       self.bitmask, [None] * len(sampled_ids))
-                return
-            # every row of a chunk scored as a prompt row (targets: token 0, valid for any vocab)
-            spans = self._prompt_spans(chunks, params, {
-                c.request_id: (0,) * (c.start + c.num_tokens + 1) for c in chunks})
-            if spans:
-                score_prompt_spans(hidden, spans, prompt_logprob_rows(self.ec.chunk_tokens,
-                                                                      self.ec.max_batch),
-                                   self.model_cfg.vocab_size, self.model.compute_logits, self.ws)
-            sample(logits, [params[r] for r in sampled_ids], [gens[r] for r in sampled_ids],
-                   self.ws, [rows[r] for r in sampled_ids], self.slot_sampling, self.bitmask,
-                   [None] * len(sampled_ids))  # an all-ones mask: the copy and the kernel run
-
-    def _tell(self, op: str, *args: Any) -> None:
+    def tell(self, op: str, *args: Any) -> None:
         """Rank 0 of several: have the other ranks do ``op`` too (engine/parallel/follower.py)."""
         if self.tp is not None and self.tp.is_driver:
             from engine.parallel.rank_group import Command
 
             self.tp.send(Command(op, args))
 
-    def _check_device_allocations(self) -> None:
-        if self._device_allocs is None:
+    def check_device_allocations(self) -> None:
+        if self.device_alloc_baseline is None:
             return
         now = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0)
-        if now != self._device_allocs:
-            msg = (f"step {self.num_steps}: the CUDA caching allocator made {now - self._device_allocs}"
-                   f" device allocation(s) after warm-up ({self._device_allocs} -> {now}); the plan "
+        if now != self.device_alloc_baseline:
+            msg = (f"step {self.num_steps}: the CUDA caching allocator made {now - self.device_alloc_baseline}"
+                   f" device allocation(s) after warm-up ({self.device_alloc_baseline} -> {now}); the plan "
                    "under-counted a transient buffer")
-            self._device_allocs = now
+            self.device_alloc_baseline = now
             if self.ec.strict_allocations:
                 raise DeviceAllocationAfterLock(msg)
             log.warning(msg)
 
     @property
     def device_allocs_since_warmup(self) -> int | None:
-        if self._device_allocs is None or self.warmup_report is None:
+        if self.device_alloc_baseline is None or self.allocs_after_warmup is None:
             return None
-        return self._device_allocs - (self.warmup_report.device_allocs_after_warmup or 0)
+        return self.device_alloc_baseline - self.allocs_after_warmup

@@ -3,8 +3,11 @@ data the workers turn into gRPC messages; ``engine.llm_engine`` re-exports both)
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
+
+from engine.sequence import Sequence
 
 
 @dataclass
@@ -44,3 +47,17 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: tuple[int, ...] = ()
+
+
+def request_output(seq: Sequence, new: list[int], finished: bool,
+                   reason: str | None) -> RequestOutput:
+    """``seq``'s output of one step; a finishing one carries its queue and prefill times."""
+    out = RequestOutput(seq.request_id, new, finished, reason, seq.num_prompt_tokens,
+                        seq.num_cached_tokens, seq.num_imported_tokens,
+                        len(seq.output_token_ids))
+    if finished:
+        admitted = seq.admitted_s if seq.admitted_s is not None else time.monotonic()
+        out.queue_time_s = max(admitted - seq.added_s, 0.0)
+        if seq.first_token_s is not None:
+            out.prefill_time_s = max(seq.first_token_s - admitted, 0.0)
+    return out

@@ -8,12 +8,14 @@ import json
 import sys
 from pathlib import Path
 
+from engine.checkpoint import load_model_config
 from engine.config import engine_config_from_settings, engine_settings_names
 from engine.config_resolve import resolve_engine_config
 from engine.errors import EngineError, PlanError
-from engine.memory_planner import GiB, MemoryPlan, make_plan
+from engine.memory_plan import GiB, MemoryPlan
+from engine.memory_planner import make_plan
 from engine.model_config import ModelConfig
-from engine.models import family_class
+from engine.models.family import family_class
 
 
 def _model_config(path: str) -> ModelConfig:
@@ -22,7 +24,6 @@ def _model_config(path: str) -> ModelConfig:
         return ModelConfig.from_json_file(p)  # named after its folder
     if p.is_dir() and (p / "config.json").exists():
         return ModelConfig.from_json_file(p / "config.json")
-    from engine.checkpoint import load_model_config
     return load_model_config(p)
 
 

@@ -29,7 +29,9 @@ from pathlib import Path
 
 import torch
 
+from engine.checkpoint import dummy_fingerprint, load_checkpoint, load_model_config
 from engine.errors import PlanError
+from engine.models.family import family_class
 
 ALIGN = 512  # bytes: as the caching allocator aligns a tensor (same GEMM kernels chosen)
 HANDLE_VERSION = 1
@@ -308,8 +310,6 @@ class LoadedOrMapped:
 def load_or_map(ec: object, progress: object = None) -> LoadedOrMapped:  # noqa: C901
     """Load and pack the checkpoint (the first process), or map the arena another process
     exported (the others). ``ec`` is the EngineConfig; ``progress`` a callable or None."""
-    from engine.checkpoint import load_checkpoint, load_model_config
-
     say = progress if callable(progress) else (lambda _msg: None)
     device = ec.torch_device
     if device.type != "cuda":
@@ -351,9 +351,6 @@ def _dummy_arena(ec: object, device: torch.device, path: Path, seen_bytes: int,
                  say: object) -> LoadedOrMapped:
     """``load_format=dummy`` in one-box mode: the family's random weights made on the device
     straight into the arena, a layer at a time (laid out from a meta-device pass first)."""
-    from engine.checkpoint import dummy_fingerprint, load_model_config
-    from engine.models import family_class
-
     config = load_model_config(ec.model)
     family = family_class(config)
     layout = dict(family.dummy_tensors(config, ec.torch_dtype, "meta", ec.seed))

@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._fp8_gemv_split import gemv_k_split, gemv_num_splits, gemv_semaphores_needed
 from kernels._pdl_triton import l2_prefetch, pdl_wait
 from kernels._triton_support import PDL_PREFETCH, interpreting, pdl_kwargs
-from kernels.fp8_linear import gemv_k_split, gemv_num_splits, gemv_semaphores_needed
 
 E4M3_TO_F16_FACTOR = 256.0  # e4m3 bits placed in an fp16 read 2**-8 of their value
 

@@ -90,3 +90,24 @@ def launch_tiled_sort(ids: torch.Tensor, order: torch.Tensor, row_end: torch.Ten
         counts, nt, num_experts, EB=_SCAN_EXPERTS, TB=_SCAN_TILES)
     _tile_order_kernel[(nt,)](ids, counts, row_end, order, m, num_experts, nt, TILE=SORT_TILE,
                               E_P2=next_pow2(num_experts))
+
+
+# Where a GEMM program's rows are in the sort's output: both expert GEMMs (the MXFP4 and the
+# FP8 prefill form) walk ``row_end`` the same way.
+@triton.jit
+def _expert_tile(row_end_ptr, t, E, BLOCK_M: tl.constexpr, E_P2: tl.constexpr):
+    """Tile ``t`` of the expert-sorted rows -> (expert, is_valid, first row, end row)."""
+    ids = tl.arange(0, E_P2)
+    ok = ids < E
+    end = tl.load(row_end_ptr + ids, mask=ok, other=0)
+    start = tl.load(row_end_ptr + ids - 1, mask=ok & (ids > 0), other=0)
+    end = tl.where(ok, end, 0)
+    start = tl.where(ok, start, 0)
+    tiles = (end - start + BLOCK_M - 1) // BLOCK_M
+    tile_end = tl.cumsum(tiles, 0)
+    tile_end = tl.where(ok, tile_end, 2147483647)
+    e = tl.sum((tile_end <= t).to(tl.int32), 0)
+    here = ids == e
+    first_tile = tl.sum(tl.where(here, tile_end - tiles, 0), 0)
+    row0 = tl.sum(tl.where(here, start, 0), 0) + (t - first_tile) * BLOCK_M
+    return e, e < E, row0, tl.sum(tl.where(here, end, 0), 0)

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from kernels._fp8_linear_triton import e4m3_bits_to_f16
 from kernels._fp8_w8a8_triton import f32_to_e4m3_bits
-from kernels._mxfp4_moe_triton import _expert_tile
+from kernels._moe_sort_triton import _expert_tile
 
 
 @triton.jit

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._moe_sort_triton import BLOCKED_SORT_MIN_PAIRS, launch_tiled_sort
+from kernels._moe_sort_triton import BLOCKED_SORT_MIN_PAIRS, _expert_tile, launch_tiled_sort
 from kernels._moe_split_k_triton import (
     _k_slice,
     _moe_combine_kernel,
@@ -74,26 +74,6 @@ def _moe_order_kernel(ids_ptr, row_end_ptr, order_ptr, M, E, BLOCK: tl.constexpr
         same = (id_j[None, :] == id_i[:, None]) & (j[None, :] < i[:, None])
         rank += tl.sum(same.to(tl.int32), 1)
     tl.store(order_ptr + rank, i.to(tl.int64), mask=i_ok)
-
-
-
-@triton.jit
-def _expert_tile(row_end_ptr, t, E, BLOCK_M: tl.constexpr, E_P2: tl.constexpr):
-    """Tile ``t`` of the expert-sorted rows -> (expert, is_valid, first row, end row)."""
-    ids = tl.arange(0, E_P2)
-    ok = ids < E
-    end = tl.load(row_end_ptr + ids, mask=ok, other=0)
-    start = tl.load(row_end_ptr + ids - 1, mask=ok & (ids > 0), other=0)
-    end = tl.where(ok, end, 0)
-    start = tl.where(ok, start, 0)
-    tiles = (end - start + BLOCK_M - 1) // BLOCK_M
-    tile_end = tl.cumsum(tiles, 0)
-    tile_end = tl.where(ok, tile_end, 2147483647)
-    e = tl.sum((tile_end <= t).to(tl.int32), 0)
-    here = ids == e
-    first_tile = tl.sum(tl.where(here, tile_end - tiles, 0), 0)
-    row0 = tl.sum(tl.where(here, start, 0), 0) + (t - first_tile) * BLOCK_M
-    return e, e < E, row0, tl.sum(tl.where(here, end, 0), 0)
 
 
 

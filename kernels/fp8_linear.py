@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels._checks import check_tensor
+from kernels._fp8_gemv_split import gemv_num_splits, gemv_semaphores_needed
 from kernels._triton_support import require_triton
 from kernels.errors import KernelArgumentError
 
@@ -101,17 +102,6 @@ def fp8_gemv_variant(m: int, n: int, k: int, block_k: int) -> Fp8GemvVariant | N
     return Fp8GemvVariant((bm, 64, bk, 1, 4, 3), split, "dot")
 
 
-def gemv_k_split(k: int, block_k: int, split: int) -> int:
-    """K columns of one slice when ``k`` is cut into at most ``split`` slices of whole K-tiles."""
-    tiles = -(-k // block_k)
-    return -(-tiles // max(split, 1)) * block_k
-
-
-def gemv_num_splits(k: int, block_k: int, split: int) -> int:
-    """Slices actually launched: ``split`` or fewer, none of them empty."""
-    return -(-k // gemv_k_split(k, block_k, split))
-
-
 GEMV_SEMAPHORES = 4096  # counters one model keeps: enough for any split GEMV (< 512 tiles)
 SERIAL_SPLIT_REDUCE = True  # False: the two-launch reduce even where semaphores are given (benches)
 
@@ -121,14 +111,6 @@ def gemv_semaphores(device: torch.device | str) -> torch.Tensor:
     them, 16 KiB). Launches on one stream share them: each launch puts its counters back to 0
     before it ends."""
     return torch.zeros(GEMV_SEMAPHORES, dtype=torch.int32, device=device)
-
-
-def gemv_semaphores_needed(m: int, n: int, tiles: tuple[int, ...], form: str,
-                           groups: int = 1) -> int:
-    """Counters a split-K launch uses: one per output tile (``n`` outputs over all groups)."""
-    bm, bn = tiles[0], tiles[1]
-    rows = m if form == "sum" else -(-m // bm)
-    return rows * -(-(n // groups) // bn) * groups
 
 
 def fp8_linear_scratch_bytes(m: int, n: int, k: int, block: tuple[int, int] = (128, 128),

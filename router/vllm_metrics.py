@@ -12,7 +12,7 @@ in-memory values only.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -25,10 +25,24 @@ from prometheus_client.registry import Collector
 
 from router.policy import WorkerLoad
 
-if TYPE_CHECKING:
-    from router.metrics import RouterMetrics
 
-# vLLM name -> (bulkhead histogram attribute of RouterMetrics, labels it must match, help)
+class BulkheadSeries(Protocol):
+    """The ``bulkhead_*`` series this module renames: what it reads of ``RouterMetrics``
+    (router/metrics.py), which hands itself in, so this module needs no import of it."""
+
+    ttft: MetricWrapperBase
+    itl: MetricWrapperBase
+    e2e: MetricWrapperBase
+    request_prompt_tokens: MetricWrapperBase
+    request_generation_tokens: MetricWrapperBase
+    request_time: MetricWrapperBase
+    prompt_tokens_seen: MetricWrapperBase
+    generated_tokens: MetricWrapperBase
+    kv_tokens: MetricWrapperBase
+    finished: MetricWrapperBase
+
+
+# vLLM name -> (bulkhead histogram attribute of BulkheadSeries, labels it must match, help)
 HISTOGRAMS: dict[str, tuple[str, dict[str, str], str]] = {
     "vllm:time_to_first_token_seconds": (
         "ttft", {}, "Time to first token: request arrival at the router to the first token sent."),
@@ -91,9 +105,10 @@ def _counter_by(metric: MetricWrapperBase, label: str) -> dict[str, float]:
 
 
 class VllmNamesCollector(Collector):
-    """Yields the ``vllm:`` families from a RouterMetrics (``source``) and the worker loads."""
+    """Yields the ``vllm:`` families from the bulkhead series (``source``, a RouterMetrics) and
+    the worker loads."""
 
-    def __init__(self, source: RouterMetrics, model_name: str,
+    def __init__(self, source: BulkheadSeries, model_name: str,
                  loads: Callable[[], list[WorkerLoad]]) -> None:
         self._src = source
         self._model = model_name

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import AttentionShape, paged_attention
+from engine.errors import CheckpointError
 from engine.kv_cache import KVCache
 from engine.model_config import ModelConfig
 from engine.rope import RotaryTable
@@ -92,7 +93,6 @@ class DenseDecoder:
         self.scale = cfg.head_dim ** -0.5
         act = cfg.hf_config.get("hidden_act", "silu")
         if act not in _ACTIVATIONS:
-            from engine.errors import CheckpointError
             raise CheckpointError(f"unsupported hidden_act {act!r} in config.json")
         self.act = _ACTIVATIONS[act]
         self.embed = weights["model.embed_tokens.weight"]

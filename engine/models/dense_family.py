@@ -9,12 +9,18 @@ from typing import Any, ClassVar
 import torch
 
 from engine.attention import AttentionShape, attention_workspace_bytes
+from engine.checkpoint import expected_tensor_shapes
 from engine.config import EngineConfig
+from engine.config_resolve import resolve_engine_config
+from engine.errors import CheckpointError
 from engine.kv_cache import KVCache, KVCacheSpec, kv_storage_dtype
-from engine.memory_planner import GRAPH_POOL_SLACK, PlanTerm, common_step_terms
+from engine.kv_layout import CacheKind, KVLayout
+from engine.memory_plan import PlanTerm
+from engine.memory_planner import GRAPH_POOL_SLACK, common_step_terms
 from engine.model_config import ModelConfig
 from engine.models.dense import DenseDecoder
-from engine.models.family import CacheKind, KVLayout, ModelFamily
+from engine.models.family import ModelFamily
+from engine.parallel.shard_plan import ShardPlan
 from engine.rope import RotaryTable
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace
@@ -100,28 +106,20 @@ class DenseFamily(ModelFamily):
 
     @classmethod
     def rank_model_config(cls, cfg: ModelConfig, size: int) -> ModelConfig:
-        from engine.parallel.shard_plan import ShardPlan
-
         return ShardPlan(cfg, 0, size).rank_config
 
     @classmethod
     def tensor_slicer(cls, cfg: ModelConfig, rank: int, size: int,
                       shapes: Mapping[str, tuple[int, ...]]) -> Any:
-        from engine.parallel.shard_plan import ShardPlan
-
         return ShardPlan(cfg, rank, size).slice_of
 
     @classmethod
     def kv_layout(cls, cfg: ModelConfig, ec: EngineConfig) -> DenseKVLayout:
-        from engine.config_resolve import resolve_engine_config
-
         return DenseKVLayout(cfg, ec if ec.is_resolved else resolve_engine_config(ec, cfg))
 
     @classmethod
     def checkpoint_tensors(cls, cfg: ModelConfig,
                            present: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-        from engine.checkpoint import expected_tensor_shapes
-
         return expected_tensor_shapes(cfg)
 
     @classmethod
@@ -129,9 +127,6 @@ class DenseFamily(ModelFamily):
                       seed: int) -> Iterator[tuple[str, torch.Tensor]]:
         """Normal(0, 0.02) matrices, unit norms, zero biases, in ``dtype``: how transformers
         initialises these models. One generator over the checkpoint's tensors in name order."""
-        from engine.checkpoint import expected_tensor_shapes
-        from engine.errors import CheckpointError
-
         qc = cfg.hf_config.get("quantization_config")
         if qc:
             method = qc.get("quant_method") if isinstance(qc, dict) else qc

@@ -9,119 +9,26 @@ KV only in ``KVLayout.allocate`` (once, at start-up) and their weights at constr
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-if TYPE_CHECKING:
-    from engine.config import EngineConfig
-    from engine.memory_planner import PlanTerm
-    from engine.model_config import ModelConfig
-    from engine.scheduler import ScheduledChunk
-    from engine.step_batch import StepBatch
-    from engine.workspace import Workspace
+from engine.config import EngineConfig
+from engine.errors import CheckpointError, PlanError
+from engine.kv_layout import CacheKind, KVLayout
+from engine.memory_plan import PlanTerm
+from engine.model_config import ModelConfig
+from engine.models.registry import IMPLEMENTATIONS
+from engine.scheduler import ScheduledChunk
+from engine.step_batch import StepBatch
+from engine.workspace import Workspace
 
-
-@dataclass(frozen=True)
-class CacheKind:
-    """One kind of data a KV block holds, with its geometry: a block of ``block_size`` tokens
-    holds ``rows`` rows of ``row_bytes`` bytes of this kind (per layer that has it, ``layers``)."""
-
-    name: str
-    layers: int
-    rows: int
-    row_bytes: int
-
-    @property
-    def block_bytes(self) -> int:
-        return self.layers * self.rows * self.row_bytes
-
-
-class KVLayout(ABC):
-    """How a family's attention state lives in the engine's pool of fixed-size blocks.
-
-    Contract:
-    - ``block_size`` tokens per block; a sequence holds ``ceil(tokens / block_size)`` blocks and
-      block 0 is the null block (never handed out). A sequence can continue at a multiple of
-      ``resume_granularity`` tokens from its blocks where ``can_resume_after`` its last block
-      holds (a layout may keep part of that state beside the blocks and export it with them),
-      so full blocks can be shared by prefix hash and exported / imported one by one. What a
-      sequence needs beside the blocks to continue at a block end (``resume_state_bytes`` > 0)
-      travels once per resume point (``export_resume_state`` / ``import_resume_state``), not in
-      every block.
-    - ``kinds`` describes each kind of data with its geometry; ``bytes_per_block`` is their sum
-      and is what the planner multiplies by the number of blocks.
-    - ``fingerprint`` changes whenever the bytes of a block would mean something else; two
-      engines exchange blocks only when their fingerprints are equal.
-    - ``allocate`` makes the storage once; ``export_blocks`` / ``import_blocks`` copy whole
-      blocks out of / into it as ``[n, bytes_per_block]`` uint8 rows, never touching other
-      blocks.
-    """
-
-    block_size: int
-
-    @property
-    @abstractmethod
-    def kinds(self) -> tuple[CacheKind, ...]: ...
-
-    @property
-    def bytes_per_block(self) -> int:
-        return sum(k.block_bytes for k in self.kinds)
-
-    @property
-    def bytes_per_token(self) -> float:
-        return self.bytes_per_block / self.block_size
-
-    @property
-    def resume_state_bytes(self) -> int:
-        """Bytes of the state, kept beside the blocks, that a sequence needs to continue at a
-        block end (0: the blocks are all of it, any full block end is a resume point)."""
-        return 0
-
-    def export_resume_state(self, kv: Any, block_id: int) -> torch.Tensor | None:
-        """[resume_state_bytes] uint8 copy of what a sequence needs beside the blocks to continue
-        at the end of ``block_id``, or None where none is kept (no resume point there)."""
-        return None
-
-    def import_resume_state(self, kv: Any, block_id: int, data: torch.Tensor) -> None:
-        """Make the end of ``block_id`` (its contents just imported) a resume point with
-        ``data`` (``export_resume_state``'s bytes for the same token prefix)."""
-        raise AssertionError(f"{type(self).__name__} keeps no resume state beside its blocks")
-
-    def can_resume_after(self, kv: Any, block_id: int) -> bool:
-        """Whether a sequence whose prefix ends with this full block can continue there (the
-        engine's prefix cache stops its hits at the last block where this holds)."""
-        return True
-
-    def resumable_tokens(self, kv: Any, block_ids: list[int], num_tokens: int) -> int:
-        """Of ``num_tokens`` leading tokens just imported into ``block_ids``, how many a sequence
-        can continue from (an import is cut back to it)."""
-        return num_tokens
-
-    @property
-    def resume_granularity(self) -> int:
-        """A sequence can continue from its blocks at multiples of this many tokens (imports and
-        prefix hits are rounded down to it)."""
-        return 1
-
-    @property
-    @abstractmethod
-    def fingerprint(self) -> str: ...
-
-    @abstractmethod
-    def allocate(self, num_blocks: int, device: torch.device) -> Any:
-        """The KV storage for ``num_blocks`` blocks (the engine's ``kv`` object)."""
-
-    @abstractmethod
-    def export_blocks(self, kv: Any, block_ids: list[int]) -> torch.Tensor:
-        """Copies of the blocks: [len(block_ids), bytes_per_block] uint8 on the KV's device."""
-
-    @abstractmethod
-    def import_blocks(self, kv: Any, block_ids: list[int], data: torch.Tensor) -> None:
-        """Write ``data`` ([n, bytes_per_block] uint8, any device) into the blocks."""
+# KVLayout and CacheKind are part of this contract (``ModelFamily.kv_layout``); they live in the
+# leaf engine.kv_layout so that the planner and the KV store need not import the families.
+__all__ = ["CacheKind", "KVLayout", "ModelFamily", "family_class"]
 
 
 class ModelFamily(ABC):
@@ -192,16 +99,12 @@ class ModelFamily(ABC):
         random values of the usual init spread on ``device`` (the same for the same seed), a few
         at a time (``device="meta"``: names, shapes and dtypes only). A quantization the config
         names that the family cannot hold is a CheckpointError."""
-        from engine.errors import CheckpointError
-
         raise CheckpointError(f"load_format=dummy: family {cfg.family} has no dummy weights")
 
     @classmethod
     def rank_model_config(cls, cfg: ModelConfig, size: int) -> ModelConfig:
         """The model as one of ``size`` tensor-parallel ranks holds it (what the planner plans
         per rank); raises PlanError naming the field that does not split by ``size``."""
-        from engine.errors import PlanError
-
         raise PlanError(f"tensor_parallel_size={size}: family {cfg.family} has no split over "
                         "ranks")
 
@@ -250,8 +153,6 @@ class ModelFamily(ABC):
     def warmup_steps(self, ec: EngineConfig, table: tuple[int, ...]) -> list[list[ScheduledChunk]]:
         """The plan's worst steps: the longest chunk against the longest context, a full batch
         of decodes at the longest context, and a full token budget spread over a full batch."""
-        from engine.scheduler import ScheduledChunk
-
         chunk = min(ec.chunk_tokens, ec.max_context - 1)
         total = min(ec.chunk_tokens, ec.max_batch * (ec.max_context - 1))
         share = [total // ec.max_batch + (i < total % ec.max_batch) for i in range(ec.max_batch)]
@@ -277,3 +178,13 @@ class ModelFamily(ABC):
 
     def reset(self, kv: Any) -> None:  # noqa: B027 - optional hook
         """After the warm-up: forget every per-sequence state it left."""
+
+
+def family_class(cfg: ModelConfig) -> type[ModelFamily]:
+    """The ModelFamily subclass that serves ``cfg.family`` (``registry.IMPLEMENTATIONS``). The
+    implementation is imported by name, so this contract never imports a family itself."""
+    target = IMPLEMENTATIONS.get(cfg.family)
+    if target is None:
+        raise CheckpointError(f"model family {cfg.family!r} is not served yet")
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)

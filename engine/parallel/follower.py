@@ -21,6 +21,7 @@ from engine.memory_planner import reserve_allocator_slack
 from engine.parallel.kv_gather import export_rank_rows, import_rank_resume, import_rank_rows
 from engine.parallel.rank_group import RankGroup
 from engine.parallel.rank_runner import build_rank_runner, rank_device
+from engine.warmup import Warmup
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,13 @@ def follow(runner, shard, group: RankGroup) -> None:  # noqa: ANN001 - ModelRunn
                     runner.model.forward(batch, runner.kv, runner.ws)
                 if not warmup:
                     runner.num_steps += 1
-                    runner._check_device_allocations()
+                    runner.check_device_allocations()
             elif cmd.op == "prepare_warmup":
                 runner.model.prepare_warmup(runner.kv, cmd.args[0])
             elif cmd.op == "lock":
                 runner.ws.lock()
             elif cmd.op == "capture":  # the same sizes in the same order as rank 0, meanwhile
-                runner._capture_graphs()
+                Warmup(runner).capture_graphs()
             elif cmd.op == "graph_step":
                 _replay(runner, list(cmd.args[0]))
             elif cmd.op == "reset":
@@ -77,7 +78,7 @@ def follow(runner, shard, group: RankGroup) -> None:  # noqa: ANN001 - ModelRunn
                 if cuda:  # the allocation check on every rank, from the end of the warm-up
                     reserve_allocator_slack(runner.device, runner.plan.term("allocator_slack"))
                     torch.cuda.synchronize(runner.device)
-                    runner._device_allocs = torch.cuda.memory_stats(runner.device).get(
+                    runner.device_alloc_baseline = torch.cuda.memory_stats(runner.device).get(
                         "num_device_alloc", 0)
             elif cmd.op == "export":
                 export_rank_rows(runner, shard, group, list(cmd.args[0]))
@@ -100,7 +101,7 @@ def _replay(runner, chunks: list) -> None:  # noqa: ANN001 - ModelRunner, Schedu
         runner.model.after_graph_step(runner.kv, chunks)
     runner.num_steps += 1
     runner.num_graph_steps += 1
-    runner._check_device_allocations()
+    runner.check_device_allocations()
 
 
 def _exit_with_parent(parent_pid: int) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from engine.models.family import CacheKind, KVLayout
+from engine.kv_layout import CacheKind, KVLayout
 from engine.parallel.rank_group import Command, RankGroup
 
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from engine.checkpoint import load_model_config
 from engine.config import EngineConfig
 from engine.errors import PlanError
 from engine.model_config import ModelConfig
+from engine.models.family import family_class
 
 # The tensor suffixes of each kind of split (the HF names of the dense families).
 _COLUMN_Q = ("self_attn.q_proj.weight", "self_attn.q_proj.bias")
@@ -117,9 +119,6 @@ def check_dense_split(cfg: ModelConfig, size: int) -> None:
 def check_tensor_parallel(ec: EngineConfig) -> None:
     """Before any rank starts: the model's family splits, and by this size (reads config.json
     only)."""
-    from engine.checkpoint import load_model_config
-    from engine.models import family_class
-
     cfg = load_model_config(ec.model)
     family = family_class(cfg)
     if not family.supports_tensor_parallel:

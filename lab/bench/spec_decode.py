@@ -109,6 +109,8 @@ def _partings(arms: dict[str, object], prompts: list[list[int]],
     margin between the two best logits there, scored by each engine on the common prefix (a
     margin near zero is a floating-point tie, which the verify forward's different matmul
     shape may break the other way)."""
+    from engine.scoring import final_logits
+
     found = []
     for i, prompt in enumerate(prompts):
         a, b = outputs["none"][f"p{i}"], outputs["ngram"][f"p{i}"]
@@ -118,7 +120,7 @@ def _partings(arms: dict[str, object], prompts: list[list[int]],
                   min(len(a), len(b)))
         entry: dict = dict(prompt=f"p{i}", position=at, none=a[at:at + 1], ngram=b[at:at + 1])
         for name, eng in arms.items():
-            logits = eng.final_logits(prompt + a[:at], f"part-{name}-{i}")  # type: ignore[attr-defined]
+            logits = final_logits(eng, prompt + a[:at], f"part-{name}-{i}")
             top = logits.topk(2).values
             entry[f"top2_margin_{name}"] = float(top[0] - top[1])
         found.append(entry)

@@ -63,7 +63,7 @@ def test_each_turn_computes_only_its_new_tokens(cold_workers: E2E) -> None:
     ckpt = load_checkpoint(e2e.folder, torch.float32, progress=False)
     mc = ckpt.config
     from engine.config import EngineConfig
-    from engine.models import family_class
+    from engine.models.family import family_class
     from worker.kv_store import KVStore
 
     layout = family_class(mc).kv_layout(mc, EngineConfig(model="e2e", device="cpu",

@@ -14,7 +14,8 @@ import pytest
 from engine.config import EngineConfig, KernelChoices
 from engine.config_resolve import CPU_AUTO_CONTEXT, longest_fitting_context, resolve_engine_config
 from engine.errors import PlanError
-from engine.memory_planner import GiB, make_plan
+from engine.memory_plan import GiB
+from engine.memory_planner import make_plan
 from engine.model_config import ModelConfig
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -72,13 +72,13 @@ def decode_step_logits(engine: LLMEngine, vocab: int) -> tuple[torch.Tensor, tor
     assert runner.graphs is not None and runner.graphs.can_run(out.chunks)
     with torch.inference_mode():
         with runner.ws.scope():
-            runner._tell("graph_step", out.chunks)
+            runner.tell("graph_step", out.chunks)
             replayed = runner.graphs.run(out.chunks).clone()
         with runner.ws.scope():
-            runner._tell("forward", out.chunks, False)  # same KV writes as the replay
+            runner.tell("forward", out.chunks, False)  # same KV writes as the replay
             batch = runner.build_batch(out.chunks)
             eager = runner.ws.take((6, vocab), torch.float32, caller="test.logits")
-            runner._forward_logits(batch, runner.ws, eager)
+            runner.forward_logits(batch, runner.ws, eager)
             eager = eager.clone()
     return replayed, eager
 

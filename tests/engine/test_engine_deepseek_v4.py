@@ -12,6 +12,7 @@ from engine.errors import ContextLengthExceeded, PlanError
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.sampling_params import SamplingParams
+from engine.scoring import final_logits
 from tests.engine.deepseek_v4.conftest import SHORT_CONFIGS, build_hf_v4
 
 NEW = 10
@@ -124,8 +125,8 @@ def test_fp8_pool_is_planned_smaller_and_stays_close() -> None:
     assert fp8.kv_layout.bytes_per_block < exact.kv_layout.bytes_per_block
     assert fp8.kv_layout.fingerprint != exact.kv_layout.fingerprint
     prompt = torch.randint(0, 97, (57,), generator=torch.Generator().manual_seed(2)).tolist()
-    a = exact.final_logits(prompt)
-    b = fp8.final_logits(prompt)
+    a = final_logits(exact, prompt)
+    b = final_logits(fp8, prompt)
     assert (a - b).abs().max() < 0.05 * a.abs().max()
 
 

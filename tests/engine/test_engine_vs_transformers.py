@@ -11,6 +11,7 @@ from engine.config import EngineConfig
 from engine.errors import ContextLengthExceeded, InvalidRequest
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.scoring import final_logits
 from tests.engine.conftest import build_tiny_model
 from tests.engine.parallel.test_tensor_parallel_engine import export_kept
 
@@ -88,7 +89,7 @@ def test_batched_greedy_matches_transformers_and_logits(family_setup):
     # final-position logits through the chunked path, tight fp32 tolerance
     for n in (257, 1000):
         p = prompts[f"len{n}"]
-        ours = engine.final_logits(p, request_id=f"score{n}")
+        ours = final_logits(engine, p, request_id=f"score{n}")
         with torch.no_grad():
             ref = model(torch.tensor([p])).logits[0, -1].float()
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)

@@ -13,7 +13,7 @@ def llama_kv_layout(folder: Path, **dims: Any) -> Any:
     a small default, and return the engine's KV layout for it on the CPU in bf16."""
     from engine.checkpoint import load_model_config
     from engine.config import EngineConfig
-    from engine.models import family_class
+    from engine.models.family import family_class
 
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
               "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -12,7 +12,7 @@ from engine.checkpoint import load_model_config
 from engine.config import CPU_AUTO_KV_TOKENS
 from engine.config_resolve import CPU_AUTO_CONTEXT, resolve_engine_config
 from engine.memory_planner import make_plan
-from engine.models import family_class
+from engine.models.family import family_class
 from tests.helpers.default_model import default_model_or_skip
 from worker.kv_store_config import KVStoreConfig, auto_chunk_tokens
 from worker.lmcache_engine import lmcache_pool_gb

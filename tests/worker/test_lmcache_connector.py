@@ -11,7 +11,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.model_config import ModelConfig
-from engine.models import family_class
+from engine.models.family import family_class
 from tests.worker.kv_peer import dense_layout
 from worker.kv_store_config import KVStoreConfig
 from worker.lmcache_connector import BlockConnector, HostBlocks

@@ -35,7 +35,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.model_config import ModelConfig
-from engine.models import family_class
+from engine.models.family import family_class
 
 INCIDENT_PROMPTS = (149_760, 212_992, 255_549)
 REPO = Path(__file__).resolve().parents[3]

@@ -22,7 +22,7 @@ def replan(res: dict[str, Any]) -> dict[str, Any]:
     import argparse
 
     from lab.bench.deepseek_v4.context import flash_config
-    from lab.bench.deepseek_v4.incident import plan_for
+    from lab.bench.deepseek_v4.incident_plan import plan_for
 
     args = argparse.Namespace(
         decode_context=res["decode_context"], chunk=res["chunk"], decodes=res["decodes"],

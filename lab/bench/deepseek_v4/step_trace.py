@@ -84,7 +84,6 @@ def cuda_code_path() -> Iterator[None]:
     from triton.runtime.interpreter import InterpretedFunction
 
     import engine.model_runner as runner_mod
-
     saved = (InterpretedFunction.run, DeepseekV4Model.compute_logits, runner_mod.Workspace)
     base_ws = runner_mod.Workspace
 
@@ -141,7 +140,7 @@ def trace_warmup(cfg: DeepseekV4Config, ec: EngineConfig, stacks: bool = True) -
     """Build the engine of ``cfg`` (FP8 / MXFP4 synthetic weights) under ``ec`` on the CUDA code
     path and measure the live bytes of its warm-up (on a CUDA ``ec``: the real kernels, and
     the allocator's readings beside the count)."""
-    import engine.model_runner as runner_mod
+    from engine.warmup import Warmup
 
     cuda = ec.torch_device.type == "cuda"
     dev = ec.torch_device
@@ -152,7 +151,7 @@ def trace_warmup(cfg: DeepseekV4Config, ec: EngineConfig, stacks: bool = True) -
                         probe=(lambda: torch.cuda.memory_allocated(dev)) if cuda else None)
     step_peaks: dict[str, int] = {}
     base: list[int] = []
-    run_steps, execute = runner_mod.ModelRunner._run_warmup_steps, runner_mod.ModelRunner._execute_warmup
+    run_steps, execute = Warmup.run_steps, Warmup.execute_step
 
     def run_traced(self: Any, steps: Any, *a: Any, **k: Any) -> None:
         if base:  # the CUDA-only second pass: not part of the measured peak
@@ -177,14 +176,14 @@ def trace_warmup(cfg: DeepseekV4Config, ec: EngineConfig, stacks: bool = True) -
 
     hf = quantized_hf_config(hf_dict(cfg))
     weights = synthetic_quantized_state_dict(cfg, dev, ec.torch_dtype)
-    runner_mod.ModelRunner._run_warmup_steps = run_traced  # type: ignore[method-assign]
-    runner_mod.ModelRunner._execute_warmup = execute_traced  # type: ignore[method-assign]
+    Warmup.run_steps = run_traced  # type: ignore[method-assign]
+    Warmup.execute_step = execute_traced  # type: ignore[method-assign]
     try:
         with contextlib.nullcontext() if cuda else cuda_code_path():
             engine = LLMEngine(ec, ModelConfig.from_hf_dict(hf, name=ec.model), weights)
     finally:
-        runner_mod.ModelRunner._run_warmup_steps = run_steps  # type: ignore[method-assign]
-        runner_mod.ModelRunner._execute_warmup = execute  # type: ignore[method-assign]
+        Warmup.run_steps = run_steps  # type: ignore[method-assign]
+        Warmup.execute_step = execute  # type: ignore[method-assign]
     planned = engine.plan.term("activations")
     rep = engine.warmup_report
     at_peak = None if tracker.probe_at_peak is None else tracker.probe_at_peak - base[0]

@@ -93,6 +93,6 @@ def test_v4_graph_logits_equal_eager_logits(quantized) -> None:  # noqa: F811
         with runner.ws.scope():
             batch = runner.build_batch(out.chunks)
             eager = runner.ws.take((3, 97), torch.float32, caller="test.logits")
-            runner._forward_logits(batch, runner.ws, eager)
+            runner.forward_logits(batch, runner.ws, eager)
             eager = eager.clone()
     torch.testing.assert_close(replayed, eager, rtol=1e-3, atol=1e-3)

@@ -12,6 +12,7 @@ from engine.config import EngineConfig
 from engine.errors import PlanError
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.scoring import final_logits
 from tests.engine.conftest import build_tiny_model
 
 PROMPT_LENGTHS = [1, 19, 70]  # one token, a partial block, more than one 32-token chunk
@@ -29,7 +30,7 @@ def _config(folder, tp: int, **kw) -> EngineConfig:
 def greedy_and_logits(engine: LLMEngine, prompts: dict[str, list[int]],
                       new_tokens: int = NEW_TOKENS):
     """Each prompt's final logits (scored alone), then its greedy tokens (all run together)."""
-    logits = {rid: engine.final_logits(p, request_id=f"score-{rid}") for rid, p in prompts.items()}
+    logits = {rid: final_logits(engine, p, request_id=f"score-{rid}") for rid, p in prompts.items()}
     sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     for rid, p in prompts.items():
         engine.add_request(rid, p, sp)

@@ -15,8 +15,9 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.cuda_graphs import capture_order, graph_batch_sizes
-from engine.memory_planner import MiB
-from engine.parallel.rank_runner import NCCL_GRAPH_WORK, rank_engine_config
+from engine.memory_plan import MiB
+from engine.parallel.comm_terms import NCCL_GRAPH_WORK
+from engine.parallel.rank_runner import rank_engine_config
 from engine.plan_cli import main
 
 DATA = Path(__file__).resolve().parents[2] / "data"

@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 from lab.bench.deepseek_v4.context import flash_config
-from lab.bench.deepseek_v4.incident import FLASH_43, largest_context, plan_for
+from lab.bench.deepseek_v4.incident import FLASH_43
+from lab.bench.deepseek_v4.incident_plan import largest_context, plan_for
 from lab.bench.deepseek_v4.incident_report import (
     ratio_at_same_contexts,
     render,
