@@ -127,7 +127,8 @@ class LLMEngine:
         eos = model_config.eos_token_ids
         self.scheduler = Scheduler(
             SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos),
-                            family.step_context_limit(ec)),
+                            family.step_context_limit(ec),
+                            restart_rejected_verify=family.restarts_rejected_verify),
             self.block_manager)
         record = (WarmupRecord.for_engine(ec.warmup_record_dir, ec, model_fingerprint,
                                           torch.__version__)

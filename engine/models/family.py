@@ -147,6 +147,11 @@ class ModelFamily(ABC):
     #: a verify step writes the KV of drafts that may be rejected, so every per-sequence state
     #: the step advances must roll back to the accepted length
     speculation_problem: ClassVar[str | None] = "it has no rollback of rejected draft tokens"
+    #: False: a rejected draft's positions are simply written again later (KV addressed by
+    #: position). True: the family puts its per-sequence state back to the verify chunk's start
+    #: when the sequence's next chunk starts there again; the scheduler then counts none of a
+    #: rejecting verify step's positions as computed (``SchedulerConfig.restart_rejected_verify``)
+    restarts_rejected_verify: ClassVar[bool] = False
     #: pad rows of a graph step copy row 0 instead of writing to the null block (per-slot state)
     graph_pads_copy_first: ClassVar[bool] = False
     #: whether the family runs split over ranks (engine/parallel/): its constructor then takes

@@ -55,6 +55,7 @@ from engine.models.deepseek_v4.tensor_parallel import (
     wire_model,
 )
 from engine.models.deepseek_v4.tensor_slices import renumber_experts, v4_tensor_slicer
+from engine.models.deepseek_v4.verify_snapshots import VerifySnapshots, verify_snapshot_bytes
 from engine.models.family import ModelFamily
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace, _align
@@ -98,9 +99,10 @@ class DeepseekV4Family(ModelFamily):
     graph_pads_copy_first: ClassVar[bool] = True  # pad rows must not touch slot 0's window ring
     cast_weights_on_load: ClassVar[bool] = False  # FP8/FP4 payloads and scales kept as stored
     supports_tensor_parallel: ClassVar[bool] = True  # dequantized weights (tensor_parallel.py)
-    speculation_problem: ClassVar[str | None] = (
-        "a verify step advances its sliding-window ring, the compressors' carry and the "
-        "indexer state per token, and their rollback to the accepted length is not built yet")
+    # a verify step's overwritten per-slot state is copied first and put back on a rejection,
+    # the kept tokens recomputed by the next chunk (verify_snapshots.py)
+    speculation_problem: ClassVar[str | None] = None
+    restarts_rejected_verify: ClassVar[bool] = True
     tensor_parallel_kv: ClassVar[str] = "replicated"  # one shared KV head: whole on every rank
     rerun_safe: ClassVar[bool] = False  # a step advances per-slot window rings and counts
 
@@ -130,6 +132,8 @@ class DeepseekV4Family(ModelFamily):
             wire_model(self.model, self.cfg, tp.rank, tp)
         self.uses_cuda_graphs = all(isinstance(layer.mlp.experts, Mxfp4Experts)
                                     for layer in self.model.model.layers)
+        self.snapshots = (VerifySnapshots(self.cfg, ec.max_batch, ec.spec_tokens, ec.torch_dtype,
+                                          ec.torch_device) if ec.spec_tokens else None)
 
     @classmethod
     def dummy_tensors(cls, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
@@ -222,6 +226,13 @@ class DeepseekV4Family(ModelFamily):
                      f"{v4.sliding_window} x head_dim {v4.head_dim} row "
                      + ("(1 B + fp32 scale)" if ec.kv_dtype == "fp8" else "x dtype")),
         ]
+        if ec.spec_tokens:
+            terms.append(PlanTerm(
+                "verify_snapshots", verify_snapshot_bytes(v4, ec.max_batch, ec.spec_tokens, dtype),
+                f"max_batch {ec.max_batch} x (layers x (k {ec.spec_tokens} + 1) ring rows x "
+                f"head_dim {v4.head_dim} + per compressor 2 x rate x width + per CSA compressor "
+                "rate x dim overlap row + fp32 gate) x dtype: what a verify step overwrites, "
+                "put back on a rejected draft (verify_snapshots.py)"))
         scratch = deepseek_v4_step_scratch_bytes(v4, ec.chunk_tokens, ec.max_context,
                                                  ec.max_batch, ec.torch_dtype,
                                                  "kernels" if kernels else "torch")
@@ -273,7 +284,12 @@ class DeepseekV4Family(ModelFamily):
         firsts = batch.first_chunks or [False] * batch.num_seqs
         for i, slot in enumerate(batch.cache_slots):
             start = batch.context_lens[i] - batch.query_len(i)
-            _bind_slot(pool, slot, start, firsts[i], batch.block_tables[i])
+            _bind_slot(pool, slot, start, firsts[i], batch.block_tables[i], self.snapshots)
+        if self.snapshots is not None and batch.num_draft_tokens:
+            for i, slot in enumerate(batch.cache_slots):
+                if batch.num_draft_tokens[i]:
+                    self.snapshots.take(pool, slot, batch.context_lens[i] - batch.query_len(i),
+                                        batch.query_len(i), batch.block_tables[i])
         # after every restore (a restore touches its snapshot, so it is not the one reused)
         for i, slot in enumerate(batch.cache_slots):
             pool.plan_windows(slot, batch.block_tables[i], batch.context_lens[i] - batch.query_len(i),
@@ -285,7 +301,7 @@ class DeepseekV4Family(ModelFamily):
         """The bookkeeping of :meth:`forward` and of the model's step for a graph replay: bind
         each slot, check its room, count the token it absorbs."""
         for c in chunks:
-            _bind_slot(kv, c.cache_slot, c.start, c.is_first, c.block_ids)
+            _bind_slot(kv, c.cache_slot, c.start, c.is_first, c.block_ids, self.snapshots)
             kv.check_room(c.cache_slot, c.num_tokens, torch.as_tensor(c.block_ids))
         for c in chunks:  # after every restore, as in forward
             kv.plan_windows(c.cache_slot, list(c.block_ids), c.start, c.num_tokens)
@@ -339,20 +355,29 @@ class DeepseekV4Family(ModelFamily):
             kv.pretend_filled(c.cache_slot, c.start)
 
     def reset(self, kv: DeepseekV4KVPool) -> None:
+        if self.snapshots is not None:  # the warm-up's verify step: put its copies back too
+            for slot, p in enumerate(self.snapshots.pending):
+                if p is not None:
+                    self.snapshots.rollback(kv, slot, p.start)
         for slot in range(kv.max_batch):
             kv.reset_slot(slot)
         kv.reset_windows()
 
 
 def _bind_slot(pool: DeepseekV4KVPool, slot: int, start: int, first: bool,
-               block_ids: list[int] | tuple[int, ...]) -> None:
+               block_ids: list[int] | tuple[int, ...],
+               snapshots: VerifySnapshots | None = None) -> None:
     """Make ``slot`` ready for a chunk at position ``start``: fresh, resumed from its blocks,
-    or continued (then it must stand exactly there)."""
+    continued (then it must stand exactly there), or rolled back to the start of its last
+    verify step, which rejected a draft (verify_snapshots.py)."""
+    if snapshots is not None and (start == 0 or first):
+        snapshots.drop(slot)
     if start == 0:
         pool.reset_slot(slot)
     elif first:
         pool.restore_slot(slot, pool.table(slot, block_ids), start)
-    elif pool.num_tokens[slot] != start:
+    elif pool.num_tokens[slot] != start and not (
+            snapshots is not None and snapshots.rollback(pool, slot, start)):
         raise InvalidRequest(
             f"V4 slot {slot} holds {pool.num_tokens[slot]} tokens but the step continues "
             f"at position {start}", field="cache_slots")
