@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.errors import InvalidRequest
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.config import DeepseekV4Config
@@ -65,3 +66,53 @@ def test_ngram_greedy_identical_with_rollback(v4_builder: Callable[..., Any], na
     # drafts were verified, some kept and some rejected (each rejection a rollback)
     assert st.spec_num_accepted_tokens > 0, st
     assert st.spec_num_draft_tokens > st.spec_num_accepted_tokens, st
+
+
+def test_rolled_back_slot_equals_a_slot_that_never_ran_the_drafts(
+        v4_builder: Callable[..., Any]) -> None:
+    """Slot 0 runs a prompt, then a verify chunk (its last token + 3 drafts) that crosses a CSA
+    window end and a block end, then rolls back; slot 1 runs the prompt only. Their rings,
+    open windows, the overlap row read next and token counts are equal, and the same next chunk
+    gives the same logits in both."""
+    from engine.models.deepseek_v4.family import DeepseekV4Family
+    from tests.engine.deepseek_v4.conftest import step_batch
+
+    model, _ = v4_builder("csa-hca-csa-s_hc3_topk_all")  # rates 4 and 16, window 5
+    mc = ModelConfig.from_hf_dict(model.config.to_dict(), name="v4")
+    ec = EngineConfig(model="v4", device="cpu", dtype="float32", max_batch=2, max_context=64,
+                      block_size=16, attn_tile_tokens=16, speculative_method="ngram",
+                      num_speculative_tokens=3)
+    fam = DeepseekV4Family(mc, dict(model.state_dict()), ec)
+    pool = DeepseekV4Family.kv_layout(mc, ec).allocate(9, torch.device("cpu"))
+    tables = {0: [1, 2, 3, 4], 1: [5, 6, 7, 8]}
+    prompt = torch.randint(2, 97, (14,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    def run(seqs: list[tuple[list[int], int, int]], drafts: int = 0) -> torch.Tensor:
+        batch = step_batch(seqs, tables)
+        batch.num_draft_tokens = [drafts] * len(seqs)
+        hidden = fam.forward(batch, pool, None)
+        return fam.compute_logits(hidden, torch.empty(hidden.shape[0], 97))
+
+    run([(prompt, 0, 0)])
+    run([(prompt, 0, 1)])  # alone too: the same arithmetic, bit for bit
+    # positions 14..17: window 3 (12..15) closes, its overlap row lands in block 1 over the
+    # row of window 2 the next window reads; the ring's rows of 9..12 are overwritten
+    run([([40, 41, 42, 43], 14, 0)], drafts=3)
+    assert pool.num_tokens[0] == 18
+    nxt = [40, 41]  # the kept tokens: the last token and one accepted draft, recomputed
+    got = run([(nxt, 14, 0)])  # binding restores the copy: slot 0 stands at 14 again
+    want = run([(nxt, 14, 1)])
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for layer in pool.layers:
+        torch.testing.assert_close(layer.ring[0], layer.ring[1], rtol=0, atol=0)
+        for cp in (layer.compressor, layer.indexer):
+            if cp is None:
+                continue
+            n = 16 % cp.rate  # the open window's rows
+            torch.testing.assert_close(cp.buf_kv[0, :n], cp.buf_kv[1, :n], rtol=0, atol=0)
+            if cp.ov_kv is not None:
+                # window 3 closed again (by the recompute) in each slot's first block
+                torch.testing.assert_close(cp.ov_kv[1], cp.ov_kv[5], rtol=0, atol=0)
+    # a step continuing anywhere else is still refused
+    with pytest.raises(InvalidRequest, match="continues at position 12"):
+        run([([3], 12, 0)])
