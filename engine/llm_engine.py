@@ -97,6 +97,11 @@ class LLMEngine:
                             f"{model_config.family} cannot verify drafts: "
                             f"{family.speculation_problem}; serve it with speculative_method "
                             "none")
+        if ec.spec_tokens and ec.speculative_method not in family.speculative_methods:
+            raise PlanError(f"speculative_method={ec.speculative_method}: family "
+                            f"{model_config.family} drafts with "
+                            f"{', '.join(family.speculative_methods)} only (mtp needs a "
+                            "checkpoint's own MTP layers: DeepSeek-V4); use one of those or none")
         self.plan: MemoryPlan = plan_for(ec)
         self.plan.check()
         if progress is not None:
@@ -158,7 +163,8 @@ class LLMEngine:
         self._tokens = 0
         self._preemptions = 0
         self._rng = torch.Generator().manual_seed(ec.seed)
-        self._drafter = NgramDrafter(ec.max_batch, ec.max_context) if ec.spec_tokens else None
+        self._drafter = (NgramDrafter(ec.max_batch, ec.max_context)
+                         if ec.speculative_method == "ngram" else None)
         self._spec_drafts = 0
         self._spec_draft_tokens = 0
         self._spec_accepted = 0
@@ -342,7 +348,7 @@ class LLMEngine:
     # -- stepping -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
-        if self._drafter is not None:
+        if self.config.spec_tokens:
             self._propose_drafts()
         sched = self.scheduler.schedule()
         self._preemptions += len(sched.preempted)
@@ -475,12 +481,13 @@ class LLMEngine:
 
     # -- internals ------------------------------------------------------------------------------
     def _propose_drafts(self) -> None:
-        """Each running decode's n-gram drafts for this step (engine/ngram_drafter.py), at most
-        its request's number, cut so that its output stays within max_tokens and
-        max_context, and to what its grammar accepts (a draft that would complete the grammar
-        is cut too: the token that completes it is always a row's own draw)."""
-        assert self._drafter is not None
+        """Each running decode's drafts for this step (n-gram: engine/ngram_drafter.py; mtp:
+        the family's draft layers, all decodes in one call), at most its request's number, cut
+        so that its output stays within max_tokens and max_context, and to what its grammar
+        accepts (a draft that would complete the grammar is cut too: the token that completes
+        it is always a row's own draw)."""
         ec = self.config
+        wanted: list[tuple[Any, int]] = []
         for seq in self.scheduler.running:
             seq.draft_token_ids = []
             if seq.is_importing or seq.num_uncomputed != 1:
@@ -489,10 +496,20 @@ class LLMEngine:
             k = ec.spec_tokens if sp.num_speculative_tokens is None else sp.num_speculative_tokens
             k = min(k, sp.max_tokens - len(seq.output_token_ids) - 1,
                     ec.max_context - seq.num_tokens)
-            if k <= 0:
-                continue
-            self._drafter.sync(seq.cache_slot, seq)
-            drafts = self._drafter.propose(seq.cache_slot, k)
+            if k > 0:
+                wanted.append((seq, k))
+        if self._drafter is not None:
+            proposed = []
+            for seq, k in wanted:
+                self._drafter.sync(seq.cache_slot, seq)
+                proposed.append(self._drafter.propose(seq.cache_slot, k))
+        elif wanted:
+            proposed = self.runner.model.propose_drafts(self.runner.kv, [
+                (seq.cache_slot, seq.token_slice(seq.num_tokens - 1, seq.num_tokens)[0],
+                 seq.num_tokens - 1, k, list(seq.block_ids)) for seq, k in wanted])
+        else:
+            proposed = []
+        for (seq, _k), drafts in zip(wanted, proposed, strict=True):
             if drafts and seq.matcher is not None:
                 drafts = _grammar_prefix(seq.matcher, drafts)
             seq.draft_token_ids = drafts

@@ -5,11 +5,19 @@ and a checkpoint without them refuses ``speculative_method=mtp``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 
 from engine.checkpoint import load_checkpoint
+from engine.config import EngineConfig
+from engine.errors import PlanError
+from engine.llm_engine import LLMEngine
+from engine.models.deepseek_v4.kv_pool import block_multiple
+from engine.sampling_params import SamplingParams
 from engine.models.deepseek_v4 import DeepseekV4Config, DeepseekV4KVPool, DeepseekV4Model
 from engine.models.deepseek_v4.mtp import V4MTPLayer, mtp_config, mtp_layer_count, split_mtp_weights
 from tests.engine.deepseek_v4._mtp_ckpt import main_streams, reference_mtp_logits, write_v4_with_mtp
@@ -41,3 +49,60 @@ def test_mtp_layer_matches_reference(tmp_path: Path) -> None:
         torch.testing.assert_close(torch.cat(got), want, atol=2e-5, rtol=1e-4)
         assert mtp.streams_out is not None
         torch.testing.assert_close(mtp.streams_out[0], want_streams[-1], atol=2e-5, rtol=1e-4)
+
+
+def _mtp_engine(folder: Path, method: str, k: int = 3) -> LLMEngine:
+    ck = load_checkpoint(folder, torch.float32, progress=False)
+    bs = block_multiple(DeepseekV4Config.from_hf_dict(ck.config.hf_config))
+    ec = EngineConfig(model="v4", device="cpu", dtype="float32", max_batch=3, max_context=160,
+                      chunk_tokens=32, block_size=bs, attn_tile_tokens=bs,
+                      speculative_method=method, num_speculative_tokens=k)
+    return LLMEngine(ec, ck.config, ck.state_dict)
+
+
+def _greedy(engine: LLMEngine, prompts: list[list[int]], new: int) -> dict[str, list[int]]:
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=new, temperature=0.0,
+                                                      ignore_eos=True))
+    out: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return out
+
+
+@pytest.mark.parametrize("name", ["s-csa-hca_yarn_hc2", "legacy_fields_hc1_csa8"])
+def test_mtp_greedy_identical(tmp_path: Path, name: str) -> None:
+    """Greedy tokens with MTP drafts (k = 3, one MTP layer drafting recurrently) equal greedy
+    tokens without speculation; drafts are verified, some kept, some rejected (rollbacks)."""
+    write_v4_with_mtp(name, tmp_path, num_mtp=1)
+    g = torch.Generator().manual_seed(3)
+    prompts = [[7, 8, 9, 10, 11, 12] * 6, torch.randint(2, 97, (29,), generator=g).tolist(),
+               [5, 6, 5, 6, 5, 6, 5]]
+    want = _greedy(_mtp_engine(tmp_path, "none"), prompts, 60)
+    spec = _mtp_engine(tmp_path, "mtp")
+    assert spec.plan.term("mtp_state") > 0 and spec.plan.term("verify_snapshots") > 0
+    got = _greedy(spec, prompts, 60)
+    assert got == want
+    st = spec.stats()
+    assert st.spec_num_drafts > 0 and st.spec_num_accepted_tokens > 0, st
+    assert st.spec_num_draft_tokens > st.spec_num_accepted_tokens, st
+
+
+def test_checkpoint_without_mtp_refuses_mtp(v4_builder: Callable[..., Any], tmp_path: Path) -> None:
+    model, _ = v4_builder("s-csa-hca_yarn_hc2")
+    model.save_pretrained(tmp_path)
+    with pytest.raises(PlanError, match=r"speculative_method=mtp: this checkpoint has no MTP "
+                                        r"layers .*num_nextn_predict_layers"):
+        _mtp_engine(tmp_path, "mtp")
+
+
+def test_dense_family_refuses_mtp(tmp_path: Path) -> None:
+    from tests.helpers.tiny_model import write_tiny_llama
+
+    folder = write_tiny_llama(tmp_path)
+    ck = load_checkpoint(folder, torch.float32, progress=False)
+    ec = EngineConfig(model="tiny", device="cpu", dtype="float32", max_batch=2, max_context=64,
+                      speculative_method="mtp")
+    with pytest.raises(PlanError, match="speculative_method=mtp: family .* drafts with ngram only"):
+        LLMEngine(ec, ck.config, ck.state_dict)
