@@ -193,8 +193,9 @@ class WorkerSettings:
         default="none",
         metadata=_doc("Speculative decoding (vLLM's --speculative-method): none | ngram "
                       "(prompt lookup: drafts copied from the sequence's own earlier tokens, "
-                      "verified in one forward; dense families). mtp is refused: DeepSeek-V4's "
-                      "MTP drafter is not built yet."))
+                      "verified in one forward; every family) | mtp (DeepSeek-V4 checkpoints "
+                      "with MTP layers: drafts from the model's own MTP layer; refused at "
+                      "start-up for a checkpoint without them)."))
     num_speculative_tokens: int = field(
         default=3,
         metadata=_doc("With a speculative_method: most draft tokens a sequence verifies per "
@@ -336,14 +337,11 @@ class WorkerSettings:
                                                and int(self.max_context) >= 2):
             raise SettingsError(f"max_context: {self.max_context!r} is neither auto nor a "
                                 "whole number of tokens >= 2")
-        if self.speculative_method == "mtp":
-            raise SettingsError("speculative_method: mtp (DeepSeek-V4's MTP layers) is not "
-                                "built yet; use ngram or none")
         if not 1 <= self.num_speculative_tokens <= 16:
             raise SettingsError(f"num_speculative_tokens: {self.num_speculative_tokens} is not "
                                 "in 1..16")
         for name, allowed in (("kv_cache_dtype", ("auto", "fp8")),
-                              ("speculative_method", ("none", "ngram")),
+                              ("speculative_method", ("none", "ngram", "mtp")),
                               ("load_format", ("auto", "dummy")),
                               ("indexer_backend", ("auto", "torch", "kernels", "kernels_ref",
                                                    "naive")),

@@ -199,9 +199,6 @@ def _limit_flags(opts: UpOptions) -> tuple[str, ...]:
 
 def _spec_flags(opts: UpOptions, role: str) -> tuple[str, ...]:
     """The decode worker's speculative decoding flags (vLLM's spellings)."""
-    if opts.speculative_method == "mtp":
-        raise LaunchError("--speculative-method mtp: DeepSeek-V4's MTP drafter is not built "
-                          "yet; use ngram or none")
     if opts.num_speculative_tokens < 0:
         raise LaunchError(f"--num-speculative-tokens: {opts.num_speculative_tokens} must be "
                           ">= 1 (0 = the workers' setting, 3)")
@@ -395,8 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "config.json alone, both workers ('' = the workers' setting, auto).")
     p.add_argument("--speculative-method", default="", choices=["", "none", "ngram", "mtp"],
                    help="Speculative decoding on the decode worker: ngram (prompt lookup, "
-                   "dense families) or none ('' = the workers' setting, none); mtp is refused: "
-                   "not built yet.")
+                   "every family), mtp (a DeepSeek-V4 checkpoint's own MTP layer) or none ('' = "
+                   "the workers' setting, none).")
     p.add_argument("--num-speculative-tokens", type=int, default=0,
                    help="Most draft tokens a sequence verifies per step, 1..16 (0 = the "
                    "workers' setting, 3).")

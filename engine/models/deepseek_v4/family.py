@@ -31,6 +31,8 @@ from engine.models.deepseek_v4.kv_pool import (
     slot_carry_bytes,
 )
 from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.models.deepseek_v4.mtp import V4MTPLayer, mtp_layer_count, split_mtp_weights
+from engine.models.deepseek_v4.mtp_drafter import MtpDrafter, MtpRow, mtp_state_bytes
 from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
 from engine.models.deepseek_v4.quant_weights import (
     has_fp8_linears,
@@ -55,8 +57,6 @@ from engine.models.deepseek_v4.tensor_parallel import (
     wire_model,
 )
 from engine.models.deepseek_v4.tensor_slices import renumber_experts, v4_tensor_slicer
-from engine.models.deepseek_v4.mtp import V4MTPLayer, mtp_layer_count, split_mtp_weights
-from engine.models.deepseek_v4.mtp_drafter import MtpDrafter, MtpRow, mtp_state_bytes
 from engine.models.deepseek_v4.verify_snapshots import VerifySnapshots, verify_snapshot_bytes
 from engine.models.family import ModelFamily
 from engine.step_batch import StepBatch

@@ -16,10 +16,10 @@ from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig
 from engine.errors import PlanError
 from engine.llm_engine import LLMEngine
-from engine.models.deepseek_v4.kv_pool import block_multiple
-from engine.sampling_params import SamplingParams
 from engine.models.deepseek_v4 import DeepseekV4Config, DeepseekV4KVPool, DeepseekV4Model
+from engine.models.deepseek_v4.kv_pool import block_multiple
 from engine.models.deepseek_v4.mtp import V4MTPLayer, mtp_config, mtp_layer_count, split_mtp_weights
+from engine.sampling_params import SamplingParams
 from tests.engine.deepseek_v4._mtp_ckpt import main_streams, reference_mtp_logits, write_v4_with_mtp
 
 

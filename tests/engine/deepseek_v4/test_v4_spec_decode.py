@@ -22,7 +22,6 @@ from engine.sampling_params import SamplingParams
 from tests.engine.deepseek_v4.conftest import SHORT_CONFIGS
 
 
-
 def _engine(model: torch.nn.Module, method: str, k: int = 3) -> LLMEngine:
     mc = ModelConfig.from_hf_dict(model.config.to_dict(), name="v4")
     bs = block_multiple(DeepseekV4Config.from_hf_dict(mc.hf_config))  # many block ends
