@@ -108,7 +108,7 @@ class EngineConfig:
     # (one-box mode) split what the one copy of the weights leaves. 1 = the whole budget.
     memory_share: float = 1.0
     # Speculative decoding (engine/spec_decode.py): "none" | "ngram" (prompt lookup) | "mtp"
-    # (the checkpoint's own MTP layers: DeepSeek-V4, engine/models/deepseek_v4/mtp.py); with a
+    # (a checkpoint's own multi-token-prediction layers, where its family has them); with a
     # method, every decode step may verify up to ``num_speculative_tokens`` draft tokens per
     # sequence (a request may ask for fewer), and the plan sizes the verify rows for them
     speculative_method: str = "none"

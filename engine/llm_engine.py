@@ -100,8 +100,8 @@ class LLMEngine:
         if ec.spec_tokens and ec.speculative_method not in family.speculative_methods:
             raise PlanError(f"speculative_method={ec.speculative_method}: family "
                             f"{model_config.family} drafts with "
-                            f"{', '.join(family.speculative_methods)} only (mtp needs a "
-                            "checkpoint's own MTP layers: DeepSeek-V4); use one of those or none")
+                            f"{', '.join(family.speculative_methods)} only (mtp needs a family "
+                            "with multi-token-prediction layers); use one of those or none")
         self.plan: MemoryPlan = plan_for(ec)
         self.plan.check()
         if progress is not None:
