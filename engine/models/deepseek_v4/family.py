@@ -397,6 +397,8 @@ class DeepseekV4Family(ModelFamily):
             kv.pretend_filled(c.cache_slot, c.start)
 
     def reset(self, kv: DeepseekV4KVPool) -> None:
+        if self.mtp is not None:
+            self.mtp.warm_up()
         if self.snapshots is not None:  # the warm-up's verify step: put its copies back too
             for slot, p in enumerate(self.snapshots.pending):
                 if p is not None:

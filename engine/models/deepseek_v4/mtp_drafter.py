@@ -74,6 +74,7 @@ class MtpDrafter:
         self.deferred = torch.zeros(max_batch, cfg.hc_mult, cfg.hidden_size, dtype=dtype,
                                     device=device)
         self.deferred_pos: list[int | None] = [None] * max_batch
+        self.tables: list[list[int]] = [[] for _ in range(max_batch)]  # each slot's last
 
     # --- keeping in step with the main slots ----------------------------------------------
     def bind(self, row: MtpRow, rolled_back: bool) -> None:
@@ -120,6 +121,7 @@ class MtpDrafter:
                 tables.append(r.table)
                 if r.is_verify:
                     self.snapshots.take(pool, r.slot, m, n, r.table)
+            self.tables[r.slot] = r.table
             self.deferred[r.slot] = streams[e - 1]
             self.deferred_pos[r.slot] = r.start + (e - b) - 1
         if slots:
@@ -170,3 +172,18 @@ class MtpDrafter:
                 slot, _t, p, _k, _tb = reqs[i]
                 self.snapshots.rollback(pool, slot, p)
         return out
+
+    def warm_up(self) -> None:
+        """After the warm-up's steps: draft once (k drafts) from every slot's deferred row, so
+        the drafting pass and its snapshot copies run before the workspace is locked; then
+        forget every slot."""
+        reqs = [(slot, 0, p + 1, self.k, self.tables[slot])
+                for slot, p in enumerate(self.deferred_pos)
+                if p is not None and self.pool.num_tokens[slot] == p]
+        if reqs:
+            self.propose(reqs, None)
+        for slot in range(self.pool.max_batch):
+            self.pool.reset_slot(slot)
+            self.snapshots.drop(slot)
+            self.deferred_pos[slot] = None
+        self.pool.reset_windows()

@@ -106,3 +106,40 @@ def test_dense_family_refuses_mtp(tmp_path: Path) -> None:
                       speculative_method="mtp")
     with pytest.raises(PlanError, match="speculative_method=mtp: family .* drafts with ngram only"):
         LLMEngine(ec, ck.config, ck.state_dict)
+
+
+def test_split_prefill_decode_with_mtp_equals_colocated(tmp_path: Path) -> None:
+    """Prefill on one engine (no speculation, as the prefill worker runs), its blocks and the
+    window at the last block end imported by a decode engine with MTP drafts: the same tokens as
+    one engine with MTP and as plain greedy decoding. What this shows about the MTP layer's
+    state: it is NOT carried (no MTP state is in the exported blocks or window); the importing
+    slot's MTP window starts cold at the resume point (mtp_drafter.py), drafts still come and are
+    verified, and the tokens do not depend on it."""
+    from engine.staged_kv import StagedKV
+    from tests.engine.parallel.test_tensor_parallel_engine import export_kept
+
+    write_v4_with_mtp("s-csa-hca_yarn_hc2", tmp_path, num_mtp=1)
+    prompt = ([7, 8, 9, 10, 11, 12] * 12)[:70]
+    new = 40
+    src = _mtp_engine(tmp_path, "none")
+    ids, data = export_kept(src, prompt)
+    bs = src.config.block_size
+    window = src.kv_layout.export_resume_state(src.kv_cache, ids[-1])
+    assert window is not None
+    n = len(ids) * bs
+    src.release("keep")
+    want = _greedy(src, [prompt], new)["r0"]
+    colocated = _greedy(_mtp_engine(tmp_path, "mtp"), [prompt], new)["r0"]
+    dst = _mtp_engine(tmp_path, "mtp")
+    dst.add_request("split", prompt, SamplingParams(max_tokens=new, temperature=0.0,
+                                                    ignore_eos=True),
+                    kv_import=StagedKV(data.cpu().clone(), n, n, window.cpu().clone()))
+    split: list[int] = []
+    imported = 0
+    while dst.has_unfinished():
+        for o in dst.step():
+            split += o.new_token_ids
+            imported = max(imported, o.num_imported_tokens)
+    assert imported == n > 0  # the prompt's blocks came by import, not recomputed
+    assert split == colocated == want
+    assert dst.stats().spec_num_drafts > 0  # the cold MTP window still drafts
