@@ -94,7 +94,7 @@ def _kv_bytes_per_token(model: str) -> int:
 
 
 def _served_model(url: str) -> str:
-    from launch.up import served_model_name
+    from launch.health import served_model_name
 
     return served_model_name(url)
 
@@ -139,17 +139,14 @@ def _up_options(args: argparse.Namespace, model: str, arm: str, redis_url: str,
     """The `bulkhead up` of one arm: the run's Redis, the same settings for both arms, one card
     shared by two roles (split) or one worker doing both (colocated)."""
     from launch.launcher import free_port
-    from launch.up import UpOptions
+    from launch.up_options import UpOptions, worker_limit_flags
 
     share = args.share_weights if args.share_weights is not None else args.device != "cpu"
     return UpOptions(model=model, port=free_port(), redis_url=redis_url, log_dir=str(log_dir),
-                     config=args.config,
-                     max_context=args.max_context, kv_cache_dtype=args.kv_cache_dtype,
-                     load_format=args.load_format, max_batch=args.max_batch,
-                     chunk_tokens=args.chunk_tokens,
-                     share_weights=arm == "split" and share,
+                     config=args.config, share_weights=arm == "split" and share,
                      prefill_memory_share=args.prefill_memory_share,
-                     colocated=arm == "colocated", extra_worker_args=tuple(common))
+                     colocated=arm == "colocated",
+                     extra_worker_args=(*worker_limit_flags(args), *common))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from common.worker_env import WORKER_ENV
+from launch.health import grpc_serving, router_ready
 from launch.launcher import ProcessGroup, free_port, spawn, wait_until
-from launch.up import grpc_serving, router_ready
 
 
 @dataclass(frozen=True)

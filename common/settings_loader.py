@@ -5,7 +5,8 @@ from defaults < YAML file (``--config`` / ``BULKHEAD_CONFIG``) < environment ``B
 A YAML file is either flat (setting -> value) or a whole deployment with sections ``router:``,
 ``worker:``, ``prefill:`` and ``decode:``; each process reads its own sections, later ones
 winning, and ignores the others. Every field documents itself (``metadata={"doc": ...}``): the
-flags' help and the README tables come from it. Field kinds understood: str, int, float, bool
+flags' help and the README tables come from it, and the limits ``check_limits`` enforces
+(``doc(text, choices=..., at_least=..., above=...)``). Field kinds understood: str, int, float, bool
 (``--x / --no-x``, env ``1/0/true/false/yes/no/on/off``) and ``tuple[str, ...]`` (env and flag
 values are comma lists; a flag may repeat).
 
@@ -34,9 +35,27 @@ class SettingsError(ValueError):
     """A setting has a value we cannot use; the message names the setting and the limit."""
 
 
-def doc(text: str) -> dict[str, str]:
-    """A field's ``metadata``: its documentation."""
-    return {"doc": text}
+def doc(text: str, *, choices: tuple[Any, ...] = (), at_least: float | None = None,
+        above: float | None = None) -> dict[str, Any]:
+    """A field's ``metadata``: its documentation and, for ``check_limits``, the values it
+    allows (``choices``) or its lower bound (``at_least`` / strictly ``above``)."""
+    limits = {"choices": choices, "at_least": at_least, "above": above}
+    return {"doc": text, **{k: v for k, v in limits.items() if v or v == 0}}
+
+
+def check_limits(settings: object) -> None:
+    """Refuse a field of the dataclass ``settings`` outside the limits its ``doc`` metadata
+    names, with an error naming the field and the limit."""
+    for f in dataclasses.fields(settings):  # type: ignore[arg-type]
+        value = getattr(settings, f.name)
+        choices = f.metadata.get("choices")
+        if choices and value not in choices:
+            raise SettingsError(f"{f.name}: {value!r} is not one of "
+                                f"{', '.join(str(c) for c in choices)}")
+        if "at_least" in f.metadata and value < f.metadata["at_least"]:
+            raise SettingsError(f"{f.name}: {value} must be >= {f.metadata['at_least']}")
+        if "above" in f.metadata and value <= f.metadata["above"]:
+            raise SettingsError(f"{f.name}: {value} must be > {f.metadata['above']}")
 
 
 def field_kinds(cls: type) -> dict[str, type]:

@@ -45,13 +45,11 @@ class MemoryPlan:
     terms: tuple[PlanTerm, ...]
     device: str
     device_memory_bytes: int
-    memory_utilization: float
     kv_layout: KVLayout
     num_blocks: int
-    max_context: int
-    chunk_tokens: int
-    max_batch: int
-    memory_share: float = 1.0  # EngineConfig.memory_share: this role's part of one card
+    # the resolved configuration planned: its limits (max_context, max_batch, chunk_tokens) and
+    # budget (memory_utilization, memory_share) are read from it, not copied into the plan
+    config: EngineConfig
 
     @property
     def kv_tokens(self) -> int:
@@ -83,11 +81,11 @@ class MemoryPlan:
         """``memory_utilization`` of the device; with a ``memory_share`` below 1 (the roles of
         one card), that share of what the one copy of the weights leaves, plus the weights
         when this process owns them."""
-        whole = int(self.device_memory_bytes * self.memory_utilization)
-        if self.memory_share >= 1:
+        whole = int(self.device_memory_bytes * self.config.memory_utilization)
+        if self.config.memory_share >= 1:
             return whole
         owned = self.term("weights")
-        return int(self.memory_share * max(0, whole - owned - self.mapped_bytes)) + owned
+        return int(self.config.memory_share * max(0, whole - owned - self.mapped_bytes)) + owned
 
     @property
     def headroom_bytes(self) -> int:
@@ -100,39 +98,40 @@ class MemoryPlan:
     def check(self) -> None:
         if self.fits:
             return
+        c = self.config
         weights = self.term("weights")
         if weights >= self.budget_bytes:
             raise PlanError(
                 f"memory plan does not fit: the weights alone are {weights / GiB:.2f} GiB, the "
-                f"budget {self.budget_bytes / GiB:.2f} GiB ({self.memory_utilization:.0%} of "
+                f"budget {self.budget_bytes / GiB:.2f} GiB ({c.memory_utilization:.0%} of "
                 f"{self.device_memory_bytes / GiB:.2f} GiB on {self.device}): split the model "
                 "over more devices (tensor_parallel_size) or use a quantized checkpoint")
         kv = self.term("kv_cache")
         raise PlanError(
             f"memory plan does not fit: needs {self.total_bytes / GiB:.2f} GiB, budget is "
-            f"{self.budget_bytes / GiB:.2f} GiB ({self.memory_utilization:.0%} of "
+            f"{self.budget_bytes / GiB:.2f} GiB ({c.memory_utilization:.0%} of "
             f"{self.device_memory_bytes / GiB:.2f} GiB on {self.device}"
-            + (f", {self.memory_share:g} of what the weights leave" if self.memory_share < 1
-               else "") + "). Largest terms: "
+            + (f", {c.memory_share:g} of what the weights leave" if c.memory_share < 1 else "")
+            + "). Largest terms: "
             + ", ".join(f"{t.name}={t.bytes / GiB:.2f} GiB"
                         for t in sorted(self.terms, key=lambda t: -t.bytes)[:3])
-            + f". Lower max_context ({self.max_context}), max_batch ({self.max_batch}) or "
-            f"num_blocks (KV is {kv / GiB:.2f} GiB), lower chunk_tokens ({self.chunk_tokens}), "
+            + f". Lower max_context ({c.max_context}), max_batch ({c.max_batch}) or "
+            f"num_blocks (KV is {kv / GiB:.2f} GiB), lower chunk_tokens ({c.chunk_tokens}), "
             "or use a smaller dtype.")
 
     def to_json(self) -> dict:
         return {
             "device": self.device,
             "device_memory_bytes": self.device_memory_bytes,
-            "memory_utilization": self.memory_utilization,
-            "memory_share": self.memory_share,
+            "memory_utilization": self.config.memory_utilization,
+            "memory_share": self.config.memory_share,
             "budget_bytes": self.budget_bytes,
             "total_bytes": self.total_bytes,
             "headroom_bytes": self.headroom_bytes,
             "mapped_bytes": self.mapped_bytes,
-            "max_context": self.max_context,
-            "chunk_tokens": self.chunk_tokens,
-            "max_batch": self.max_batch,
+            "max_context": self.config.max_context,
+            "chunk_tokens": self.config.chunk_tokens,
+            "max_batch": self.config.max_batch,
             "num_blocks": self.num_blocks,
             "block_size": self.kv_layout.block_size,
             "kv_bytes_per_block": self.kv_layout.bytes_per_block,
@@ -151,10 +150,10 @@ class MemoryPlan:
             note = "  [mapped: another process owns it; not in the total]" if t.mapped else ""
             rows.append(f"{t.name:<22}{t.bytes:>16,}{t.bytes / GiB:>10.3f}  {t.formula}{note}")
         rows.append(f"{'total':<22}{self.total_bytes:>16,}{self.total_bytes / GiB:>10.3f}")
-        share = (f", {self.memory_share:g} of what the weights leave"
-                 if self.memory_share < 1 else "")
+        c = self.config
+        share = f", {c.memory_share:g} of what the weights leave" if c.memory_share < 1 else ""
         rows.append(f"{'budget':<22}{self.budget_bytes:>16,}{self.budget_bytes / GiB:>10.3f}  "
-                    f"{self.memory_utilization} x {self.device_memory_bytes:,} ({self.device})"
+                    f"{c.memory_utilization} x {self.device_memory_bytes:,} ({self.device})"
                     + share)
         rows.append(f"{'kv tokens':<22}{self.kv_tokens:>16,}  in {self.num_blocks - 1:,} blocks of "
                     f"{self.kv_layout.block_size} ({self.kv_layout.bytes_per_token:,.1f} B a token, "
@@ -304,8 +303,7 @@ def _finish_plan(terms: list[PlanTerm], ec: EngineConfig, kv_layout: KVLayout, n
         terms.append(PlanTerm("non_torch", non_torch_bytes,
                               "CUDA context and libraries, measured before loading"))
     return MemoryPlan(tuple(terms), device_label or str(ec.torch_device), device_memory_bytes,
-                      ec.memory_utilization, kv_layout, num_blocks, ec.max_context, ec.chunk_tokens,
-                      ec.max_batch, ec.memory_share)
+                      kv_layout, num_blocks, ec)
 
 
 def reserve_allocator_slack(device: torch.device, nbytes: int) -> None:

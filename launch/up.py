@@ -16,7 +16,9 @@ running. With a Redis store the workers also register in it
 
 Worker and router settings not exposed here come from ``--config`` (a YAML file with ``router:``,
 ``prefill:`` and ``decode:`` sections) or ``BULKHEAD_*`` environment variables, which every child
-inherits. This module never imports torch, the engine or LMCache.
+inherits. What each child's command line gets from the options is launch/up_options.py; the
+probes that tell a child is serving, launch/health.py. This module never imports torch, the
+engine or LMCache.
 """
 
 from __future__ import annotations
@@ -29,21 +31,19 @@ import shlex
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from email.message import Message
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from common.help_format import DefaultsHelpFormatter
 from common.planned_memory import PlannedMemory
 from common.ports import port_in_use
-from common.router_identity import INSTANCE_ENV, INSTANCE_HEADER
+from common.router_identity import INSTANCE_ENV
 from common.startup_progress import ProgressFollower
 from common.worker_env import WORKER_ENV
 from common.worker_registry import SCHEMES as REGISTRY_SCHEMES
+from launch.health import grpc_serving, http_answers, router_ready, served_model_name
 from launch.launcher import (
     LaunchError,
     ManagedProcess,
@@ -55,38 +55,14 @@ from launch.launcher import (
     wait_until,
 )
 from launch.supervisor import GaveUp, RestartPolicy, Supervisor
-
-
-@dataclass(frozen=True)
-class UpOptions:
-    model: str
-    host: str = "127.0.0.1"
-    port: int = 8000
-    redis_url: str = ""
-    prefill_port: int = 0  # 0 = a free port
-    decode_port: int = 0
-    config: str = ""
-    log_dir: str = ""
-    startup_timeout_s: float = 600.0
-    # 0 / "" = the workers' own setting (flag > BULKHEAD_* env > --config > WorkerSettings
-    # default)
-    max_context: str = ""  # auto or a number of tokens
-    kv_cache_dtype: str = ""
-    load_format: str = ""
-    # speculative decoding on the decode worker ("" / 0 = the workers' setting): the prefill
-    # worker samples one token and verifies nothing
-    speculative_method: str = ""
-    num_speculative_tokens: int = 0
-    # one copy of the weights on one GPU for both workers (CUDA IPC, engine/weight_share.py),
-    # the budget the weights leave split prefill_memory_share : 1 - prefill_memory_share
-    share_weights: bool = False
-    prefill_memory_share: float = 0.5
-    colocated: bool = False  # a decode worker alone computes every prompt (no prefill worker)
-    max_batch: int = 0
-    chunk_tokens: int = 0
-    tensor_parallel_size: int = 0  # ranks each worker spans
-    extra_worker_args: tuple[str, ...] = ()
-    extra_router_args: tuple[str, ...] = ()
+from launch.up_options import (
+    UpOptions,
+    role_flags,
+    spec_flags,
+    thread_env,
+    tool_args,
+    worker_limit_flags,
+)
 
 
 @dataclass
@@ -108,58 +84,6 @@ class Deployment:
         self.group.stop_all()
 
 
-def grpc_serving(address: str, timeout_s: float = 1.0) -> bool:
-    """True when ``address`` answers grpc.health.v1 Check with SERVING."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        try:
-            resp = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
-        except grpc.RpcError:
-            return False
-    return resp.status == health_pb2.HealthCheckResponse.SERVING
-
-
-def _ours(headers: Message, instance: str) -> bool:
-    """Whether an answer comes from the router started with ``instance`` (common/router_identity;
-    "" accepts any)."""
-    return not instance or headers.get(INSTANCE_HEADER, "") == instance
-
-
-def router_ready(url: str, num_workers: int, instance: str = "") -> bool:
-    """True when the router's /health is 200 and it sees ``num_workers`` healthy workers.
-    ``instance``: the id our router was started with; an answer without it is another
-    server's on the same port, not ours."""
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
-            body = json.loads(resp.read())
-            if not _ours(resp.headers, instance):
-                return False
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-    workers = body.get("workers", {})
-    return sum(1 for w in workers.values() if w.get("healthy")) >= num_workers
-
-
-def http_answers(url: str, instance: str = "") -> bool:
-    """True when our router answers /health at all (200, or 503 while it has no worker)."""
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
-            return _ours(resp.headers, instance)
-    except urllib.error.HTTPError as err:
-        return _ours(err.headers, instance)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def served_model_name(url: str) -> str:
-    """The model id the router serves (first entry of /v1/models)."""
-    with urllib.request.urlopen(url + "/v1/models", timeout=5.0) as resp:
-        return str(json.loads(resp.read())["data"][0]["id"])
-
-
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "launch.cli", *args]
 
@@ -169,57 +93,6 @@ def default_log_dir(port: int) -> Path:
     defaults to ~/.local/state); the next start on the same port replaces them."""
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "bulkhead" / f"up-{port}"
-
-
-def _thread_env(opts: UpOptions) -> dict[str, str]:
-    """Two workers on one host each take every core by default (torch's thread pool), and on a
-    CPU-only machine they then fight over them through the whole warm-up: a 2-core machine took
-    ~3x longer to be healthy. Each worker gets half the cores unless the user chose a number
-    (BULKHEAD_NUM_THREADS, or a --config file, which may set num_threads)."""
-    if opts.config or os.environ.get("BULKHEAD_NUM_THREADS"):
-        return {}
-    return {"BULKHEAD_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // 2))}
-
-
-def _limit_flags(opts: UpOptions) -> tuple[str, ...]:
-    flags: list[str] = []
-    if opts.max_context:  # auto or a number: the workers check it
-        flags += ["--max-context", opts.max_context]
-    for name in ("max_batch", "chunk_tokens", "tensor_parallel_size"):
-        value = getattr(opts, name)
-        if value < 0:
-            raise LaunchError(f"--{name.replace('_', '-')}: {value} must be >= 1 (0 = default)")
-        if value:
-            flags += [f"--{name.replace('_', '-')}", str(value)]
-    for name in ("kv_cache_dtype", "load_format"):  # checked by the workers
-        if getattr(opts, name):
-            flags += [f"--{name.replace('_', '-')}", getattr(opts, name)]
-    return tuple(flags)
-
-
-def _spec_flags(opts: UpOptions, role: str) -> tuple[str, ...]:
-    """The decode worker's speculative decoding flags (vLLM's spellings)."""
-    if opts.num_speculative_tokens < 0:
-        raise LaunchError(f"--num-speculative-tokens: {opts.num_speculative_tokens} must be "
-                          ">= 1 (0 = the workers' setting, 3)")
-    if role != "decode":
-        return ()
-    flags: list[str] = []
-    if opts.speculative_method:
-        flags += ["--speculative-method", opts.speculative_method]
-    if opts.num_speculative_tokens:
-        flags += ["--num-speculative-tokens", str(opts.num_speculative_tokens)]
-    return tuple(flags)
-
-
-def _role_flags(opts: UpOptions, role: str, log_dir: Path) -> tuple[str, ...]:
-    """One-box mode: both workers map one copy of the weights and split what it leaves."""
-    if not opts.share_weights:
-        return ()
-    if not 0 < opts.prefill_memory_share < 1:
-        raise LaunchError(f"--prefill-memory-share: {opts.prefill_memory_share} is not in (0, 1)")
-    share = opts.prefill_memory_share if role == "prefill" else 1 - opts.prefill_memory_share
-    return ("--share-weights", str(log_dir / "weights.handle"), "--memory-share", f"{share:g}")
 
 
 def check_ports(opts: UpOptions) -> None:
@@ -252,7 +125,6 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
     # (engine/warmup_record.py: the workers record a warm-up that passed in this folder)
     for old in log_dir.glob("warmup-passed-*.json"):
         old.unlink(missing_ok=True)
-    limits = _limit_flags(opts)
     group = ProcessGroup()
     ready: dict[str, Callable[[], bool]] = {}
     try:
@@ -283,11 +155,10 @@ def start(opts: UpOptions, *, log=print) -> Deployment:  # noqa: ANN001 - a prin
             port = port or free_port(opts.host)
             addresses[role] = f"{opts.host}:{port}"
             argv = _cli(role, "--model", opts.model, "--host", opts.host, "--port", str(port),
-                        *config, *limits, *_role_flags(opts, role, log_dir),
-                        *_spec_flags(opts, role),
+                        *config, *role_flags(opts, role, log_dir), *spec_flags(opts, role),
                         *opts.extra_worker_args)
             workers.append(group.add(spawn(role, argv,
-                                           env={**WORKER_ENV, **_thread_env(opts), **url_env,
+                                           env={**WORKER_ENV, **thread_env(opts), **url_env,
                                                 "BULKHEAD_WARMUP_RECORD_DIR": str(log_dir)},
                                            log_dir=log_dir)))
         names = [role for role, _ in roles]
@@ -350,16 +221,6 @@ def curl_example(url: str, model_name: str) -> str:
                        "max_tokens": 32, "temperature": 0})
     return (f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
             f"-d {shlex.quote(body)}")
-
-
-def _tool_args(chat_template: str, tool_call_parser: str) -> tuple[str, ...]:
-    """The router flags of ``up``'s --chat-template and --tool-call-parser."""
-    out: tuple[str, ...] = ()
-    if chat_template:
-        out += ("--chat-template", str(Path(chat_template).resolve()))
-    if tool_call_parser:
-        out += ("--tool-call-parser", tool_call_parser)
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -439,18 +300,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         except DefaultModelMissing as exc:
             print(f"bulkhead up: no --model given and {exc}", file=sys.stderr)
             return 2
+    try:
+        limits = worker_limit_flags(args)
+    except LaunchError as exc:
+        print(f"bulkhead up: {exc}", file=sys.stderr)
+        return 1
     opts = UpOptions(model=model, host=args.host, port=args.port, redis_url=args.redis_url,
                      prefill_port=args.prefill_port, decode_port=args.decode_port,
                      config=args.config, log_dir=args.log_dir,
-                     startup_timeout_s=args.startup_timeout, max_context=args.max_context,
-                     kv_cache_dtype=args.kv_cache_dtype, load_format=args.load_format,
+                     startup_timeout_s=args.startup_timeout,
                      speculative_method=args.speculative_method,
                      num_speculative_tokens=args.num_speculative_tokens,
                      share_weights=args.share_weights,
                      prefill_memory_share=args.prefill_memory_share, colocated=args.colocated,
-                     max_batch=args.max_batch, chunk_tokens=args.chunk_tokens,
-                     tensor_parallel_size=args.tensor_parallel_size,
-                     extra_router_args=_tool_args(args.chat_template, args.tool_call_parser))
+                     extra_worker_args=limits,
+                     extra_router_args=tool_args(args.chat_template, args.tool_call_parser))
     stop_requested: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -11,7 +11,7 @@ its blocks (V4's window snapshots) has it stored once per resume point under its
 (worker/resume_points.py); a prefix then counts as stored up to its last block end that has one.
 
 The prefill side calls ``put`` (LMCache writes to Redis in the background) and then
-``wait_visible``, so the router is told "KV ready" only once a decode worker can read it.
+``wait_visible`` (worker/store_visibility.py), so the router is told "KV ready" only once a decode worker can read it.
 The decode side calls ``fetch`` off the engine thread (the longest stored prefix, whole chunks,
 the last one possibly partial, and its resume point, into host memory) and the engine copies that
 into the sequence's blocks a slice per step (engine/kv_import_job.py); ``retrieve`` moves blocks
@@ -42,7 +42,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -52,6 +51,7 @@ import torch
 from common.redact import public_url
 from engine.models.family import KVLayout
 from engine.staged_kv import StagedKV
+from worker import store_visibility
 from worker.host_staging import ARENA_WAIT_S, HostStaging
 from worker.kv_store_config import KVStoreConfig, KVStoreError
 from worker.lmcache_engine import build_lmcache_engine, lmcache_pool_gb
@@ -191,30 +191,10 @@ class KVStore:
         passes or (``stall_s``) nothing new showed for that long (LMCache only logs a dropped
         write); returns the leading tokens a peer can load (up to its last resume point)."""
         tokens = self.stored_prefix(token_ids)
-        deadline = time.monotonic() + timeout_s
-        delay = 0.001
-        seen, since = -1, time.monotonic()
-        while True:
-            visible = self._stored_blocks(tokens)
-            if visible != seen:
-                seen, since = visible, time.monotonic()
-            elif stall_s is not None and time.monotonic() - since >= stall_s:
-                log.warning("KV store: %d of %d tokens visible, none more for %.1f s",
-                            visible, len(tokens), stall_s)
-                return self._resumable(tokens, visible)
-            if visible < len(tokens) and not self.reachable():
-                # The store is down: nothing will become visible, so do not hold the request
-                # for the whole timeout; the decode side recomputes what is missing.
-                log.warning("KV store %s unreachable: %d of %d tokens visible, not waiting",
-                            self.public_url, visible, len(tokens))
-                return self._resumable(tokens, visible)
-            if visible >= len(tokens) or time.monotonic() >= deadline:
-                if visible < len(tokens):
-                    log.warning("KV store: only %d of %d tokens visible after %.1f s",
-                                visible, len(tokens), timeout_s)
-                return self._resumable(tokens, visible)
-            time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
-            delay = min(delay * 2, 0.02)
+        visible = store_visibility.wait_visible(lambda: self._stored_blocks(tokens), len(tokens),
+                                                self.reachable, timeout_s, stall_s,
+                                                self.public_url)
+        return self._resumable(tokens, visible)
 
     def reachable(self, timeout_s: float = 0.2) -> bool:
         """A cheap TCP probe of the store (no LMCache call)."""

@@ -12,13 +12,35 @@ same RAM as everything else: ``bulkhead up`` with no arguments fits 2 GB there (
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from common.settings import StoreSettings, WorkerSettings
+from common.settings import WorkerSettings
 from engine.config import EngineConfig, engine_config_from_settings
 
 MiB = 1 << 20
 STAGING_GB_CUDA = 0.5  # kv_staging_gb = 0 on CUDA; on the CPU: one sequence's KV (staging_gb)
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """What a worker's KV store is built from; the shapes it stores come from the loaded model
+    (worker/kv_store_config.py's KVStoreConfig adds them)."""
+
+    url: str = field(repr=False)  # may hold the store's password
+    chunk_size: int
+    staging_gb: float
+    ttl_s: int
+    visible_timeout_s: float
+    staging_pinned: bool = False
+    fetch_connections: int = 4
+
+    @classmethod
+    def from_settings(cls, s: WorkerSettings) -> StoreSettings | None:
+        """The KV store's settings; None when the worker has no store."""
+        if not s.kv_store_url:
+            return None
+        return cls(s.kv_store_url, s.lmcache_chunk_size, s.kv_staging_gb, s.kv_ttl_s,
+                   s.kv_visible_timeout_s, s.kv_staging_pinned, s.kv_fetch_connections)
 
 
 @dataclass(frozen=True)
@@ -35,7 +57,7 @@ class WorkerConfig:
 
             settings = dataclasses.replace(settings, model=str(default_model_path()))
         engine = engine_config_from_settings(settings)
-        return cls(settings, engine, settings.store)
+        return cls(settings, engine, StoreSettings.from_settings(settings))
 
 
 def staging_gb(store: StoreSettings, engine: EngineConfig, bytes_per_token: float,

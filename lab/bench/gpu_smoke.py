@@ -89,7 +89,8 @@ def shared_deployment(tmp: Path, out: Path) -> dict[str, Any]:
 
     from bench.synthetic_model import write_llama
     from launch.launcher import free_port
-    from launch.up import UpOptions, start
+    from launch.up import start
+    from launch.up_options import UpOptions
 
     model = write_llama(tmp / "tiny", "tiny", device="cuda")
     handle = tmp / "weights.handle"

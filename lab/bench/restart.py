@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from common.startup_progress import PREFIX
+from launch.health import grpc_serving
 from launch.launcher import free_port
-from launch.up import grpc_serving
 
 READY_LINE = "Ctrl-C stops everything"
 

@@ -54,12 +54,12 @@ CHATS = [
 
 
 def _engine(model: str, method: str, k: int, max_batch: int, max_context: int,
-            dtype: str) -> object:
+            dtype: str, device: str = "cpu") -> object:
     from common.settings import WorkerSettings
     from engine.llm_engine import LLMEngine
     from worker.worker_config import WorkerConfig
 
-    settings = WorkerSettings(role="decode", model=model, device="cpu", max_context=max_context,
+    settings = WorkerSettings(role="decode", model=model, device=device, max_context=max_context,
                               dtype=dtype,
                               max_batch=max_batch, speculative_method=method,
                               num_speculative_tokens=k)
@@ -135,17 +135,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--dtype", default="auto", help="the worker's dtype setting (auto: bfloat16 "
                     "on the CPU)")
+    ap.add_argument("--device", default="cpu", help="the worker's device setting (cpu, cuda)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if not args.model:
         from common.default_model import default_model_path
 
         args.model = str(default_model_path())
-    arms = {name: _engine(args.model, name, args.k, args.batch, args.max_context, args.dtype)
+    arms = {name: _engine(args.model, name, args.k, args.batch, args.max_context, args.dtype,
+                          args.device)
             for name in ("none", "ngram")}
     prompts = _prompts(arms["none"])
     rows = {name: dict(arm=name, k=args.k if name == "ngram" else 0, batch=args.batch,
-                       dtype=args.dtype,
+                       dtype=args.dtype, device=args.device,
                        prompts=len(prompts), max_tokens=args.max_tokens, tokens=0, wall_s=0.0,
                        steps=0, step_s=[], draft_tokens=0, accepted_tokens=0, verifies=0,
                        accepted_per_pos=[0] * args.k)

@@ -12,6 +12,8 @@ from bench import load as bench
 from common.settings import build_parser as worker_parser
 from engine import plan_cli
 from launch import up
+from launch.launcher import LaunchError
+from launch.up_options import worker_limit_flags
 from router.settings import build_parser as router_parser
 
 PARSERS = {
@@ -50,12 +52,13 @@ def test_every_option_shows_its_default(name: str) -> None:
 
 
 def test_up_limit_flags_reach_the_workers_only_when_given() -> None:
-    assert up._limit_flags(up.UpOptions(model="m")) == ()
-    opts = up.UpOptions(model="m", max_context="1024", max_batch=2, chunk_tokens=256)
-    assert up._limit_flags(opts) == ("--max-context", "1024", "--max-batch", "2",
-                                     "--chunk-tokens", "256")
-    with pytest.raises(up.LaunchError, match="--max-batch: -1"):
-        up._limit_flags(up.UpOptions(model="m", max_batch=-1))
+    assert worker_limit_flags(up.build_parser().parse_args([])) == ()
+    args = up.build_parser().parse_args(["--max-context", "1024", "--max-batch", "2",
+                                         "--chunk-tokens", "256"])
+    assert worker_limit_flags(args) == ("--max-context", "1024", "--max-batch", "2",
+                                        "--chunk-tokens", "256")
+    with pytest.raises(LaunchError, match="--max-batch: -1"):
+        worker_limit_flags(up.build_parser().parse_args(["--max-batch", "-1"]))
 
 
 def test_bench_default_concurrency_does_not_queue_on_default_workers() -> None:

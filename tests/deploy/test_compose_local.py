@@ -82,7 +82,7 @@ def test_compose_services_run_as_local_processes(tmp_path: Path) -> None:
             services["router"]["healthcheck"]["test"], hosts), 60, "healthy")
         # Both workers healthy in the router's own view (its GetInfo poll), not only in their
         # health checks: until then a long prompt would be (correctly) served without a split.
-        from launch.up import router_ready
+        from launch.health import router_ready
         launcher.wait_until(procs["router"], lambda: router_ready(base, 2), 60, "both workers up")
         assert len(httpx.get(base + "/health").json()["workers"]) == 2
 

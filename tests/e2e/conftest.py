@@ -17,8 +17,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from launch.health import grpc_serving
 from launch.launcher import ManagedProcess, redis_server_path, spawn, wait_until
-from launch.up import Deployment, UpOptions, grpc_serving, start
+from launch.up import Deployment, start
+from launch.up_options import UpOptions
 from tests.helpers.startup_budget import startup_budget_s
 from tests.helpers.tiny_model import write_tiny_llama
 
@@ -138,3 +140,15 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
     deltas, so they do not need a fresh one each. A module that stops, restarts or starves a
     process, or needs other flags, starts its own with ``deploy`` under the same name."""
     yield from deploy(tmp_path_factory)
+
+
+def check_tool_calls(calls, schemas: dict[str, dict], names=None) -> None:  # noqa: ANN001
+    """``calls`` (an OpenAI message's tool_calls) are there, each a function call of one of
+    ``names`` (default: any of ``schemas``) whose arguments are valid under its schema."""
+    import jsonschema
+
+    assert calls
+    for c in calls:
+        assert c.type == "function" and c.id.startswith("call_")
+        assert c.function.name in (names or schemas)
+        jsonschema.validate(json.loads(c.function.arguments), schemas[c.function.name])

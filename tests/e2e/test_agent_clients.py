@@ -21,8 +21,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from launch.launcher import free_port, redis_server_path
-from launch.up import UpOptions, _tool_args, start
-from tests.e2e.conftest import E2E
+from launch.up import start
+from launch.up_options import UpOptions, tool_args
+from tests.e2e.conftest import E2E, check_tool_calls
 from tests.helpers.default_model import default_model_or_skip
 
 pytestmark = pytest.mark.slow  # two deployments of SmolLM2 on the CPU
@@ -70,7 +71,7 @@ def e2e(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                      extra_worker_args=("--device", "cpu", "--max-context", "2048",
                                         "--chunk-tokens", "256", "--max-batch", "4",
                                         "--kv-staging-gb", "0.1", "--num-threads", "1"),
-                     extra_router_args=_tool_args(template, ""))
+                     extra_router_args=tool_args(template, ""))
     deployment = start(opts, log=lambda line: None)
     try:
         yield E2E(deployment, Path(model))
@@ -83,11 +84,7 @@ def has_template(e2e: E2E) -> bool:
 
 
 def check_calls(calls, names=None) -> None:
-    assert calls
-    for c in calls:
-        assert c.type == "function" and c.id.startswith("call_")
-        assert c.function.name in (names or SCHEMAS)
-        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+    check_tool_calls(calls, SCHEMAS, names)
 
 
 def test_openai_required_and_named(e2e: E2E) -> None:

@@ -9,8 +9,6 @@ a step holding token RAISE raise and one holding token DIE SIGKILL its own proce
 
 from __future__ import annotations
 
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,18 +17,11 @@ import openai
 import pytest
 
 from common.worker_env import WORKER_ENV
-from launch.launcher import (
-    ManagedProcess,
-    ProcessGroup,
-    free_port,
-    redis_server_path,
-    spawn,
-    start_kv_server,
-    wait_until,
-)
-from launch.up import grpc_serving, router_ready
+from launch.launcher import ManagedProcess, ProcessGroup, redis_server_path
 from tests.e2e.conftest import SPLIT_THRESHOLD, WORKER_FLAGS
+from tests.helpers.beside_streams import beside_plain_streams as beside
 from tests.helpers.startup_budget import startup_budget_s
+from tests.helpers.static_cluster import start_static_cluster
 from tests.helpers.tiny_model import write_tiny_llama
 
 RAISE, DIE = 300, 301   # token ids of the tiny model's 320 that no plain prompt here holds
@@ -67,59 +58,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     log_dir: Path = tmp_path_factory.mktemp("poison-logs")
     env = {**WORKER_ENV, "POISON_RAISE_TOKEN": str(RAISE), "POISON_DIE_TOKEN": str(DIE)}
     with ProcessGroup() as group:
-        _, kv_url = start_kv_server(log_dir=log_dir)
-        procs: dict[str, ManagedProcess] = {}
-        addr: dict[str, str] = {}
-        for name, role in (("p1", "prefill"), ("p2", "prefill"), ("d1", "decode"),
-                           ("d2", "decode")):
-            addr[name] = f"127.0.0.1:{free_port()}"
-            argv = [sys.executable, "-m", "tests.helpers.poison_worker", role,
-                    "--model", str(folder), "--port", addr[name].rsplit(":", 1)[1],
-                    "--kv-store-url", kv_url, *WORKER_FLAGS]
-            procs[name] = group.add(spawn(name, argv, env=env, log_dir=log_dir))
-        for name, proc in procs.items():
-            wait_until(proc, lambda a=addr[name]: grpc_serving(a), startup_budget_s(), "serving")
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        router = group.add(spawn("router", [
-            sys.executable, "-m", "launch.cli", "router", "--model", str(folder),
-            "--served-model-name", "tiny", "--port", str(port),
-            *(a for n in ("p1", "p2") for a in ("--prefill", addr[n])),
-            *(a for n in ("d1", "d2") for a in ("--decode", addr[n])),
-            "--split-threshold-tokens", str(SPLIT_THRESHOLD), "--poll-interval-s", "0.5"],
-            log_dir=log_dir))
-        wait_until(router, lambda: router_ready(url, 4), startup_budget_s(), "all workers up")
+        url, procs, _ = start_static_cluster(
+            group, log_dir, str(folder), worker_module="tests.helpers.poison_worker",
+            worker_flags=WORKER_FLAGS, env=env,
+            router_flags=("--served-model-name", "tiny", "--split-threshold-tokens",
+                          str(SPLIT_THRESHOLD), "--poll-interval-s", "0.5"),
+            worker_timeout_s=startup_budget_s(), router_timeout_s=startup_budget_s())
         yield Cluster(url, procs)
 
 
 def beside_plain_streams(c: Cluster, bad, num_streams: int = 3):
     """Run ``bad`` while plain streams run; -> what it returned or raised. The plain streams
     must all finish."""
-    finished: list[str | None] = []
-    started = threading.Barrier(num_streams + 1)
-
-    def plain(i: int) -> None:
-        stream = c.complete([30 + i, 40, 50, 60], max_tokens=48, temperature=0.0, stream=True,
-                            extra_body={"ignore_eos": True})
-        started.wait()
-        reason = None
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].finish_reason:
-                reason = chunk.choices[0].finish_reason
-        finished.append(reason)
-
-    threads = [threading.Thread(target=plain, args=(i,)) for i in range(num_streams)]
-    for t in threads:
-        t.start()
-    started.wait()
-    try:
-        result = bad()
-    except openai.APIError as exc:
-        result = exc
-    for t in threads:
-        t.join(120)
-    assert finished == ["length"] * num_streams
-    return result
+    return beside(bad, lambda i: c.complete([30 + i, 40, 50, 60], max_tokens=48,
+                                            temperature=0.0, stream=True,
+                                            extra_body={"ignore_eos": True}), num_streams)
 
 
 @pytest.mark.parametrize("route", ["decode", "split"])

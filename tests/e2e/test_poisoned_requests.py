@@ -5,7 +5,6 @@ no worker process dies or restarts."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 
 import openai
@@ -13,6 +12,7 @@ import pytest
 
 from tests.e2e.conftest import E2E, SPLIT_THRESHOLD, deploy
 from tests.e2e.test_tools_and_structured import ASK, TOOLS
+from tests.helpers.beside_streams import beside_plain_streams as beside
 from tests.helpers.tiny_tool_model import write_tiny_tool_llama
 
 HI = [{"role": "user", "content": "hi"}]
@@ -33,31 +33,9 @@ def beside_plain_streams(e2e: E2E, bad: Callable[[], object], num_streams: int =
     """Run ``bad`` while ``num_streams`` plain chats stream; -> what ``bad`` returned or raised.
     Asserts that every plain stream finished and that no process died."""
     pids = [p.pid for p in e2e.deployment.group.processes]
-    finished: list[str | None] = []
-    started = threading.Barrier(num_streams + 1)
-
-    def plain() -> None:
-        stream = e2e.client().chat.completions.create(
-            model=e2e.model, messages=HI, max_tokens=48, temperature=0.0, stream=True,
-            extra_body={"ignore_eos": True})
-        started.wait()
-        reason = None
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].finish_reason:
-                reason = chunk.choices[0].finish_reason
-        finished.append(reason)
-
-    threads = [threading.Thread(target=plain) for _ in range(num_streams)]
-    for t in threads:
-        t.start()
-    started.wait()
-    try:
-        result: object = bad()
-    except openai.APIError as exc:
-        result = exc
-    for t in threads:
-        t.join(120)
-    assert finished == ["length"] * num_streams
+    result = beside(bad, lambda _: e2e.client().chat.completions.create(
+        model=e2e.model, messages=HI, max_tokens=48, temperature=0.0, stream=True,
+        extra_body={"ignore_eos": True}), num_streams)
     assert [p.pid for p in e2e.deployment.group.processes] == pids
     assert all(p.alive() for p in e2e.deployment.group.processes)
     return result

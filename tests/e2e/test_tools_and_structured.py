@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.e2e.conftest import E2E, deploy
+from tests.e2e.conftest import E2E, check_tool_calls, deploy
 from tests.helpers.tiny_tool_model import write_tiny_tool_llama
 
 # (a pattern on the string: xgrammar's JSON strings admit raw control characters, which a random
@@ -43,11 +43,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
 
 
 def valid_calls(calls, names=None) -> None:
-    assert calls
-    for c in calls:
-        assert c.type == "function" and c.id.startswith("call_")
-        assert c.function.name in (names or SCHEMAS)
-        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+    check_tool_calls(calls, SCHEMAS, names)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -22,12 +22,12 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.models.deepseek_v4.weights import to_hf_names
-from engine.sampling_params import SamplingParams
 from lab.bench.deepseek_v4.write_checkpoint import flash_hf_config, write_tokenizer
 from launch.launcher import free_port
 from tests.engine.deepseek_v4._quantized_ckpt import dequantized, write_quantized
 from tests.engine.deepseek_v4.test_deepseek_v4_quantized import _build_hf
 from tests.helpers.default_model import default_model_or_skip
+from tests.helpers.engine_greedy import engine_greedy
 from tests.helpers.up_process import stop_up, up_process, wait_until_up
 
 pytestmark = pytest.mark.slow  # two V4 workers warm up on 2 cores
@@ -101,11 +101,7 @@ def test_config_only_v4_folder_serves_dummy_weights_with_fp8_kv(tmp_path: Path) 
     engine = LLMEngine.from_config(EngineConfig(
         model=str(folder), device="cpu", load_format="dummy", kv_dtype="fp8", max_batch=8,
         chunk_tokens=512, dtype="bfloat16"))  # the workers' CPU default
-    engine.add_request("r", PROMPT, SamplingParams(max_tokens=NEW, temperature=0,
-                                                   ignore_eos=True))
-    want: list[int] = []
-    while engine.has_unfinished():
-        want += [t for o in engine.step() for t in o.new_token_ids]
+    want = engine_greedy(engine, PROMPT, NEW)
     del engine
     resp, log = _serve(folder, tmp_path, "--load-format", "dummy", "--kv-cache-dtype", "fp8")
     assert resp.choices[0].text == Tokenizer.from_path(str(folder)).decode(want)
@@ -130,11 +126,7 @@ def test_config_only_dense_folder_serves_dummy_weights(tmp_path: Path) -> None:
         model=str(folder), device="cpu", load_format="dummy", max_batch=8, chunk_tokens=512,
         dtype="bfloat16"))  # the workers' CPU default
     assert engine.config.block_size == 16 and engine.config.max_context == 2048
-    engine.add_request("r", PROMPT, SamplingParams(max_tokens=NEW, temperature=0,
-                                                   ignore_eos=True))
-    want: list[int] = []
-    while engine.has_unfinished():
-        want += [t for o in engine.step() for t in o.new_token_ids]
+    want = engine_greedy(engine, PROMPT, NEW)
     del engine
     resp, log = _serve(folder, tmp_path, "--load-format", "dummy")
     assert resp.choices[0].text == Tokenizer.from_path(str(folder)).decode(want)

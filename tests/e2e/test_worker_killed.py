@@ -19,31 +19,17 @@ import pytest
 
 from common.default_model import default_model_path
 from common.worker_env import WORKER_ENV
-from launch.launcher import (
-    ManagedProcess,
-    ProcessGroup,
-    free_port,
-    redis_server_path,
-    spawn,
-    start_kv_server,
-    wait_until,
-)
-from launch.up import grpc_serving, router_ready
+from launch.launcher import ProcessGroup, redis_server_path
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from tests.helpers.startup_budget import startup_budget_s
+from tests.helpers.static_cluster import start_static_cluster
 
 pytestmark = pytest.mark.slow
 
 # SmolLM2 on CPU in 16-token chunks: a 1000-token prefill takes seconds, long enough to kill.
 FLAGS = ("--device", "cpu", "--max-context", "1200", "--chunk-tokens", "16", "--max-batch", "2",
          "--lmcache-chunk-size", "64", "--kv-staging-gb", "0.2", "--num-threads", "1")
-
-
-def _cli(*args: str) -> list[str]:
-    import sys
-
-    return [sys.executable, "-m", "launch.cli", *args]
 
 
 def _info(address: str) -> pb.WorkerInfo | None:
@@ -64,27 +50,11 @@ def two_prefill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         pytest.skip(str(e))
     log_dir: Path = tmp_path_factory.mktemp("kill-logs")
     with ProcessGroup() as group:
-        _, kv_url = start_kv_server(log_dir=log_dir)
-        procs: dict[str, ManagedProcess] = {}
-        addr: dict[str, str] = {}
-        for name, role in (("p1", "prefill"), ("p2", "prefill"), ("d1", "decode"),
-                           ("d2", "decode")):
-            port = free_port()
-            addr[name] = f"127.0.0.1:{port}"
-            procs[name] = group.add(spawn(name, _cli(role, "--model", model, "--port", str(port),
-                                                     "--kv-store-url", kv_url, *FLAGS),
-                                          env=WORKER_ENV, log_dir=log_dir))
-        for name in procs:
-            wait_until(procs[name], lambda a=addr[name]: grpc_serving(a), startup_budget_s(5 / 3),
-                       "serving")
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        router = group.add(spawn("router", _cli(
-            "router", "--model", model, "--port", str(port), "--prefill", addr["p1"],
-            "--prefill", addr["p2"], "--decode", addr["d1"], "--decode", addr["d2"],
-            "--split-threshold-tokens", "64",
-            "--poll-interval-s", "0.5"), log_dir=log_dir))
-        wait_until(router, lambda: router_ready(url, 4), startup_budget_s(2 / 3), "all workers up")
+        url, procs, addr = start_static_cluster(
+            group, log_dir, model, worker_module="launch.cli", worker_flags=FLAGS,
+            env=WORKER_ENV, router_flags=("--split-threshold-tokens", "64",
+                                          "--poll-interval-s", "0.5"),
+            worker_timeout_s=startup_budget_s(5 / 3), router_timeout_s=startup_budget_s(2 / 3))
         yield {"url": url, "procs": procs, "addr": addr}
 
 

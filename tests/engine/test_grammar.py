@@ -1,6 +1,6 @@
 """Constrained decoding in the engine: the torch bitmask application against xgrammar's own on
 awkward shapes, and a random model whose output follows a JSON schema in every sampling mode
-(and does not without the grammar)."""
+(and does not without the grammar). The vocabulary the model's ids spell: tests/engine/json_vocab.py."""
 
 from __future__ import annotations
 
@@ -12,22 +12,16 @@ import torch
 from engine.grammar import apply_bitmask, bitmask_words
 from engine.sampling_params import SamplingParams
 from engine.workspace import Workspace
-from tests.engine.conftest import build_tiny_model
-from tests.engine.test_engine_vs_transformers import make_engine
+from tests.engine.json_vocab import (
+    EOS,
+    SCHEMA,
+    VOCAB,
+    compile_schema,
+    json_vocab_compiler,
+    tiny_qwen2_engine,
+)
 
 xgr = pytest.importorskip("xgrammar")
-
-EOS = 2
-# A vocabulary of 131 pieces that can spell JSON: the tiny model's ids mean these strings.
-PIECES = (["<pad>", "<bos>", "<eos>"] + list('{}[]":, ') + list("0123456789")
-          + ["true", "false", "null", "-", "."] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
-          + ['{"', '":', '",', ' "', "ok", "name", "an"])
-VOCAB = PIECES + [f"w{i}" for i in range(131 - len(PIECES))]
-SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": -50, "maximum": 50},
-                                           "ok": {"type": "boolean"},
-                                           "name": {"type": "string", "maxLength": 6}},
-          "required": ["n", "ok", "name"], "additionalProperties": False}
-
 
 @pytest.mark.parametrize("n,vocab", [(1, 131), (3, 37), (2, 64), (5, 1000), (4, 33)])
 def test_apply_bitmask_matches_xgrammar(n: int, vocab: int) -> None:
@@ -46,16 +40,12 @@ def test_apply_bitmask_matches_xgrammar(n: int, vocab: int) -> None:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen2-grammar")
-    build_tiny_model("qwen2").save_pretrained(folder)
-    return make_engine(folder, max_context=256, chunk_tokens=32, max_batch=4)
+    return tiny_qwen2_engine(tmp_path_factory, "qwen2-grammar")
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    info = xgr.TokenizerInfo(VOCAB, xgr.VocabType.RAW, vocab_size=131, stop_token_ids=[EOS])
-    return xgr.GrammarCompiler(info, max_threads=1).compile_json_schema(
-        json.dumps(SCHEMA), strict_mode=True, any_whitespace=False)
+    return compile_schema(json_vocab_compiler(), SCHEMA)
 
 
 def run(engine, rid: str, sp: SamplingParams, grammar=None) -> tuple[str, str]:

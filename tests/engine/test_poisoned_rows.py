@@ -14,11 +14,15 @@ from engine.errors import InvalidRequest, SequenceFailed
 from engine.sampler import sample, sampler_workspace_bytes
 from engine.sampling_params import GREEDY_TEMPERATURE_FLOOR, SamplingParams
 from engine.workspace import Workspace
-from tests.engine.conftest import build_tiny_model
-from tests.engine.test_engine_vs_transformers import make_engine
-from tests.engine.test_grammar import EOS, VOCAB
+from tests.engine.json_vocab import (
+    EOS,
+    VOCAB,
+    compile_schema,
+    json_vocab_compiler,
+    tiny_qwen2_engine,
+)
 
-xgr = pytest.importorskip("xgrammar")
+pytest.importorskip("xgrammar")
 
 PROMPT = [5, 9, 17, 33, 60]
 
@@ -49,19 +53,16 @@ def test_a_tiny_temperature_is_greedy() -> None:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen2-poison")
-    build_tiny_model("qwen2").save_pretrained(folder)
-    return make_engine(folder, max_context=256, chunk_tokens=32, max_batch=4)
+    return tiny_qwen2_engine(tmp_path_factory, "qwen2-poison")
 
 
 @pytest.fixture(scope="module")
 def compiler():
-    info = xgr.TokenizerInfo(VOCAB, xgr.VocabType.RAW, vocab_size=131, stop_token_ids=[EOS])
-    return xgr.GrammarCompiler(info, max_threads=1)
+    return json_vocab_compiler()
 
 
 def schema(compiler, s: dict):
-    return compiler.compile_json_schema(json.dumps(s), strict_mode=True, any_whitespace=False)
+    return compile_schema(compiler, s)
 
 
 def run_beside_a_plain_one(engine, sp: SamplingParams, grammar) -> dict:

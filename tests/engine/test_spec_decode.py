@@ -201,15 +201,19 @@ def test_rejection_sampler_preserves_the_target_distribution(case) -> None:
 
 
 # -- grammars ---------------------------------------------------------------------------------
-xgr = pytest.importorskip("xgrammar")
-from tests.engine.test_grammar import EOS, SCHEMA, VOCAB  # noqa: E402
+pytest.importorskip("xgrammar")
+from tests.engine.json_vocab import (  # noqa: E402
+    EOS,
+    SCHEMA,
+    VOCAB,
+    compile_schema,
+    json_vocab_compiler,
+)
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    info = xgr.TokenizerInfo(VOCAB, xgr.VocabType.RAW, vocab_size=131, stop_token_ids=[EOS])
-    return xgr.GrammarCompiler(info, max_threads=1).compile_json_schema(
-        json.dumps(SCHEMA), strict_mode=True, any_whitespace=False)
+    return compile_schema(json_vocab_compiler(), SCHEMA)
 
 
 def _grammar_run(engine, rid, prompt, sp, compiled) -> list[int]:

@@ -12,7 +12,8 @@ from contextlib import contextmanager
 import pytest
 
 from launch.launcher import free_port, redis_server_path
-from launch.up import Deployment, UpOptions, start
+from launch.up import Deployment, start
+from launch.up_options import UpOptions
 from tests.e2e.conftest import WORKER_FLAGS
 from tests.helpers.tiny_model import write_tiny_llama
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 
 from common.worker_env import WORKER_ENV
+from launch.health import grpc_serving
 from launch.launcher import ProcessGroup, free_port, spawn, wait_until
-from launch.up import grpc_serving
 from proto import bulkhead_pb2_grpc as pb_grpc
 from tests.helpers.startup_budget import startup_budget_s
 

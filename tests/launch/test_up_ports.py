@@ -13,7 +13,7 @@ import pytest
 
 from common.ports import port_in_use
 from common.router_identity import INSTANCE_ENV, INSTANCE_HEADER
-from launch import up
+from launch import health, up
 from launch.launcher import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -114,12 +114,12 @@ def test_up_knows_its_router_from_another_server_on_the_port() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        assert up.router_ready(url, 1) and up.http_answers(url)  # no id asked: any answer
-        assert not up.router_ready(url, 1, "ours") and not up.http_answers(url, "ours")
+        assert health.router_ready(url, 1) and health.http_answers(url)  # no id asked: any answer
+        assert not health.router_ready(url, 1, "ours") and not health.http_answers(url, "ours")
         sent[INSTANCE_HEADER] = "theirs"
-        assert not up.router_ready(url, 1, "ours") and not up.http_answers(url, "ours")
+        assert not health.router_ready(url, 1, "ours") and not health.http_answers(url, "ours")
         sent[INSTANCE_HEADER] = "ours"
-        assert up.router_ready(url, 1, "ours") and up.http_answers(url, "ours")
+        assert health.router_ready(url, 1, "ours") and health.http_answers(url, "ours")
     finally:
         server.shutdown()
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.up import _tool_args, build_parser
+from launch.up import build_parser
+from launch.up_options import tool_args
 from router.settings import SettingsError, load_settings
 
 
@@ -16,13 +17,13 @@ def test_up_passes_the_tool_flags_to_the_router(tmp_path: Path, monkeypatch) -> 
     monkeypatch.chdir(tmp_path)
     args = build_parser().parse_args(["--chat-template", "t.jinja",
                                       "--tool-call-parser", "llama3_json"])
-    flags = _tool_args(args.chat_template, args.tool_call_parser)
+    flags = tool_args(args.chat_template, args.tool_call_parser)
     assert flags == ("--chat-template", str(tmp_path / "t.jinja"),
                      "--tool-call-parser", "llama3_json")
     settings = load_settings([*flags, "--model", "m"], env={})
     assert settings.chat_template == str(tmp_path / "t.jinja")
     assert settings.tool_call_parser == "llama3_json"
-    assert _tool_args("", "") == ()
+    assert tool_args("", "") == ()
 
 
 def test_an_unknown_parser_is_refused_naming_the_known_ones() -> None:

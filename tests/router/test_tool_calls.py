@@ -6,7 +6,6 @@ the field."""
 from __future__ import annotations
 
 import json
-import random
 
 import jsonschema
 import pytest
@@ -19,6 +18,8 @@ from router.tool_calls import (
     parse_tool_calls,
     plan_tools,
 )
+from tests.helpers.grammar_walk import char_compiler
+from tests.helpers.grammar_walk import walk as grammar_walk
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -36,40 +37,18 @@ TEMPLATES = {
     "llama": "<|start_header_id|>{% if tools %}{{ tools }}{% endif %}<|eot_id|>",
     "deepseek_v4": "{{ messages }}<｜DSML｜tool_calls>",
 }
-STOP = "</s>"
-VOCAB = [STOP] + [chr(c) for c in range(32, 127)] + ["\n", "｜", "▁"]
-
-
 @pytest.fixture(scope="module")
 def compiler():
-    info = xgr.TokenizerInfo(VOCAB, xgr.VocabType.RAW, vocab_size=len(VOCAB), stop_token_ids=[0])
-    return xgr.GrammarCompiler(info, max_threads=1)
+    return char_compiler()
 
 
 def walk(compiler, spec: str, seed: int, prefix: str = "") -> str:
-    """A text the grammar accepts: at each step a random allowed character, closers favoured."""
+    """A text the tool-call grammar of ``spec`` accepts (a random walk, closers favoured)."""
     req = json.loads(spec)
     tag = xgr.get_model_structural_tag(req["format"], tools=req["tools"],
                                        tool_choice=req["tool_choice"], reasoning="disabled",
                                        parallel_tool_calls=req["parallel_tool_calls"])
-    matcher = xgr.GrammarMatcher(compiler.compile_structural_tag(tag))
-    for ch in prefix:
-        assert matcher.accept_token(VOCAB.index(ch))
-    rng = random.Random(seed)
-    bitmask = xgr.allocate_token_bitmask(1, len(VOCAB))
-    out = prefix
-    for _ in range(2000):
-        matcher.fill_next_token_bitmask(bitmask)
-        allowed = [i for i in range(len(VOCAB)) if (int(bitmask[0, i // 32]) >> (i % 32)) & 1]
-        if 0 in allowed:
-            break
-        weights = [40 if VOCAB[i] in '"}<]' else 1 for i in allowed]
-        token = rng.choices(allowed, weights)[0]
-        assert matcher.accept_token(token)
-        out += VOCAB[token]
-    else:
-        raise AssertionError("the walk did not finish")
-    return out
+    return grammar_walk(compiler.compile_structural_tag(tag), seed, prefix)
 
 
 def check_calls(calls, names=None) -> None:

@@ -16,7 +16,7 @@ from engine.models import family_class
 from tests.helpers.default_model import default_model_or_skip
 from worker.kv_store_config import KVStoreConfig, auto_chunk_tokens
 from worker.lmcache_engine import lmcache_pool_gb
-from worker.worker_config import WorkerConfig, staging_gb
+from worker.worker_config import StoreSettings, WorkerConfig, staging_gb
 
 MiB = 1 << 20
 # The workers' plans and pools of a default CPU `up`, SmolLM2-135M: 913 MiB when written; the
@@ -62,7 +62,7 @@ def test_cuda_defaults_are_unchanged() -> None:
     ec = WorkerConfig.from_settings(settings).engine
     assert ec.dtype == "bfloat16" and ec.kv_tokens == 0
     assert ec.kv_import_slice_bytes == 64 * MiB
-    assert staging_gb(settings.store, ec, 23040.0, 256) == 0.5
+    assert staging_gb(StoreSettings.from_settings(settings), ec, 23040.0, 256) == 0.5
 
 
 @pytest.mark.parametrize("flags, tokens", [(["--kv-tokens", "100"], 4096),  # >= one sequence

@@ -21,8 +21,8 @@ import redis.asyncio as aioredis
 from common.settings import WorkerSettings
 from common.worker_env import WORKER_ENV
 from common.worker_registry import worker_key
+from launch.health import grpc_serving
 from launch.launcher import free_port, redis_server_path, spawn, start_redis, wait_until
-from launch.up import grpc_serving
 from proto import bulkhead_pb2 as pb
 from proto import bulkhead_pb2_grpc as pb_grpc
 from router.redis_registry import RedisRegistry

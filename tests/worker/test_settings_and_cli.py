@@ -17,7 +17,7 @@ from launch.cli import SUBCOMMANDS
 from launch.cli import main as cli_main
 from launch.launcher import ProcessGroup, spawn, tcp_open
 from tests.helpers.startup_budget import startup_budget_s
-from worker.worker_config import WorkerConfig
+from worker.worker_config import StoreSettings, WorkerConfig
 
 
 def test_sources_override_in_order(tmp_path: Path) -> None:
@@ -33,13 +33,13 @@ def test_sources_override_in_order(tmp_path: Path) -> None:
     assert s.address == "127.0.0.1:7000"
     default = load_worker_settings("decode", [], env={})
     assert default.bind_port == 50052 and default.max_context == "auto"
-    assert default.store is None
+    assert StoreSettings.from_settings(default) is None
     engine = WorkerConfig.from_settings(dataclasses.replace(default, model="/m")).engine
     assert engine.num_blocks is None and engine.device_memory_bytes is None  # 0 = derived
     # 0: from the model when it is loaded (engine/config_resolve.py)
     assert (engine.model, engine.max_context, engine.block_size) == ("/m", 0, 0)
-    store = load_worker_settings("decode", ["--kv-store-url", "redis://h:1",
-                                            "--kv-ttl-s", "5"], env={}).store
+    store = StoreSettings.from_settings(load_worker_settings(
+        "decode", ["--kv-store-url", "redis://h:1", "--kv-ttl-s", "5"], env={}))
     # chunk 0: chosen from the model's KV layout at start-up (worker/kv_store_config.py)
     assert store is not None and (store.url, store.ttl_s, store.chunk_size) == ("redis://h:1",
                                                                                 5, 0)
@@ -57,6 +57,25 @@ def test_sources_override_in_order(tmp_path: Path) -> None:
 def test_bad_settings_name_the_field(argv: list[str], env: dict[str, str], needle: str) -> None:
     with pytest.raises(SettingsError, match=needle):
         load_worker_settings("prefill", argv, env=env)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_batch", 0, "max_batch: 0 must be >= 1"),
+    ("tensor_parallel_size", -1, "tensor_parallel_size: -1 must be >= 1"),
+    ("memory_utilization", 0.0, "memory_utilization: 0.0 must be > 0"),
+    ("heartbeat_ttl_s", -2.0, "heartbeat_ttl_s: -2.0 must be > 0"),
+    ("num_blocks", -1, "num_blocks: -1 must be >= 0"),
+    ("kv_ttl_s", -5, "kv_ttl_s: -5 must be >= 0"),
+    ("role", "router", "role: 'router' is not one of prefill, decode"),
+    ("decode_loop", "fast", "decode_loop: 'fast' is not one of auto, fused, unfused"),
+    ("decode_lanes", 3, "decode_lanes: 3 is not one of 1, 2"),
+])
+def test_each_field_keeps_the_limit_its_metadata_names(field: str, value: object,
+                                                        message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        WorkerSettings(**{field: value})
+    assert str(info.value) == message
+    WorkerSettings(**{field: WorkerSettings.__dataclass_fields__[field].default})  # default: fine
 
 
 def test_yaml_unknown_key_is_refused(tmp_path: Path) -> None:
@@ -141,8 +160,8 @@ def test_worker_process_stops_gracefully_on_sigterm(tiny_llama: Path, tmp_path: 
     import signal
 
     from common.worker_env import WORKER_ENV
+    from launch.health import grpc_serving
     from launch.launcher import free_port, wait_until
-    from launch.up import grpc_serving
 
     port = free_port()
     argv = [sys.executable, "-m", "launch.cli", "decode", "--model", str(tiny_llama),
