@@ -19,12 +19,11 @@ them>`` plus ``mtp.{i}.{e_proj,h_proj,enorm,hnorm,norm}.weight`` and
 ``mtp.{i}.hc_head_{fn,base,scale}`` (the V4-Flash release). FP8 payloads are dequantized to
 the engine dtype on load (one layer).
 
-Drafting (``k`` tokens): draft 1 comes from layer 0 at the sequence's last computed position;
-draft ``j > 1`` from layer ``(j - 1) % L`` (``L`` MTP layers, vLLM's convention) fed with the
-previous MTP step's output streams and draft ``j - 1``, i.e. RECURRENTLY: a checkpoint with
-one MTP layer (V4-Flash) still drafts ``k`` tokens. Only layer 0's window ring is kept across
-steps (the others would need the streams of a layer below them at every position); with
-several layers the extra ones run without history beyond the current drafting run.
+Drafting (``k`` tokens, mtp_drafter.py): draft 1 comes from MTP layer 0 at the sequence's
+last computed position; drafts 2..k from the same layer 0 run RECURRENTLY on its own output
+streams and the previous draft, so a checkpoint with one MTP layer (V4-Flash) still drafts ``k``
+tokens. Layers past 0 are not used: layer ``j``'s window would need layer ``j - 1``'s output
+streams at every earlier position, i.e. every MTP layer run over every position.
 
 The drafter never decides an output token: every draft is verified by the main model, so a
 cold or stale MTP window (after a prefix hit or a KV import, where no MTP state travels)
