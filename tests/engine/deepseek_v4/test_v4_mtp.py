@@ -81,7 +81,14 @@ def test_mtp_greedy_identical(tmp_path: Path, name: str) -> None:
                [5, 6, 5, 6, 5, 6, 5]]
     want = _greedy(_mtp_engine(tmp_path, "none"), prompts, 60)
     spec = _mtp_engine(tmp_path, "mtp")
-    assert spec.plan.term("mtp_state") > 0 and spec.plan.term("verify_snapshots") > 0
+    # the plan's terms are the bytes the family holds
+    fam = spec.runner.model
+    assert fam.snapshots is not None and fam.mtp is not None
+    assert spec.plan.term("verify_snapshots") == fam.snapshots.nbytes() > 0
+    mtp = fam.mtp
+    held = (mtp.pool.nbytes() + mtp.deferred.numel() * mtp.deferred.element_size()
+            + mtp.snapshots.nbytes())
+    assert spec.plan.term("mtp_state") == held > 0
     got = _greedy(spec, prompts, 60)
     assert got == want
     st = spec.stats()
