@@ -1,7 +1,8 @@
 """``bulkhead up --model DIR --speculative-method mtp`` on a tiny DeepSeek-V4 checkpoint that
-ships an MTP layer (``mtp.0.*``, DeepSeek's layout): the decode worker drafts with it, the
-answer is plain greedy decoding's, and vLLM's spec_decode counters on /metrics show drafts
-verified."""
+ships an MTP layer (``mtp.0.*``, DeepSeek's layout): the decode worker drafts with it, answers
+to a short prompt (decode worker only) and to a long one (prefill worker, KV handed to the decode
+worker, whose MTP window starts cold at the imported block end) are plain greedy decoding's,
+and vLLM's spec_decode counters on /metrics show drafts verified."""
 
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ def test_v4_checkpoint_with_mtp_serves_with_mtp_drafts(tmp_path: Path) -> None:
     engine = LLMEngine.from_config(EngineConfig(model=str(folder), device="cpu", dtype="float32",
                                                 max_batch=8, chunk_tokens=512))
     want = engine_greedy(engine, PROMPT, NEW)
+    # past the router's split threshold (256): prefilled on the prefill worker, its full block
+    # imported by the decode worker, whose MTP window starts cold there (mtp_drafter.py)
+    long_prompt = [2 + (7 * i) % 95 for i in range(300)]
+    want_long = engine_greedy(engine, long_prompt, NEW, "ref-long")
     del engine
     port = free_port()
     out, logs = tmp_path / "up.out", tmp_path / "logs"
@@ -56,9 +61,10 @@ def test_v4_checkpoint_with_mtp_serves_with_mtp_drafts(tmp_path: Path) -> None:
         wait_until_up(proc, out, budget_s=600, poll_s=1)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
                                max_retries=0, timeout=300)
-        resp = client.completions.create(model=client.models.list().data[0].id, prompt=PROMPT,
-                                         max_tokens=NEW, temperature=0, logprobs=0,
-                                         extra_body={"ignore_eos": True})
+        model = client.models.list().data[0].id
+        resp, resp_long = (client.completions.create(
+            model=model, prompt=p, max_tokens=NEW, temperature=0, logprobs=0,
+            extra_body={"ignore_eos": True}) for p in (PROMPT, long_prompt))
         drafts = 0.0
         for _ in range(60):  # the router's poll of the workers' GetInfo brings the counters
             drafts = _metric(port, "vllm:spec_decode_num_drafts_total")
@@ -69,4 +75,8 @@ def test_v4_checkpoint_with_mtp_serves_with_mtp_drafts(tmp_path: Path) -> None:
     tok = Tokenizer.from_path(str(folder))
     by_text = {tok.decode([i], skip_special_tokens=False): i for i in range(97)}
     assert [by_text[t] for t in resp.choices[0].logprobs.tokens] == want
+    assert [by_text[t] for t in resp_long.choices[0].logprobs.tokens] == want_long
     assert drafts > 0
+    # the long prompt did go prefill -> decode, its block imported, not recomputed
+    assert "routes=split prompt_tokens=300" in (logs / "router.log").read_text()
+    assert "KV import of" in (logs / "decode.log").read_text()
