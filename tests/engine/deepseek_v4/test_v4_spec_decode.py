@@ -22,11 +22,11 @@ from engine.sampling_params import SamplingParams
 from tests.engine.deepseek_v4.conftest import SHORT_CONFIGS
 
 
-def _engine(model: torch.nn.Module, method: str, k: int = 3) -> LLMEngine:
+def _engine(model: torch.nn.Module, method: str, k: int = 3, chunk: int = 32) -> LLMEngine:
     mc = ModelConfig.from_hf_dict(model.config.to_dict(), name="v4")
     bs = block_multiple(DeepseekV4Config.from_hf_dict(mc.hf_config))  # many block ends
     ec = EngineConfig(model="v4", device="cpu", dtype="float32", max_batch=3, max_context=160,
-                      chunk_tokens=32, block_size=bs, attn_tile_tokens=bs,
+                      chunk_tokens=chunk, block_size=bs, attn_tile_tokens=bs,
                       speculative_method=method, num_speculative_tokens=k)
     return LLMEngine(ec, mc, {n: t.clone() for n, t in model.state_dict().items()})
 
@@ -65,6 +65,29 @@ def test_ngram_greedy_identical_with_rollback(v4_builder: Callable[..., Any], na
     # drafts were verified, some kept and some rejected (each rejection a rollback)
     assert st.spec_num_accepted_tokens > 0, st
     assert st.spec_num_draft_tokens > st.spec_num_accepted_tokens, st
+
+
+def test_ngram_with_a_small_token_budget(v4_builder: Callable[..., Any]) -> None:
+    """A step budget of 4 tokens for 3 sequences: verify chunks get fewer drafts than asked,
+    and a rolled-back sequence's recompute is split over steps (its first part may be one
+    token); greedy tokens still equal plain decoding's, with seeded sampling reproducible."""
+    model, _ = v4_builder("s-csa-hca_yarn_hc2")
+    prompts, new = _prompts(), 40
+    want, _ = _run(_engine(model, "none", chunk=4), prompts, new)
+    spec = _engine(model, "ngram", chunk=4)
+    got, _ = _run(spec, prompts, new)
+    assert got == want
+    assert spec.stats().spec_num_accepted_tokens > 0
+    sp = SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=5, ignore_eos=True)
+    runs = []
+    for rid in ("s1", "s2"):
+        spec.add_request(rid, prompts[0], sp)
+        toks: list[int] = []
+        while spec.has_unfinished():
+            for o in spec.step():
+                toks += o.new_token_ids
+        runs.append(toks)
+    assert runs[0] == runs[1] and len(runs[0]) == 30
 
 
 def test_rolled_back_slot_equals_a_slot_that_never_ran_the_drafts(
