@@ -150,8 +150,10 @@ class WorkerSettings:
         default="none",
         metadata=_doc("Speculative decoding (vLLM's --speculative-method): none | ngram "
                       "(prompt lookup: drafts copied from the sequence's own earlier tokens, "
-                      "verified in one forward; dense families). mtp is refused: DeepSeek-V4's "
-                      "MTP drafter is not built yet.", choices=("none", "ngram")))
+                      "verified in one forward; every family) | mtp (DeepSeek-V4 checkpoints "
+                      "with MTP layers: drafts from the model's own MTP layer; refused at "
+                      "start-up for a checkpoint without them).",
+                      choices=("none", "ngram", "mtp")))
     num_speculative_tokens: int = field(
         default=3,
         metadata=_doc("With a speculative_method: most draft tokens a sequence verifies per "
@@ -284,9 +286,6 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if isinstance(self.max_context, int):  # WorkerSettings(max_context=N) from code
             object.__setattr__(self, "max_context", str(self.max_context))
-        if self.speculative_method == "mtp":
-            raise SettingsError("speculative_method: mtp (DeepSeek-V4's MTP layers) is not "
-                                "built yet; use ngram or none")
         settings_loader.check_limits(self)  # each field's choices and bound (its metadata)
         if not 0 <= self.port < 65536:
             raise SettingsError(f"port: {self.port} is not in 0..65535")

@@ -21,7 +21,7 @@ GEMMS = ("auto", "torch", "kernels")
 MHCS = ("auto", "torch", "kernels")
 DECODE_LOOPS = ("auto", "fused", "unfused")
 LOAD_FORMATS = ("auto", "dummy")
-SPECULATIVE_METHODS = ("none", "ngram")
+SPECULATIVE_METHODS = ("none", "ngram", "mtp")
 MAX_SPECULATIVE_TOKENS = 16  # draft tokens per sequence and step, the most a plan may size for
 
 
@@ -107,17 +107,14 @@ class EngineConfig:
     # Share of (budget - the weights) this engine's own terms may take: the roles of one card
     # (one-box mode) split what the one copy of the weights leaves. 1 = the whole budget.
     memory_share: float = 1.0
-    # Speculative decoding (engine/spec_decode.py): "none" | "ngram" (prompt lookup); with a
+    # Speculative decoding (engine/spec_decode.py): "none" | "ngram" (prompt lookup) | "mtp"
+    # (a checkpoint's own multi-token-prediction layers, where its family has them); with a
     # method, every decode step may verify up to ``num_speculative_tokens`` draft tokens per
     # sequence (a request may ask for fewer), and the plan sizes the verify rows for them
     speculative_method: str = "none"
     num_speculative_tokens: int = 3
 
     def __post_init__(self) -> None:
-        if self.speculative_method == "mtp":
-            raise PlanError("speculative_method=mtp: drafts from a checkpoint's own MTP "
-                            "(multi-token prediction) layers are not built in this engine yet; "
-                            "use ngram (dense families) or none")
         if self.speculative_method not in SPECULATIVE_METHODS:
             raise PlanError(f"speculative_method must be one of "
                             f"{', '.join(SPECULATIVE_METHODS)}; got {self.speculative_method!r}")

@@ -82,6 +82,11 @@ class LLMEngine:
                             f"{model_config.family} cannot verify drafts: "
                             f"{family.speculation_problem}; serve it with speculative_method "
                             "none")
+        if ec.spec_tokens and ec.speculative_method not in family.speculative_methods:
+            raise PlanError(f"speculative_method={ec.speculative_method}: family "
+                            f"{model_config.family} drafts with "
+                            f"{', '.join(family.speculative_methods)} only (mtp needs a family "
+                            "with multi-token-prediction layers); use one of those or none")
         # quantized payloads count as the model will hold them (stored, or dequantized); one-box
         # mode: the arena, owned here or mapped from another process
         weight_bytes, mapped = ((family.resident_weight_bytes(weights, ec), 0) if shared is None
@@ -113,7 +118,8 @@ class LLMEngine:
         eos = model_config.eos_token_ids
         self.scheduler = Scheduler(
             SchedulerConfig(ec.max_batch, ec.chunk_tokens, ec.max_context, tuple(eos),
-                            family.step_context_limit(ec)),
+                            family.step_context_limit(ec),
+                            restart_rejected_verify=family.restarts_rejected_verify),
             self.block_manager)
         self.warmup_report = warm_up(self.runner, ec, model_fingerprint, ranks is None, progress)
         self._seqs: dict[str, Sequence] = {}
@@ -127,7 +133,9 @@ class LLMEngine:
         self._tokens = 0
         self._preemptions = 0
         self._rng = torch.Generator().manual_seed(ec.seed)
-        self._spec = SpecDrafts(ec) if ec.spec_tokens else None
+        self._spec = None if not ec.spec_tokens else SpecDrafts(
+            ec, None if ec.speculative_method == "ngram" else
+            lambda wanted: self.runner.model.propose_drafts(self.runner.kv, wanted))
 
     @classmethod
     def from_config(cls, ec: EngineConfig,

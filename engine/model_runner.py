@@ -142,6 +142,7 @@ class ModelRunner:
             block_tables=[list(c.block_ids) for c in chunks],
             cache_slots=[c.cache_slot for c in chunks],
             first_chunks=[c.is_first for c in chunks],
+            num_draft_tokens=[c.num_draft_tokens for c in chunks],
             logits_indices=self._stage(torch.tensor(logits_rows, dtype=i64),
                                        "model_runner.logits_indices"),
             **kernel_meta,

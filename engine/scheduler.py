@@ -27,6 +27,10 @@ class SchedulerConfig:
     # its plan counts that gather for this many tokens; None: no limit. Prefix-cached sequences
     # share blocks, so the pool does not bound it by itself: the scheduler does
     max_step_context: int | None = None
+    # a verify step that rejects a draft counts none of its positions as computed: the family
+    # puts its per-sequence state back to the chunk's start (ModelFamily.restarts_rejected_verify)
+    # and the sequence's next chunk recomputes the kept tokens
+    restart_rejected_verify: bool = False
 
     def __post_init__(self) -> None:
         assert self.max_batch >= 1 and self.chunk_tokens >= 1 and self.max_context >= 2
@@ -217,7 +221,8 @@ class Scheduler:
             if chunk.num_draft_tokens:
                 accepted = max(len(new) - 1, 0)
                 assert new[:accepted] == chunk.draft_token_ids[:accepted], "kept a non-draft"
-                seq.num_computed_tokens += chunk.num_tokens - chunk.num_draft_tokens + accepted
+                if not (self.config.restart_rejected_verify and accepted < chunk.num_draft_tokens):
+                    seq.num_computed_tokens += chunk.num_tokens - chunk.num_draft_tokens + accepted
             else:
                 seq.num_computed_tokens += chunk.num_tokens
             self.blocks.register_full_blocks(seq.block_ids, seq.block_hashes, seq.token_slice,

@@ -1,5 +1,5 @@
-"""The engine's side of speculative decoding: each running decode's n-gram drafts for the next
-step (engine/ngram_drafter.py), cut to what its request, the context and its grammar allow, and
+"""The engine's side of speculative decoding: each running decode's drafts for the next step
+(n-gram: engine/ngram_drafter.py; mtp: the family's draft layers), cut to what its request, the context and its grammar allow, and
 the counters of what the verify steps accepted (vLLM's spec_decode counters).
 
 Plain bookkeeping over sequences; the verify step itself is engine/spec_decode.py.
@@ -7,7 +7,7 @@ Plain bookkeeping over sequences; the verify step itself is engine/spec_decode.p
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from engine.config import EngineConfig
@@ -16,11 +16,19 @@ from engine.ngram_drafter import NgramDrafter
 from engine.scheduler import ScheduledChunk
 from engine.sequence import Sequence
 
+ModelDrafts = Callable[[list[tuple[int, int, int, int, list[int]]]], list[list[int]]]
+
 
 class SpecDrafts:
-    def __init__(self, ec: EngineConfig) -> None:
+    def __init__(self, ec: EngineConfig, model_drafts: ModelDrafts | None = None) -> None:
+        """``model_drafts`` (mtp): the family's draft layers, all decodes in one call, given
+        per decode (cache slot, last token, its position, k, block ids)."""
         self.ec = ec
-        self.drafter = NgramDrafter(ec.max_batch, ec.max_context)
+        self.drafter = (NgramDrafter(ec.max_batch, ec.max_context)
+                        if ec.speculative_method == "ngram" else None)
+        self.model_drafts = model_drafts
+        if self.drafter is None and model_drafts is None:
+            raise ValueError(f"speculative_method={ec.speculative_method}: no drafter")
         self.num_drafts = 0
         self.num_draft_tokens = 0
         self.num_accepted = 0
@@ -28,7 +36,8 @@ class SpecDrafts:
 
     def reset(self, slot: int) -> None:
         """A sequence was admitted to ``slot``: forget the previous one's n-grams."""
-        self.drafter.reset(slot)
+        if self.drafter is not None:
+            self.drafter.reset(slot)
 
     def propose(self, running: Iterable[Sequence]) -> None:
         """Each running decode's drafts for this step, at most its request's number, cut so
@@ -36,6 +45,7 @@ class SpecDrafts:
         accepts (a draft that would complete the grammar is cut too: the token that completes
         it is always a row's own draw)."""
         ec = self.ec
+        wanted: list[tuple[Sequence, int]] = []
         for seq in running:
             seq.draft_token_ids = []
             if seq.is_importing or seq.num_uncomputed != 1:
@@ -44,10 +54,21 @@ class SpecDrafts:
             k = ec.spec_tokens if sp.num_speculative_tokens is None else sp.num_speculative_tokens
             k = min(k, sp.max_tokens - len(seq.output_token_ids) - 1,
                     ec.max_context - seq.num_tokens)
-            if k <= 0:
-                continue
-            self.drafter.sync(seq.cache_slot, seq)
-            drafts = self.drafter.propose(seq.cache_slot, k)
+            if k > 0:
+                wanted.append((seq, k))
+        if not wanted:
+            return
+        if self.drafter is not None:
+            proposed = []
+            for seq, k in wanted:
+                self.drafter.sync(seq.cache_slot, seq)
+                proposed.append(self.drafter.propose(seq.cache_slot, k))
+        else:
+            assert self.model_drafts is not None
+            proposed = self.model_drafts([
+                (seq.cache_slot, seq.token_slice(seq.num_tokens - 1, seq.num_tokens)[0],
+                 seq.num_tokens - 1, k, list(seq.block_ids)) for seq, k in wanted])
+        for (seq, _k), drafts in zip(wanted, proposed, strict=True):
             if drafts and seq.matcher is not None:
                 drafts = grammar_prefix(seq.matcher, drafts)
             seq.draft_token_ids = drafts

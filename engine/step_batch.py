@@ -26,6 +26,8 @@ class StepBatch:
     # [B] int64 cache slots on the device: set by a CUDA-graph step, whose host lists
     # (cache_slots, context_lens, block_tables) are placeholders fixed at capture
     cache_slots_t: torch.Tensor | None = None
+    # [B] draft tokens at the end of each sequence's chunk (a verify step, engine/spec_decode.py)
+    num_draft_tokens: list[int] | None = None
 
     @property
     def num_seqs(self) -> int:

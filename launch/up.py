@@ -253,8 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "config.json alone, both workers ('' = the workers' setting, auto).")
     p.add_argument("--speculative-method", default="", choices=["", "none", "ngram", "mtp"],
                    help="Speculative decoding on the decode worker: ngram (prompt lookup, "
-                   "dense families) or none ('' = the workers' setting, none); mtp is refused: "
-                   "not built yet.")
+                   "every family), mtp (a DeepSeek-V4 checkpoint's own MTP layer) or none ('' = "
+                   "the workers' setting, none).")
     p.add_argument("--num-speculative-tokens", type=int, default=0,
                    help="Most draft tokens a sequence verifies per step, 1..16 (0 = the "
                    "workers' setting, 3).")

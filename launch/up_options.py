@@ -68,9 +68,6 @@ def worker_limit_flags(args: object) -> tuple[str, ...]:
 
 def spec_flags(opts: UpOptions, role: str) -> tuple[str, ...]:
     """The decode worker's speculative decoding flags (vLLM's spellings)."""
-    if opts.speculative_method == "mtp":
-        raise LaunchError("--speculative-method mtp: DeepSeek-V4's MTP drafter is not built "
-                          "yet; use ngram or none")
     if opts.num_speculative_tokens < 0:
         raise LaunchError(f"--num-speculative-tokens: {opts.num_speculative_tokens} must be "
                           ">= 1 (0 = the workers' setting, 3)")

@@ -54,6 +54,14 @@ class ModelFamily(ABC):
     #: a verify step writes the KV of drafts that may be rejected, so every per-sequence state
     #: the step advances must roll back to the accepted length
     speculation_problem: ClassVar[str | None] = "it has no rollback of rejected draft tokens"
+    #: False: a rejected draft's positions are simply written again later (KV addressed by
+    #: position). True: the family puts its per-sequence state back to the verify chunk's start
+    #: when the sequence's next chunk starts there again; the scheduler then counts none of a
+    #: rejecting verify step's positions as computed (``SchedulerConfig.restart_rejected_verify``)
+    restarts_rejected_verify: ClassVar[bool] = False
+    #: the ``speculative_method`` values this family drafts with (besides none); ``mtp`` needs
+    #: the model's own draft layers and ``propose_drafts``
+    speculative_methods: ClassVar[tuple[str, ...]] = ("ngram",)
     #: pad rows of a graph step copy row 0 instead of writing to the null block (per-slot state)
     graph_pads_copy_first: ClassVar[bool] = False
     #: whether the family runs split over ranks (engine/parallel/): its constructor then takes
@@ -164,6 +172,12 @@ class ModelFamily(ABC):
             [ScheduledChunk(f"warmup-mixed-{i}", end - n, n, (0,) * n, table, i, True)
              for i, n in enumerate(share) if n > 0],
         ]
+
+    def propose_drafts(self, kv: Any,
+                       requests: list[tuple[int, int, int, int, list[int]]]) -> list[list[int]]:
+        """The family's own drafts (``speculative_method=mtp``) for running decodes, each
+        (cache slot, last token, its position, drafts wanted, block table)."""
+        raise AssertionError(f"{type(self).__name__} has no draft model")
 
     def prepare_warmup(self, kv: Any, chunks: list[ScheduledChunk]) -> None:  # noqa: B027
         """Before a warm-up step: make per-sequence bookkeeping accept these chunks."""

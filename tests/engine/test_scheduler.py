@@ -131,3 +131,30 @@ def test_step_context_limit_defers_chunks_not_decodes():
     for rid, arrival in (("a", 0), ("b", 1), ("c", 2)):
         s2.add(seq(rid, 12, arrival))
     assert len(s2.schedule().chunks) == 3
+
+
+def test_restart_rejected_verify_recomputes_the_kept_tokens():
+    """With restart_rejected_verify (a family that puts its state back to a verify chunk's
+    start): a rejecting verify step counts none of its positions as computed, and the next
+    chunk starts there again with the kept tokens and no drafts; a fully accepted one counts
+    all of them, as without the flag."""
+    bm = BlockManager(64, 4)
+    s = Scheduler(SchedulerConfig(4, 16, 64, (0,), restart_rejected_verify=True), bm)
+    s.add(Sequence("a", [1, 2, 3, 4, 5], SamplingParams(max_tokens=20, temperature=0), 0))
+    run_step(s, token=6)  # prefill: tokens 1..6, 5 computed
+    seq_a = s.running[0]
+    seq_a.draft_token_ids = [7, 8, 9]
+    out = s.schedule()
+    (chunk,) = out.chunks
+    assert (chunk.start, chunk.token_ids, chunk.num_draft_tokens) == (5, (6, 7, 8, 9), 3)
+    s.update_from_output(out, {"a": [7, 11]})  # draft 7 kept, 8 rejected: 11 instead
+    assert seq_a.num_computed_tokens == 5 and seq_a.output_token_ids == [6, 7, 11]
+    out = s.schedule()  # the drafter proposes only with one uncomputed token: none here
+    (chunk,) = out.chunks
+    assert (chunk.start, chunk.token_ids, chunk.num_draft_tokens) == (5, (6, 7, 11), 0)
+    s.update_from_output(out, {"a": 12})
+    assert seq_a.num_computed_tokens == 8
+    seq_a.draft_token_ids = [13, 14]
+    out = s.schedule()
+    s.update_from_output(out, {"a": [13, 14, 15]})  # all kept
+    assert seq_a.num_computed_tokens == 11 and seq_a.output_token_ids[-3:] == [13, 14, 15]

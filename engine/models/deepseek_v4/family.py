@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import InvalidRequest
+from engine.errors import InvalidRequest, PlanError
 from engine.memory_planner import SIDE_LANE_LIBRARY_TERM, PlanTerm, common_step_terms
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
@@ -31,6 +31,8 @@ from engine.models.deepseek_v4.kv_pool import (
     slot_carry_bytes,
 )
 from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.models.deepseek_v4.mtp import V4MTPLayer, mtp_layer_count, split_mtp_weights
+from engine.models.deepseek_v4.mtp_drafter import MtpDrafter, MtpRow, mtp_state_bytes
 from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
 from engine.models.deepseek_v4.quant_weights import (
     has_fp8_linears,
@@ -55,6 +57,7 @@ from engine.models.deepseek_v4.tensor_parallel import (
     wire_model,
 )
 from engine.models.deepseek_v4.tensor_slices import renumber_experts, v4_tensor_slicer
+from engine.models.deepseek_v4.verify_snapshots import VerifySnapshots, verify_snapshot_bytes
 from engine.models.family import ModelFamily
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace, _align
@@ -98,9 +101,11 @@ class DeepseekV4Family(ModelFamily):
     graph_pads_copy_first: ClassVar[bool] = True  # pad rows must not touch slot 0's window ring
     cast_weights_on_load: ClassVar[bool] = False  # FP8/FP4 payloads and scales kept as stored
     supports_tensor_parallel: ClassVar[bool] = True  # dequantized weights (tensor_parallel.py)
-    speculation_problem: ClassVar[str | None] = (
-        "a verify step advances its sliding-window ring, the compressors' carry and the "
-        "indexer state per token, and their rollback to the accepted length is not built yet")
+    # a verify step's overwritten per-slot state is copied first and put back on a rejection,
+    # the kept tokens recomputed by the next chunk (verify_snapshots.py)
+    speculation_problem: ClassVar[str | None] = None
+    restarts_rejected_verify: ClassVar[bool] = True
+    speculative_methods: ClassVar[tuple[str, ...]] = ("ngram", "mtp")
     tensor_parallel_kv: ClassVar[str] = "replicated"  # one shared KV head: whole on every rank
     rerun_safe: ClassVar[bool] = False  # a step advances per-slot window rings and counts
 
@@ -114,6 +119,12 @@ class DeepseekV4Family(ModelFamily):
         ``tp`` (engine/parallel/rank_group.py, or None): ``cfg`` is then a rank's
         (``rank_model_config``) and ``weights`` that rank's slices (``tensor_slicer``)."""
         self.cfg = DeepseekV4Config.from_hf_dict(whole_hf_config(dict(cfg.hf_config)))
+        mtp_weights = None
+        if ec.speculative_method == "mtp":  # before the model takes the weights over
+            mtp_weights = _mtp_weights(self.cfg, weights, ec, tp,
+                                       cfg.hf_config.get("num_nextn_predict_layers"))
+            # the fused decode loop builds its streams on the device: the drafter needs them
+            backend = dataclasses.replace(backend or V4Backend.of(ec.kernels), decode="unfused")
         shard = None
         if tp is not None:
             renumber_experts(weights, tp.rank, tp.size, self.cfg.n_routed_experts)
@@ -130,6 +141,16 @@ class DeepseekV4Family(ModelFamily):
             wire_model(self.model, self.cfg, tp.rank, tp)
         self.uses_cuda_graphs = all(isinstance(layer.mlp.experts, Mxfp4Experts)
                                     for layer in self.model.model.layers)
+        self.mtp: MtpDrafter | None = None
+        if mtp_weights is not None:
+            self.model.keep_streams = True
+            self.uses_cuda_graphs = False  # each step ends with the MTP pass, host-driven
+            self.mtp = MtpDrafter(self.cfg, V4MTPLayer.build(self.cfg, mtp_weights, self.model,
+                                                             ec.torch_dtype, ec.torch_device),
+                                  ec.max_batch, ec.spec_tokens, ec.block_size, ec.torch_dtype,
+                                  ec.torch_device)
+        self.snapshots = (VerifySnapshots(self.cfg, ec.max_batch, ec.spec_tokens, ec.torch_dtype,
+                                          ec.torch_device) if ec.spec_tokens else None)
 
     @classmethod
     def dummy_tensors(cls, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
@@ -222,6 +243,20 @@ class DeepseekV4Family(ModelFamily):
                      f"{v4.sliding_window} x head_dim {v4.head_dim} row "
                      + ("(1 B + fp32 scale)" if ec.kv_dtype == "fp8" else "x dtype")),
         ]
+        if ec.spec_tokens:
+            terms.append(PlanTerm(
+                "verify_snapshots", verify_snapshot_bytes(v4, ec.max_batch, ec.spec_tokens, dtype),
+                f"max_batch {ec.max_batch} x (layers x (k {ec.spec_tokens} + 1) ring rows x "
+                f"head_dim {v4.head_dim} + per compressor 2 x rate x width + per CSA compressor "
+                "rate x dim overlap row + fp32 gate) x dtype: what a verify step overwrites, "
+                "put back on a rejected draft (verify_snapshots.py)"))
+        if ec.speculative_method == "mtp":
+            terms.append(PlanTerm(
+                "mtp_state", mtp_state_bytes(v4, ec.max_batch, ec.spec_tokens, dtype),
+                f"the MTP layer's state for max_batch {ec.max_batch} slots: its window ring "
+                f"({v4.sliding_window} x head_dim {v4.head_dim}) and resume windows, the deferred "
+                f"streams (hc {v4.hc_mult} x hidden {v4.hidden_size}) and its verify snapshots "
+                "(mtp_drafter.py)"))
         scratch = deepseek_v4_step_scratch_bytes(v4, ec.chunk_tokens, ec.max_context,
                                                  ec.max_batch, ec.torch_dtype,
                                                  "kernels" if kernels else "torch")
@@ -271,21 +306,44 @@ class DeepseekV4Family(ModelFamily):
             rows = DecodeRows(batch.cache_slots_t, batch.positions, batch.block_tables_t.long())
             return self.model.forward_decode(batch.input_ids, rows, pool, ws)
         firsts = batch.first_chunks or [False] * batch.num_seqs
+        drafts = batch.num_draft_tokens or [0] * batch.num_seqs
+        mtp_rows = []
         for i, slot in enumerate(batch.cache_slots):
             start = batch.context_lens[i] - batch.query_len(i)
-            _bind_slot(pool, slot, start, firsts[i], batch.block_tables[i])
+            rolled = _bind_slot(pool, slot, start, firsts[i], batch.block_tables[i], self.snapshots)
+            if self.mtp is not None:
+                mtp_rows.append(MtpRow(slot, start, firsts[i], drafts[i] > 0,
+                                       list(batch.block_tables[i])))
+                self.mtp.bind(mtp_rows[-1], rolled)
+        if self.snapshots is not None and batch.num_draft_tokens:
+            for i, slot in enumerate(batch.cache_slots):
+                if batch.num_draft_tokens[i]:
+                    self.snapshots.take(pool, slot, batch.context_lens[i] - batch.query_len(i),
+                                        batch.query_len(i), batch.block_tables[i])
         # after every restore (a restore touches its snapshot, so it is not the one reused)
         for i, slot in enumerate(batch.cache_slots):
             pool.plan_windows(slot, batch.block_tables[i], batch.context_lens[i] - batch.query_len(i),
                               batch.query_len(i))
-        return self.model(batch.input_ids, batch.positions, batch.query_start_loc,
-                          batch.cache_slots, pool, ws, batch.block_tables, batch.block_tables_t)
+        hidden = self.model(batch.input_ids, batch.positions, batch.query_start_loc,
+                            batch.cache_slots, pool, ws, batch.block_tables, batch.block_tables_t)
+        if self.mtp is not None:
+            assert self.model.last_streams is not None
+            self.mtp.absorb(mtp_rows, batch.input_ids, batch.query_start_loc,
+                            self.model.last_streams, ws)
+        return hidden
+
+    def propose_drafts(self, kv: DeepseekV4KVPool,
+                       requests: list[tuple[int, int, int, int, list[int]]]) -> list[list[int]]:
+        """MTP drafts (mtp_drafter.py) for running decodes: (slot, last token, its position,
+        drafts wanted, block table) each."""
+        assert self.mtp is not None, "speculative_method is not mtp"
+        return self.mtp.propose(requests, None)
 
     def before_graph_step(self, kv: DeepseekV4KVPool, chunks: list[Any]) -> None:
         """The bookkeeping of :meth:`forward` and of the model's step for a graph replay: bind
         each slot, check its room, count the token it absorbs."""
         for c in chunks:
-            _bind_slot(kv, c.cache_slot, c.start, c.is_first, c.block_ids)
+            _bind_slot(kv, c.cache_slot, c.start, c.is_first, c.block_ids, self.snapshots)
             kv.check_room(c.cache_slot, c.num_tokens, torch.as_tensor(c.block_ids))
         for c in chunks:  # after every restore, as in forward
             kv.plan_windows(c.cache_slot, list(c.block_ids), c.start, c.num_tokens)
@@ -339,20 +397,46 @@ class DeepseekV4Family(ModelFamily):
             kv.pretend_filled(c.cache_slot, c.start)
 
     def reset(self, kv: DeepseekV4KVPool) -> None:
+        if self.mtp is not None:
+            self.mtp.warm_up()
+        if self.snapshots is not None:  # the warm-up's verify step: put its copies back too
+            for slot, p in enumerate(self.snapshots.pending):
+                if p is not None:
+                    self.snapshots.rollback(kv, slot, p.start)
         for slot in range(kv.max_batch):
             kv.reset_slot(slot)
         kv.reset_windows()
 
 
 def _bind_slot(pool: DeepseekV4KVPool, slot: int, start: int, first: bool,
-               block_ids: list[int] | tuple[int, ...]) -> None:
+               block_ids: list[int] | tuple[int, ...],
+               snapshots: VerifySnapshots | None = None) -> bool:
     """Make ``slot`` ready for a chunk at position ``start``: fresh, resumed from its blocks,
-    or continued (then it must stand exactly there)."""
+    continued (then it must stand exactly there), or rolled back to the start of its last
+    verify step, which rejected a draft (verify_snapshots.py)."""
+    if snapshots is not None and (start == 0 or first):
+        snapshots.drop(slot)
     if start == 0:
         pool.reset_slot(slot)
     elif first:
         pool.restore_slot(slot, pool.table(slot, block_ids), start)
     elif pool.num_tokens[slot] != start:
+        if snapshots is not None and snapshots.rollback(pool, slot, start):
+            return True
         raise InvalidRequest(
             f"V4 slot {slot} holds {pool.num_tokens[slot]} tokens but the step continues "
             f"at position {start}", field="cache_slots")
+    return False
+
+
+def _mtp_weights(cfg: DeepseekV4Config, weights: dict[str, torch.Tensor], ec: EngineConfig,
+                 tp: Any, declared: int | None) -> dict[str, torch.Tensor]:
+    """MTP layer 0's tensors (mtp.py), or PlanError naming the setting when there are none."""
+    if tp is not None:
+        raise PlanError("speculative_method=mtp: not with tensor_parallel_size > 1 (the MTP "
+                        "layer is not split over ranks); use ngram or none")
+    if mtp_layer_count(weights) == 0:
+        raise PlanError("speculative_method=mtp: this checkpoint has no MTP layers (no "
+                        "mtp.{i}.* tensors; config num_nextn_predict_layers="
+                        f"{declared}); use speculative_method ngram or none")
+    return split_mtp_weights(weights, cfg.num_layers, ec.torch_dtype)[0]

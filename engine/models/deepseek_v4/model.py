@@ -75,6 +75,10 @@ class DeepseekV4Model(nn.Module):
     """``state_dict()`` names equal transformers' ``DeepseekV4ForCausalLM`` (minus the MTP
     layers, which transformers ignores too)."""
 
+    # an MTP drafter (mtp_drafter.py) reads the last step's streams before the mHC head
+    keep_streams: bool = False
+    last_streams: torch.Tensor | None = None  # [N, hc, hidden]
+
     def __init__(self, cfg: DeepseekV4Config, backend: V4Backend | None = None) -> None:
         super().__init__()
         self.cfg = cfg
@@ -311,6 +315,8 @@ class DeepseekV4Model(nn.Module):
             post, comb, collapsed = layer.ffn_hc(streams, kernels)
             m = layer.mlp(_norm(layer.post_attention_layernorm, collapsed, kernels), input_ids, ws)
             streams = merge(post, comb, m, streams, kernels)
+        if self.keep_streams:
+            self.last_streams = streams
         return self.model.norm(self.model.hc_head(streams, kernels))
 
     @torch.no_grad()
