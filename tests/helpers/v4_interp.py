@@ -15,7 +15,7 @@ from engine.models.deepseek_v4 import (
     DeepseekV4Model,
     V4Backend,
 )
-from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes
+from engine.models.deepseek_v4.memory.sizing import deepseek_v4_workspace_bytes
 from engine.workspace import Workspace
 from tests.engine.deepseek_v4.conftest import build_hf_v4
 

@@ -2,7 +2,7 @@
 
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, deepseek_v4_cache_bytes
+from engine.models.deepseek_v4.memory.kv_pool import DeepseekV4KVPool, deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.model import DeepseekV4Model
 
 __all__ = [

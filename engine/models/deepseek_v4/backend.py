@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import KernelChoices
-from engine.models.deepseek_v4.indexer import indexer_topk_torch
+from engine.models.deepseek_v4.layers.indexer import indexer_topk_torch
 
 
 @dataclass(frozen=True)

@@ -21,40 +21,40 @@ from engine.memory_planner import SIDE_LANE_LIBRARY_TERM, PlanTerm, common_step_
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.decode_step import DecodeRows
-from engine.models.deepseek_v4.kv_layout import V4KVLayout
-from engine.models.deepseek_v4.kv_pool import (
+from engine.models.deepseek_v4.memory.kv_layout import V4KVLayout
+from engine.models.deepseek_v4.memory.kv_pool import (
     DeepseekV4KVPool,
     block_size_problem,
     default_block_size,
     resume_window_bytes,
     slot_carry_bytes,
 )
-from engine.models.deepseek_v4.model import DeepseekV4Model
-from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
-from engine.models.deepseek_v4.quant_weights import (
-    has_fp8_linears,
-    has_mxfp4_experts,
-    resident_weight_bytes,
-)
-from engine.models.deepseek_v4.sizing import (
+from engine.models.deepseek_v4.memory.sizing import (
     deepseek_v4_decode_peak_bytes,
     deepseek_v4_step_peak_bytes,
     deepseek_v4_step_scratch_bytes,
     deepseek_v4_weight_bytes,
     deepseek_v4_workspace_bytes,
 )
-from engine.models.deepseek_v4.step_peak import (
+from engine.models.deepseek_v4.memory.step_peak import (
     deepseek_v4_kernels_peak_bytes,
     deepseek_v4_kernels_step_bytes,
 )
-from engine.models.deepseek_v4.tensor_parallel import (
+from engine.models.deepseek_v4.model import DeepseekV4Model
+from engine.models.deepseek_v4.step.decode_ops import DecodeRows
+from engine.models.deepseek_v4.weights.quant_modules import Mxfp4Experts
+from engine.models.deepseek_v4.weights.quant_weights import (
+    has_fp8_linears,
+    has_mxfp4_experts,
+    resident_weight_bytes,
+)
+from engine.models.deepseek_v4.weights.tensor_parallel import (
     cut_model,
     rank_hf_config,
     whole_hf_config,
     wire_model,
 )
-from engine.models.deepseek_v4.tensor_slices import renumber_experts, v4_tensor_slicer
+from engine.models.deepseek_v4.weights.tensor_slices import renumber_experts, v4_tensor_slicer
 from engine.models.family import ModelFamily
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace, _align
@@ -138,7 +138,7 @@ class DeepseekV4Family(ModelFamily):
         dense projections (``quantization_config.quant_method: fp8``), MXFP4 routed experts
         (``expert_dtype: fp4``), the rest in ``dtype`` (checkpoint_specs.py)."""
         from engine.errors import CheckpointError
-        from engine.models.deepseek_v4.checkpoint_specs import dummy_state_dict
+        from engine.models.deepseek_v4.weights.checkpoint_specs import dummy_state_dict
 
         hf = cfg.hf_config
         qc = hf.get("quantization_config")

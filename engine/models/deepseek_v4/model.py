@@ -14,24 +14,30 @@ import torch
 from torch import nn
 
 from engine.errors import CheckpointError, InvalidRequest
-from engine.models.deepseek_v4.attention import SeqSpan, V4Attention
 from engine.models.deepseek_v4.backend import V4Backend, to_device
-from engine.models.deepseek_v4.chunk_rows import ChunkRows, ChunkSpan
 from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
-from engine.models.deepseek_v4.decode_fused import fused_decode_layers, rms_norm_row
-from engine.models.deepseek_v4.decode_step import DecodeRows, DecodeSpans
-from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, LayerPool
-from engine.models.deepseek_v4.merged_linear import merge_projections
-from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, merge
-from engine.models.deepseek_v4.moe import V4MoE
-from engine.models.deepseek_v4.norms import RMSNorm
-from engine.models.deepseek_v4.quant_modules import (
+from engine.models.deepseek_v4.layers.attention import SeqSpan, V4Attention
+from engine.models.deepseek_v4.layers.merged_linear import merge_projections
+from engine.models.deepseek_v4.layers.mhc import HyperConnection, HyperHead, merge
+from engine.models.deepseek_v4.layers.moe import V4MoE
+from engine.models.deepseek_v4.layers.norms import RMSNorm
+from engine.models.deepseek_v4.layers.rope import rotaries
+from engine.models.deepseek_v4.memory.kv_pool import DeepseekV4KVPool, LayerPool
+from engine.models.deepseek_v4.step.chunk_rows import ChunkRows, ChunkSpan
+from engine.models.deepseek_v4.step.decode_ops import DecodeRows, DecodeSpans
+from engine.models.deepseek_v4.step.fused_ops import fused_decode_layers, rms_norm_row
+from engine.models.deepseek_v4.weights.checkpoint_layout import (
+    hf_quantized_names,
+    is_deepseek_layout,
+    to_hf_names,
+)
+from engine.models.deepseek_v4.weights.quant_modules import (
     Fp8Linear,
     Mxfp4Experts,
     bind_workspace,
     swap_quantized_modules,
 )
-from engine.models.deepseek_v4.quant_weights import (
+from engine.models.deepseek_v4.weights.quant_weights import (
     WEIGHT_FORMATS,
     dequantize_all,
     fp8_block_of,
@@ -39,8 +45,6 @@ from engine.models.deepseek_v4.quant_weights import (
     quantized_weights,
     scale_name,
 )
-from engine.models.deepseek_v4.rope import rotaries
-from engine.models.deepseek_v4.weights import hf_quantized_names, is_deepseek_layout, to_hf_names
 
 # Parameters transformers keeps in fp32 whatever the checkpoint dtype (by name fragment).
 _FP32_FRAGMENTS = (

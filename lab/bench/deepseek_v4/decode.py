@@ -35,7 +35,7 @@ from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.model import DeepseekV4Model
-from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
+from engine.models.deepseek_v4.weights.quant_weights import resident_weight_bytes
 from kernels import pdl_launch, pdl_mode
 from lab.bench.deepseek_v4.context import (
     _sync,

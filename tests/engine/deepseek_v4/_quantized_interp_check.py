@@ -19,7 +19,7 @@ from engine.models.deepseek_v4 import (  # noqa: E402
     DeepseekV4Model,
     V4Backend,
 )
-from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes  # noqa: E402
+from engine.models.deepseek_v4.memory.sizing import deepseek_v4_workspace_bytes  # noqa: E402
 from engine.workspace import Workspace  # noqa: E402
 
 ck = load_checkpoint(sys.argv[1], torch.float32, progress=False)

@@ -52,7 +52,11 @@ import torch.nn.functional as F
 
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import SLIDING
-from engine.models.deepseek_v4.decode_step import DecodeRows, compress_decode, indexer_topk_decode
+from engine.models.deepseek_v4.step.decode_ops import (
+    DecodeRows,
+    compress_decode,
+    indexer_topk_decode,
+)
 from engine.side_lane import SideLane
 from kernels.compress_decode import compress_decode as compress_decode_kernel
 from kernels.hc_decode import hc_decode, hc_decode_partial_shape
@@ -61,12 +65,12 @@ from kernels.moe_decode import FUSED_ROUTER_MAX_ROWS, clamped_swiglu, moe_route,
 from kernels.rope_norm import rope_norm
 
 if TYPE_CHECKING:
-    from engine.models.deepseek_v4.compressor import V4Compressor
-    from engine.models.deepseek_v4.kv_pool import CompressorPool, DeepseekV4KVPool, LayerPool
+    from engine.models.deepseek_v4.layers.compressor import V4Compressor
+    from engine.models.deepseek_v4.layers.moe import V4MoE
+    from engine.models.deepseek_v4.layers.rope import V4Rotary
+    from engine.models.deepseek_v4.memory.kv_pool import CompressorPool, DeepseekV4KVPool, LayerPool
+    from engine.models.deepseek_v4.memory.paged_rows import PagedRows
     from engine.models.deepseek_v4.model import DeepseekV4Model
-    from engine.models.deepseek_v4.moe import V4MoE
-    from engine.models.deepseek_v4.paged_rows import PagedRows
-    from engine.models.deepseek_v4.rope import V4Rotary
 
 Rope = tuple[torch.Tensor, torch.Tensor]
 
@@ -85,7 +89,7 @@ class DecodeSide:
         """``fn()`` issued to the side; ``module``'s FP8 linears take the side's scratch and
         counters meanwhile. The step's shared addressing must not grow inside. ``fn`` leaves
         its results in place (the caller reads them after the join)."""
-        from engine.models.deepseek_v4.quant_modules import rebind
+        from engine.models.deepseek_v4.weights.quant_modules import rebind
 
         bind = None if module is None else (
             lambda: rebind(module, self.ws, self.semaphores))
@@ -96,7 +100,7 @@ class DecodeSide:
         """Whether the shared expert ``se`` may run on the side: its down projection is an FP8
         linear, which writes into the output made before the fork (``Fp8Linear(out=)``). (A
         library GEMM there uses the side stream's cuBLAS workspace, a term of the plan.)"""
-        from engine.models.deepseek_v4.quant_modules import Fp8Linear
+        from engine.models.deepseek_v4.weights.quant_modules import Fp8Linear
 
         return isinstance(getattr(se, "down_proj", None), Fp8Linear)
 
@@ -106,8 +110,8 @@ def decode_side(model: DeepseekV4Model, rows: DecodeRows, ws: object | None,
     """The step's side lane (``backend.lanes`` 2), or None. Takes the side's scratch from
     the caller's open Workspace frame and computes the step's shared addressing that both
     lanes read before anything forks."""
-    from engine.models.deepseek_v4.quant_modules import side_semaphores
-    from engine.models.deepseek_v4.sizing import fp8_gemv_split_bytes
+    from engine.models.deepseek_v4.memory.sizing import fp8_gemv_split_bytes
+    from engine.models.deepseek_v4.weights.quant_modules import side_semaphores
 
     if backend.lanes < 2:
         return None
@@ -242,7 +246,7 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
     single-device MXFP4 layer (tensor-parallel ranks, bf16 experts). With a ``side`` lane the
     shared expert runs there, beside the routing and the routed experts, joined before the
     experts' combine adds into its output."""
-    from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
+    from engine.models.deepseek_v4.weights.quant_modules import Mxfp4Experts
 
     cfg = mlp.cfg
     if (mlp.reduce is not None or mlp.expert_offset or not mlp.add_shared

@@ -29,8 +29,8 @@ import torch
 
 from engine.errors import InvalidRequest, PlanError
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
-from engine.models.deepseek_v4.paged_rows import FP8, FP8_MAX, PagedRows
-from engine.models.deepseek_v4.resume_windows import ResumeWindows, num_resume_slabs
+from engine.models.deepseek_v4.memory.paged_rows import FP8, FP8_MAX, PagedRows
+from engine.models.deepseek_v4.memory.resume_windows import ResumeWindows, num_resume_slabs
 
 __all__ = ["FP8", "FP8_MAX", "DeepseekV4KVPool", "LayerPool", "CompressorPool"]
 

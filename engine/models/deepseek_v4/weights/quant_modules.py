@@ -221,8 +221,8 @@ def set_prefill_fp8(model: nn.Module, linears: bool, experts: bool | None = None
 def swap_quantized_modules(model: nn.Module, kinds: dict[str, str]) -> None:
     """Replace, in place, the module owning each quantized weight (``kinds``: weight name ->
     "fp8" | "mxfp4", from :func:`.quant_weights.quantized_weights`) by its quantized form."""
-    from engine.models.deepseek_v4.attention import GroupedLinear
-    from engine.models.deepseek_v4.moe import _Experts
+    from engine.models.deepseek_v4.layers.attention import GroupedLinear
+    from engine.models.deepseek_v4.layers.moe import _Experts
 
     for wname, kind in kinds.items():
         mod_name = wname.rsplit(".", 1)[0]

@@ -26,7 +26,7 @@ from collections import OrderedDict
 import torch
 
 from engine.errors import InvalidRequest
-from engine.models.deepseek_v4.paged_rows import PagedRows
+from engine.models.deepseek_v4.memory.paged_rows import PagedRows
 
 
 def num_resume_slabs(max_batch: int) -> int:

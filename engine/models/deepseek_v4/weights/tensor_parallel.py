@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from engine.errors import PlanError
-from engine.models.deepseek_v4.attention import V4Attention
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.moe import V4MoE
-from engine.models.deepseek_v4.quant_modules import Fp8Linear, Mxfp4Experts
+from engine.models.deepseek_v4.layers.attention import V4Attention
+from engine.models.deepseek_v4.layers.moe import V4MoE
+from engine.models.deepseek_v4.weights.quant_modules import Fp8Linear, Mxfp4Experts
 
 #: the fields one rank holds a share of (the rest of the config is whole on every rank)
 SPLIT_FIELDS = ("num_attention_heads", "o_groups", "n_routed_experts")

@@ -5,7 +5,7 @@ shapes, stored dtypes and how to fill each one. The one list both the on-disk wr
 and the engine's dummy weights walk, so they cannot drift apart.
 
 Shapes come from the engine's own model built on the meta device, its names mapped back through
-the loader's rename tables (:mod:`engine.models.deepseek_v4.weights`): whatever the loader
+the loader's rename tables (:mod:`engine.models.deepseek_v4.weights.checkpoint_layout`): whatever the loader
 expects is what gets written. Stored dtypes follow the shipped files (the header of
 ``model-00002-of-00046.safetensors``): dense projections F8_E4M3 with an F8_E8M0 scale per
 128 x 128 block, routed experts I8 (two e2m1 a byte) with an F8_E8M0 scale per 32 values,
@@ -25,8 +25,12 @@ import torch
 
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.model import _FP32_FRAGMENTS, DeepseekV4Model
-from engine.models.deepseek_v4.quant_weights import FP8_BLOCK, FP8_LINEAR
-from engine.models.deepseek_v4.weights import _COMPRESSOR_LEAVES, _LAYER_RENAMES, _TOP_RENAMES
+from engine.models.deepseek_v4.weights.checkpoint_layout import (
+    _COMPRESSOR_LEAVES,
+    _LAYER_RENAMES,
+    _TOP_RENAMES,
+)
+from engine.models.deepseek_v4.weights.quant_weights import FP8_BLOCK, FP8_LINEAR
 from kernels.mxfp4_moe_ref import MXFP4_GROUP
 
 # How a tensor is filled: quantized payloads and their scales, the constant ones, the hash table.
@@ -183,7 +187,7 @@ def dummy_state_dict(cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.de
     embedding first, the head last) and yielded as they are ready, so a consumer that packs
     them (weight_share.py) never holds two copies of more than one layer. ``device="meta"``
     gives the names, shapes and dtypes alone. The same seed gives the same values."""
-    from engine.models.deepseek_v4.weights import to_hf_names
+    from engine.models.deepseek_v4.weights.checkpoint_layout import to_hf_names
 
     meta = torch.device(device).type == "meta"
     gen = None if meta else torch.Generator(device=device).manual_seed(seed)

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from engine.models.deepseek_v4.config import CSA, DeepseekV4Config
-from engine.models.deepseek_v4.indexer import INDEXER_KV_TILE, INDEXER_Q_TILE
-from engine.models.deepseek_v4.sparse_attention import ATTN_Q_TILE
+from engine.models.deepseek_v4.layers.indexer import INDEXER_KV_TILE, INDEXER_Q_TILE
+from engine.models.deepseek_v4.layers.sparse_attention import ATTN_Q_TILE
 
 
 def deepseek_v4_step_scratch_bytes(
@@ -133,8 +133,8 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
     loop, the default there) and a model-dtype pool: the compressors run as kernels (no
     gathered window) and the indexer only as kernels (no PyTorch tile); an FP8 pool keeps both
     PyTorch fallbacks counted."""
-    from engine.models.deepseek_v4.decode_fused import FUSED_INDEXER_TILE
-    from engine.models.deepseek_v4.decode_step import DECODE_INDEXER_TILE
+    from engine.models.deepseek_v4.step.decode_ops import DECODE_INDEXER_TILE
+    from engine.models.deepseek_v4.step.fused_ops import FUSED_INDEXER_TILE
     from kernels.indexer_decode import indexer_decode_topk_workspace_bytes
     from kernels.sparse_attention import (
         decode_attention_splits,
@@ -289,7 +289,7 @@ def deepseek_v4_weight_bytes(
     biases), except, with ``weight_format="checkpoint"``, V4-Flash's FP8 projections (1 B a
     value + an fp32 scale per 128 x 128 block) and MXFP4 experts (0.5 B a value + 1 B per 32)."""
     from engine.models.deepseek_v4.model import _FP32_FRAGMENTS, DeepseekV4Model
-    from engine.models.deepseek_v4.quant_weights import FP8_LINEAR
+    from engine.models.deepseek_v4.weights.quant_weights import FP8_LINEAR
 
     cfg = DeepseekV4Config.coerce(cfg)
     with torch.device("meta"):

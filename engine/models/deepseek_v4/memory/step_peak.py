@@ -18,7 +18,10 @@ from typing import Any
 import torch
 
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
-from engine.models.deepseek_v4.sizing import chunk_rows_bytes, deepseek_v4_decode_scratch_bytes
+from engine.models.deepseek_v4.memory.sizing import (
+    chunk_rows_bytes,
+    deepseek_v4_decode_scratch_bytes,
+)
 
 
 def deepseek_v4_kernels_step_bytes(

@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.errors import PlanError
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.quant_weights import fp8_block_of
+from engine.models.deepseek_v4.weights.quant_weights import fp8_block_of
 from engine.parallel.shard_plan import ABSENT, TensorSlice
 
 # (role, dim of the weight the rank cuts) by the tensor's name after ``layers.N.``

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.deepseek_v4.quant_modules import Fp8Linear
+from engine.models.deepseek_v4.weights.quant_modules import Fp8Linear
 
 
 class MergedLinear:
@@ -127,8 +127,8 @@ def merge_projections(model: nn.Module,
     right after it merged, for the caller to let go of its references to them, so that they
     are freed before the next group is concatenated (loading never holds two copies of more
     than one group)."""
-    from engine.models.deepseek_v4.attention import V4Attention, V4CSACompressor
-    from engine.models.deepseek_v4.moe import _SharedExpert
+    from engine.models.deepseek_v4.layers.attention import V4Attention, V4CSACompressor
+    from engine.models.deepseek_v4.layers.moe import _SharedExpert
 
     count = 0
 
@@ -159,8 +159,8 @@ def merge_projections(model: nn.Module,
 
 def unmerge_projections(model: nn.Module) -> None:
     """Run the parts one by one again (their weights stay views: benchmarks and tests compare)."""
-    from engine.models.deepseek_v4.attention import V4Attention
-    from engine.models.deepseek_v4.moe import _SharedExpert
+    from engine.models.deepseek_v4.layers.attention import V4Attention
+    from engine.models.deepseek_v4.layers.moe import _SharedExpert
 
     for mod in model.modules():
         if isinstance(mod, V4Attention):

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.rope import apply_rope_
+from engine.models.deepseek_v4.layers.compressor import V4Compressor
+from engine.models.deepseek_v4.layers.rope import apply_rope_
 from kernels.rope_norm import rope_norm
 
 INDEXER_KV_TILE = 2048  # compressed entries scored per tile

@@ -3,7 +3,7 @@
 Every ``rate`` source tokens close a window that emits one compressed entry: a softmax-gated sum
 of the window's projected KV (plus, for the overlapping CSA variant, the previous window's Ca
 slice), RMS-normed and rotated at the window's first position. Tokens of a not-yet-closed window
-wait in the slot's carry-over buffer (engine/models/deepseek_v4/kv_pool.py), so the result does not depend on where chunk boundaries
+wait in the slot's carry-over buffer (engine/models/deepseek_v4/memory/kv_pool.py), so the result does not depend on where chunk boundaries
 fall. Writes only into the fixed pool's blocks and slot buffers; never grows anything.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.models.deepseek_v4.kv_pool import CompressorPool
-from engine.models.deepseek_v4.norms import RMSNorm
-from engine.models.deepseek_v4.rope import V4Rotary, apply_rope
+from engine.models.deepseek_v4.layers.norms import RMSNorm
+from engine.models.deepseek_v4.layers.rope import V4Rotary, apply_rope
+from engine.models.deepseek_v4.memory.kv_pool import CompressorPool
 
 
 class V4Compressor(nn.Module):

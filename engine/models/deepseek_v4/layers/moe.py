@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
+from engine.models.deepseek_v4.weights.quant_modules import Mxfp4Experts
 
 
 def _score(logits: torch.Tensor, func: str) -> torch.Tensor:

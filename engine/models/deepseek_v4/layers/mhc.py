@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.norms import unweighted_rms_norm
+from engine.models.deepseek_v4.layers.norms import unweighted_rms_norm
 from kernels.hc_streams import hc_collapse, hc_merge, hc_mixes
 from kernels.hc_streams_ref import hc_collapse_ref, hc_merge_ref
 from kernels.sinkhorn import sinkhorn

@@ -8,7 +8,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.kv_pool import (
+from engine.models.deepseek_v4.memory.kv_pool import (
     DeepseekV4KVPool,
     block_bytes_by_kind,
     check_block_size,

@@ -13,20 +13,16 @@ import torch
 from torch import nn
 
 from engine.models.deepseek_v4.backend import V4Backend, select_topk
-from engine.models.deepseek_v4.chunk_rows import ChunkRows, attend_chunks
-from engine.models.deepseek_v4.compressor import V4Compressor
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
-from engine.models.deepseek_v4.decode_fused import (
-    DecodeSide,
-    compress_decode_fused,
-    fused_indexer_keys,
-    indexer_topk_fused,
-    rms_norm_row,
-    rope_norm_,
-    rotate_,
-    write_window_fused,
-)
-from engine.models.deepseek_v4.decode_step import (
+from engine.models.deepseek_v4.layers.compressor import V4Compressor
+from engine.models.deepseek_v4.layers.indexer import V4Indexer
+from engine.models.deepseek_v4.layers.merged_linear import MergedLinear
+from engine.models.deepseek_v4.layers.norms import RMSNorm, unweighted_rms_norm
+from engine.models.deepseek_v4.layers.rope import V4Rotary, apply_rope_
+from engine.models.deepseek_v4.layers.sparse_attention import v4_attention_torch
+from engine.models.deepseek_v4.memory.kv_pool import LayerPool
+from engine.models.deepseek_v4.step.chunk_rows import ChunkRows, attend_chunks
+from engine.models.deepseek_v4.step.decode_ops import (
     DecodeRows,
     DecodeSpans,
     attend_decode,
@@ -36,13 +32,17 @@ from engine.models.deepseek_v4.decode_step import (
     indexer_topk_decode,
     write_window,
 )
-from engine.models.deepseek_v4.indexer import V4Indexer
-from engine.models.deepseek_v4.kv_pool import LayerPool
-from engine.models.deepseek_v4.merged_linear import MergedLinear
-from engine.models.deepseek_v4.norms import RMSNorm, unweighted_rms_norm
-from engine.models.deepseek_v4.rope import V4Rotary, apply_rope_
-from engine.models.deepseek_v4.sparse_attention import v4_attention_torch
-from engine.models.deepseek_v4.step_rows import SeqSpan, StepRows
+from engine.models.deepseek_v4.step.fused_ops import (
+    DecodeSide,
+    compress_decode_fused,
+    fused_indexer_keys,
+    indexer_topk_fused,
+    rms_norm_row,
+    rope_norm_,
+    rotate_,
+    write_window_fused,
+)
+from engine.models.deepseek_v4.step.rows import SeqSpan, StepRows
 
 
 class V4CSACompressor(V4Compressor):

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.compressor import V4Compressor
-from engine.models.deepseek_v4.kv_pool import CompressorPool, LayerPool, PagedRows
-from engine.models.deepseek_v4.rope import V4Rotary, apply_rope
+from engine.models.deepseek_v4.layers.compressor import V4Compressor
+from engine.models.deepseek_v4.layers.rope import V4Rotary, apply_rope
+from engine.models.deepseek_v4.memory.kv_pool import CompressorPool, LayerPool, PagedRows
 
 NULL_ROW = 0  # flat row 0 of any paged tensor is in the null block 0
 DECODE_INDEXER_TILE = 2048  # compressed entries scored per tile by the batched indexer
