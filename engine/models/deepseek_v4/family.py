@@ -16,24 +16,23 @@ from typing import Any, ClassVar
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import InvalidRequest
+from engine.errors import CheckpointError, InvalidRequest
 from engine.memory_planner import SIDE_LANE_LIBRARY_TERM, PlanTerm, common_step_terms
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.memory.kv_layout import V4KVLayout
-from engine.models.deepseek_v4.memory.kv_pool import (
-    DeepseekV4KVPool,
+from engine.models.deepseek_v4.memory.extent import (
     block_size_problem,
     default_block_size,
     resume_window_bytes,
     slot_carry_bytes,
 )
+from engine.models.deepseek_v4.memory.kv_layout import V4KVLayout
+from engine.models.deepseek_v4.memory.kv_pool import DeepseekV4KVPool
 from engine.models.deepseek_v4.memory.sizing import (
     deepseek_v4_decode_peak_bytes,
     deepseek_v4_step_peak_bytes,
     deepseek_v4_step_scratch_bytes,
-    deepseek_v4_weight_bytes,
     deepseek_v4_workspace_bytes,
 )
 from engine.models.deepseek_v4.memory.step_peak import (
@@ -41,7 +40,8 @@ from engine.models.deepseek_v4.memory.step_peak import (
     deepseek_v4_kernels_step_bytes,
 )
 from engine.models.deepseek_v4.model import DeepseekV4Model
-from engine.models.deepseek_v4.step.decode_ops import DecodeRows
+from engine.models.deepseek_v4.step.decode_rows import DecodeRows
+from engine.models.deepseek_v4.weights.checkpoint_specs import dummy_state_dict
 from engine.models.deepseek_v4.weights.quant_modules import Mxfp4Experts
 from engine.models.deepseek_v4.weights.quant_weights import (
     has_fp8_linears,
@@ -55,6 +55,7 @@ from engine.models.deepseek_v4.weights.tensor_parallel import (
     wire_model,
 )
 from engine.models.deepseek_v4.weights.tensor_slices import renumber_experts, v4_tensor_slicer
+from engine.models.deepseek_v4.weights.weight_bytes import deepseek_v4_weight_bytes
 from engine.models.family import ModelFamily
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace, _align
@@ -137,9 +138,6 @@ class DeepseekV4Family(ModelFamily):
         """In the formats config.json declares: FP8 e4m3 with 128 x 128 block scales for the
         dense projections (``quantization_config.quant_method: fp8``), MXFP4 routed experts
         (``expert_dtype: fp4``), the rest in ``dtype`` (checkpoint_specs.py)."""
-        from engine.errors import CheckpointError
-        from engine.models.deepseek_v4.weights.checkpoint_specs import dummy_state_dict
-
         hf = cfg.hf_config
         qc = hf.get("quantization_config")
         if qc and not (isinstance(qc, dict) and qc.get("quant_method") == "fp8"):

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
+from engine.models.deepseek_v4 import DeepseekV4KVPool, deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import CSA, HCA, SLIDING, DeepseekV4Config
-from engine.models.deepseek_v4.memory.kv_pool import DeepseekV4KVPool, deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.memory.sizing import (
     deepseek_v4_step_peak_bytes,
     deepseek_v4_step_scratch_bytes,

@@ -26,7 +26,7 @@ from collections import Counter
 import torch
 
 from engine.models.deepseek_v4 import DeepseekV4KVPool, DeepseekV4Model, V4Backend
-from engine.models.deepseek_v4.layers.merged_linear import unmerge_projections
+from engine.models.deepseek_v4.layers.merged_groups import unmerge_projections
 from engine.models.deepseek_v4.memory.sizing import deepseek_v4_workspace_bytes
 from engine.workspace import Workspace
 from lab.bench.deepseek_v4.context import flash_config

@@ -39,7 +39,8 @@ from engine.memory_planner import MemoryPlan, make_plan
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.memory.kv_pool import DeepseekV4KVPool, block_multiple
+from engine.models.deepseek_v4.memory.extent import block_multiple
+from engine.models.deepseek_v4.memory.kv_pool import DeepseekV4KVPool
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.weights.quant_modules import set_prefill_fp8
 from engine.workspace import Workspace

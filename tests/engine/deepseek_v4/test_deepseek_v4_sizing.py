@@ -14,7 +14,7 @@ import torch
 
 from engine.errors import CheckpointError
 from engine.models.deepseek_v4 import DeepseekV4Config, DeepseekV4KVPool, DeepseekV4Model
-from engine.models.deepseek_v4.memory.kv_pool import deepseek_v4_cache_bytes
+from engine.models.deepseek_v4.memory.extent import deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.memory.sizing import (
     deepseek_v4_step_peak_bytes,
     deepseek_v4_step_scratch_bytes,

@@ -162,7 +162,7 @@ def test_fused_decode_takes_the_merged_gemvs() -> None:
     import triton.runtime.interpreter as interp
 
     from engine.models.deepseek_v4 import DeepseekV4KVPool, DeepseekV4Model, V4Backend
-    from engine.models.deepseek_v4.layers.merged_linear import unmerge_projections
+    from engine.models.deepseek_v4.layers.merged_groups import unmerge_projections
 
     cfg, sd = _toy("CH")
     ids = torch.randint(2, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(0))

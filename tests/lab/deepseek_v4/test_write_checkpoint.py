@@ -149,8 +149,8 @@ def test_flash_spec_is_what_the_plan_counts() -> None:
     """43 layers x 128 experts at V4-Flash's widths, never written: the spec's bytes, as the
     model holds them, equal the plan's weight estimate from config.json alone; --dry-run prints
     the same total and a shard count."""
-    from engine.models.deepseek_v4.memory.sizing import deepseek_v4_weight_bytes
     from engine.models.deepseek_v4.weights.quant_weights import resident_weight_bytes
+    from engine.models.deepseek_v4.weights.weight_bytes import deepseek_v4_weight_bytes
 
     hf = flash_hf_config(43, 128)
     cfg = DeepseekV4Config.from_hf_dict(hf)

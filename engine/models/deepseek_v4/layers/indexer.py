@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.layers.compressor import V4Compressor
 from engine.models.deepseek_v4.layers.rope import apply_rope_
@@ -101,3 +102,40 @@ def indexer_topk_torch(
             best_i[:, :kk] = cand_i.gather(1, pos)
         out[r0:r1] = torch.where(torch.isinf(best_v), -1, best_i)
     return out
+
+def select_topk(
+    backend: V4Backend, q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor,
+    kv_end: torch.Tensor, topk: int, ws: object | None,
+) -> torch.Tensor:
+    """Indices [C, topk] (-1 = none) of the best visible entries per query row.
+    q: [C, Hi, Di], keys: [E, Di], weights: [C, Hi] fp32 (scales folded), kv_end: [C] int."""
+    kind = backend.indexer
+    if kind == "torch":
+        return indexer_topk_torch(q, keys, weights, kv_end, topk)
+    if kind == "naive":
+        from kernels.indexer_topk_ref import indexer_topk_naive
+
+        out = torch.full((q.shape[0], topk), -1, dtype=torch.long, device=q.device)
+        if keys.shape[0] == 0:
+            return out
+        idx = indexer_topk_naive(q, keys, weights, kv_end.to(torch.int32), topk)
+        # torch.topk also returns masked (-inf) entries when fewer are visible: drop them.
+        idx = torch.where(idx < kv_end[:, None], idx, -1)
+        out[:, : idx.shape[1]] = idx
+        return out
+    kv_end32 = kv_end.to(torch.int32)
+    if kind == "kernels_ref":
+        from kernels.indexer_topk_ref import indexer_topk_ref
+
+        return indexer_topk_ref(q, keys, weights, kv_end32, topk)[1]
+    from kernels.indexer_topk import indexer_topk, indexer_topk_workspace_bytes
+
+    rows, heads, dim = q.shape
+    if ws is None:
+        return indexer_topk(q, keys.contiguous(), weights, kv_end32, topk)[1]
+    need = indexer_topk_workspace_bytes(rows, heads, dim, keys.shape[0], topk)
+    scratch = ws.take((need,), torch.uint8, caller="deepseek_v4.indexer_topk")  # type: ignore[attr-defined]
+    out_idx = ws.take((rows, topk), torch.int32, caller="deepseek_v4.indexer_topk.indices")  # type: ignore[attr-defined]
+    out_sc = ws.take((rows, topk), torch.float32, caller="deepseek_v4.indexer_topk.scores")  # type: ignore[attr-defined]
+    return indexer_topk(q, keys, weights, kv_end32, topk, out_indices=out_idx, out_scores=out_sc,
+                        workspace=scratch)[1]

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.rope_norm import rope_norm
+
 
 class RMSNorm(nn.Module):
     """Weighted RMSNorm; the weight stays fp32 whatever the model dtype (as transformers)."""
@@ -28,3 +30,9 @@ def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm without weight, scale computed in fp32 and applied in x's dtype."""
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
+
+def rms_norm_row(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Weighted RMSNorm of [N, D] rows in place, one launch (``kernels.rope_norm`` with no
+    rotated channels): the kernels' form of :class:`RMSNorm`."""
+    empty = t.new_empty(t.shape[0], 0)
+    return rope_norm(t, empty, empty, t, norm=True, weight=weight, eps=eps)

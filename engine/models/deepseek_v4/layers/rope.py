@@ -10,6 +10,9 @@ import torch
 from torch import nn
 
 from engine.models.deepseek_v4.config import DeepseekV4Config, RopeParams
+from kernels.rope_norm import rope_norm
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [N, R/2] at the rows' positions
 
 
 class V4Rotary(nn.Module):
@@ -61,3 +64,14 @@ def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     x1, x2 = rope[..., 0::2].float(), rope[..., 1::2].float()
     rope.copy_(torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2))
     return x
+
+
+def rotate_(t: torch.Tensor, rope: Rope, norm: bool = False, eps: float = 1e-6) -> torch.Tensor:
+    """(Unweighted norm and) RoPE of [N, H, D] rows in place, one launch
+    (``kernels.rope_norm``): the kernels' form of :func:`apply_rope_`."""
+    return rope_norm(t, rope[0], rope[1], t, norm=norm, eps=eps)
+
+
+def rope_norm_(t: torch.Tensor, rope: Rope, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Weighted RMSNorm + RoPE of [N, D] rows in place, one launch (the shared KV)."""
+    return rope_norm(t, rope[0], rope[1], t, norm=True, weight=weight, eps=eps)

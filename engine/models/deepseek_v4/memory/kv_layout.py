@@ -8,13 +8,13 @@ import torch
 
 from engine.config import EngineConfig
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.memory.kv_pool import (
-    DeepseekV4KVPool,
+from engine.models.deepseek_v4.memory.extent import (
     block_bytes_by_kind,
     check_block_size,
     v4_fingerprint,
     window_section_bytes,
 )
+from engine.models.deepseek_v4.memory.kv_pool import DeepseekV4KVPool
 from engine.models.family import CacheKind, KVLayout
 
 

@@ -17,6 +17,8 @@ import torch
 from engine.models.deepseek_v4.config import CSA, DeepseekV4Config
 from engine.models.deepseek_v4.layers.indexer import INDEXER_KV_TILE, INDEXER_Q_TILE
 from engine.models.deepseek_v4.layers.sparse_attention import ATTN_Q_TILE
+from engine.models.deepseek_v4.step.decode_ops import DECODE_INDEXER_TILE
+from engine.models.deepseek_v4.step.fused_ops import FUSED_INDEXER_TILE
 
 
 def deepseek_v4_step_scratch_bytes(
@@ -120,7 +122,7 @@ def chunk_rows_bytes(tokens: int, rows: int, seqs: int, window: int, rates: list
 def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_context: int,
                                      dtype: torch.dtype = torch.bfloat16, kernels: bool = False,
                                      kv_fp8: bool = False, fused: bool = False) -> int:
-    """What decode_step.py adds to a one-token-per-sequence step of ``max_batch`` rows beyond
+    """What step/decode_step.py adds to a one-token-per-sequence step of ``max_batch`` rows beyond
     the projections: one tile of the batched indexer (keys gathered and widened to fp32, the
     [B, Hi, tile] fp32 scores and their ReLU and weighted copies, the running top-k; or, in
     the fused loop, ``kernels.indexer_decode``'s scratch at its wider tile, whichever is more),
@@ -133,8 +135,6 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
     loop, the default there) and a model-dtype pool: the compressors run as kernels (no
     gathered window) and the indexer only as kernels (no PyTorch tile); an FP8 pool keeps both
     PyTorch fallbacks counted."""
-    from engine.models.deepseek_v4.step.decode_ops import DECODE_INDEXER_TILE
-    from engine.models.deepseek_v4.step.fused_ops import FUSED_INDEXER_TILE
     from kernels.indexer_decode import indexer_decode_topk_workspace_bytes
     from kernels.sparse_attention import (
         decode_attention_splits,
@@ -278,36 +278,3 @@ def deepseek_v4_workspace_bytes(
         chunk_tokens, cfg.index_n_heads, cfg.index_head_dim, max_context // cfg.csa_rate, cfg.index_topk
     )
     return max(need + 2 * chunk_tokens * cfg.index_topk * 4 + 3 * 256, moe)
-
-
-def deepseek_v4_weight_bytes(
-    cfg: DeepseekV4Config | Any, dtype: torch.dtype = torch.bfloat16, fp8_linears: bool = False,
-    mxfp4_experts: bool = False, weight_format: str = "checkpoint",
-) -> int:
-    """Resident weight bytes from the config alone (``bulkhead plan``, no weights read): every
-    tensor of the model at ``dtype`` (fp32 where the model keeps fp32: norms, mHC, sinks,
-    biases), except, with ``weight_format="checkpoint"``, V4-Flash's FP8 projections (1 B a
-    value + an fp32 scale per 128 x 128 block) and MXFP4 experts (0.5 B a value + 1 B per 32)."""
-    from engine.models.deepseek_v4.model import _FP32_FRAGMENTS, DeepseekV4Model
-    from engine.models.deepseek_v4.weights.quant_weights import FP8_LINEAR
-
-    cfg = DeepseekV4Config.coerce(cfg)
-    with torch.device("meta"):
-        model = DeepseekV4Model(cfg)
-    elem = torch.empty((), dtype=dtype).element_size()
-    keep = weight_format == "checkpoint"
-    total = 0
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        n = t.numel()
-        if "rotary" in name:
-            continue
-        if keep and fp8_linears and FP8_LINEAR.search(name):
-            rows, cols = t.shape
-            total += n + 4 * -(-rows // 128) * -(-cols // 128)
-        elif keep and mxfp4_experts and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            total += n // 2 + n // 32
-        elif not t.is_floating_point():
-            total += n * t.element_size()
-        else:
-            total += n * (4 if any(f in name for f in _FP32_FRAGMENTS) else elem)
-    return total

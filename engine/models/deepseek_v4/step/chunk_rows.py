@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.models.deepseek_v4.backend import V4Backend, to_device
+from engine.models.deepseek_v4.backend import V4Backend
+from engine.models.deepseek_v4.step.rows import to_device
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
-"""Batched DeepSeek-V4 decode: one token for each of B sequences, every part of an attention
-layer done for all of them at once (window KV write, compressors, indexer top-k, sparse
-attention), addressed by device tensors prepared once per step (:class:`DecodeRows`).
+"""The operations of a batched DeepSeek-V4 decode step in PyTorch (the unfused loop, and the
+fused loop's fallbacks): one token for each of B sequences, every part of an attention layer
+done for all of them at once (window KV write, compressors, indexer top-k, sparse attention),
+addressed by device tensors prepared once per step (:class:`DecodeRows`). decode_step.py
+composes them into a layer's decode attention.
 
-Why a separate path: the chunk path (attention.py) still walks its chunks one by one through
+Why a separate path: the chunk path (chunk_attention.py) still walks its chunks one by one through
 the compressors and the indexer (~50 small kernels per sequence and layer when it walked
 everything, which is what a decode step at full depth spent its second on). A mixed step's
 one-token sequences come here too (:class:`DecodeSpans`). Here the number of launches per layer does
@@ -18,9 +20,6 @@ Python, call ``.item()``/``.tolist()``, or build a tensor from host data.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,73 +27,12 @@ import torch.nn.functional as F
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.layers.compressor import V4Compressor
 from engine.models.deepseek_v4.layers.rope import V4Rotary, apply_rope
-from engine.models.deepseek_v4.memory.kv_pool import CompressorPool, LayerPool, PagedRows
+from engine.models.deepseek_v4.memory.kv_pool import CompressorPool, LayerPool
+from engine.models.deepseek_v4.memory.paged_rows import PagedRows
+from engine.models.deepseek_v4.step.decode_rows import DecodeRows
 
 NULL_ROW = 0  # flat row 0 of any paged tensor is in the null block 0
 DECODE_INDEXER_TILE = 2048  # compressed entries scored per tile by the batched indexer
-
-
-@dataclass(frozen=True)
-class DecodeRows:
-    """The step's addressing, one row per sequence: its cache slot, the position of its token
-    (= tokens its slot held before the step) and its block table (null-padded)."""
-
-    slots: torch.Tensor  # [B] int64
-    positions: torch.Tensor  # [B] int64
-    tables: torch.Tensor  # [B, width] int64
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.slots.shape[0])
-
-    @cached_property
-    def writer(self) -> torch.Tensor:
-        """[B]: for each row, the first row of the same slot (itself, except for a CUDA graph's
-        pad rows, which copy row 0). Values written to the pool are taken from that row, so
-        duplicate writes to one place carry identical bits: a pad row's own results may differ
-        from row 0's in the last bit (another GEMM row), which would make the write racy.
-        Computed once per step (every layer's writes use it)."""
-        same = self.slots[:, None] == self.slots[None, :]
-        return same.to(torch.int8).argmax(dim=1)
-
-    def shared_keys(self) -> frozenset:
-        """What the step has memoised so far (:attr:`writer`, :meth:`memo` keys): addressing
-        that both lanes of a two-lane step read (engine/side_lane.py), so it must be made
-        before a fork, never on the side."""
-        d = self.__dict__
-        return frozenset(k for k in d if k != "_memo") | frozenset(d.get("_memo", {}))
-
-    def memo(self, key: tuple, make: Callable[[], Any]) -> Any:
-        """``make()``, computed once per step for ``key``: the addressing every layer of the
-        step shares (ring rows, window bounds, entry rows of a rate), which each layer otherwise
-        recomputes in a handful of small kernels."""
-        cache = self.__dict__.setdefault("_memo", {})
-        if key not in cache:
-            cache[key] = make()
-        return cache[key]
-
-    def ring_rows(self, w: int) -> torch.Tensor:
-        """[B] flat rows of the token in its slot's window ring of ``w`` rows."""
-        return self.memo(("ring", w), lambda: self.slots * w + self.positions % w)
-
-    def block_of(self, token_pos: torch.Tensor, block_size: int) -> torch.Tensor:
-        """The block id holding token position ``token_pos`` [B] of each row -> [B]."""
-        return self.tables.gather(1, (token_pos // block_size)[:, None])[:, 0]
-
-    def entry_rows(self, entries: torch.Tensor, per_block: int) -> torch.Tensor:
-        """Flat pool rows of entries ``entries`` ([B, K] entry numbers of each row's sequence,
-        any value >= 0) -> [B, K]."""
-        return self.tables.gather(1, entries // per_block) * per_block + entries % per_block
-
-
-@dataclass(frozen=True)
-class DecodeSpans:
-    """The one-token sequences of a mixed step (prefill chunks beside decode tokens, what the
-    scheduler runs under load), attended together as one decode step: their addressing and
-    where their rows sit in the step's flat batch. Built once per step; every layer uses it."""
-
-    rows: DecodeRows
-    index: slice | torch.Tensor  # their rows of the flat batch: a slice when contiguous, else [B]
 
 
 def write_window(cache: LayerPool, rows: DecodeRows, kv: torch.Tensor) -> None:

@@ -1,7 +1,8 @@
-"""The DeepSeek-V4 decode step's layer loop with its small per-token work fused (CUDA, or the
-Triton interpreter): a few launches where the unfused step (model._layers) makes hundreds.
+"""The fused operations of a DeepSeek-V4 decode step (CUDA, or the Triton interpreter), which
+the fused loop (decode_step.py, ``DecodeLoop.FUSED``) runs: a few launches where the unfused
+loop makes hundreds.
 
-* mHC between two blocks: ``kernels.hc_decode`` merges the previous block into the streams and
+* mHC between two blocks (called by the loop itself): ``kernels.hc_decode`` merges the previous block into the streams and
   computes the next block's gates, Sinkhorn matrix, collapse and input RMSNorm (2 launches
   instead of ~25); the last one collapses through the model's head and applies its final norm.
 * each compressor (and the indexer's): ``kernels.compress_decode``, the window update, the
@@ -35,8 +36,9 @@ Triton interpreter): a few launches where the unfused step (model._layers) makes
   (``fp8_gemv_split_bytes`` at the step's rows) and count slices in their own set of
   counters, so nothing the two lanes use at once is shared.
 
-Decode only (one token per sequence; the prefill path borrows ``rms_norm_row``, ``rotate_`` and
-``rope_norm_`` for its in-place norms and RoPE) and numerically the same
+Decode only (one token per sequence; the row kernels' wrappers ``rms_norm_row``, ``rotate_``
+and ``rope_norm_`` live with the layers, in norms.py and rope.py, since prefill uses them too)
+and numerically the same
 formulas as the unfused step, rounded at the same points; reductions run in another order, so
 results agree to rounding, not bit for bit. Must never loop over sequences or read device
 values on the host (the step is captured as a CUDA graph).
@@ -45,34 +47,23 @@ values on the host (the step is captured as a CUDA graph).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.config import SLIDING
-from engine.models.deepseek_v4.step.decode_ops import (
-    DecodeRows,
-    compress_decode,
-    indexer_topk_decode,
-)
+from engine.models.deepseek_v4.layers.compressor import V4Compressor
+from engine.models.deepseek_v4.layers.moe import V4MoE
+from engine.models.deepseek_v4.layers.rope import Rope, V4Rotary
+from engine.models.deepseek_v4.memory.kv_pool import CompressorPool, LayerPool
+from engine.models.deepseek_v4.memory.paged_rows import PagedRows
+from engine.models.deepseek_v4.step.decode_ops import compress_decode, indexer_topk_decode
+from engine.models.deepseek_v4.step.decode_rows import DecodeRows
+from engine.models.deepseek_v4.weights.quant_modules import Fp8Linear, Mxfp4Experts, rebind
 from engine.side_lane import SideLane
 from kernels.compress_decode import compress_decode as compress_decode_kernel
-from kernels.hc_decode import hc_decode, hc_decode_partial_shape
 from kernels.indexer_decode import indexer_decode_topk
 from kernels.moe_decode import FUSED_ROUTER_MAX_ROWS, clamped_swiglu, moe_route, moe_router
 from kernels.rope_norm import rope_norm
-
-if TYPE_CHECKING:
-    from engine.models.deepseek_v4.layers.compressor import V4Compressor
-    from engine.models.deepseek_v4.layers.moe import V4MoE
-    from engine.models.deepseek_v4.layers.rope import V4Rotary
-    from engine.models.deepseek_v4.memory.kv_pool import CompressorPool, DeepseekV4KVPool, LayerPool
-    from engine.models.deepseek_v4.memory.paged_rows import PagedRows
-    from engine.models.deepseek_v4.model import DeepseekV4Model
-
-Rope = tuple[torch.Tensor, torch.Tensor]
 
 
 class DecodeSide:
@@ -89,8 +80,6 @@ class DecodeSide:
         """``fn()`` issued to the side; ``module``'s FP8 linears take the side's scratch and
         counters meanwhile. The step's shared addressing must not grow inside. ``fn`` leaves
         its results in place (the caller reads them after the join)."""
-        from engine.models.deepseek_v4.weights.quant_modules import rebind
-
         bind = None if module is None else (
             lambda: rebind(module, self.ws, self.semaphores))
         self.lane.run(fn, bind=bind, frozen=self.rows.shared_keys, keep=keep)
@@ -100,105 +89,8 @@ class DecodeSide:
         """Whether the shared expert ``se`` may run on the side: its down projection is an FP8
         linear, which writes into the output made before the fork (``Fp8Linear(out=)``). (A
         library GEMM there uses the side stream's cuBLAS workspace, a term of the plan.)"""
-        from engine.models.deepseek_v4.weights.quant_modules import Fp8Linear
-
         return isinstance(getattr(se, "down_proj", None), Fp8Linear)
 
-
-def decode_side(model: DeepseekV4Model, rows: DecodeRows, ws: object | None,
-                backend: V4Backend, device: torch.device) -> DecodeSide | None:
-    """The step's side lane (``backend.lanes`` 2), or None. Takes the side's scratch from
-    the caller's open Workspace frame and computes the step's shared addressing that both
-    lanes read before anything forks."""
-    from engine.models.deepseek_v4.memory.sizing import fp8_gemv_split_bytes
-    from engine.models.deepseek_v4.weights.quant_modules import side_semaphores
-
-    if backend.lanes < 2:
-        return None
-    lane = model.__dict__.get("_side_lane")
-    if lane is None or lane.device != device:
-        lane = model.__dict__["_side_lane"] = SideLane(device)
-    lane.begin()
-    side_ws = None
-    sem = side_semaphores(model)  # made with the FP8 linears' first Workspace binding
-    if ws is not None and hasattr(ws, "lane") and sem is not None:
-        side_ws = ws.lane(fp8_gemv_split_bytes(model.cfg, rows.num_rows),
-                          caller="deepseek_v4.decode_side_lane")
-    _ = rows.writer  # read by both lanes' pool writes: made here, before any fork
-    if model.cfg.uses_csa:
-        indexer_kv_end(rows, model.cfg.csa_rate)  # the side's indexer reads it
-    return DecodeSide(lane, side_ws, sem, rows)
-
-
-def fused_decode_layers(model: DeepseekV4Model, input_ids: torch.Tensor, rows: DecodeRows,
-                        cache: DeepseekV4KVPool, ws: object | None,
-                        backend: V4Backend) -> torch.Tensor:
-    """model._layers for a decode step, fused: input_ids [B] -> hidden [B, hidden] after the
-    mHC head and the final norm."""
-    cfg = model.cfg
-    layers = model.model.layers
-    emb = model.model.embed_tokens(input_ids)  # [B, hidden]
-    n, m, d = emb.shape[0], cfg.hc_mult, emb.shape[1]
-    streams = emb.unsqueeze(1).expand(-1, m, -1).contiguous()  # [B, m, hidden]
-    # ping-pong targets of the merges (a merge must not write the streams it reads; the first
-    # merge writes bufs[0], the second the embedding's copy): two copies of the streams live,
-    # as in the unfused loop. The gates and the block input are rewritten each boundary: every
-    # reader runs before the rewrite
-    bufs = (torch.empty_like(streams), streams)
-    f32 = dict(dtype=torch.float32, device=emb.device)
-    partial = torch.empty(hc_decode_partial_shape(n, m, d), **f32)
-    head_partial = torch.empty(hc_decode_partial_shape(n, m, d, head=True), **f32)
-    post, comb = torch.empty(n, m, **f32), torch.empty(n, m, m, **f32)
-    x = torch.empty_like(emb)
-    ropes = {}
-    for main, rotary in ((True, model.main_rotary), (False, model.compress_rotary)):
-        cos, sin = rotary(rows.positions, emb.dtype)
-        ropes[main] = ((cos, sin), (cos, -sin))  # forward, inverse (the output's un-rotation)
-    common = dict(iters=cfg.hc_sinkhorn_iters, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
-    side = decode_side(model, rows, ws, backend, emb.device)
-
-    def boundary(s: torch.Tensor, hc, norm_w: torch.Tensor, out: torch.Tensor | None,
-                 k: int) -> torch.Tensor:
-        merge = None if out is None else (post, comb, out)
-        return hc_decode(s, hc.fn, hc.base, hc.scale, norm_w, **common, partial=partial, x=x,
-                         post=post, comb=comb, merge=merge, merged=bufs[k % 2])
-
-    s = boundary(streams, layers[0].attn_hc, layers[0].input_layernorm.weight, None, 0)
-    k = 0
-    for i, (layer, lc) in enumerate(zip(layers, cache.layers, strict=True)):
-        attn = layer.self_attn
-        rope, inv = ropes[attn.layer_type == SLIDING]
-        a = attn.forward_decode(x, rope, model.compress_rotary, rows, lc, backend, inv_rope=inv,
-                                side=side)
-        s = boundary(s, layer.ffn_hc, layer.post_attention_layernorm.weight, a, k)
-        k += 1
-        mo = moe_fused(layer.mlp, x, input_ids, ws, side)
-        if i + 1 < len(layers):
-            nxt = layers[i + 1]
-            s = boundary(s, nxt.attn_hc, nxt.input_layernorm.weight, mo, k)
-            k += 1
-    head = model.model.hc_head
-    hc_decode(s, head.hc_fn, head.hc_base, head.hc_scale, model.model.norm.weight, **common,
-              partial=head_partial, x=x, merge=(post, comb, mo), merged=bufs[k % 2], head=True)
-    if side is not None:
-        side.lane.close()
-    return x
-
-
-def rms_norm_row(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Weighted RMSNorm of [N, D] rows in place, one launch (rope_norm with no rotated channels)."""
-    empty = t.new_empty(t.shape[0], 0)
-    return rope_norm(t, empty, empty, t, norm=True, weight=weight, eps=eps)
-
-
-def rotate_(t: torch.Tensor, rope: Rope, norm: bool = False, eps: float = 1e-6) -> torch.Tensor:
-    """(Unweighted norm and) RoPE of [N, H, D] rows in place."""
-    return rope_norm(t, rope[0], rope[1], t, norm=norm, eps=eps)
-
-
-def rope_norm_(t: torch.Tensor, rope: Rope, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Weighted RMSNorm + RoPE of [N, D] rows in place (the shared KV of a prefill chunk)."""
-    return rope_norm(t, rope[0], rope[1], t, norm=True, weight=weight, eps=eps)
 
 
 def write_window_fused(cache: LayerPool, rows: DecodeRows, kv_raw: torch.Tensor,
@@ -246,8 +138,6 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
     single-device MXFP4 layer (tensor-parallel ranks, bf16 experts). With a ``side`` lane the
     shared expert runs there, beside the routing and the routed experts, joined before the
     experts' combine adds into its output."""
-    from engine.models.deepseek_v4.weights.quant_modules import Mxfp4Experts
-
     cfg = mlp.cfg
     if (mlp.reduce is not None or mlp.expert_offset or not mlp.add_shared
             or not isinstance(mlp.experts, Mxfp4Experts)

@@ -1,5 +1,5 @@
-"""What one attention step works on, by row: the sequences of the flat batch (:class:`SeqSpan`)
-and one layer's per-token tensors (:class:`StepRows`). Plain data: no parameters, no cache."""
+"""The sequences of a step's flat batch (:class:`SeqSpan`) and how host addressing reaches the
+device (:func:`to_device`). Plain data: no parameters, no cache."""
 
 from __future__ import annotations
 
@@ -20,20 +20,10 @@ class SeqSpan:
     table: torch.Tensor  # [blocks] int64: the sequence's block ids in the pool
 
 
-@dataclass
-class StepRows:
-    """Per-token tensors of one layer's step (rows picked by :meth:`select`)."""
-
-    q: torch.Tensor  # [N, H, D] rotated queries
-    kv: torch.Tensor | None  # [N, D] rotated shared K=V (None: already in the window ring)
-    kv_c: torch.Tensor | None = None  # compressor projections [N, width]
-    gate_c: torch.Tensor | None = None
-    kv_i: torch.Tensor | None = None  # indexer compressor projections [N, 2 * index_head_dim]
-    gate_i: torch.Tensor | None = None
-    idx_q: torch.Tensor | None = None  # [N, Hi, Di]
-    idx_w: torch.Tensor | None = None  # [N, Hi] fp32
-    picks: torch.Tensor | None = None  # [N, topk] int32 pool rows of the indexer's picks (side lane)
-
-    def select(self, index: slice | torch.Tensor) -> StepRows:
-        """These rows of every tensor (views for a slice, copies for an index tensor)."""
-        return StepRows(**{k: None if v is None else v[index] for k, v in vars(self).items()})
+def to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A host tensor on ``dev`` without a stream sync: a copy from pageable memory waits for
+    the device to finish its queue, which stalls a prefill chunk once per layer and sequence;
+    from pinned memory it is queued like a kernel."""
+    if dev.type != "cuda":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)

@@ -29,6 +29,7 @@ from engine.models.deepseek_v4.weights.checkpoint_layout import (
     _COMPRESSOR_LEAVES,
     _LAYER_RENAMES,
     _TOP_RENAMES,
+    to_hf_names,
 )
 from engine.models.deepseek_v4.weights.quant_weights import FP8_BLOCK, FP8_LINEAR
 from kernels.mxfp4_moe_ref import MXFP4_GROUP
@@ -187,8 +188,6 @@ def dummy_state_dict(cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.de
     embedding first, the head last) and yielded as they are ready, so a consumer that packs
     them (weight_share.py) never holds two copies of more than one layer. ``device="meta"``
     gives the names, shapes and dtypes alone. The same seed gives the same values."""
-    from engine.models.deepseek_v4.weights.checkpoint_layout import to_hf_names
-
     meta = torch.device(device).type == "meta"
     gen = None if meta else torch.Generator(device=device).manual_seed(seed)
     group: dict[str, torch.Tensor] = {}

@@ -2,7 +2,7 @@
 (plain and block-diagonal) and MXFP4 routed experts.
 
 They replace ``nn.Linear`` / ``GroupedLinear`` / the bf16 experts where the checkpoint's payload
-is quantized (:func:`swap_quantized_modules`, on the meta device, before anything is
+is quantized (:func:`.swap_quantized.swap_quantized_modules`, on the meta device, before anything is
 allocated). ``use_kernels`` picks the kernels package's Triton GEMMs (CUDA, or the interpreter)
 or their PyTorch references (the CPU tier). Output buffers are activations of the step, like
 ``F.linear``'s; the experts' scratch comes from the engine's Workspace when one is given.
@@ -15,7 +15,6 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from engine.errors import CheckpointError
 from kernels.fp8_linear import (
     fp8_grouped_linear,
     fp8_linear,
@@ -216,30 +215,3 @@ def set_prefill_fp8(model: nn.Module, linears: bool, experts: bool | None = None
             mod.w8a8 = linears
         elif isinstance(mod, Mxfp4Experts):
             mod.fp8 = linears if experts is None else experts
-
-
-def swap_quantized_modules(model: nn.Module, kinds: dict[str, str]) -> None:
-    """Replace, in place, the module owning each quantized weight (``kinds``: weight name ->
-    "fp8" | "mxfp4", from :func:`.quant_weights.quantized_weights`) by its quantized form."""
-    from engine.models.deepseek_v4.layers.attention import GroupedLinear
-    from engine.models.deepseek_v4.layers.moe import _Experts
-
-    for wname, kind in kinds.items():
-        mod_name = wname.rsplit(".", 1)[0]
-        parent_name, _, attr = mod_name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        old = getattr(parent, attr, None)
-        if kind == "mxfp4":
-            if isinstance(old, Mxfp4Experts):
-                continue
-            if not isinstance(old, _Experts):
-                raise CheckpointError(f"deepseek_v4: {wname} is MXFP4 but belongs to a {type(old).__name__}")
-            e, two_i, hid = old.gate_up_proj.shape
-            setattr(parent, attr, Mxfp4Experts(e, hid, two_i // 2))
-        elif isinstance(old, GroupedLinear):
-            setattr(parent, attr, Fp8Linear(tuple(old.weight.shape), groups=old.groups))
-        elif isinstance(old, nn.Linear):
-            setattr(parent, attr, Fp8Linear(tuple(old.weight.shape)))
-        else:
-            raise CheckpointError(f"deepseek_v4: {wname} is FP8, which a {type(old).__name__} cannot "
-                                  "keep: load with weight_format=dequantize")
