@@ -17,9 +17,10 @@ after it): ``kernels`` (``kernels.sinkhorn`` and ``kernels.hc_streams``) or ``to
 references, transformers' formulation); ``auto`` follows the attention's choice. They are the
 largest count of small kernels in a decode step and, in PyTorch, a tenth of a prefill chunk.
 
-``decode`` picks the decode step's layer loop (step/decode_step.py's ``DecodeLoop``): ``fused`` (step/fused_ops.py: the mHC passes and
-the attention's norms and RoPE as a few Triton kernels a layer) or ``unfused`` (the loop prefill
-shares, one PyTorch op per step of the formula); ``auto`` is ``fused`` where the attention
+``decode`` picks the decode step's layer loop (step/decode_step.py's ``DecodeLoop``): ``fused``
+(the mHC passes and the attention's norms and RoPE as a few Triton kernels a layer,
+step/fused_ops.py) or ``unfused`` (the loop prefill shares, one PyTorch op per step of the
+formula); ``auto`` is ``fused`` where the attention
 resolves to ``kernels`` (CUDA) and ``unfused`` elsewhere. On the H200 (2026-12-03, bf16,
 43 layers x 128 experts, CUDA graphs) the fused loop's GPU tests passed and it decoded 52.1 /
 216.4 / 468.5 tok/s at batch 1 / 8 / 32 against the unfused loop's 27.7 / 145.6 / 363.6, with

@@ -1,8 +1,8 @@
 """DeepSeek-V4 behind the engine's ModelFamily contract: its KV layout (blocks of
-:mod:`.kv_pool`), its plan terms, and the step adapter that binds a running sequence to a slot
-of per-sequence carry: a sequence's first chunk either starts from nothing or resumes at a block
-boundary from its blocks (a prefix hit or an import); any other step must continue exactly where
-the slot stands, or it is refused (a scheduling bug, not a request error).
+:mod:`.memory.kv_pool`), its plan terms, and the step adapter that binds a running sequence to a
+slot of per-sequence carry: a sequence's first chunk either starts from nothing or resumes at a
+block boundary from its blocks (a prefix hit or an import); any other step must continue exactly
+where the slot stands, or it is refused (a scheduling bug, not a request error).
 
 Never allocates cache memory after construction.
 """
@@ -93,7 +93,7 @@ def _plans_fused_decode(ec: EngineConfig) -> bool:
 
 
 class DeepseekV4Family(ModelFamily):
-    # decode steps are pure device work (decode_step.py) once the experts are the fused MXFP4
+    # decode steps are pure device work (step/decode_step.py) once the experts are the fused MXFP4
     # ones (the bf16 loop reads expert counts on the host); set per instance in __init__
     uses_cuda_graphs: ClassVar[bool] = False
     graph_pads_copy_first: ClassVar[bool] = True  # pad rows must not touch slot 0's window ring
@@ -110,8 +110,8 @@ class DeepseekV4Family(ModelFamily):
         return name.endswith((".scale", "_scale_inv", "_proj_scale"))
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineConfig,
-                 backend: V4Backend | None = None, tp: Any = None) -> None:
-        """``backend``: the kernel choices, by default the engine config's (``ec.kernels``).
+                 tp: Any = None) -> None:
+        """The kernel choices are the engine config's (``ec.kernels``), the one way to set them.
         ``tp`` (engine/parallel/rank_group.py, or None): ``cfg`` is then a rank's
         (``rank_model_config``) and ``weights`` that rank's slices (``tensor_slicer``)."""
         self.cfg = DeepseekV4Config.from_hf_dict(whole_hf_config(dict(cfg.hf_config)))
@@ -124,7 +124,7 @@ class DeepseekV4Family(ModelFamily):
         # the engine hands its weights dict over: experts leave it as they are stacked
         self.model = DeepseekV4Model.from_state_dict(self.cfg, weights, ec.torch_dtype,
                                                      ec.torch_device,
-                                                     backend or V4Backend.of(ec.kernels),
+                                                     V4Backend.of(ec.kernels),
                                                      ec.weight_format,
                                                      consume=True, shard=shard)
         if tp is not None:
@@ -247,7 +247,7 @@ class DeepseekV4Family(ModelFamily):
             terms.append(PlanTerm(
                 SIDE_LANE_LIBRARY_TERM, 0,
                 "cuBLAS keeps a workspace per stream: the fused decode's side lane "
-                "(decode_fused.py) runs the compressors' bf16 projections on a stream of its "
+                "(step/decode_step.py) runs the compressors' bf16 projections on a stream of its "
                 "own, so one more set of library workspaces"))
         terms += [*common_step_terms(cfg, ec), _activations_term(v4, ec, scratch, kernels)]
         if ec.use_cuda_graphs:

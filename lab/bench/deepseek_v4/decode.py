@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag, what in _SWITCHES:
         r.add_argument(flag, action="store_true", help=what)
     r.add_argument("--lanes", default="1",
-                   help="the fused decode step's streams (2: the side lane, decode_fused.py); a "
+                   help="the fused decode step's streams (2: the side lane, step/decode_step.py); a "
                         "list such as 2,1,2,1 runs every row once per entry on the same weights, "
                         "the decode graphs captured again between entries")
     r.add_argument("--pdl", metavar="MODE",

@@ -46,7 +46,7 @@ def reblock_fp8_scales(sd: dict[str, torch.Tensor], block: int) -> dict[str, tor
     ``block`` x ``block`` blocks (block divides 128; each small block keeps its 128-block's
     scale, so the weights stand for the same values). A toy model's widths are then whole
     blocks, as V4-Flash's are of 128, so the loader merges the projections it merges at
-    V4-Flash's shapes (merged_linear.py). In place; returns ``sd``."""
+    V4-Flash's shapes (layers/merged_groups.py). In place; returns ``sd``."""
     assert 128 % block == 0, block
     for name in [k for k in sd if k.endswith(".scale")]:
         w = sd.get(name[: -len("scale")] + "weight")

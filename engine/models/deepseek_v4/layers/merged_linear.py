@@ -3,10 +3,10 @@
 A decode step at batch 1 is launch-bound: each FP8 GEMV of a small matrix costs a fixed few
 microseconds beyond its bytes (and its split-K variant a second, reduce, launch). Where two or
 more projections of a block take exactly the same input tensor and keep their weights in the
-same form, :func:`.merged_groups.merge_projections` (run once, when the model is finalized after loading)
-concatenates their weights into one tensor and makes each module's ``weight`` (and FP8 ``scale``
-grid) a row-slice view into it: the resident bytes do not change, ``state_dict()`` keeps every
-name and shape, and the modules still work on their own. The block then calls the
+same form, :func:`.merged_groups.merge_projections` (run once, when the model is finalized
+after loading) concatenates their weights into one tensor and makes each module's ``weight``
+(and FP8 ``scale`` grid) a row-slice view into it: the resident bytes do not change,
+``state_dict()`` keeps every name and shape, and the modules still work on their own. The block then calls the
 :class:`MergedLinear` once and splits its output by views (no copies).
 
 Which projections of V4 merge is merged_groups.py's; this module is the mechanism.

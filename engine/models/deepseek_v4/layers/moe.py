@@ -3,7 +3,7 @@ correction bias) experts with clamped SwiGLU, plus one shared expert.
 
 Parameter names follow transformers (``gate``, ``experts.gate_up_proj``, ``experts.down_proj``,
 ``shared_experts``). Scratch is bounded by tokens x top-k; never by vocabulary or context.
-MXFP4 experts (:class:`.quant_modules.Mxfp4Experts`) run fused through the kernels package;
+MXFP4 experts (:class:`..weights.quant_modules.Mxfp4Experts`) run fused through the kernels package;
 bf16/fp32 experts run the per-expert loop below (a host sync per step: the eager path).
 """
 
@@ -53,7 +53,7 @@ class _SharedExpert(nn.Module):
         self.up_proj = nn.Linear(hid, inter, bias=False)
         self.down_proj = nn.Linear(inter, hid, bias=False)
         self.limit = cfg.swiglu_limit
-        # gate_proj + up_proj as one GEMM (merged_linear.py, set when the model is finalized)
+        # gate_proj + up_proj as one GEMM (merged_groups.py, set when the model is finalized)
         self.merged_gate_up: Any = None
 
     def gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

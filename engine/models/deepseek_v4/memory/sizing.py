@@ -179,7 +179,7 @@ def deepseek_v4_step_peak_bytes(scratch: dict[str, int]) -> int:
     """Transient peak of one step from :func:`deepseek_v4_step_scratch_bytes`'s parts:
     streams + max(attention parts together, MoE, final norm)."""
     attention = sum(scratch[k] for k in _ATTENTION_PARTS)
-    # a decode step runs decode_step.py instead of the chunk path's gathers and indexer
+    # a decode step runs step/decode_step.py instead of the chunk path's gathers and indexer
     attention = max(attention, scratch["attention_projections"] + scratch.get("decode_batched", 0))
     return (scratch["mhc_streams"] + scratch.get("chunk_rows", 0)
             + max(attention, scratch["moe"], scratch["final_norm"]))
@@ -214,7 +214,7 @@ def fp8_gemv_split_bytes(cfg: DeepseekV4Config | Any, tokens: int) -> int:
     h, d, hid, ql = cfg.num_heads, cfg.head_dim, cfg.hidden_size, cfg.q_lora_rank
     inter, og, ol = cfg.moe_intermediate_size, cfg.o_groups, cfg.o_lora_rank
     # (outputs over all groups, inputs of one group) of each FP8 projection, and of the two
-    # merged ones (merged_linear.py: q_a + kv, the shared expert's gate + up), which the
+    # merged ones (layers/merged_groups.py: q_a + kv, the shared expert's gate + up), which the
     # loader forms wherever the scale grids allow (the unmerged shapes stay: the fallback)
     shapes = [(ql, hid), (h * d, ql), (d, hid), (og * ol, h * d // og), (hid, og * ol),
               (inter, hid), (hid, inter), (ql + d, hid), (2 * inter, hid)]
@@ -226,7 +226,7 @@ def fp8_gemv_split_bytes(cfg: DeepseekV4Config | Any, tokens: int) -> int:
 
 def deepseek_v4_decode_peak_bytes(scratch: dict[str, int]) -> int:
     """Transient peak of a step that is all decodes (what a captured decode graph runs): the
-    same composition as :func:`deepseek_v4_step_peak_bytes` with decode_step.py's attention
+    same composition as :func:`deepseek_v4_step_peak_bytes` with step/decode_step.py's attention
     only. The chunk path's gathers are sized by every sequence's whole context and never run
     inside a graph, so counting them in the graph's pool reserved gigabytes it never touches."""
     attention = scratch["attention_projections"] + scratch.get("decode_batched", 0)
@@ -267,7 +267,7 @@ def deepseek_v4_workspace_bytes(
             chunk_tokens, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size,
             cfg.n_routed_experts, dtype, fp8) + 256 for fp8 in (False, True)))
     if split:
-        # a fused decode step's side lane (decode_fused.py) holds a split-K frame of its own for
+        # a fused decode step's side lane (step/decode_step.py) holds a split-K frame of its own for
         # the whole step, under every frame of the main lane
         moe += split + 256
     if not cfg.uses_csa or not indexer:

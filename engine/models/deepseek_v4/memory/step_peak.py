@@ -4,11 +4,12 @@ indexer, mHC and fused MoE), tensor by tensor, for the memory planner's ``activa
 Each part names the tensors that are alive together at one moment of the step, as the model's
 code holds them (docs/memory.md gives the same formulas). ``sizing.py`` keeps the looser
 part-by-part bound of the PyTorch path (CPU). Pure arithmetic on the config; never allocates.
-Keep it in step with attention.py, decode_step.py, mhc.py, moe.py and model.py: a tensor added to the step
-there is a term here, or the plan-tightness tests fail (GPU: the allocator's reading; CPU: the
-same warm-up's tensors counted by lab/bench/deepseek_v4/step_trace.py). Where a term counts more
-than the code holds (docs/memory.md lists it: ~3% at a 4096-token chunk) that is the margin for
-the CUDA allocator's rounding.
+Keep it in step with step/chunk_attention.py, step/decode_step.py, layers/mhc.py, layers/moe.py
+and model.py: a tensor added to the step there is a term here, or the plan-tightness tests fail
+(GPU: the allocator's reading; CPU: the same warm-up's tensors counted by
+lab/bench/deepseek_v4/step_trace.py). Where a term counts more than the code holds
+(docs/memory.md lists it: ~3% at a 4096-token chunk) that is the margin for the CUDA
+allocator's rounding.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def deepseek_v4_kernels_step_bytes(
     early = n * cfg.q_lora_rank * e  # the low-rank query, before the output exists
     # a mixed step's one-token sequences, attended as one decode step after the chunks (whose
     # windows and entries are gone by then): their rows of the projections (copies when they
-    # sit between the chunks), their output rows, decode_step.py's own scratch
+    # sit between the chunks), their output rows, step/decode_ops.py's own scratch
     decode = (seqs * (q + rest) // n + seqs * h * d * e
               + deepseek_v4_decode_scratch_bytes(cfg, seqs, max_context, dtype, kernels=True,
                                                  kv_fp8=kv_fp8, fused=fused_decode))

@@ -5,7 +5,7 @@ where each chunk's window keys sit in the step's flat window table (the ring row
 each row's window bounds in that table, and per compression rate the chunks' entry rows in the
 pool, each row's entry range and the entries its indexer queries see.
 
-Why: the chunk path (attention.py) used to compute all of this per sequence and layer, a dozen
+Why: the chunk path (now chunk_attention.py) used to compute all of this per sequence and layer, a dozen
 small kernels and host->device copies each. With it, a layer's window reads and writes, window
 snapshots, entry reads and attention bounds are one gather or scatter each whatever the number
 of chunks. Must never read a device value on the host; every index is made here, from host

@@ -84,7 +84,7 @@ def indexer_topk_decode(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows,
     ``sum_h w[h] * relu(q[h] . k)`` in fp32 over the entries closed by the row's position.
     Walks the table width in tiles with a running top-k: scratch ~ B x Hi x tile, never B x
     Hi x context. ``score(first, num)``: the tile's scores [B, num] (-inf where not visible)
-    from elsewhere (decode_fused.py's kernel) instead of the PyTorch ops below."""
+    from elsewhere (fused_ops.py's kernel) instead of the PyTorch ops below."""
     b = q.shape[0]
     per = block_size // rate
     num_entries = rows.tables.shape[1] * per

@@ -22,7 +22,7 @@ loop makes hundreds.
 
 * the projections of one input: ``q_a_proj`` + ``kv_proj`` and the shared expert's
   ``gate_proj`` + ``up_proj`` as one FP8 GEMV each, the compressors' bf16 projections as one
-  GEMM (merged_linear.py, formed at load where the scale grids allow; outputs split by views).
+  GEMM (layers/merged_groups.py, formed at load where the scale grids allow; outputs split by views).
 * two lanes (``V4Backend.lanes`` 2, opt-in until a GPU has run it; engine/side_lane.py):
   work off the main chain runs on a second stream beside it. In attention, the compressors' projections (one
   bf16 GEMM), window updates and entries run while the queries are projected, normalised and
@@ -179,7 +179,7 @@ def moe_fused(mlp: V4MoE, x: torch.Tensor, input_ids: torch.Tensor, ws: object |
 
 def _shared_expert(se: torch.nn.Module, x: torch.Tensor, out: torch.Tensor | None = None
                    ) -> torch.Tensor:
-    """The shared expert of a decode step: gate-up (one GEMV when merged, merged_linear.py),
+    """The shared expert of a decode step: gate-up (one GEMV when merged, layers/merged_groups.py),
     the clamped SwiGLU kernel, down (into ``out`` when given: an FP8 down projection)."""
     gate, up = se.gate_up(x)
     act = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)

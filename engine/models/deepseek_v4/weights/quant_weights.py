@@ -1,6 +1,6 @@
 """What DeepSeek-V4's quantized payloads are and how the model keeps them.
 
-Two forms arrive from a checkpoint (after :mod:`.weights` renamed them): FP8 e4m3 linears with a
+Two forms arrive from a checkpoint (after :mod:`.checkpoint_layout` renamed them): FP8 e4m3 linears with a
 block-scale grid (``X.weight`` + ``X.scale``) and MXFP4 routed experts (packed e2m1 bytes +
 ``..._scale`` e8m0 bytes, one per 32 values). ``weight_format`` decides their fate, never
 silently: ``checkpoint`` keeps them as stored (the model runs the kernels package's FP8 and
