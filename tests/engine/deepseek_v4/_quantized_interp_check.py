@@ -31,10 +31,10 @@ ws.lock()
 backends = {
     "kernels": V4Backend("torch", "torch", "kernels"),
     "torch": V4Backend("torch", "torch", "torch"),
-    # every kernel, decode steps through the fused path (decode_fused.py: fused MoE routing and
+    # every kernel, decode steps through the fused path (step/decode_step.py: fused MoE routing and
     # shared-expert SwiGLU in front of the MXFP4 experts), with its side lane
     "fused": V4Backend("kernels", "kernels", "kernels", decode="fused", lanes=2),
-    # the same on one lane (no side lane: decode_fused.py)
+    # the same on one lane (no side lane: step/decode_step.py)
     "fused1": V4Backend("kernels", "kernels", "kernels", decode="fused", lanes=1),
     # two lanes, the side's work run at each join (after the main stream's work since the fork)
     "deferred": V4Backend("kernels", "kernels", "kernels", decode="fused", lanes=2),

@@ -1,5 +1,5 @@
-"""Projections of one input merged into one GEMM over concatenated weights (merged_linear.py):
-the parts' weights and FP8 scale grids become row-slice views of ONE tensor (no resident byte
+"""Projections of one input merged into one GEMM over concatenated weights (layers/merged_linear.py,
+merged_groups.py): the parts' weights and FP8 scale grids become row-slice views of ONE tensor (no resident byte
 added, ``state_dict()`` unchanged), the merged GEMM gives what the separate ones give, a part
 whose N would split a scale block is left alone, and a loaded toy V4 whose widths are whole
 scale blocks (as V4-Flash's are of 128) runs its fused decode step with two FP8 GEMVs fewer a
