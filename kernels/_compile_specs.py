@@ -147,7 +147,7 @@ def default_specs() -> list[KernelSpec]:
 
 
 def decode_specs() -> list[KernelSpec]:
-    """The DeepSeek-V4 decode step's fused kernels (engine/models/deepseek_v4/decode_fused.py)
+    """The DeepSeek-V4 decode step's fused kernels (engine/models/deepseek_v4/step/fused_ops.py)
     at V4-Flash's widths, every compile-time branch the engine takes."""
     hc = {"s_ptr": ptr("bf16"), "fn_ptr": ptr("fp32"), "part_ptr": ptr("fp32"),
           "post_ptr": ptr("fp32"), "comb_ptr": ptr("fp32"), "bo_ptr": ptr("bf16"),

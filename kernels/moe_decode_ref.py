@@ -1,6 +1,6 @@
 """PyTorch reference (the specification) of ``kernels.moe_decode``: DeepSeek-V4's MoE routing
 (scores, top-k, normalised and scaled weights) and the shared expert's clamped SwiGLU, in the
-model's dtype with its rounding (transformers' formulation, as engine/models/deepseek_v4/moe.py)."""
+model's dtype with its rounding (transformers' formulation, as engine/models/deepseek_v4/layers/moe.py)."""
 
 from __future__ import annotations
 

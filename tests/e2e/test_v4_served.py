@@ -21,7 +21,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.models.deepseek_v4.weights import to_hf_names
+from engine.models.deepseek_v4.weights.checkpoint_layout import to_hf_names
 from lab.bench.deepseek_v4.write_checkpoint import flash_hf_config, write_tokenizer
 from launch.launcher import free_port
 from tests.engine.deepseek_v4._quantized_ckpt import dequantized, write_quantized

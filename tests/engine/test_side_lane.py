@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.errors import WorkspaceExhausted
-from engine.models.deepseek_v4.decode_step import DecodeRows
+from engine.models.deepseek_v4.step.decode_ops import DecodeRows
 from engine.side_lane import SideLane
 from engine.workspace import Workspace
 

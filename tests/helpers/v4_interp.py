@@ -15,11 +15,11 @@ from engine.models.deepseek_v4 import (
     DeepseekV4Model,
     V4Backend,
 )
-from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes
+from engine.models.deepseek_v4.memory.sizing import deepseek_v4_workspace_bytes
 from engine.workspace import Workspace
 from tests.engine.deepseek_v4.conftest import build_hf_v4
 
-# the decode step fused (decode_fused.py) and unfused on the kernels, then the torch reference
+# the decode step fused (step/decode_step.py, DecodeLoop.FUSED) and unfused on the kernels, then the torch reference
 BACKENDS = (V4Backend("kernels", "kernels", decode="fused"),
             V4Backend("kernels", "kernels", decode="unfused"), V4Backend("torch", "torch"))
 

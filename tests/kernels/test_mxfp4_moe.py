@@ -353,7 +353,7 @@ def test_experts_module_takes_prefill_tiles_only_at_prefill_sizes(interpret, mon
     only for a step of more than ``PREFILL_MIN_PAIRS`` pairs; a decode step keeps the kernel's
     choice. Both give the reference's answer."""
     import kernels._mxfp4_moe_triton as moe
-    from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
+    from engine.models.deepseek_v4.weights.quant_modules import Mxfp4Experts
     from kernels.moe_sort_sizes import PREFILL_MIN_PAIRS
 
     e, hid, inter, k = 4, 64, 32, 3

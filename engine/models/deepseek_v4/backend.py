@@ -17,9 +17,10 @@ after it): ``kernels`` (``kernels.sinkhorn`` and ``kernels.hc_streams``) or ``to
 references, transformers' formulation); ``auto`` follows the attention's choice. They are the
 largest count of small kernels in a decode step and, in PyTorch, a tenth of a prefill chunk.
 
-``decode`` picks the decode step's layer loop: ``fused`` (decode_fused.py: the mHC passes and
-the attention's norms and RoPE as a few Triton kernels a layer) or ``unfused`` (the loop prefill
-shares, one PyTorch op per step of the formula); ``auto`` is ``fused`` where the attention
+``decode`` picks the decode step's layer loop (step/decode_step.py's ``DecodeLoop``): ``fused``
+(the mHC passes and the attention's norms and RoPE as a few Triton kernels a layer,
+step/fused_ops.py) or ``unfused`` (the loop prefill shares, one PyTorch op per step of the
+formula); ``auto`` is ``fused`` where the attention
 resolves to ``kernels`` (CUDA) and ``unfused`` elsewhere. On the H200 (2026-12-03, bf16,
 43 layers x 128 experts, CUDA graphs) the fused loop's GPU tests passed and it decoded 52.1 /
 216.4 / 468.5 tok/s at batch 1 / 8 / 32 against the unfused loop's 27.7 / 145.6 / 363.6, with
@@ -36,7 +37,6 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import KernelChoices
-from engine.models.deepseek_v4.indexer import indexer_topk_torch
 
 
 @dataclass(frozen=True)
@@ -63,50 +63,3 @@ class V4Backend(KernelChoices):
                     else self.decode),
             lanes=self.lanes,
         )
-
-
-def select_topk(
-    backend: V4Backend, q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor,
-    kv_end: torch.Tensor, topk: int, ws: object | None,
-) -> torch.Tensor:
-    """Indices [C, topk] (-1 = none) of the best visible entries per query row.
-    q: [C, Hi, Di], keys: [E, Di], weights: [C, Hi] fp32 (scales folded), kv_end: [C] int."""
-    kind = backend.indexer
-    if kind == "torch":
-        return indexer_topk_torch(q, keys, weights, kv_end, topk)
-    if kind == "naive":
-        from kernels.indexer_topk_ref import indexer_topk_naive
-
-        out = torch.full((q.shape[0], topk), -1, dtype=torch.long, device=q.device)
-        if keys.shape[0] == 0:
-            return out
-        idx = indexer_topk_naive(q, keys, weights, kv_end.to(torch.int32), topk)
-        # torch.topk also returns masked (-inf) entries when fewer are visible: drop them.
-        idx = torch.where(idx < kv_end[:, None], idx, -1)
-        out[:, : idx.shape[1]] = idx
-        return out
-    kv_end32 = kv_end.to(torch.int32)
-    if kind == "kernels_ref":
-        from kernels.indexer_topk_ref import indexer_topk_ref
-
-        return indexer_topk_ref(q, keys, weights, kv_end32, topk)[1]
-    from kernels.indexer_topk import indexer_topk, indexer_topk_workspace_bytes
-
-    rows, heads, dim = q.shape
-    if ws is None:
-        return indexer_topk(q, keys.contiguous(), weights, kv_end32, topk)[1]
-    need = indexer_topk_workspace_bytes(rows, heads, dim, keys.shape[0], topk)
-    scratch = ws.take((need,), torch.uint8, caller="deepseek_v4.indexer_topk")  # type: ignore[attr-defined]
-    out_idx = ws.take((rows, topk), torch.int32, caller="deepseek_v4.indexer_topk.indices")  # type: ignore[attr-defined]
-    out_sc = ws.take((rows, topk), torch.float32, caller="deepseek_v4.indexer_topk.scores")  # type: ignore[attr-defined]
-    return indexer_topk(q, keys, weights, kv_end32, topk, out_indices=out_idx, out_scores=out_sc,
-                        workspace=scratch)[1]
-
-
-def to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """A host tensor on ``dev`` without a stream sync: a copy from pageable memory waits for
-    the device to finish its queue, which stalls a prefill chunk once per layer and sequence;
-    from pinned memory it is queued like a kernel."""
-    if dev.type != "cuda":
-        return t.to(dev)
-    return t.pin_memory().to(dev, non_blocking=True)

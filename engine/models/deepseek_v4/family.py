@@ -1,8 +1,8 @@
 """DeepSeek-V4 behind the engine's ModelFamily contract: its KV layout (blocks of
-:mod:`.kv_pool`), its plan terms, and the step adapter that binds a running sequence to a slot
-of per-sequence carry: a sequence's first chunk either starts from nothing or resumes at a block
-boundary from its blocks (a prefix hit or an import); any other step must continue exactly where
-the slot stands, or it is refused (a scheduling bug, not a request error).
+:mod:`.memory.kv_pool`), its plan terms, and the step adapter that binds a running sequence to a
+slot of per-sequence carry: a sequence's first chunk either starts from nothing or resumes at a
+block boundary from its blocks (a prefix hit or an import); any other step must continue exactly
+where the slot stands, or it is refused (a scheduling bug, not a request error).
 
 Never allocates cache memory after construction.
 """
@@ -16,48 +16,49 @@ from typing import Any, ClassVar
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import InvalidRequest, PlanError
+from engine.errors import CheckpointError, InvalidRequest, PlanError
 from engine.memory_planner import SIDE_LANE_LIBRARY_TERM, PlanTerm, common_step_terms
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.decode_step import DecodeRows
-from engine.models.deepseek_v4.kv_layout import V4KVLayout
-from engine.models.deepseek_v4.kv_pool import (
-    DeepseekV4KVPool,
+from engine.models.deepseek_v4.layers.mtp import V4MTPLayer, mtp_layer_count, split_mtp_weights
+from engine.models.deepseek_v4.memory.extent import (
     block_size_problem,
     default_block_size,
     resume_window_bytes,
     slot_carry_bytes,
 )
+from engine.models.deepseek_v4.memory.kv_layout import V4KVLayout
+from engine.models.deepseek_v4.memory.kv_pool import DeepseekV4KVPool
+from engine.models.deepseek_v4.memory.sizing import (
+    deepseek_v4_decode_peak_bytes,
+    deepseek_v4_step_peak_bytes,
+    deepseek_v4_step_scratch_bytes,
+    deepseek_v4_workspace_bytes,
+)
+from engine.models.deepseek_v4.memory.step_peak import (
+    deepseek_v4_kernels_peak_bytes,
+    deepseek_v4_kernels_step_bytes,
+)
+from engine.models.deepseek_v4.memory.verify_snapshots import VerifySnapshots, verify_snapshot_bytes
 from engine.models.deepseek_v4.model import DeepseekV4Model
-from engine.models.deepseek_v4.mtp import V4MTPLayer, mtp_layer_count, split_mtp_weights
-from engine.models.deepseek_v4.mtp_drafter import MtpDrafter, MtpRow, mtp_state_bytes
-from engine.models.deepseek_v4.quant_modules import Mxfp4Experts
-from engine.models.deepseek_v4.quant_weights import (
+from engine.models.deepseek_v4.step.decode_rows import DecodeRows
+from engine.models.deepseek_v4.step.mtp_drafter import MtpDrafter, MtpRow, mtp_state_bytes
+from engine.models.deepseek_v4.weights.checkpoint_specs import dummy_state_dict
+from engine.models.deepseek_v4.weights.quant_modules import Mxfp4Experts
+from engine.models.deepseek_v4.weights.quant_weights import (
     has_fp8_linears,
     has_mxfp4_experts,
     resident_weight_bytes,
 )
-from engine.models.deepseek_v4.sizing import (
-    deepseek_v4_decode_peak_bytes,
-    deepseek_v4_step_peak_bytes,
-    deepseek_v4_step_scratch_bytes,
-    deepseek_v4_weight_bytes,
-    deepseek_v4_workspace_bytes,
-)
-from engine.models.deepseek_v4.step_peak import (
-    deepseek_v4_kernels_peak_bytes,
-    deepseek_v4_kernels_step_bytes,
-)
-from engine.models.deepseek_v4.tensor_parallel import (
+from engine.models.deepseek_v4.weights.tensor_parallel import (
     cut_model,
     rank_hf_config,
     whole_hf_config,
     wire_model,
 )
-from engine.models.deepseek_v4.tensor_slices import renumber_experts, v4_tensor_slicer
-from engine.models.deepseek_v4.verify_snapshots import VerifySnapshots, verify_snapshot_bytes
+from engine.models.deepseek_v4.weights.tensor_slices import renumber_experts, v4_tensor_slicer
+from engine.models.deepseek_v4.weights.weight_bytes import deepseek_v4_weight_bytes
 from engine.models.family import ModelFamily
 from engine.step_batch import StepBatch
 from engine.workspace import Workspace, _align
@@ -95,7 +96,7 @@ def _plans_fused_decode(ec: EngineConfig) -> bool:
 
 
 class DeepseekV4Family(ModelFamily):
-    # decode steps are pure device work (decode_step.py) once the experts are the fused MXFP4
+    # decode steps are pure device work (step/decode_step.py) once the experts are the fused MXFP4
     # ones (the bf16 loop reads expert counts on the host); set per instance in __init__
     uses_cuda_graphs: ClassVar[bool] = False
     graph_pads_copy_first: ClassVar[bool] = True  # pad rows must not touch slot 0's window ring
@@ -114,17 +115,18 @@ class DeepseekV4Family(ModelFamily):
         return name.endswith((".scale", "_scale_inv", "_proj_scale"))
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], ec: EngineConfig,
-                 backend: V4Backend | None = None, tp: Any = None) -> None:
-        """``backend``: the kernel choices, by default the engine config's (``ec.kernels``).
+                 tp: Any = None) -> None:
+        """The kernel choices are the engine config's (``ec.kernels``), the one way to set them.
         ``tp`` (engine/parallel/rank_group.py, or None): ``cfg`` is then a rank's
         (``rank_model_config``) and ``weights`` that rank's slices (``tensor_slicer``)."""
         self.cfg = DeepseekV4Config.from_hf_dict(whole_hf_config(dict(cfg.hf_config)))
         mtp_weights = None
+        backend = V4Backend.of(ec.kernels)
         if ec.speculative_method == "mtp":  # before the model takes the weights over
             mtp_weights = _mtp_weights(self.cfg, weights, ec, tp,
                                        cfg.hf_config.get("num_nextn_predict_layers"))
             # the fused decode loop builds its streams on the device: the drafter needs them
-            backend = dataclasses.replace(backend or V4Backend.of(ec.kernels), decode="unfused")
+            backend = dataclasses.replace(backend, decode="unfused")
         shard = None
         if tp is not None:
             renumber_experts(weights, tp.rank, tp.size, self.cfg.n_routed_experts)
@@ -133,8 +135,7 @@ class DeepseekV4Family(ModelFamily):
                 cut_model(skeleton, self.cfg, tp.rank, tp.size)
         # the engine hands its weights dict over: experts leave it as they are stacked
         self.model = DeepseekV4Model.from_state_dict(self.cfg, weights, ec.torch_dtype,
-                                                     ec.torch_device,
-                                                     backend or V4Backend.of(ec.kernels),
+                                                     ec.torch_device, backend,
                                                      ec.weight_format,
                                                      consume=True, shard=shard)
         if tp is not None:
@@ -158,9 +159,6 @@ class DeepseekV4Family(ModelFamily):
         """In the formats config.json declares: FP8 e4m3 with 128 x 128 block scales for the
         dense projections (``quantization_config.quant_method: fp8``), MXFP4 routed experts
         (``expert_dtype: fp4``), the rest in ``dtype`` (checkpoint_specs.py)."""
-        from engine.errors import CheckpointError
-        from engine.models.deepseek_v4.checkpoint_specs import dummy_state_dict
-
         hf = cfg.hf_config
         qc = hf.get("quantization_config")
         if qc and not (isinstance(qc, dict) and qc.get("quant_method") == "fp8"):
@@ -284,7 +282,7 @@ class DeepseekV4Family(ModelFamily):
             terms.append(PlanTerm(
                 SIDE_LANE_LIBRARY_TERM, 0,
                 "cuBLAS keeps a workspace per stream: the fused decode's side lane "
-                "(decode_fused.py) runs the compressors' bf16 projections on a stream of its "
+                "(step/decode_step.py) runs the compressors' bf16 projections on a stream of its "
                 "own, so one more set of library workspaces"))
         terms += [*common_step_terms(cfg, ec), _activations_term(v4, ec, scratch, kernels)]
         if ec.use_cuda_graphs:

@@ -14,24 +14,31 @@ import torch
 from torch import nn
 
 from engine.errors import CheckpointError, InvalidRequest
-from engine.models.deepseek_v4.attention import SeqSpan, V4Attention
-from engine.models.deepseek_v4.backend import V4Backend, to_device
-from engine.models.deepseek_v4.chunk_rows import ChunkRows, ChunkSpan
+from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
-from engine.models.deepseek_v4.decode_fused import fused_decode_layers, rms_norm_row
-from engine.models.deepseek_v4.decode_step import DecodeRows, DecodeSpans
-from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, LayerPool
-from engine.models.deepseek_v4.merged_linear import merge_projections
-from engine.models.deepseek_v4.mhc import HyperConnection, HyperHead, merge
-from engine.models.deepseek_v4.moe import V4MoE
-from engine.models.deepseek_v4.norms import RMSNorm
-from engine.models.deepseek_v4.quant_modules import (
-    Fp8Linear,
-    Mxfp4Experts,
-    bind_workspace,
-    swap_quantized_modules,
+from engine.models.deepseek_v4.layers.attention import V4Attention
+from engine.models.deepseek_v4.layers.decoder import V4Backbone
+from engine.models.deepseek_v4.layers.merged_groups import merge_projections
+from engine.models.deepseek_v4.layers.mhc import merge
+from engine.models.deepseek_v4.layers.norms import RMSNorm, rms_norm_row
+from engine.models.deepseek_v4.layers.rope import Rope, rotaries
+from engine.models.deepseek_v4.memory.kv_pool import DeepseekV4KVPool, LayerPool
+from engine.models.deepseek_v4.step.chunk_attention import attend_step
+from engine.models.deepseek_v4.step.chunk_rows import ChunkRows, ChunkSpan
+from engine.models.deepseek_v4.step.decode_rows import DecodeRows, DecodeSpans
+from engine.models.deepseek_v4.step.decode_step import (
+    DecodeLoop,
+    attend_decode_layer,
+    fused_decode_layers,
 )
-from engine.models.deepseek_v4.quant_weights import (
+from engine.models.deepseek_v4.step.rows import SeqSpan, to_device
+from engine.models.deepseek_v4.weights.checkpoint_layout import (
+    hf_quantized_names,
+    is_deepseek_layout,
+    to_hf_names,
+)
+from engine.models.deepseek_v4.weights.quant_modules import Fp8Linear, Mxfp4Experts, bind_workspace
+from engine.models.deepseek_v4.weights.quant_weights import (
     WEIGHT_FORMATS,
     dequantize_all,
     fp8_block_of,
@@ -39,8 +46,7 @@ from engine.models.deepseek_v4.quant_weights import (
     quantized_weights,
     scale_name,
 )
-from engine.models.deepseek_v4.rope import rotaries
-from engine.models.deepseek_v4.weights import hf_quantized_names, is_deepseek_layout, to_hf_names
+from engine.models.deepseek_v4.weights.swap_quantized import swap_quantized_modules
 
 # Parameters transformers keeps in fp32 whatever the checkpoint dtype (by name fragment).
 _FP32_FRAGMENTS = (
@@ -48,27 +54,6 @@ _FP32_FRAGMENTS = (
     "q_a_norm.", "kv_norm.", "input_layernorm.", "post_attention_layernorm.", "model.norm.",
 )
 
-
-class V4DecoderLayer(nn.Module):
-    def __init__(self, cfg: DeepseekV4Config, layer_idx: int) -> None:
-        super().__init__()
-        self.self_attn = V4Attention(cfg, layer_idx)
-        self.mlp = V4MoE(cfg, layer_idx)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn_hc = HyperConnection(cfg)
-        self.ffn_hc = HyperConnection(cfg)
-
-
-class _Backbone(nn.Module):
-    """Holds the ``model.*`` tensors."""
-
-    def __init__(self, cfg: DeepseekV4Config) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(V4DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hc_head = HyperHead(cfg)
 
 
 class DeepseekV4Model(nn.Module):
@@ -83,7 +68,7 @@ class DeepseekV4Model(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.backend = backend or V4Backend()
-        self.model = _Backbone(cfg)
+        self.model = V4Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.main_rotary, self.compress_rotary = rotaries(cfg)
 
@@ -115,9 +100,9 @@ class DeepseekV4Model(nn.Module):
         consume: bool = False, shard: Callable[[nn.Module], None] | None = None,
     ) -> DeepseekV4Model:
         """The model holding ``state_dict``'s tensors (transformers names, or DeepSeek's own
-        layout, renamed and experts merged by :mod:`.weights`). ``weight_format``:
+        layout, renamed and experts merged by :mod:`.weights.checkpoint_layout`). ``weight_format``:
         ``checkpoint`` keeps FP8 / MXFP4 payloads as stored (the quantized layers of
-        :mod:`.quant_modules`), ``dequantize`` turns them into ``dtype``. Tensors already in
+        :mod:`.weights.quant_modules`), ``dequantize`` turns them into ``dtype``. Tensors already in
         their final dtype on ``device`` are adopted, not copied, so loading never holds two
         copies of a weight. Raises CheckpointError naming missing, unexpected or mis-shaped
         tensors. ``consume``: ``state_dict`` is given up (the engine's), and per-expert tensors
@@ -170,7 +155,7 @@ class DeepseekV4Model(nn.Module):
             if isinstance(mod, Fp8Linear | Mxfp4Experts):
                 mod.use_kernels = gemm_kernels
         del own, src, meta
-        # projections of one input as one GEMM over concatenated weights (merged_linear.py):
+        # projections of one input as one GEMM over concatenated weights (merged_groups.py):
         # the parts' tensors become views of it, and each group's originals leave our dict
         # and (``consume``) the caller's as soon as it merged, so they are freed group by group
         dicts = [sd] + ([state_dict] if consume and isinstance(state_dict, dict) else [])
@@ -252,8 +237,9 @@ class DeepseekV4Model(nn.Module):
             multi = [i for i, sp in enumerate(spans) if sp.end - sp.begin > 1]
             chunks = [spans[i] for i in multi]
             rows = self._chunk_rows(chunks, [host_ids[i] for i in multi], cache, input_ids)
-            hidden = self._layers(input_ids, positions, cache, ws, lambda attn, x, rope, lc: attn(
-                x, rope, self.compress_rotary, chunks, lc, backend, ws, decode, rows))
+            hidden = self._layers(input_ids, positions, cache, ws, lambda attn, x, rope, lc: (
+                attend_step(attn, x, rope, self.compress_rotary, chunks, lc, backend, ws, decode,
+                            rows)))
             for sp in chunks:
                 cache.windows.finish_step(sp.slot)
         for i in singles:  # the one-token rows wrote only the rings: snapshots come from them
@@ -264,7 +250,7 @@ class DeepseekV4Model(nn.Module):
 
     def _chunk_rows(self, chunks: list[SeqSpan], block_ids: list[list[int]],
                     cache: DeepseekV4KVPool, input_ids: torch.Tensor) -> ChunkRows:
-        """The step's chunk addressing (chunk_rows.py), with the window snapshot each chunk's
+        """The step's chunk addressing (step/chunk_rows.py), with the window snapshot each chunk's
         step plans (unless the family planned it already) from the host block tables."""
         cfg = self.cfg
         for sp, ids in zip(chunks, block_ids, strict=True):
@@ -284,17 +270,19 @@ class DeepseekV4Model(nn.Module):
                        ws: object | None = None) -> torch.Tensor:
         """One token for each sequence of ``rows``, all sequences at once, in device work only
         (no host bookkeeping: the caller keeps ``cache.num_tokens``; what a CUDA graph
-        replays). input_ids: [B]. Returns hidden [B, hidden]."""
+        replays). input_ids: [B]. Returns hidden [B, hidden]. The loop is the backend's
+        (step/decode_step.py)."""
         backend = self.backend.resolved(input_ids.device)
-        if backend.decode == "fused":
-            return fused_decode_layers(self, input_ids, rows, cache, ws, backend)
+        if DecodeLoop.of(backend) is DecodeLoop.FUSED:
+            return fused_decode_layers(self, self.model, (self.main_rotary, self.compress_rotary),
+                                       input_ids, rows, cache, ws, backend)
         return self._layers(input_ids, rows.positions, cache, ws, lambda attn, x, rope, lc: (
-            attn.forward_decode(x, rope, self.compress_rotary, rows, lc, backend)))
+            attend_decode_layer(attn, x, rope, self.compress_rotary, rows, lc, backend)))
 
     def _layers(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: DeepseekV4KVPool,
                 ws: object | None,
-                attend: Callable[[V4Attention, torch.Tensor, tuple[torch.Tensor, torch.Tensor],
-                                  LayerPool], torch.Tensor]) -> torch.Tensor:
+                attend: Callable[[V4Attention, torch.Tensor, Rope, LayerPool], torch.Tensor]
+                ) -> torch.Tensor:
         """Embedding, every decoder layer (``attend(attn, x, rope, layer_pool)`` runs the
         attention part), the final mHC head and norm -> hidden [N, hidden]."""
         cfg = self.cfg

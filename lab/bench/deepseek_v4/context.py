@@ -23,15 +23,15 @@ from typing import Any
 
 import torch
 
+from engine.models.deepseek_v4 import DeepseekV4KVPool, deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import CSA, HCA, SLIDING, DeepseekV4Config
-from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, deepseek_v4_cache_bytes
-from engine.models.deepseek_v4.model import DeepseekV4Model
-from engine.models.deepseek_v4.sizing import (
+from engine.models.deepseek_v4.memory.sizing import (
     deepseek_v4_step_peak_bytes,
     deepseek_v4_step_scratch_bytes,
     deepseek_v4_workspace_bytes,
 )
+from engine.models.deepseek_v4.model import DeepseekV4Model
 
 _TYPES = {"S": SLIDING, "C": CSA, "H": HCA}
 _MARK_BEGIN = "<!-- bench_context:begin -->"

@@ -26,8 +26,8 @@ from collections import Counter
 import torch
 
 from engine.models.deepseek_v4 import DeepseekV4KVPool, DeepseekV4Model, V4Backend
-from engine.models.deepseek_v4.merged_linear import unmerge_projections
-from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes
+from engine.models.deepseek_v4.layers.merged_groups import unmerge_projections
+from engine.models.deepseek_v4.memory.sizing import deepseek_v4_workspace_bytes
 from engine.workspace import Workspace
 from lab.bench.deepseek_v4.context import flash_config
 from lab.bench.deepseek_v4.kernel_sources import OpSources
@@ -56,7 +56,7 @@ def count(layers: str, decode: str, prompts: tuple[int, ...] = (30, 21),
     sequences, or (``step="mixed"``) :func:`mixed_step` with ``num_decodes`` decode tokens.
     ``fp8_block``: the FP8 scale block of the toy's linears (16: its widths are whole blocks,
     as V4-Flash's are of 128, so the projections merge as they do there; 128: they cannot).
-    ``merge`` False: the merged projections run one by one again (merged_linear.py)."""
+    ``merge`` False: the merged projections run one by one again (layers/merged_groups.py)."""
     import triton.runtime.interpreter as interp
 
     cfg = flash_config(layers, 8, 256, tiny=True)
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="FP8 scale block of the toy's linears (16: whole blocks, the projections "
                         "merge as at V4-Flash's shapes; 128: they cannot)")
     p.add_argument("--no-merge", action="store_true",
-                   help="run the merged projections one by one (merged_linear.py)")
+                   help="run the merged projections one by one (layers/merged_groups.py)")
     p.add_argument("--record", help="also write every distinct launch (prefills included) here "
                                     "for `python -m kernels.compile_check --records FILE`")
     args = p.parse_args(argv)

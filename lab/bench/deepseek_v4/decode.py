@@ -35,7 +35,7 @@ from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.model import DeepseekV4Model
-from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
+from engine.models.deepseek_v4.weights.quant_weights import resident_weight_bytes
 from kernels import pdl_launch, pdl_mode
 from lab.bench.deepseek_v4.context import (
     _sync,
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag, what in _SWITCHES:
         r.add_argument(flag, action="store_true", help=what)
     r.add_argument("--lanes", default="1",
-                   help="the fused decode step's streams (2: the side lane, decode_fused.py); a "
+                   help="the fused decode step's streams (2: the side lane, step/decode_step.py); a "
                         "list such as 2,1,2,1 runs every row once per entry on the same weights, "
                         "the decode graphs captured again between entries")
     r.add_argument("--pdl", metavar="MODE",

@@ -38,9 +38,10 @@ from engine.config import EngineConfig
 from engine.memory_plan import MemoryPlan
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, block_multiple
+from engine.models.deepseek_v4.memory.extent import block_multiple
+from engine.models.deepseek_v4.memory.kv_pool import DeepseekV4KVPool
 from engine.models.deepseek_v4.model import DeepseekV4Model
-from engine.models.deepseek_v4.quant_modules import set_prefill_fp8
+from engine.models.deepseek_v4.weights.quant_modules import set_prefill_fp8
 from engine.workspace import Workspace
 from lab.bench.deepseek_v4.context import flash_config
 from lab.bench.deepseek_v4.incident_plan import largest_context, plan_for

@@ -35,7 +35,7 @@ def replan(res: dict[str, Any]) -> dict[str, Any]:
                plan_held_bytes=plan.total_bytes - plan.term("allocator_slack"),
                recorded_plan_held_bytes=res["plan_held_bytes"],
                recorded_plan_activations_bytes=res["plan_activations_bytes"], runs=[])
-    from engine.models.deepseek_v4.step_peak import (
+    from engine.models.deepseek_v4.memory.step_peak import (
         deepseek_v4_kernels_peak_bytes,
         deepseek_v4_kernels_step_bytes,
     )

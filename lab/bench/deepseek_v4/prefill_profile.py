@@ -24,17 +24,17 @@ from typing import Any
 import torch
 
 from engine.models.deepseek_v4.backend import V4Backend
-from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool
-from engine.models.deepseek_v4.model import DeepseekV4Model
-from engine.models.deepseek_v4.sizing import (
+from engine.models.deepseek_v4.memory.kv_pool import DeepseekV4KVPool
+from engine.models.deepseek_v4.memory.sizing import (
     deepseek_v4_step_peak_bytes,
     deepseek_v4_step_scratch_bytes,
     deepseek_v4_workspace_bytes,
 )
-from engine.models.deepseek_v4.step_peak import (
+from engine.models.deepseek_v4.memory.step_peak import (
     deepseek_v4_kernels_peak_bytes,
     deepseek_v4_kernels_step_bytes,
 )
+from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.workspace import Workspace
 from lab.bench.deepseek_v4.context import flash_config
 from lab.bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict

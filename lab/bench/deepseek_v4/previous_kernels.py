@@ -18,7 +18,7 @@ def _tiled_topk_indexer(q: torch.Tensor, weights: torch.Tensor, keys: Any, rows:
     2,048-entry tile scored by the kernel, the running top-k kept with ``torch.topk``; the
     picks made pool rows (int32, -1 none: what the fused loop's attention takes) by PyTorch
     ops, as they were then."""
-    from engine.models.deepseek_v4.decode_step import indexer_topk_decode
+    from engine.models.deepseek_v4.step.decode_ops import indexer_topk_decode
     from kernels.indexer_decode import indexer_decode_scores
 
     per, flat = block_size // rate, keys.data.view(-1, keys.dim)
@@ -47,7 +47,7 @@ def previous_decode_kernels(on: bool) -> Iterator[None]:
         return
     # the modules themselves (the package re-exports functions of the same names)
     fl, mt = importlib.import_module("kernels.fp8_linear"), importlib.import_module("kernels._mxfp4_moe_tiles")
-    att = importlib.import_module("engine.models.deepseek_v4.attention")
+    att = importlib.import_module("engine.models.deepseek_v4.layers.attention")
     sa = importlib.import_module("kernels.sparse_attention")
     mm = importlib.import_module("kernels.mxfp4_moe")
     saved = (fl.fp8_gemv_variant, mt.GEMV_MAX_PAIRS, att.indexer_topk_fused,

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--decode", default="auto", choices=("auto", "fused", "unfused"))
     p.add_argument("--lanes", type=int, default=1, choices=(1, 2),
-                   help="the fused decode step's streams (2: the side lane, decode_fused.py)")
+                   help="the fused decode step's streams (2: the side lane, step/decode_step.py)")
     p.add_argument("--trace-allocs", action="store_true")
     p.add_argument("--previous-kernels", action="store_true",
                    help="the fused decode's previous kernel choices (see lab.bench.deepseek_v4.decode)")

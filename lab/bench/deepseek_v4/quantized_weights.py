@@ -1,7 +1,7 @@
 """Synthetic DeepSeek-V4 weights in V4-Flash's shipped formats, made directly on the device: FP8
 e4m3 with 128 x 128 block scales for the dense projections, MXFP4 (packed e2m1 + e8m0 per 32)
 for the routed experts, bf16/fp32 for the rest. The tensors are those of
-:func:`engine.models.deepseek_v4.checkpoint_specs.checkpoint_specs`, the list the on-disk writer (:mod:`.write_checkpoint`)
+:func:`engine.models.deepseek_v4.weights.checkpoint_specs.checkpoint_specs`, the list the on-disk writer (:mod:`.write_checkpoint`)
 walks too, renamed and merged by the loader's own :func:`to_hf_names`, so
 ``DeepseekV4Model.from_state_dict`` (the loader's path) adopts them without a copy.
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from engine.models.deepseek_v4.checkpoint_specs import checkpoint_specs, make_tensor
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.weights import to_hf_names
+from engine.models.deepseek_v4.weights.checkpoint_layout import to_hf_names
+from engine.models.deepseek_v4.weights.checkpoint_specs import checkpoint_specs, make_tensor
 
 QUANTIZATION_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
                        "scale_fmt": "ue8m0", "activation_scheme": "dynamic", "expert_dtype": "fp4"}
@@ -46,7 +46,7 @@ def reblock_fp8_scales(sd: dict[str, torch.Tensor], block: int) -> dict[str, tor
     ``block`` x ``block`` blocks (block divides 128; each small block keeps its 128-block's
     scale, so the weights stand for the same values). A toy model's widths are then whole
     blocks, as V4-Flash's are of 128, so the loader merges the projections it merges at
-    V4-Flash's shapes (merged_linear.py). In place; returns ``sd``."""
+    V4-Flash's shapes (layers/merged_groups.py). In place; returns ``sd``."""
     assert 128 % block == 0, block
     for name in [k for k in sd if k.endswith(".scale")]:
         w = sd.get(name[: -len("scale")] + "weight")

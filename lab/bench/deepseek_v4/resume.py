@@ -33,14 +33,14 @@ from typing import Any
 
 import torch
 
+from engine.models.deepseek_v4 import DeepseekV4KVPool, deepseek_v4_cache_bytes
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.kv_pool import DeepseekV4KVPool, deepseek_v4_cache_bytes
-from engine.models.deepseek_v4.model import DeepseekV4Model
-from engine.models.deepseek_v4.sizing import (
+from engine.models.deepseek_v4.memory.sizing import (
     deepseek_v4_step_scratch_bytes,
     deepseek_v4_workspace_bytes,
 )
+from engine.models.deepseek_v4.model import DeepseekV4Model
 from lab.bench.deepseek_v4.context import (
     _device_allocs,
     _planned,

@@ -2,7 +2,7 @@
 V4-Flash files: size-bounded ``model-0000K-of-0000N.safetensors`` shards in DeepSeek's own tensor
 names with ``model.safetensors.index.json``, a ``config.json`` in V4-Flash's own keys, tokenizer
 files; random weights with FP8 e4m3 + 128 x 128 block scales for the dense projections and MXFP4
-(packed e2m1 + e8m0 per 32) for the routed experts (see :mod:`engine.models.deepseek_v4.checkpoint_specs`).
+(packed e2m1 + e8m0 per 32) for the routed experts (see :mod:`engine.models.deepseek_v4.weights.checkpoint_specs`).
 
     python -m lab.bench.deepseek_v4.write_checkpoint OUT_DIR --layers 43 --experts 128 --dry-run
     python -m lab.bench.deepseek_v4.write_checkpoint OUT_DIR --layers 4 --experts 8 --hidden 256
@@ -26,8 +26,12 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from engine.models.deepseek_v4.checkpoint_specs import TensorSpec, checkpoint_specs, make_tensor
 from engine.models.deepseek_v4.config import DeepseekV4Config
+from engine.models.deepseek_v4.weights.checkpoint_specs import (
+    TensorSpec,
+    checkpoint_specs,
+    make_tensor,
+)
 from lab.bench.deepseek_v4.quantized_weights import QUANTIZATION_CONFIG
 
 FLASH_HIDDEN = 4096

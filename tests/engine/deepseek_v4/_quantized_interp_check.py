@@ -19,7 +19,7 @@ from engine.models.deepseek_v4 import (  # noqa: E402
     DeepseekV4Model,
     V4Backend,
 )
-from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes  # noqa: E402
+from engine.models.deepseek_v4.memory.sizing import deepseek_v4_workspace_bytes  # noqa: E402
 from engine.workspace import Workspace  # noqa: E402
 
 ck = load_checkpoint(sys.argv[1], torch.float32, progress=False)
@@ -31,10 +31,10 @@ ws.lock()
 backends = {
     "kernels": V4Backend("torch", "torch", "kernels"),
     "torch": V4Backend("torch", "torch", "torch"),
-    # every kernel, decode steps through the fused path (decode_fused.py: fused MoE routing and
+    # every kernel, decode steps through the fused path (step/decode_step.py: fused MoE routing and
     # shared-expert SwiGLU in front of the MXFP4 experts), with its side lane
     "fused": V4Backend("kernels", "kernels", "kernels", decode="fused", lanes=2),
-    # the same on one lane (no side lane: decode_fused.py)
+    # the same on one lane (no side lane: step/decode_step.py)
     "fused1": V4Backend("kernels", "kernels", "kernels", decode="fused", lanes=1),
     # two lanes, the side's work run at each join (after the main stream's work since the fork)
     "deferred": V4Backend("kernels", "kernels", "kernels", decode="fused", lanes=2),

@@ -19,13 +19,13 @@ g = torch.Generator().manual_seed(0)
 a, b = torch.randint(2, 97, (19,), generator=g), torch.randint(2, 97, (13,), generator=g)
 outs = []
 peak = 0
-# decode "fused" (decode_fused.py) and "unfused" kernels paths, then the torch reference
+# decode "fused" (step/decode_step.py) and "unfused" kernels paths, then the torch reference
 for ours, cache, ws in runs:
     h1 = ours(a[:6], torch.arange(6), [0, 6], [1], cache, ws=ws)
     ids = torch.cat([a[6:], b])
     pos = torch.cat([torch.arange(6, 19), torch.arange(13)])
     h2 = ours(ids, pos, [0, 13, 26], [1, 0], cache, ws=ws)
-    # then both decode together (decode_step.py: the sparse-attention kernel over the window
+    # then both decode together (step/decode_step.py: the sparse-attention kernel over the window
     # rings and the pool's entry rows), across CSA (rate 4) and HCA (rate 8) window closings
     steps = []
     for k in range(5):

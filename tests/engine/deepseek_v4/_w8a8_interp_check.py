@@ -14,7 +14,7 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
 
-import engine.models.deepseek_v4.quant_modules as qm  # noqa: E402
+import engine.models.deepseek_v4.weights.quant_modules as qm  # noqa: E402
 import kernels.fp8_w8a8 as w8a8  # noqa: E402
 from engine.checkpoint import load_checkpoint  # noqa: E402
 from engine.models.deepseek_v4 import (  # noqa: E402
@@ -23,7 +23,7 @@ from engine.models.deepseek_v4 import (  # noqa: E402
     DeepseekV4Model,
     V4Backend,
 )
-from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes  # noqa: E402
+from engine.models.deepseek_v4.memory.sizing import deepseek_v4_workspace_bytes  # noqa: E402
 from engine.workspace import Workspace  # noqa: E402
 from kernels.fp8_w8a8 import W8A8_MIN_ROWS  # noqa: E402
 

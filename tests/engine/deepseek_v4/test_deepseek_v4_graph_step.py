@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelChoices
 from engine.model_config import ModelConfig
-from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.family import DeepseekV4Family
 from engine.scheduler import ScheduledChunk
 from engine.step_batch import StepBatch
@@ -82,18 +81,20 @@ def test_graph_step_equals_eager_step(v4_builder: Callable[..., Any]) -> None:
 
 @pytest.mark.parametrize("backend,kv_dtype", [
     (None, "auto"),  # PyTorch decode attention over gathered rows
-    (V4Backend("kernels_ref", "kernels_ref"), "auto"),  # the kernel's spec, pool rows by index
-    (V4Backend("kernels_ref", "kernels_ref"), "fp8"),  # FP8 pool: attended rows dequantised
+    (KernelChoices("kernels_ref", "kernels_ref"), "auto"),  # the kernel's spec, pool rows by index
+    (KernelChoices("kernels_ref", "kernels_ref"), "fp8"),  # FP8 pool: attended rows dequantised
 ], ids=["torch", "kernels_ref", "kernels_ref_fp8"])
-def test_batched_decode_equals_prefill(v4_builder: Callable[..., Any], backend: V4Backend | None,
+def test_batched_decode_equals_prefill(v4_builder: Callable[..., Any],
+                                       backend: KernelChoices | None,
                                        kv_dtype: str) -> None:
     """Three sequences decoded together token by token: each step's logits equal those of the
     same tokens prefilled in one chunk through the per-sequence chunk path."""
     model, raw = v4_builder("csa-hca-csa-s_hc3_topk_all")
     mc = ModelConfig.from_hf_dict(model.config.to_dict())
     ec = EngineConfig(model="v4", device="cpu", dtype="float32", max_batch=4, max_context=48,
-                      block_size=16, attn_tile_tokens=16, kv_dtype=kv_dtype)
-    fam = DeepseekV4Family(mc, dict(model.state_dict()), ec, backend)
+                      block_size=16, attn_tile_tokens=16, kv_dtype=kv_dtype,
+                      kernels=backend or KernelChoices())
+    fam = DeepseekV4Family(mc, dict(model.state_dict()), ec)
     tables = {1: [1, 2, 3], 0: [4, 5, 6], 3: [7, 8, 9]}
     pool = DeepseekV4Family.kv_layout(mc, ec).allocate(10, torch.device("cpu"))
     g = torch.Generator().manual_seed(6)

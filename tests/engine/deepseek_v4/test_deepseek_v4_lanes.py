@@ -1,4 +1,4 @@
-"""GPU tier: the fused DeepSeek-V4 decode step with its side lane (decode_fused.py: the
+"""GPU tier: the fused DeepSeek-V4 decode step with its side lane (step/decode_step.py: the
 compressors' updates and the shared expert on a second stream, joined before their results are
 read), replayed as CUDA graphs, gives the same greedy tokens as on one stream, with zero device
 allocations after warm-up (``strict_allocations``). A missing edge between the lanes, or scratch

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.deepseek_v4.indexer import indexer_topk_torch
-from engine.models.deepseek_v4.sparse_attention import v4_attention_torch
+from engine.models.deepseek_v4.layers.indexer import indexer_topk_torch
+from engine.models.deepseek_v4.layers.sparse_attention import v4_attention_torch
 
 
 def _dense_index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, kv_end: torch.Tensor) -> torch.Tensor:

@@ -20,9 +20,9 @@ import torch
 from engine.checkpoint import load_checkpoint
 from engine.errors import CheckpointError
 from engine.models.deepseek_v4 import DeepseekV4Config, DeepseekV4KVPool, DeepseekV4Model
-from engine.models.deepseek_v4.quant_modules import Fp8Linear, Mxfp4Experts
-from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
-from engine.models.deepseek_v4.weights import to_hf_names
+from engine.models.deepseek_v4.weights.checkpoint_layout import to_hf_names
+from engine.models.deepseek_v4.weights.quant_modules import Fp8Linear, Mxfp4Experts
+from engine.models.deepseek_v4.weights.quant_weights import resident_weight_bytes
 
 from ._quantized_ckpt import dequantized, write_quantized
 

@@ -14,8 +14,8 @@ import torch
 
 from engine.errors import CheckpointError
 from engine.models.deepseek_v4 import DeepseekV4Config, DeepseekV4KVPool, DeepseekV4Model
-from engine.models.deepseek_v4.kv_pool import deepseek_v4_cache_bytes
-from engine.models.deepseek_v4.sizing import (
+from engine.models.deepseek_v4.memory.extent import deepseek_v4_cache_bytes
+from engine.models.deepseek_v4.memory.sizing import (
     deepseek_v4_step_peak_bytes,
     deepseek_v4_step_scratch_bytes,
 )
@@ -107,7 +107,7 @@ def test_bench_context_script_runs_and_reports(tmp_path: Path) -> None:
 def test_size_functions_take_the_engine_model_config(v4_builder: Callable[..., Any], tmp_path: Path) -> None:
     """The planner holds an engine ModelConfig: the size functions read it directly."""
     from engine.checkpoint import load_model_config
-    from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes
+    from engine.models.deepseek_v4.memory.sizing import deepseek_v4_workspace_bytes
 
     model, raw = v4_builder("s-csa-hca_yarn_hc2")
     model.config.save_pretrained(tmp_path)

@@ -23,7 +23,7 @@ def test_kernels_backend_under_triton_interpreter() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = re.search(r"maxdiff=(\S+) unfused_maxdiff=(\S+) ws_peak=(\d+) ws_cap=(\d+)", proc.stdout)
     assert m, proc.stdout
-    assert float(m.group(1)) < 1e-4  # the fused decode step (decode_fused.py)
+    assert float(m.group(1)) < 1e-4  # the fused decode step (step/decode_step.py, fused)
     assert float(m.group(2)) < 1e-4
     assert 0 < int(m.group(3)) <= int(m.group(4))
     dec = re.search(r"fused_decode_maxdiff=(\S+)", proc.stdout)

@@ -15,7 +15,11 @@ from safetensors.torch import load_file, save_file
 from engine.checkpoint import load_checkpoint
 from engine.errors import CheckpointError
 from engine.models.deepseek_v4 import DeepseekV4Config, DeepseekV4KVPool, DeepseekV4Model
-from engine.models.deepseek_v4.weights import dequantize_block, is_deepseek_layout, to_hf_names
+from engine.models.deepseek_v4.weights.checkpoint_layout import (
+    dequantize_block,
+    is_deepseek_layout,
+    to_hf_names,
+)
 
 _V4_FLASH_TOP = {"model.embed_tokens.weight": "embed.weight", "model.hc_head.hc_fn": "hc_head_fn",
                  "model.hc_head.hc_base": "hc_head_base", "model.hc_head.hc_scale": "hc_head_scale",

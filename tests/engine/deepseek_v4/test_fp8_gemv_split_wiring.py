@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from engine.models.deepseek_v4.quant_modules import Fp8Linear
+from engine.models.deepseek_v4.weights.quant_modules import Fp8Linear
 from engine.workspace import Workspace
 from kernels.fp8_linear_ref import fp8_grouped_linear_ref, fp8_linear_ref
 
@@ -56,7 +56,10 @@ def test_fp8_linear_split_k_takes_workspace(monkeypatch, groups, rows, n, k) -> 
 
 
 def test_planner_counts_the_split_partials(monkeypatch) -> None:
-    from engine.models.deepseek_v4.sizing import deepseek_v4_workspace_bytes, fp8_gemv_split_bytes
+    from engine.models.deepseek_v4.memory.sizing import (
+        deepseek_v4_workspace_bytes,
+        fp8_gemv_split_bytes,
+    )
     from tests.engine.deepseek_v4.test_deepseek_v4_quantized import RAW
 
     assert fp8_gemv_split_bytes(RAW, 16) == 0  # the default does not split

@@ -1,5 +1,5 @@
 """``kv_cache_dtype=fp8`` on DeepSeek-V4 (compressed entries and indexer keys in e4m3 with an
-fp32 scale per row, engine/models/deepseek_v4/paged_rows.py): against the same engine with KV in
+fp32 scale per row, engine/models/deepseek_v4/memory/paged_rows.py): against the same engine with KV in
 the model dtype, over prompts that span several chunks (so later chunks and every decode step
 read stored FP8 entries), the greedy tokens are the same and each token's log-probability is
 within TOLERANCE nats. The difference is not zero: FP8 really is what the steps read."""

@@ -1,5 +1,5 @@
-"""Projections of one input merged into one GEMM over concatenated weights (merged_linear.py):
-the parts' weights and FP8 scale grids become row-slice views of ONE tensor (no resident byte
+"""Projections of one input merged into one GEMM over concatenated weights (layers/merged_linear.py,
+merged_groups.py): the parts' weights and FP8 scale grids become row-slice views of ONE tensor (no resident byte
 added, ``state_dict()`` unchanged), the merged GEMM gives what the separate ones give, a part
 whose N would split a scale block is left alone, and a loaded toy V4 whose widths are whole
 scale blocks (as V4-Flash's are of 128) runs its fused decode step with two FP8 GEMVs fewer a
@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from engine.models.deepseek_v4.merged_linear import MergedLinear, merge_linears
-from engine.models.deepseek_v4.quant_modules import Fp8Linear
+from engine.models.deepseek_v4.layers.merged_linear import MergedLinear, merge_linears
+from engine.models.deepseek_v4.weights.quant_modules import Fp8Linear
 from kernels.fp8_linear_ref import fp8_linear_ref
 
 
@@ -117,7 +117,7 @@ def _toy(layers: str):  # noqa: ANN202
 
 def test_loaded_model_merges_without_growing() -> None:
     from engine.models.deepseek_v4 import DeepseekV4Model
-    from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
+    from engine.models.deepseek_v4.weights.quant_weights import resident_weight_bytes
 
     cfg, sd = _toy("CH")
     shapes = {k: tuple(v.shape) for k, v in sd.items()}
@@ -162,7 +162,7 @@ def test_fused_decode_takes_the_merged_gemvs() -> None:
     import triton.runtime.interpreter as interp
 
     from engine.models.deepseek_v4 import DeepseekV4KVPool, DeepseekV4Model, V4Backend
-    from engine.models.deepseek_v4.merged_linear import unmerge_projections
+    from engine.models.deepseek_v4.layers.merged_groups import unmerge_projections
 
     cfg, sd = _toy("CH")
     ids = torch.randint(2, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
@@ -194,7 +194,7 @@ def test_fused_decode_takes_the_merged_gemvs() -> None:
 
 
 def test_planner_counts_the_merged_gemv_scratch() -> None:
-    from engine.models.deepseek_v4.sizing import fp8_gemv_split_bytes
+    from engine.models.deepseek_v4.memory.sizing import fp8_gemv_split_bytes
     from kernels.fp8_linear import fp8_linear_scratch_bytes
     from lab.bench.deepseek_v4.context import flash_config
 

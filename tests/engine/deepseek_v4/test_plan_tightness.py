@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from engine.models.deepseek_v4.step_peak import (
+from engine.models.deepseek_v4.memory.step_peak import (
     deepseek_v4_kernels_peak_bytes,
     deepseek_v4_kernels_step_bytes,
 )

@@ -1,4 +1,4 @@
-"""The window snapshots beside the V4 blocks (engine/models/deepseek_v4/resume_windows.py) as
+"""The window snapshots beside the V4 blocks (engine/models/deepseek_v4/memory/resume_windows.py) as
 plain bookkeeping: which block end a step snapshots, which rows it writes, LRU reuse of slabs,
 a rewritten block losing its snapshot, and the export / import of one resume point."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.errors import InvalidRequest
-from engine.models.deepseek_v4.resume_windows import ResumeWindows
+from engine.models.deepseek_v4.memory.resume_windows import ResumeWindows
 
 W, D, BS = 6, 5, 8  # an awkward window (not dividing the block) and row width
 

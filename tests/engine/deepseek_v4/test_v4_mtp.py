@@ -1,4 +1,4 @@
-"""DeepSeek-V4's MTP layers (engine/models/deepseek_v4/mtp.py): read from a checkpoint in
+"""DeepSeek-V4's MTP layers (engine/models/deepseek_v4/layers/mtp.py): read from a checkpoint in
 DeepSeek's layout (``mtp.{i}.*``), their forward equals a plain reference built on
 transformers' own V4 layer (chunked and one token at a time, through the layer's window ring),
 and a checkpoint without them refuses ``speculative_method=mtp``."""
@@ -17,8 +17,13 @@ from engine.config import EngineConfig
 from engine.errors import PlanError
 from engine.llm_engine import LLMEngine
 from engine.models.deepseek_v4 import DeepseekV4Config, DeepseekV4KVPool, DeepseekV4Model
-from engine.models.deepseek_v4.kv_pool import block_multiple
-from engine.models.deepseek_v4.mtp import V4MTPLayer, mtp_config, mtp_layer_count, split_mtp_weights
+from engine.models.deepseek_v4.layers.mtp import (
+    V4MTPLayer,
+    mtp_config,
+    mtp_layer_count,
+    split_mtp_weights,
+)
+from engine.models.deepseek_v4.memory.extent import block_multiple
 from engine.sampling_params import SamplingParams
 from tests.engine.deepseek_v4._mtp_ckpt import main_streams, reference_mtp_logits, write_v4_with_mtp
 

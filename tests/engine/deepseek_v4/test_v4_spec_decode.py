@@ -1,4 +1,4 @@
-"""Speculative decoding on a tiny random DeepSeek-V4 (engine/models/deepseek_v4/verify_snapshots.py):
+"""Speculative decoding on a tiny random DeepSeek-V4 (engine/models/deepseek_v4/memory/verify_snapshots.py):
 greedy tokens with n-gram drafts equal greedy tokens without them, drafts are accepted and
 rejected along the way (rejections roll back the window ring, the compressors' open windows and
 overlap carry, and the indexer's), and a rolled-back slot holds exactly the state of a slot that
@@ -17,7 +17,7 @@ from engine.errors import InvalidRequest
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.kv_pool import block_multiple
+from engine.models.deepseek_v4.memory.extent import block_multiple
 from engine.sampling_params import SamplingParams
 from tests.engine.deepseek_v4.conftest import SHORT_CONFIGS
 

@@ -220,7 +220,7 @@ def test_quantized_weights_run(tmp_path: Path) -> None:
     """--weights fp8-mxfp4: the model holds FP8 projections and MXFP4 experts made on the device
     (through from_state_dict, as a checkpoint would be), and decodes."""
     from engine.models.deepseek_v4.model import DeepseekV4Model
-    from engine.models.deepseek_v4.quant_modules import Fp8Linear, Mxfp4Experts
+    from engine.models.deepseek_v4.weights.quant_modules import Fp8Linear, Mxfp4Experts
     from lab.bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
 
     rc, res = _run(tmp_path / "q.json", "--weights", "fp8-mxfp4", "--prompts", "20", "--batches", "1")
@@ -238,8 +238,8 @@ def test_quantized_weights_run(tmp_path: Path) -> None:
 def test_config_estimate_equals_the_quantized_weights() -> None:
     """bulkhead plan's weight estimate (config only) = the bytes of the quantized tensors the
     bench makes (fp32 model, so every float tensor is 4 B either way); dequantized is larger."""
-    from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
-    from engine.models.deepseek_v4.sizing import deepseek_v4_weight_bytes
+    from engine.models.deepseek_v4.weights.quant_weights import resident_weight_bytes
+    from engine.models.deepseek_v4.weights.weight_bytes import deepseek_v4_weight_bytes
     from lab.bench.deepseek_v4.quantized_weights import synthetic_quantized_state_dict
 
     cfg = dataclasses.replace(flash_config("SCH", 8, 256, tiny=True), hidden_size=32, moe_intermediate_size=32)

@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from engine.models.deepseek_v4.checkpoint_specs import checkpoint_specs
 from engine.models.deepseek_v4.config import CSA, HCA, SLIDING, DeepseekV4Config
+from engine.models.deepseek_v4.weights.checkpoint_specs import checkpoint_specs
 from lab.bench.deepseek_v4.write_checkpoint import INDEX_FILE, flash_hf_config
 
 LAYERS, EXPERTS, HIDDEN, VOCAB = 4, 8, 256, 49152
@@ -116,7 +116,7 @@ def test_engine_loads_the_folder_and_decodes(folder: Path) -> None:
     from common.tokenizer import Tokenizer
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
-    from engine.models.deepseek_v4.quant_modules import Fp8Linear, Mxfp4Experts
+    from engine.models.deepseek_v4.weights.quant_modules import Fp8Linear, Mxfp4Experts
     from engine.sampling_params import SamplingParams
 
     tok = Tokenizer.from_path(folder)
@@ -149,8 +149,8 @@ def test_flash_spec_is_what_the_plan_counts() -> None:
     """43 layers x 128 experts at V4-Flash's widths, never written: the spec's bytes, as the
     model holds them, equal the plan's weight estimate from config.json alone; --dry-run prints
     the same total and a shard count."""
-    from engine.models.deepseek_v4.quant_weights import resident_weight_bytes
-    from engine.models.deepseek_v4.sizing import deepseek_v4_weight_bytes
+    from engine.models.deepseek_v4.weights.quant_weights import resident_weight_bytes
+    from engine.models.deepseek_v4.weights.weight_bytes import deepseek_v4_weight_bytes
 
     hf = flash_hf_config(43, 128)
     cfg = DeepseekV4Config.from_hf_dict(hf)
