@@ -25,7 +25,6 @@ from engine.engine_loading import export_if_owned, load_rank0, non_torch_bytes, 
 from engine.errors import (
     DuplicateRequest,
     EngineError,
-    PlanError,
     QueueFull,
     SequenceFailed,
     StepFailed,
@@ -43,7 +42,7 @@ from engine.sampler import RowState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
-from engine.spec_drafts import SpecDrafts
+from engine.spec_drafts import SpecDrafts, check_speculation
 from engine.staged_kv import StagedKV
 from engine.step_isolation import StepIsolator
 from engine.warmup import Warmup, warm_up
@@ -77,16 +76,7 @@ class LLMEngine:
             rank_cfg = family.rank_model_config(model_config, ranks.size)
             if family.tensor_parallel_kv == "heads":
                 shard = ShardPlan(model_config, 0, ranks.size)
-        if ec.spec_tokens and family.speculation_problem is not None:
-            raise PlanError(f"speculative_method={ec.speculative_method}: family "
-                            f"{model_config.family} cannot verify drafts: "
-                            f"{family.speculation_problem}; serve it with speculative_method "
-                            "none")
-        if ec.spec_tokens and ec.speculative_method not in family.speculative_methods:
-            raise PlanError(f"speculative_method={ec.speculative_method}: family "
-                            f"{model_config.family} drafts with "
-                            f"{', '.join(family.speculative_methods)} only (mtp needs a family "
-                            "with multi-token-prediction layers); use one of those or none")
+        check_speculation(ec, family, model_config.family)
         # quantized payloads count as the model will hold them (stored, or dequantized); one-box
         # mode: the arena, owned here or mapped from another process
         weight_bytes, mapped = ((family.resident_weight_bytes(weights, ec), 0) if shared is None

@@ -28,3 +28,22 @@ def final_logits(engine: LLMEngine, prompt_token_ids: Sequence[int],
         return runner.captured_logits.pop(request_id)
     finally:
         runner.capture_logits.discard(request_id)
+
+
+def drain(engine: LLMEngine) -> dict[str, list[int]]:
+    """Step the engine until every request has finished; -> each request's output tokens."""
+    out: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return out
+
+
+def greedy_batch(engine: LLMEngine, prompts: Sequence[Sequence[int]], max_tokens: int,
+                 prefix: str = "r") -> dict[str, list[int]]:
+    """Request ``{prefix}{i}`` for each prompt, all in the engine at once, ``max_tokens``
+    greedy tokens each (EOS ignored); -> the tokens of each request."""
+    for i, p in enumerate(prompts):
+        engine.add_request(f"{prefix}{i}", list(p), SamplingParams(
+            max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    return drain(engine)

@@ -11,12 +11,27 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.errors import PlanError
 from engine.grammar import accepts
 from engine.ngram_drafter import NgramDrafter
 from engine.scheduler import ScheduledChunk
 from engine.sequence import Sequence
 
 ModelDrafts = Callable[[list[tuple[int, int, int, int, list[int]]]], list[list[int]]]
+
+
+def check_speculation(ec: EngineConfig, family: Any, family_name: str) -> None:
+    """Refuse a speculative method the family cannot serve (PlanError naming the setting)."""
+    if not ec.spec_tokens:
+        return
+    if family.speculation_problem is not None:
+        raise PlanError(f"speculative_method={ec.speculative_method}: family {family_name} "
+                        f"cannot verify drafts: {family.speculation_problem}; serve it with "
+                        "speculative_method none")
+    if ec.speculative_method not in family.speculative_methods:
+        raise PlanError(f"speculative_method={ec.speculative_method}: family {family_name} "
+                        f"drafts with {', '.join(family.speculative_methods)} only (mtp needs "
+                        "a family with multi-token-prediction layers); use one of those or none")
 
 
 class SpecDrafts:

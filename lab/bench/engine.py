@@ -17,6 +17,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.sampling_params import SamplingParams
+from engine.scoring import greedy_batch
 from lab.bench.results_file import write_json
 
 # the engine benches build weights in memory; SmolLM2 ties its head to the embedding
@@ -72,13 +73,7 @@ def _hf_decode_tps(model, batch: int, prompt: int, steps: int) -> float:
 
 
 def _greedy(engine: LLMEngine, prompts: list[list[int]], new: int) -> list[list[int]]:
-    for i, p in enumerate(prompts):
-        engine.add_request(f"agree-{i}", p, SamplingParams(max_tokens=new, temperature=0,
-                                                            ignore_eos=True))
-    out: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    out = greedy_batch(engine, prompts, new, prefix="agree-")
     return [out[f"agree-{i}"] for i in range(len(prompts))]
 
 

@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.sampling_params import SamplingParams
+from engine.scoring import drain
 from tests.engine.conftest import build_tiny_model
 
 
@@ -26,11 +27,7 @@ def _run(backend: str, model, device: str, kv_dtype: str = "auto") -> dict[str, 
     for i, n in enumerate([5, 70, 130]):
         engine.add_request(f"r{i}", [3 + (j * 7) % 120 for j in range(n)],
                            SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
-    out: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
-    return out
+    return drain(engine)
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])

@@ -10,6 +10,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.sampling_params import SamplingParams
+from engine.scoring import drain
 from tests.engine.conftest import build_tiny_model
 
 pytestmark = [pytest.mark.gpu,
@@ -26,10 +27,7 @@ def _generate(model, dtype: str, **kw) -> tuple[dict[str, list[int]], LLMEngine]
     for i, n in enumerate([1, 5, 33, 100, 250, 7]):  # 6 sequences: graph size 8 with 2 pad rows
         engine.add_request(f"r{i}", torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist(),
                            SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
-    out: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    out = drain(engine)
     assert engine.stats().device_allocs_since_warmup == 0
     return out, engine
 

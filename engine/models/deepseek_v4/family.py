@@ -16,12 +16,12 @@ from typing import Any, ClassVar
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import CheckpointError, InvalidRequest, PlanError
+from engine.errors import CheckpointError
 from engine.memory_planner import SIDE_LANE_LIBRARY_TERM, PlanTerm, common_step_terms
 from engine.model_config import ModelConfig
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import DeepseekV4Config
-from engine.models.deepseek_v4.layers.mtp import V4MTPLayer, mtp_layer_count, split_mtp_weights
+from engine.models.deepseek_v4.layers.mtp import V4MTPLayer, mtp_weights_for
 from engine.models.deepseek_v4.memory.extent import (
     block_size_problem,
     default_block_size,
@@ -40,10 +40,10 @@ from engine.models.deepseek_v4.memory.step_peak import (
     deepseek_v4_kernels_peak_bytes,
     deepseek_v4_kernels_step_bytes,
 )
-from engine.models.deepseek_v4.memory.verify_snapshots import VerifySnapshots, verify_snapshot_bytes
+from engine.models.deepseek_v4.memory.verify_snapshots import VerifySnapshots, bind_slot
 from engine.models.deepseek_v4.model import DeepseekV4Model
 from engine.models.deepseek_v4.step.decode_rows import DecodeRows
-from engine.models.deepseek_v4.step.mtp_drafter import MtpDrafter, MtpRow, mtp_state_bytes
+from engine.models.deepseek_v4.step.mtp_drafter import MtpDrafter, MtpRow, speculation_terms
 from engine.models.deepseek_v4.weights.checkpoint_specs import dummy_state_dict
 from engine.models.deepseek_v4.weights.quant_modules import Mxfp4Experts
 from engine.models.deepseek_v4.weights.quant_weights import (
@@ -123,7 +123,7 @@ class DeepseekV4Family(ModelFamily):
         mtp_weights = None
         backend = V4Backend.of(ec.kernels)
         if ec.speculative_method == "mtp":  # before the model takes the weights over
-            mtp_weights = _mtp_weights(self.cfg, weights, ec, tp,
+            mtp_weights = mtp_weights_for(self.cfg, weights, ec, tp,
                                        cfg.hf_config.get("num_nextn_predict_layers"))
             # the fused decode loop builds its streams on the device: the drafter needs them
             backend = dataclasses.replace(backend, decode="unfused")
@@ -241,20 +241,7 @@ class DeepseekV4Family(ModelFamily):
                      f"{v4.sliding_window} x head_dim {v4.head_dim} row "
                      + ("(1 B + fp32 scale)" if ec.kv_dtype == "fp8" else "x dtype")),
         ]
-        if ec.spec_tokens:
-            terms.append(PlanTerm(
-                "verify_snapshots", verify_snapshot_bytes(v4, ec.max_batch, ec.spec_tokens, dtype),
-                f"max_batch {ec.max_batch} x (layers x (k {ec.spec_tokens} + 1) ring rows x "
-                f"head_dim {v4.head_dim} + per compressor 2 x rate x width + per CSA compressor "
-                "rate x dim overlap row + fp32 gate) x dtype: what a verify step overwrites, "
-                "put back on a rejected draft (verify_snapshots.py)"))
-        if ec.speculative_method == "mtp":
-            terms.append(PlanTerm(
-                "mtp_state", mtp_state_bytes(v4, ec.max_batch, ec.spec_tokens, dtype),
-                f"the MTP layer's state for max_batch {ec.max_batch} slots: its window ring "
-                f"({v4.sliding_window} x head_dim {v4.head_dim}) and resume windows, the deferred "
-                f"streams (hc {v4.hc_mult} x hidden {v4.hidden_size}) and its verify snapshots "
-                "(mtp_drafter.py)"))
+        terms += speculation_terms(v4, ec, dtype)
         scratch = deepseek_v4_step_scratch_bytes(v4, ec.chunk_tokens, ec.max_context,
                                                  ec.max_batch, ec.torch_dtype,
                                                  "kernels" if kernels else "torch")
@@ -308,7 +295,7 @@ class DeepseekV4Family(ModelFamily):
         mtp_rows = []
         for i, slot in enumerate(batch.cache_slots):
             start = batch.context_lens[i] - batch.query_len(i)
-            rolled = _bind_slot(pool, slot, start, firsts[i], batch.block_tables[i], self.snapshots)
+            rolled = bind_slot(pool, slot, start, firsts[i], batch.block_tables[i], self.snapshots)
             if self.mtp is not None:
                 mtp_rows.append(MtpRow(slot, start, firsts[i], drafts[i] > 0,
                                        list(batch.block_tables[i])))
@@ -341,7 +328,7 @@ class DeepseekV4Family(ModelFamily):
         """The bookkeeping of :meth:`forward` and of the model's step for a graph replay: bind
         each slot, check its room, count the token it absorbs."""
         for c in chunks:
-            _bind_slot(kv, c.cache_slot, c.start, c.is_first, c.block_ids, self.snapshots)
+            bind_slot(kv, c.cache_slot, c.start, c.is_first, c.block_ids, self.snapshots)
             kv.check_room(c.cache_slot, c.num_tokens, torch.as_tensor(c.block_ids))
         for c in chunks:  # after every restore, as in forward
             kv.plan_windows(c.cache_slot, list(c.block_ids), c.start, c.num_tokens)
@@ -404,37 +391,3 @@ class DeepseekV4Family(ModelFamily):
         for slot in range(kv.max_batch):
             kv.reset_slot(slot)
         kv.reset_windows()
-
-
-def _bind_slot(pool: DeepseekV4KVPool, slot: int, start: int, first: bool,
-               block_ids: list[int] | tuple[int, ...],
-               snapshots: VerifySnapshots | None = None) -> bool:
-    """Make ``slot`` ready for a chunk at position ``start``: fresh, resumed from its blocks,
-    continued (then it must stand exactly there), or rolled back to the start of its last
-    verify step, which rejected a draft (verify_snapshots.py)."""
-    if snapshots is not None and (start == 0 or first):
-        snapshots.drop(slot)
-    if start == 0:
-        pool.reset_slot(slot)
-    elif first:
-        pool.restore_slot(slot, pool.table(slot, block_ids), start)
-    elif pool.num_tokens[slot] != start:
-        if snapshots is not None and snapshots.rollback(pool, slot, start):
-            return True
-        raise InvalidRequest(
-            f"V4 slot {slot} holds {pool.num_tokens[slot]} tokens but the step continues "
-            f"at position {start}", field="cache_slots")
-    return False
-
-
-def _mtp_weights(cfg: DeepseekV4Config, weights: dict[str, torch.Tensor], ec: EngineConfig,
-                 tp: Any, declared: int | None) -> dict[str, torch.Tensor]:
-    """MTP layer 0's tensors (mtp.py), or PlanError naming the setting when there are none."""
-    if tp is not None:
-        raise PlanError("speculative_method=mtp: not with tensor_parallel_size > 1 (the MTP "
-                        "layer is not split over ranks); use ngram or none")
-    if mtp_layer_count(weights) == 0:
-        raise PlanError("speculative_method=mtp: this checkpoint has no MTP layers (no "
-                        "mtp.{i}.* tensors; config num_nextn_predict_layers="
-                        f"{declared}); use speculative_method ngram or none")
-    return split_mtp_weights(weights, cfg.num_layers, ec.torch_dtype)[0]

@@ -25,6 +25,7 @@ from engine.models.deepseek_v4.layers.mtp import (
 )
 from engine.models.deepseek_v4.memory.extent import block_multiple
 from engine.sampling_params import SamplingParams
+from engine.scoring import greedy_batch
 from tests.engine.deepseek_v4._mtp_ckpt import main_streams, reference_mtp_logits, write_v4_with_mtp
 
 
@@ -66,14 +67,7 @@ def _mtp_engine(folder: Path, method: str, k: int = 3) -> LLMEngine:
 
 
 def _greedy(engine: LLMEngine, prompts: list[list[int]], new: int) -> dict[str, list[int]]:
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=new, temperature=0.0,
-                                                      ignore_eos=True))
-    out: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
-    return out
+    return greedy_batch(engine, prompts, new)
 
 
 @pytest.mark.parametrize("name", ["s-csa-hca_yarn_hc2", "legacy_fields_hc1_csa8"])

@@ -18,6 +18,7 @@ from engine.cuda_graphs import capture_order
 from engine.llm_engine import LLMEngine
 from engine.parallel.ranks import Ranks
 from engine.sampling_params import SamplingParams
+from engine.scoring import drain
 from tests.engine.conftest import build_tiny_model
 from tests.engine.test_cuda_graphs import decode_step_logits
 
@@ -62,10 +63,7 @@ def _add(engine: LLMEngine, max_tokens: int) -> None:
 
 def _generate(engine: LLMEngine) -> dict[str, list[int]]:
     _add(engine, 40)
-    out: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    out = drain(engine)
     assert engine.stats().device_allocs_since_warmup == 0
     return out
 

@@ -35,11 +35,13 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
-from engine.errors import CheckpointError
+from engine.config import EngineConfig
+from engine.errors import CheckpointError, PlanError
 from engine.models.deepseek_v4.backend import V4Backend
 from engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.layers.attention import V4Attention
@@ -158,3 +160,16 @@ class V4MTPLayer(DeepseekV4Model):
         streams = merge(post, comb, m, streams, False)
         self.streams_out = streams
         return self.model.norm(self.model.hc_head(streams, False))
+
+
+def mtp_weights_for(cfg: DeepseekV4Config, weights: dict[str, torch.Tensor], ec: EngineConfig,
+                    tp: Any, declared: int | None) -> dict[str, torch.Tensor]:
+    """MTP layer 0's tensors (mtp.py), or PlanError naming the setting when there are none."""
+    if tp is not None:
+        raise PlanError("speculative_method=mtp: not with tensor_parallel_size > 1 (the MTP "
+                        "layer is not split over ranks); use ngram or none")
+    if mtp_layer_count(weights) == 0:
+        raise PlanError("speculative_method=mtp: this checkpoint has no MTP layers (no "
+                        "mtp.{i}.* tensors; config num_nextn_predict_layers="
+                        f"{declared}); use speculative_method ngram or none")
+    return split_mtp_weights(weights, cfg.num_layers, ec.torch_dtype)[0]

@@ -23,7 +23,7 @@ open-window buffers, the one overlap-carry row per CSA compressor). If every dra
 the copy is simply not used. If one is rejected, the scheduler counts NONE of the step's
 positions as computed (``SchedulerConfig.restart_rejected_verify``): the sequence's kept
 tokens (its last token, the accepted drafts and the new token) are recomputed by its next chunk,
-which starts again at ``s``; binding that chunk to the slot (family.py ``_bind_slot``) restores
+which starts again at ``s``; binding that chunk to the slot (``bind_slot`` below) restores
 this copy first, and forgets any window snapshot planned past ``s``. So the rollback costs no
 extra forward: the recompute rides in the next step, whose chunk then carries the ``a + 2``
 tokens instead of one (and no drafts: a sequence drafts only when one token is uncomputed).
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.errors import InvalidRequest
 from engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from engine.models.deepseek_v4.memory.kv_pool import CompressorPool, DeepseekV4KVPool
 
@@ -174,3 +175,24 @@ class VerifySnapshots:
     def drop(self, slot: int) -> None:
         """The slot starts or resumes another sequence: its copy means nothing now."""
         self.pending[slot] = None
+
+
+def bind_slot(pool: DeepseekV4KVPool, slot: int, start: int, first: bool,
+               block_ids: list[int] | tuple[int, ...],
+               snapshots: VerifySnapshots | None = None) -> bool:
+    """Make ``slot`` ready for a chunk at position ``start``: fresh, resumed from its blocks,
+    continued (then it must stand exactly there), or rolled back to the start of its last
+    verify step, which rejected a draft (verify_snapshots.py)."""
+    if snapshots is not None and (start == 0 or first):
+        snapshots.drop(slot)
+    if start == 0:
+        pool.reset_slot(slot)
+    elif first:
+        pool.restore_slot(slot, pool.table(slot, block_ids), start)
+    elif pool.num_tokens[slot] != start:
+        if snapshots is not None and snapshots.rollback(pool, slot, start):
+            return True
+        raise InvalidRequest(
+            f"V4 slot {slot} holds {pool.num_tokens[slot]} tokens but the step continues "
+            f"at position {start}", field="cache_slots")
+    return False

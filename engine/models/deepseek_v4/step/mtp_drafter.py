@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.config import EngineConfig
+from engine.memory_plan import PlanTerm
 from engine.models.deepseek_v4.config import DeepseekV4Config
 from engine.models.deepseek_v4.layers.mtp import V4MTPLayer, mtp_config
 from engine.models.deepseek_v4.memory.extent import resume_window_bytes, slot_carry_bytes
@@ -184,3 +186,24 @@ class MtpDrafter:
             self.snapshots.drop(slot)
             self.deferred_pos[slot] = None
         self.pool.reset_windows()
+
+
+def speculation_terms(v4: DeepseekV4Config, ec: EngineConfig, dtype: torch.dtype) -> list[PlanTerm]:
+    """The plan terms speculation adds: the verify snapshots (any method) and, for mtp, the MTP
+    layer's own state."""
+    terms: list[PlanTerm] = []
+    if ec.spec_tokens:
+        terms.append(PlanTerm(
+            "verify_snapshots", verify_snapshot_bytes(v4, ec.max_batch, ec.spec_tokens, dtype),
+            f"max_batch {ec.max_batch} x (layers x (k {ec.spec_tokens} + 1) ring rows x "
+            f"head_dim {v4.head_dim} + per compressor 2 x rate x width + per CSA compressor "
+            "rate x dim overlap row + fp32 gate) x dtype: what a verify step overwrites, "
+            "put back on a rejected draft (verify_snapshots.py)"))
+    if ec.speculative_method == "mtp":
+        terms.append(PlanTerm(
+            "mtp_state", mtp_state_bytes(v4, ec.max_batch, ec.spec_tokens, dtype),
+            f"the MTP layer's state for max_batch {ec.max_batch} slots: its window ring "
+            f"({v4.sliding_window} x head_dim {v4.head_dim}) and resume windows, the deferred "
+            f"streams (hc {v4.hc_mult} x hidden {v4.hidden_size}) and its verify snapshots "
+            "(mtp_drafter.py)"))
+    return terms
