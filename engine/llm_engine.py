@@ -87,7 +87,7 @@ class LLMEngine:
         self.config = ec
         self.model_config = model_config
         if progress is not None:
-            progress(f"memory plan: {self.plan.summary()}, kv_dtype {ec.kv_dtype}")
+            progress(f"memory plan: {self.plan.summary()}")
         self.runner = ModelRunner(rank_cfg, ec, weights, self.plan,
                                   tp=None if ranks is None else ranks.group)
         self._kv_view: KVLayout = self.plan.kv_layout

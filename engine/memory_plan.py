@@ -139,7 +139,8 @@ class MemoryPlan:
         return (f"{self.total_bytes / 2**20:,.0f} MiB of a {self.budget_bytes / 2**20:,.0f} MiB "
                 f"budget, max_context {c.max_context:,}, max_batch {c.max_batch}, KV "
                 f"extent {self.num_blocks} blocks of {self.kv_layout.block_size} tokens "
-                f"({self.kv_tokens:,} tokens, {self.kv_layout.bytes_per_token:,.0f} B a token)")
+                f"({self.kv_tokens:,} tokens, {self.kv_layout.bytes_per_token:,.0f} B a token, "
+                f"kv_dtype {c.kv_dtype})")
 
     def table(self) -> str:
         rows = [f"{'term':<22}{'bytes':>16}{'GiB':>10}  formula"]
