@@ -141,44 +141,6 @@ def _tensor_parallel_slicer(cfg: ModelConfig, source: Any, rank: int, size: int)
     return family.tensor_slicer(cfg, rank, size, source.shapes)
 
 
-def expected_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a dense llama/qwen2/qwen3 model needs, with its HF shape."""
-    if cfg.family not in ("llama", "qwen2", "qwen3"):
-        raise CheckpointError(f"no dense tensor layout for family {cfg.family!r}")
-    h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (cfg.vocab_size, h),
-        "model.norm.weight": (h,),
-    }
-    if not cfg.tie_word_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab_size, h)
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-        }
-        if cfg.attention_bias:
-            shapes |= {
-                p + "self_attn.q_proj.bias": (q,),
-                p + "self_attn.k_proj.bias": (kv,),
-                p + "self_attn.v_proj.bias": (kv,),
-            }
-            if cfg.family != "qwen2":  # Llama and Qwen3 put the bias on o_proj too
-                shapes[p + "self_attn.o_proj.bias"] = (h,)
-        if cfg.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (cfg.head_dim,)
-            shapes[p + "self_attn.k_norm.weight"] = (cfg.head_dim,)
-    return shapes
-
-
 def model_fingerprint(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> str:
     """sha256 over the config's shape fields (and rope, which shapes the stored K) and the sorted
     (name, shape) of the tensors: two workers agree on it iff their KV layouts are compatible."""

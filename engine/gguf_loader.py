@@ -21,8 +21,9 @@ from gguf.quants import dequantize, quant_shape_to_byte_shape
 
 from common.gguf_metadata import GGUFFormatError, GGUFHeader, GGUFTensorInfo, read_gguf_header
 from engine.errors import CheckpointError
+from engine.models.registry import GGUF_ARCHITECTURES, GGUF_PERMUTED_QK
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -65,7 +66,7 @@ def hf_tensor_name(gguf_name: str, file: Path) -> str:
             f"{file}: tensor 'rope_freqs.weight' (llama3-style per-dimension rope factors baked "
             f"into the GGUF) is not supported; load the Hugging Face folder of this model instead"
         )
-    raise CheckpointError(f"{file}: unexpected tensor {gguf_name!r} for a dense llama/qwen model")
+    raise CheckpointError(f"{file}: unexpected tensor {gguf_name!r} for a dense model")
 
 
 def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
@@ -127,13 +128,7 @@ class GGUFCheckpoint:
             vocab = self.shapes["model.embed_tokens.weight"][0]
         d: dict[str, Any] = {
             "model_type": arch,
-            "architectures": [
-                {
-                    "llama": "LlamaForCausalLM",
-                    "qwen2": "Qwen2ForCausalLM",
-                    "qwen3": "Qwen3ForCausalLM",
-                }[arch]
-            ],
+            "architectures": [GGUF_ARCHITECTURES[arch]],
             "vocab_size": int(vocab),
             "hidden_size": hidden,
             "intermediate_size": int(need("feed_forward_length")),
@@ -190,7 +185,7 @@ class GGUFCheckpoint:
                 raise CheckpointError(
                     f"{self.path}: cannot dequantize tensor {t.name!r} ({qtype.name}): {e}"
                 ) from e
-            if self.architecture == "llama":
+            if self.architecture in GGUF_PERMUTED_QK:
                 if ".q_proj." in name:
                     w = unpermute_rows(w, num_heads)
                 elif ".k_proj." in name:

@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.errors import CheckpointError
 from engine.models.registry import ARCHITECTURES as _FAMILIES
-from engine.models.registry import FAMILIES
+from engine.models.registry import DENSE_TRAITS, FAMILIES
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,8 @@ class ModelConfig:
     rope: RopeConfig = field(default_factory=RopeConfig)
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # q/k/v projection bias (Qwen2)
-    qk_norm: bool = False  # RMSNorm on q and k per head (Qwen3)
+    attention_bias: bool = False  # q/k/v projection bias (models/registry.py DENSE_TRAITS)
+    qk_norm: bool = False  # RMSNorm on q and k per head
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     stored_dtype: str = "float32"
@@ -133,8 +133,9 @@ class ModelConfig:
             rope=RopeConfig.from_hf(d),
             max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", family == "qwen2")),
-            qk_norm=family == "qwen3",
+            attention_bias=bool(d.get("attention_bias",
+                                      DENSE_TRAITS.get(family, {}).get("attention_bias", False))),
+            qk_norm=DENSE_TRAITS.get(family, {}).get("qk_norm", False),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             stored_dtype=str(d.get("dtype") or d.get("torch_dtype") or "float32"),

@@ -9,7 +9,6 @@ from typing import Any, ClassVar
 import torch
 
 from engine.attention import AttentionShape, attention_workspace_bytes
-from engine.checkpoint import expected_tensor_shapes
 from engine.config import EngineConfig
 from engine.config_resolve import resolve_engine_config
 from engine.errors import CheckpointError
@@ -20,6 +19,7 @@ from engine.memory_planner import GRAPH_POOL_SLACK, common_step_terms
 from engine.model_config import ModelConfig
 from engine.models.dense import DenseDecoder
 from engine.models.family import ModelFamily
+from engine.models.registry import DENSE_TRAITS
 from engine.parallel.shard_plan import ShardPlan
 from engine.rope import RotaryTable
 from engine.step_batch import StepBatch
@@ -186,3 +186,41 @@ class DenseFamily(ModelFamily):
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return self.decoder.compute_logits(hidden, out)
 
+
+def expected_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a dense model needs, with its HF shape."""
+    traits = DENSE_TRAITS.get(cfg.family)
+    if traits is None:
+        raise CheckpointError(f"no dense tensor layout for family {cfg.family!r}")
+    h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (cfg.vocab_size, h),
+        "model.norm.weight": (h,),
+    }
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        }
+        if cfg.attention_bias:
+            shapes |= {
+                p + "self_attn.q_proj.bias": (q,),
+                p + "self_attn.k_proj.bias": (kv,),
+                p + "self_attn.v_proj.bias": (kv,),
+            }
+            if traits["o_proj_bias"]:
+                shapes[p + "self_attn.o_proj.bias"] = (h,)
+        if cfg.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (cfg.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (cfg.head_dim,)
+    return shapes

@@ -29,3 +29,20 @@ IMPLEMENTATIONS: dict[str, str] = {
 }
 
 FAMILIES: tuple[str, ...] = tuple(IMPLEMENTATIONS)
+
+# The dense families' facts a config.json leaves out: the default of ``attention_bias`` (bias on
+# q/k/v), whether that bias also sits on o_proj, and RMSNorm on q and k per head.
+DENSE_TRAITS: dict[str, dict[str, bool]] = {
+    "llama": {"attention_bias": False, "o_proj_bias": True, "qk_norm": False},
+    "qwen2": {"attention_bias": True, "o_proj_bias": False, "qk_norm": False},
+    "qwen3": {"attention_bias": False, "o_proj_bias": True, "qk_norm": True},
+}
+
+# GGUF ``general.architecture`` -> the HF architecture it is read as; and the architectures
+# whose q/k rows llama.cpp's converter permutes (interleaved rotary halves), undone at load.
+GGUF_ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+GGUF_PERMUTED_QK: tuple[str, ...] = ("llama",)

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.checkpoint import expected_tensor_shapes, load_checkpoint
+from engine.checkpoint import load_checkpoint
 from engine.errors import CheckpointError
 from engine.model_config import ModelConfig
+from engine.models.dense_family import expected_tensor_shapes
 from engine.models.family import family_class
 from engine.weight_share import pack, pack_stream
 from lab.bench.deepseek_v4.write_checkpoint import flash_hf_config
