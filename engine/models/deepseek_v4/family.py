@@ -103,7 +103,7 @@ class DeepseekV4Family(ModelFamily):
     cast_weights_on_load: ClassVar[bool] = False  # FP8/FP4 payloads and scales kept as stored
     supports_tensor_parallel: ClassVar[bool] = True  # dequantized weights (tensor_parallel.py)
     # a verify step's overwritten per-slot state is copied first and put back on a rejection,
-    # the kept tokens recomputed by the next chunk (verify_snapshots.py)
+    # the kept tokens recomputed by the next chunk (memory/verify_snapshots.py)
     speculation_problem: ClassVar[str | None] = None
     restarts_rejected_verify: ClassVar[bool] = True
     speculative_methods: ClassVar[tuple[str, ...]] = ("ngram", "mtp")
@@ -319,7 +319,7 @@ class DeepseekV4Family(ModelFamily):
 
     def propose_drafts(self, kv: DeepseekV4KVPool,
                        requests: list[tuple[int, int, int, int, list[int]]]) -> list[list[int]]:
-        """MTP drafts (mtp_drafter.py) for running decodes: (slot, last token, its position,
+        """MTP drafts (step/mtp_drafter.py) for running decodes: (slot, last token, its position,
         drafts wanted, block table) each."""
         assert self.mtp is not None, "speculative_method is not mtp"
         return self.mtp.propose(requests, None)

@@ -60,7 +60,7 @@ class DeepseekV4Model(nn.Module):
     """``state_dict()`` names equal transformers' ``DeepseekV4ForCausalLM`` (minus the MTP
     layers, which transformers ignores too)."""
 
-    # an MTP drafter (mtp_drafter.py) reads the last step's streams before the mHC head
+    # an MTP drafter (step/mtp_drafter.py) reads the last step's streams before the mHC head
     keep_streams: bool = False
     last_streams: torch.Tensor | None = None  # [N, hc, hidden]
 

@@ -120,7 +120,7 @@ class V4MTPLayer(DeepseekV4Model):
         sd = dict(weights)
         sd["model.embed_tokens.weight"] = main.model.embed_tokens.weight
         sd["lm_head.weight"] = main.lm_head.weight
-        # an unfused decode: the fused loop (decode_fused.py) builds its own input streams
+        # an unfused decode: the fused loop (step/decode_step.py) builds its own input streams
         backend = dataclasses.replace(main.backend, decode="unfused")
         extra = {k: sd.pop(k) for k in ("e_proj.weight", "h_proj.weight", "enorm.weight",
                                         "hnorm.weight")}

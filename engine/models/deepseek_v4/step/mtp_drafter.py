@@ -18,7 +18,7 @@ holds only verified positions.
 
 Rollback: a verify step's MTP rows are absorbed like any chunk's, after a copy of the MTP
 slot's state (a second :class:`VerifySnapshots`); when the main slot rolls back
-(verify_snapshots.py) the MTP slot rolls back with it. A sequence that resumes at a block
+(memory/verify_snapshots.py) the MTP slot rolls back with it. A sequence that resumes at a block
 boundary (prefix hit, KV import) starts the MTP window cold (zeroed): no MTP state travels
 with blocks, which costs acceptance for the first ``W`` positions, never correctness.
 
@@ -198,12 +198,12 @@ def speculation_terms(v4: DeepseekV4Config, ec: EngineConfig, dtype: torch.dtype
             f"max_batch {ec.max_batch} x (layers x (k {ec.spec_tokens} + 1) ring rows x "
             f"head_dim {v4.head_dim} + per compressor 2 x rate x width + per CSA compressor "
             "rate x dim overlap row + fp32 gate) x dtype: what a verify step overwrites, "
-            "put back on a rejected draft (verify_snapshots.py)"))
+            "put back on a rejected draft (memory/verify_snapshots.py)"))
     if ec.speculative_method == "mtp":
         terms.append(PlanTerm(
             "mtp_state", mtp_state_bytes(v4, ec.max_batch, ec.spec_tokens, dtype),
             f"the MTP layer's state for max_batch {ec.max_batch} slots: its window ring "
             f"({v4.sliding_window} x head_dim {v4.head_dim}) and resume windows, the deferred "
             f"streams (hc {v4.hc_mult} x hidden {v4.hidden_size}) and its verify snapshots "
-            "(mtp_drafter.py)"))
+            "(step/mtp_drafter.py)"))
     return terms
