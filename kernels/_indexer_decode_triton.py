@@ -17,10 +17,10 @@ INDEXER_DECODE_BLOCK_T = 64  # entries per program
 
 
 @triton.jit
-def _indexer_decode_kernel(q_ptr, w_ptr, k_ptr, tab_ptr, end_ptr, out_ptr, h, d, first, num, per,
-                           s_qb, s_qh, s_wb, s_k, s_tab, s_ob, F32: tl.constexpr,
+def _indexer_decode_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, tab_ptr, end_ptr, out_ptr, h, d, first,
+                           num, per, s_qb, s_qh, s_wb, s_k, s_tab, s_ob, F32: tl.constexpr,
                            BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
-                           PDL: tl.constexpr = 0):
+                           HAS_K_SCALE: tl.constexpr = 0, PDL: tl.constexpr = 0):
     pdl_wait(PDL)  # before any memory access (kernels/NOTES.md)
     row = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -37,7 +37,11 @@ def _indexer_decode_kernel(q_ptr, w_ptr, k_ptr, tab_ptr, end_ptr, out_ptr, h, d,
                     mask=(hh < h)[:, None] & ok_d[None, :], other=0.0)
         k = tl.load(k_ptr + kr[:, None] * s_k + dd[None, :], mask=ok_t[:, None] & ok_d[None, :],
                     other=0.0)
-        if F32:  # fp32 inputs, and the interpreter (whose bf16 dot is not exact)
+        if HAS_K_SCALE:  # FP8 keys: dequantised in fp32 by their row's scale, scored in fp32
+            ks = tl.load(ks_ptr + kr, mask=ok_t, other=0.0)
+            kf = k.to(tl.float32) * ks[:, None]
+            s = tl.dot(q.to(tl.float32), tl.trans(kf), input_precision="ieee")
+        elif F32:  # fp32 inputs, and the interpreter (whose bf16 dot is not exact)
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:  # bf16 x bf16 products are exact in the fp32 accumulator
             s = tl.dot(q, tl.trans(k.to(q.dtype)))
@@ -51,14 +55,17 @@ def _indexer_decode_kernel(q_ptr, w_ptr, k_ptr, tab_ptr, end_ptr, out_ptr, h, d,
 
 def launch_indexer_decode(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                           tables: torch.Tensor, kv_end: torch.Tensor, first: int, num: int,
-                          per_block: int, out: torch.Tensor) -> None:
+                          per_block: int, out: torch.Tensor,
+                          key_scale: torch.Tensor | None = None) -> None:
     b, h, d = q.shape
     _indexer_decode_kernel[(b, cdiv(num, INDEXER_DECODE_BLOCK_T))](
-        q, weights, keys, tables, kv_end, out, h, d, first, num, per_block,
+        q, weights, keys, key_scale if key_scale is not None else weights, tables, kv_end, out,
+        h, d, first, num, per_block,
         q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), tables.stride(0),
         out.stride(0), F32=q.dtype == torch.float32 or interpreting(),
         BLOCK_H=max(16, next_pow2(h)), BLOCK_D=max(16, next_pow2(d)),
-        BLOCK_T=INDEXER_DECODE_BLOCK_T, num_warps=8, **pdl_kwargs(q.device),
+        BLOCK_T=INDEXER_DECODE_BLOCK_T, HAS_K_SCALE=key_scale is not None, num_warps=8,
+        **pdl_kwargs(q.device),
     )
 
 
@@ -82,7 +89,8 @@ def launch_indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: tor
                                num_entries: int, topk: int, kp: int, scores: torch.Tensor,
                                best: torch.Tensor, cand: torch.Tensor, out_scores: torch.Tensor,
                                out_indices: torch.Tensor, parts: int = 1,
-                               combined: torch.Tensor | None = None) -> None:
+                               combined: torch.Tensor | None = None,
+                               key_scale: torch.Tensor | None = None) -> None:
     """Tiles of ``scores.shape[1]`` entries: each scored (``_indexer_decode_kernel``) then merged
     into the row's running best (the prefill indexer's ``_topk_merge_kernel``, which reads only
     the row's visible entries), by ``parts`` programs a row, each over its slice of the tile
@@ -102,7 +110,8 @@ def launch_indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: tor
     _topk_init_kernel[(b * parts,)](best, KP=kp, **pdl)
     for first in range(0, num_entries, tile):
         num = min(tile, num_entries - first)
-        launch_indexer_decode(q, weights, keys, tables, kv_end, first, num, per_block, scores)
+        launch_indexer_decode(q, weights, keys, tables, kv_end, first, num, per_block, scores,
+                              key_scale)
         _topk_merge_kernel[(b * parts,)](scores, kv_end, best, cand, first, num, topk,
                                          scores.stride(0), KP=kp, LOG_KP=log_kp, PARTS=parts,
                                          **pdl,

@@ -21,14 +21,24 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def indexer_decode_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                           tables: torch.Tensor, kv_end: torch.Tensor, first: int, num: int,
-                          per_block: int, out: torch.Tensor) -> torch.Tensor:
-    """See ``indexer_decode_scores_ref``; out [B, num] fp32 -> out."""
+                          per_block: int, out: torch.Tensor,
+                          key_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """See ``indexer_decode_scores_ref``; out [B, num] fp32 -> out. ``key_scale`` [rows] fp32:
+    ``keys`` are FP8 (e4m3), a row's value its stored value x its scale."""
     name = "indexer_decode_scores"
     dev = q.device
     check_tensor(name, "q", q, shape=(None, None, None), dtypes=_DTYPES, device=dev)
     b, h, d = q.shape
     check_tensor(name, "weights", weights, shape=(b, h), dtypes=(torch.float32,), device=dev)
-    check_tensor(name, "keys", keys, shape=(None, d), dtypes=(q.dtype,), device=dev)
+    if key_scale is None:
+        check_tensor(name, "keys", keys, shape=(None, d), dtypes=(q.dtype,), device=dev)
+    else:
+        check_tensor(name, "keys", keys, shape=(None, d), dtypes=(torch.float8_e4m3fn,),
+                     device=dev)
+        check_tensor(name, "key_scale", key_scale, shape=(keys.shape[0],),
+                     dtypes=(torch.float32,), device=dev)
+        if key_scale.stride(0) != 1:
+            raise KernelArgumentError(name, "key_scale", "must be contiguous")
     check_tensor(name, "tables", tables, shape=(b, None), dtypes=(torch.int64,), device=dev)
     check_tensor(name, "kv_end", kv_end, shape=(b,), dtypes=(torch.int64,), device=dev)
     check_tensor(name, "out", out, shape=(b, num), dtypes=(torch.float32,), device=dev)
@@ -43,7 +53,8 @@ def indexer_decode_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Te
     from kernels._indexer_decode_triton import launch_indexer_decode
 
     if b and num:
-        launch_indexer_decode(q, weights, keys, tables, kv_end, first, num, per_block, out)
+        launch_indexer_decode(q, weights, keys, tables, kv_end, first, num, per_block, out,
+                              key_scale)
     return out
 
 
@@ -78,7 +89,8 @@ def indexer_decode_topk_workspace_bytes(rows: int, topk: int, tile: int,
 def indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                         tables: torch.Tensor, kv_end: torch.Tensor, per_block: int, topk: int,
                         tile: int, out: torch.Tensor, *, workspace: torch.Tensor | None = None,
-                        parts: int | None = None) -> torch.Tensor:
+                        parts: int | None = None,
+                        key_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Each row's ``topk`` highest-scoring entries among the ``tables.shape[1] * per_block``
     its table can hold (visible: < kv_end) -> out [B, topk], best first, ties to the lower
     entry, -1 past the visible ones: int64 ``out`` gets the entry numbers, int32 ``out`` their
@@ -86,7 +98,8 @@ def indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tens
     attention reads a same-addressed pool by). Scores as ``indexer_decode_scores``; ``tile``
     entries are scored a launch and merged by ``parts`` programs a row (default
     :func:`merge_parts`; the answer is the same whatever the parts). ``workspace``: uint8,
-    ``indexer_decode_topk_workspace_bytes`` (allocated here when None)."""
+    ``indexer_decode_topk_workspace_bytes`` (allocated here when None). ``key_scale``: FP8
+    keys' per-row scales, as in ``indexer_decode_scores``."""
     name = "indexer_decode_topk"
     dev = q.device
     b = q.shape[0]
@@ -119,11 +132,12 @@ def indexer_decode_topk(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tens
     o += b * tile * 4
     best_scores = workspace[o:o + b * topk * 4].view(torch.float32).view(b, topk)
     # the scoring kernel's checks, once, on an empty tile
-    indexer_decode_scores(q, weights, keys, tables, kv_end, 0, 0, per_block, scores[:, :0])
+    indexer_decode_scores(q, weights, keys, tables, kv_end, 0, 0, per_block, scores[:, :0],
+                          key_scale)
     if not b:
         return out
     from kernels._indexer_decode_triton import launch_indexer_decode_topk
 
     launch_indexer_decode_topk(q, weights, keys, tables, kv_end, per_block, num_entries, topk, kp,
-                               scores, best, cand, best_scores, out, parts, combined)
+                               scores, best, cand, best_scores, out, parts, combined, key_scale)
     return out

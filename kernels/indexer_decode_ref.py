@@ -10,15 +10,20 @@ import torch.nn.functional as F
 
 def indexer_decode_scores_ref(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                               tables: torch.Tensor, kv_end: torch.Tensor, first: int, num: int,
-                              per_block: int) -> torch.Tensor:
+                              per_block: int, key_scale: torch.Tensor | None = None
+                              ) -> torch.Tensor:
     """q [B, H, D]; weights [B, H] fp32 (softmax scales folded in); keys [rows, D]: the pool's
     flat entry rows (entry i of a sequence is row ``table[i // per_block] * per_block + i %
     per_block``); tables [B, blocks] int64; kv_end [B] int64 (row b sees entries < kv_end[b]).
     Entries ``[first, first + num)`` -> scores [B, num] fp32, ``sum_h w[h] * relu(q[h] . k)``
-    in fp32, ``-inf`` where not visible."""
+    in fp32, ``-inf`` where not visible. ``key_scale`` [rows] fp32: FP8 keys, each row its
+    stored values x its scale."""
     e = torch.arange(first, first + num, device=q.device)
     rows = tables.gather(1, (e // per_block)[None, :].expand(q.shape[0], -1)) * per_block
-    k = keys[rows + e % per_block].float()  # [B, T, D]
+    flat = rows + e % per_block
+    k = keys[flat].float()  # [B, T, D]
+    if key_scale is not None:
+        k = k * key_scale[flat][..., None]
     sc = torch.einsum("bhd,btd->bht", q.float(), k)
     sc = (F.relu(sc) * weights[:, :, None]).sum(dim=1)
     return sc.masked_fill(e[None, :] >= kv_end[:, None], float("-inf"))
@@ -26,11 +31,11 @@ def indexer_decode_scores_ref(q: torch.Tensor, weights: torch.Tensor, keys: torc
 
 def indexer_decode_topk_ref(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                             tables: torch.Tensor, kv_end: torch.Tensor, per_block: int,
-                            topk: int) -> torch.Tensor:
+                            topk: int, key_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The ``topk`` best entries of each row over its whole table -> [B, topk] int64, best
     first, ties to the lower entry, -1 past the visible ones."""
     num = tables.shape[1] * per_block
-    sc = indexer_decode_scores_ref(q, weights, keys, tables, kv_end, 0, num, per_block)
+    sc = indexer_decode_scores_ref(q, weights, keys, tables, kv_end, 0, num, per_block, key_scale)
     e = torch.arange(num, device=q.device)
     # order by score descending, then entry ascending (a stable sort of the entries)
     order = torch.sort(sc, dim=1, descending=True, stable=True).indices[:, :topk]

@@ -232,3 +232,60 @@ def test_indexer_decode_topk_parts_on_cuda(cuda, b):
     for r in range(b):
         same = len(set(got[1][r].tolist()) & set(want[r].tolist()))
         assert same >= 508, (r, same)
+
+
+def _fp8_keys(keys: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``keys`` stored as an FP8 pool stores them: e4m3 rows and an fp32 scale a row (random
+    scales, so a kernel that dropped them would pick other entries)."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.rand(keys.shape[0], generator=g) * 0.5 + 0.01
+    return (keys / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
+@pytest.mark.parametrize("b,h,d,per,blocks,first,num", [
+    (3, 5, 24, 4, 6, 2, 19), (5, 3, 20, 2, 40, 7, 70),
+])
+def test_fp8_keys_scored_with_their_scales(interpret, b, h, d, per, blocks, first, num):
+    """FP8 keys (an FP8 KV pool's indexer entries) with a scale a row: the kernel dequantises
+    each row in fp32 and scores as the reference does on the dequantised keys."""
+    q, w, keys, tables, ends = _case(b, h, d, per, blocks, first, num, torch.float32, "cpu", b + d)
+    k8, scale = _fp8_keys(keys, b)
+    out = torch.full((b, num), float("nan"))
+    indexer_decode_scores(q, w, k8, tables, ends, first, num, per, out, key_scale=scale)
+    ref = indexer_decode_scores_ref(q, w, k8, tables, ends, first, num, per, key_scale=scale)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    deq = indexer_decode_scores_ref(q, w, k8.float() * scale[:, None], tables, ends, first, num,
+                                    per)
+    torch.testing.assert_close(ref, deq, rtol=0, atol=0)  # the reference's scale is the pool's
+    assert not torch.allclose(ref[ref.isfinite()], indexer_decode_scores_ref(
+        q, w, k8.float(), tables, ends, first, num, per)[ref.isfinite()])
+
+
+def test_fp8_keys_top_k_matches_reference(interpret):
+    """The whole-table top-k over FP8 keys: the entries picked carry the reference's best
+    scores (compared by score, so a tie between FP8-rounded keys may go either way)."""
+    from kernels.indexer_decode import indexer_decode_topk
+    from kernels.indexer_decode_ref import indexer_decode_topk_ref
+
+    b, h, d, per, blocks, topk, tile = 4, 4, 16, 8, 30, 12, 100
+    q, w, keys, tables, _ = _case(b, h, d, per, blocks, 0, 8, torch.float32, "cpu", 5)
+    k8, scale = _fp8_keys(keys, 6)
+    ends = torch.tensor([240, 131, 0, 17])
+    out = torch.full((b, topk), 7, dtype=torch.int64)
+    indexer_decode_topk(q, w, k8, tables, ends, per, topk, tile, out, key_scale=scale)
+    ref = indexer_decode_topk_ref(q, w, k8, tables, ends, per, topk, key_scale=scale)
+    sc = indexer_decode_scores_ref(q, w, k8, tables, ends, 0, blocks * per, per, key_scale=scale)
+    assert torch.equal(out == -1, ref == -1)
+    got = torch.where(out >= 0, sc.gather(1, out.clamp(min=0)), float("-inf"))
+    want = torch.where(ref >= 0, sc.gather(1, ref.clamp(min=0)), float("-inf"))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_fp8_keys_need_their_scales(interpret):
+    q, w, keys, tables, ends = _case(2, 4, 16, 4, 3, 0, 8, torch.float32, "cpu", 0)
+    k8, scale = _fp8_keys(keys, 0)
+    out = torch.empty(2, 8)
+    with pytest.raises(KernelArgumentError, match="keys"):
+        indexer_decode_scores(q, w, k8, tables, ends, 0, 8, 4, out)  # FP8 without scales
+    with pytest.raises(KernelArgumentError, match="key_scale"):
+        indexer_decode_scores(q, w, k8, tables, ends, 0, 8, 4, out, key_scale=scale[:-1])

@@ -83,7 +83,9 @@ def test_graph_step_equals_eager_step(v4_builder: Callable[..., Any]) -> None:
     (None, "auto"),  # PyTorch decode attention over gathered rows
     (KernelChoices("kernels_ref", "kernels_ref"), "auto"),  # the kernel's spec, pool rows by index
     (KernelChoices("kernels_ref", "kernels_ref"), "fp8"),  # FP8 pool: attended rows dequantised
-], ids=["torch", "kernels_ref", "kernels_ref_fp8"])
+    # the fused decode loop's kernels on an FP8 pool: the indexer kernel dequantises its keys
+    (KernelChoices("kernels", "kernels", decode="fused"), "fp8"),
+], ids=["torch", "kernels_ref", "kernels_ref_fp8", "fused_kernels_fp8"])
 def test_batched_decode_equals_prefill(v4_builder: Callable[..., Any],
                                        backend: KernelChoices | None,
                                        kv_dtype: str) -> None:

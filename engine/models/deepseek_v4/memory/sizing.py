@@ -133,8 +133,9 @@ def deepseek_v4_decode_scratch_bytes(cfg: DeepseekV4Config, max_batch: int, max_
     in place) only an FP8 pool's dequantised entry rows (``kv_fp8``) and the kernel's split-K
     partials (``decode_attention_splits``). ``fused`` (with ``kernels``: the fused decode
     loop, the default there) and a model-dtype pool: the compressors run as kernels (no
-    gathered window) and the indexer only as kernels (no PyTorch tile); an FP8 pool keeps both
-    PyTorch fallbacks counted."""
+    gathered window) and the indexer only as kernels (no PyTorch tile); an FP8 pool keeps the
+    compressors' PyTorch fallback counted, and the indexer at the larger of its PyTorch tile
+    and the kernel's scratch (the kernel reads FP8 keys with their scales)."""
     from kernels.indexer_decode import indexer_decode_topk_workspace_bytes
     from kernels.sparse_attention import (
         decode_attention_splits,

@@ -191,9 +191,11 @@ FUSED_INDEXER_TILE = 32768  # entries scored a launch by the fused indexer (fp32
 
 
 def fused_indexer_keys(keys: PagedRows, dtype: torch.dtype) -> bool:
-    """Whether :func:`indexer_topk_fused` scores these keys with its kernels (not FP8, the
-    queries' dtype); else PyTorch does."""
-    return keys.scale is None and keys.data.dtype == dtype
+    """Whether :func:`indexer_topk_fused` scores these keys with its kernels: the queries'
+    dtype, or FP8 with a scale a row (dequantised in the kernel); else PyTorch does."""
+    if keys.scale is not None:
+        return keys.data.dtype == torch.float8_e4m3fn
+    return keys.data.dtype == dtype
 
 
 def indexer_kv_end(rows: DecodeRows, rate: int) -> torch.Tensor:
@@ -210,8 +212,8 @@ def indexer_topk_fused(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows, 
     prefill indexer's merge, which reads only the row's closed entries; a tile past them costs
     two near-empty launches), and the picks written as the pool rows of the entries (the
     compressor's pool shares the indexer's addressing) -> [B, topk] int32, -1 for none: the
-    sparse attention's indices as they are. The PyTorch scoring and ``torch.topk`` merge
-    where the keys are FP8."""
+    sparse attention's indices as they are; FP8 keys are dequantised by the kernel, row by
+    row. The PyTorch scoring and ``torch.topk`` merge where the kernels cannot read the keys."""
     per = block_size // rate
     if not fused_indexer_keys(keys, q.dtype):
         idx = indexer_topk_decode(q, weights, keys, rows, rate, block_size, topk)
@@ -219,4 +221,5 @@ def indexer_topk_fused(q: torch.Tensor, weights: torch.Tensor, keys: PagedRows, 
     kv_end = indexer_kv_end(rows, rate)
     out = torch.empty(q.shape[0], topk, dtype=torch.int32, device=q.device)
     return indexer_decode_topk(q, weights, keys.data.view(-1, keys.dim), rows.tables, kv_end,
-                               per, topk, FUSED_INDEXER_TILE, out)
+                               per, topk, FUSED_INDEXER_TILE, out,
+                               key_scale=None if keys.scale is None else keys.scale.view(-1))
