@@ -118,6 +118,7 @@ class ModelConfig:
             )
         num_heads = int(d["num_attention_heads"])
         hidden = int(d["hidden_size"])
+        traits = DENSE_TRAITS.get(family, {})
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         return cls(
@@ -133,9 +134,8 @@ class ModelConfig:
             rope=RopeConfig.from_hf(d),
             max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias",
-                                      DENSE_TRAITS.get(family, {}).get("attention_bias", False))),
-            qk_norm=DENSE_TRAITS.get(family, {}).get("qk_norm", False),
+            attention_bias=bool(d.get("attention_bias", traits.get("attention_bias", False))),
+            qk_norm=traits.get("qk_norm", False),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             stored_dtype=str(d.get("dtype") or d.get("torch_dtype") or "float32"),

@@ -1,6 +1,7 @@
 """The engine's side of speculative decoding: each running decode's drafts for the next step
-(n-gram: engine/ngram_drafter.py; mtp: the family's draft layers), cut to what its request, the context and its grammar allow, and
-the counters of what the verify steps accepted (vLLM's spec_decode counters).
+(n-gram: engine/ngram_drafter.py; mtp: the family's draft layers), cut to what its request,
+the context and its grammar allow, and the counters of what the verify steps accepted (vLLM's
+spec_decode counters).
 
 Plain bookkeeping over sequences; the verify step itself is engine/spec_decode.py.
 """

@@ -1,7 +1,8 @@
 """Which model families exist and which checkpoints belong to each: plain data, no imports.
 
 The one place that names the families. Generic engine code asks
-``engine.models.family.family_class`` for a family's implementation (its ``ModelFamily`` subclass) and never tests a family's name.
+``engine.models.family.family_class`` for a family's implementation (its ``ModelFamily``
+subclass) and never tests a family's name.
 """
 
 from __future__ import annotations

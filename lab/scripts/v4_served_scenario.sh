@@ -55,13 +55,13 @@ prefill:
 decode:
   max_batch: 20
   num_blocks: 2200
+router:
+  split_threshold_tokens: 4096
 YAML
 agent=()
 if [ "${TOOLS:-1}" = 1 ]; then  # TOOLS=0: plain chats (a router without a tool template)
   agent=(--agent-tools)
   cat >> "$out/settings.yaml" <<YAML
-router:
-  split_threshold_tokens: 4096
   chat_template: $PWD/deploy/chat_templates/chatml_tools.jinja
   tool_call_parser: hermes
 YAML
